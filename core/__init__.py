@@ -1,0 +1,1 @@
+"""Shared foundations: settings, JSON logs and the job protocol (Redis keys, records, events)."""

@@ -1,0 +1,49 @@
+"""The shape of job events and job states, shared by workers (writers) and web (readers)."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Job states.
+QUEUED, RUNNING = "queued", "running"
+SUCCEEDED, FAILED, CANCELLED, TIMEOUT = "succeeded", "failed", "cancelled", "timeout"
+TERMINAL_STATES = (SUCCEEDED, FAILED, CANCELLED, TIMEOUT)
+ALL_STATES = (QUEUED, RUNNING, *TERMINAL_STATES)
+
+# Event types. Exactly one terminal event (done | error | cancelled | timeout) ends a job.
+STATE, TOKEN, TOOL_STEP, STATS = "state", "token", "tool_step", "stats"
+DONE, ERROR = "done", "error"
+TERMINAL_EVENT_FOR_STATE = {SUCCEEDED: DONE, FAILED: ERROR, CANCELLED: CANCELLED, TIMEOUT: TIMEOUT}
+TERMINAL_EVENTS = tuple(TERMINAL_EVENT_FOR_STATE.values())
+
+
+@dataclass(frozen=True)
+class Event:
+    """One entry of a job's event stream. ``seq`` counts from 1 across all attempts."""
+
+    seq: int
+    type: str
+    attempt: int
+    ts: float
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.type in TERMINAL_EVENTS
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False)
+
+    @classmethod
+    def from_stream_fields(cls, fields: dict[str, str]) -> "Event":
+        return cls(
+            seq=int(fields["seq"]),
+            type=fields["type"],
+            attempt=int(fields["attempt"]),
+            ts=float(fields["ts"]),
+            data=json.loads(fields["data"]),
+        )

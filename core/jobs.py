@@ -1,0 +1,275 @@
+"""The job protocol: create, start, stream events, cancel and finish jobs in Redis.
+
+Both sides use :class:`JobStore`: the web creates jobs and reads them, the worker starts
+attempts, appends events and finishes them. Transitions are Lua scripts
+(:mod:`core.scripts`) so each one is atomic.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import redis
+
+from core import keys, scripts
+from core.events import (
+    CANCELLED,
+    QUEUED,
+    TERMINAL_EVENT_FOR_STATE,
+    TERMINAL_STATES,
+    Event,
+)
+
+JOB_TYPES = ("generate", "agent", "chat", "bench")
+
+
+class JobNotFound(KeyError):
+    """No job with this id (or not visible to this owner)."""
+
+
+@dataclass
+class JobRecord:
+    """A job as stored in its Redis hash; dict-valued fields are JSON in Redis."""
+
+    id: str
+    type: str
+    state: str
+    queue: str
+    created_at: float
+    request: dict[str, Any]
+    attempt: int = 0
+    max_attempts: int = 3
+    last_seq: int = 0
+    owner: str = ""
+    worker: str = ""
+    started_at: float | None = None
+    finished_at: float | None = None
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+    _JSON_FIELDS = ("request", "result", "error")
+    _INT_FIELDS = ("attempt", "max_attempts", "last_seq")
+    _FLOAT_FIELDS = ("created_at", "started_at", "finished_at")
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    def to_redis(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for name, value in self.__dict__.items():
+            if value is None:
+                continue
+            out[name] = json.dumps(value, ensure_ascii=False) if name in self._JSON_FIELDS else str(value)
+        return out
+
+    @classmethod
+    def from_redis(cls, raw: dict[str, str]) -> "JobRecord":
+        values: dict[str, Any] = {}
+        for name in cls.__dataclass_fields__:
+            if name not in raw:
+                continue
+            text = raw[name]
+            if name in cls._JSON_FIELDS:
+                values[name] = json.loads(text)
+            elif name in cls._INT_FIELDS:
+                values[name] = int(text)
+            elif name in cls._FLOAT_FIELDS:
+                values[name] = float(text)
+            else:
+                values[name] = text
+        return cls(**values)
+
+    def public_view(self) -> dict[str, Any]:
+        """What clients see (the owner stays private)."""
+        view = {k: v for k, v in self.__dict__.items() if k != "owner"}
+        return view
+
+
+@dataclass(frozen=True)
+class StartedAttempt:
+    """Outcome of :meth:`JobStore.start_attempt`."""
+
+    attempt: int  # 0: job already ended, do nothing; -1: attempts exhausted, job failed
+    seq: int
+
+    @property
+    def should_run(self) -> bool:
+        return self.attempt > 0
+
+
+def _event_body(event_type: str, attempt: int | str, ts: float, data_json: str) -> str:
+    return f'"type": {json.dumps(event_type)}, "attempt": {attempt}, "ts": {ts!r}, "data": {data_json}}}'
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass
+class JobStore:
+    """Reads and writes jobs in Redis. Cheap to create; share one per process."""
+
+    client: redis.Redis
+    ttl_s: int = 7 * 24 * 3600
+    _scripts: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("APPEND_EVENT", "START_ATTEMPT", "FINISH", "REQUEUE"):
+            self._scripts[name] = self.client.register_script(getattr(scripts, name))
+
+    # ---- creating and reading ----------------------------------------------------------
+    def create(self, job_type: str, queue: str, request: dict[str, Any], *, owner: str = "",
+               max_attempts: int = 3, job_id: str | None = None) -> JobRecord:
+        record = JobRecord(id=job_id or new_job_id(), type=job_type, state=QUEUED, queue=queue,
+                           created_at=time.time(), request=request, owner=owner,
+                           max_attempts=max_attempts)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hset(keys.job_key(record.id), mapping=record.to_redis())
+        pipe.expire(keys.job_key(record.id), self.ttl_s)
+        pipe.zadd(keys.JOBS_INDEX, {record.id: record.created_at})
+        pipe.execute()
+        return record
+
+    def get(self, job_id: str, owner: str | None = None) -> JobRecord:
+        """The job, or :class:`JobNotFound`; with ``owner`` given, other owners' jobs are hidden."""
+        raw = self.client.hgetall(keys.job_key(job_id))
+        if not raw:
+            raise JobNotFound(job_id)
+        record = JobRecord.from_redis(raw)
+        if owner is not None and record.owner != owner:
+            raise JobNotFound(job_id)
+        return record
+
+    def list(self, *, state: str | None = None, job_type: str | None = None,
+             owner: str | None = None, limit: int = 50) -> list[JobRecord]:
+        """Most recent first; scans a bounded window of the index and drops expired ids."""
+        ids = self.client.zrevrange(keys.JOBS_INDEX, 0, max(limit * 20, 200) - 1)
+        pipe = self.client.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hgetall(keys.job_key(job_id))
+        jobs, expired = [], []
+        for job_id, raw in zip(ids, pipe.execute()):
+            if not raw:
+                expired.append(job_id)
+                continue
+            record = JobRecord.from_redis(raw)
+            if (state and record.state != state) or (job_type and record.type != job_type):
+                continue
+            if owner is not None and record.owner != owner:
+                continue
+            jobs.append(record)
+            if len(jobs) >= limit:
+                break
+        if expired:
+            self.client.zrem(keys.JOBS_INDEX, *expired)
+        return jobs
+
+    def events(self, job_id: str, after_seq: int = 0, count: int | None = None) -> list[Event]:
+        """Stored events with seq greater than ``after_seq``, in order."""
+        entries = self.client.xrange(keys.events_key(job_id), min=f"(0-{after_seq}", max="+", count=count)
+        return [Event.from_stream_fields(fields) for _, fields in entries]
+
+    def wait_events(self, job_id: str, after_seq: int, block_ms: int) -> list[Event]:
+        """Like :meth:`events`, but blocks up to ``block_ms`` for new ones."""
+        reply = self.client.xread({keys.events_key(job_id): f"0-{after_seq}"}, block=block_ms)
+        if not reply:
+            return []
+        return [Event.from_stream_fields(fields) for _, fields in reply[0][1]]
+
+    def follow(self, job_id: str, after_seq: int = 0, block_ms: int = 1000,
+               idle_timeout_s: float | None = None) -> Iterator[Event | None]:
+        """Replay then tail events until the terminal one; yields ``None`` on idle ticks
+        (so a caller can send keep-alives or notice a disconnect)."""
+        last, idle_since = after_seq, time.monotonic()
+        batch = self.events(job_id, after_seq)
+        while True:
+            for event in batch:
+                last, idle_since = event.seq, time.monotonic()
+                yield event
+                if event.is_terminal:
+                    return
+            if idle_timeout_s is not None and time.monotonic() - idle_since > idle_timeout_s:
+                return
+            batch = self.wait_events(job_id, last, block_ms)
+            if not batch:
+                yield None
+
+    # ---- the worker's side ---------------------------------------------------------------
+    def start_attempt(self, job_id: str, worker: str, lease_s: int) -> StartedAttempt:
+        now = time.time()
+        attempt, seq = self._scripts["START_ATTEMPT"](
+            keys=self._job_keys(job_id) + [keys.LEASES],
+            args=[job_id, worker, repr(now), repr(now + lease_s), self.ttl_s],
+        )
+        return StartedAttempt(int(attempt), int(seq))
+
+    def append_event(self, job_id: str, attempt: int, event_type: str, data: dict[str, Any]) -> int:
+        """Append one event; returns its seq, or a negative code when the attempt is no
+        longer current (job ended: -1, unknown: -2, stale attempt: -3)."""
+        ts = time.time()
+        data_json = json.dumps(data, ensure_ascii=False)
+        return int(self._scripts["APPEND_EVENT"](
+            keys=self._job_keys(job_id),
+            args=[event_type, attempt, repr(ts), data_json, _event_body(event_type, attempt, ts, data_json), self.ttl_s],
+        ))
+
+    def finish(self, job_id: str, state: str, payload: dict[str, Any], attempt: int | None = None) -> int:
+        """Move the job to a terminal ``state`` with its one terminal event.
+
+        ``payload`` is the result (succeeded) or the error (otherwise); it is also the
+        terminal event's data. Returns the event's seq, or 0 when the job had already ended
+        (or ``attempt`` is stale): the caller lost the race and must not report again.
+        """
+        if state not in TERMINAL_STATES:
+            raise ValueError(f"not a terminal state: {state}")
+        ts = time.time()
+        event_type = TERMINAL_EVENT_FOR_STATE[state]
+        data_json = json.dumps(payload, ensure_ascii=False)
+        field_name = "result" if state == "succeeded" else "error"
+        return int(self._scripts["FINISH"](
+            keys=self._job_keys(job_id) + [keys.LEASES],
+            args=[job_id, state, event_type, "" if attempt is None else attempt, repr(ts), data_json,
+                  self.ttl_s, field_name],
+        ))
+
+    def renew_lease(self, job_id: str, lease_s: int) -> None:
+        self.client.zadd(keys.LEASES, {job_id: time.time() + lease_s}, xx=True)
+
+    def expired_leases(self, now: float | None = None) -> list[str]:
+        return list(self.client.zrangebyscore(keys.LEASES, "-inf", now or time.time()))
+
+    def requeue(self, job_id: str, attempt: int) -> bool:
+        """Put a running job whose lease expired back to ``queued`` (caller re-sends it)."""
+        return bool(self._scripts["REQUEUE"](
+            keys=self._job_keys(job_id) + [keys.LEASES],
+            args=[job_id, attempt, repr(time.time()), self.ttl_s],
+        ))
+
+    # ---- cancellation -------------------------------------------------------------------
+    def request_cancel(self, job_id: str) -> JobRecord:
+        """Raise the cancel flag; a queued job ends ``cancelled`` at once (its task will skip)."""
+        record = self.get(job_id)
+        if record.is_terminal:
+            return record
+        self.client.set(keys.cancel_key(job_id), "1", ex=self.ttl_s)
+        if record.state == QUEUED:
+            self.finish(job_id, CANCELLED, {"reason": "cancelled while queued"})
+        return self.get(job_id)
+
+    def cancel_requested(self, job_id: str) -> bool:
+        return bool(self.client.exists(keys.cancel_key(job_id)))
+
+    # ---- helpers ------------------------------------------------------------------------
+    @staticmethod
+    def _job_keys(job_id: str) -> list[str]:
+        return [keys.job_key(job_id), keys.events_key(job_id), keys.live_channel(job_id)]
+
+    def queue_depths(self) -> dict[str, int]:
+        pipe = self.client.pipeline(transaction=False)
+        for queue in keys.QUEUES:
+            pipe.llen(keys.queue_key(queue))
+        return dict(zip(keys.QUEUES, pipe.execute()))

@@ -1,0 +1,50 @@
+"""Every Redis key and channel name MiniServe uses, in one place.
+
+Nobody else spells a key: import the function from here.
+"""
+from __future__ import annotations
+
+JOBS_INDEX = "jobs:index"  # sorted set: job id -> created_at
+LEASES = "jobs:leases"  # sorted set: running job id -> lease deadline (unix seconds)
+WORKERS_INDEX = "workers:index"  # sorted set: worker name -> last heartbeat
+QUEUES = ("generation", "agent", "bench")  # Celery queue names (kombu keeps each as a Redis list)
+
+
+def job_key(job_id: str) -> str:
+    """Hash holding the job record."""
+    return f"job:{job_id}"
+
+
+def events_key(job_id: str) -> str:
+    """Stream of the job's events; entry ids are ``0-<seq>`` so SSE ids and seq agree."""
+    return f"job:{job_id}:events"
+
+
+def live_channel(job_id: str) -> str:
+    """Pub/sub channel mirroring the event stream, live only (no replay)."""
+    return f"job:{job_id}:live"
+
+
+def cancel_key(job_id: str) -> str:
+    """Flag a running job's worker checks between tokens."""
+    return f"job:{job_id}:cancel"
+
+
+def idempotency_key(owner: str, key: str) -> str:
+    """Maps a client's ``Idempotency-Key`` to the job it created."""
+    return f"idem:{owner}:{key}"
+
+
+def rate_key(owner: str, window: int) -> str:
+    """Request counter for one client in one rate-limit window."""
+    return f"rate:{owner}:{window}"
+
+
+def worker_key(name: str) -> str:
+    """Hash with a worker's self-description and cache statistics (expires without heartbeats)."""
+    return f"worker:{name}"
+
+
+def queue_key(queue: str) -> str:
+    """The Redis list kombu uses for a Celery queue (no priorities configured)."""
+    return queue

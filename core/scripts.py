@@ -1,0 +1,94 @@
+"""Lua scripts that make each job transition atomic on the Redis server.
+
+Atomicity is what gives "exactly one terminal event per job": the check of the current
+state and the write of the terminal state, result and event happen in one step, so a
+cancel racing a finishing worker (or a zombie attempt) can never add a second one.
+
+Event payloads arrive pre-serialised from Python as ``"type": ...`` JSON *bodies* (an
+object without its opening brace); the script prefixes the sequence number it allocates.
+"""
+
+# Shared by every script: allocate seq, append to the stream, publish live.
+_APPEND = """
+local function append(job, events, channel, etype, attempt, ts, data, body, ttl)
+  local seq = redis.call('HINCRBY', job, 'last_seq', 1)
+  redis.call('XADD', events, '0-' .. seq, 'seq', seq, 'type', etype, 'attempt', attempt,
+             'ts', ts, 'data', data)
+  redis.call('EXPIRE', events, ttl)
+  redis.call('PUBLISH', channel, '{"seq": ' .. seq .. ', ' .. body)
+  return seq
+end
+local function is_terminal(state)
+  return state == 'succeeded' or state == 'failed' or state == 'cancelled' or state == 'timeout'
+end
+"""
+
+# KEYS: job, events, channel. ARGV: type, attempt, ts, data, body, ttl.
+# Returns seq, or -1 (job ended), -2 (no such job), -3 (stale attempt).
+APPEND_EVENT = _APPEND + """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return -2 end
+if is_terminal(state) then return -1 end
+if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[2] then return -3 end
+return append(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
+"""
+
+# KEYS: job, events, channel, leases. ARGV: job_id, worker, ts, lease_deadline, ttl.
+# Returns {attempt, seq}; {0, 0} when the job already ended; {-1, seq} when the attempt
+# budget is spent and the job was failed instead (poison message).
+START_ATTEMPT = _APPEND + """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state or is_terminal(state) then return {0, 0} end
+local attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
+local max_attempts = tonumber(redis.call('HGET', KEYS[1], 'max_attempts'))
+local ts = ARGV[3]
+if attempt > max_attempts then
+  local reason = 'gave up after ' .. max_attempts .. ' attempts: the worker died while running this job'
+  local err = cjson.encode({code = 'worker_lost', message = reason})
+  redis.call('HSET', KEYS[1], 'state', 'failed', 'finished_at', ts, 'error', err)
+  redis.call('ZREM', KEYS[4], ARGV[1])
+  local body = '"type": "error", "attempt": ' .. attempt .. ', "ts": ' .. ts .. ', "data": ' .. err .. '}'
+  local seq = append(KEYS[1], KEYS[2], KEYS[3], 'error', attempt, ts, err, body, ARGV[5])
+  return {-1, seq}
+end
+redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[2], 'started_at', ts)
+redis.call('ZADD', KEYS[4], ARGV[4], ARGV[1])
+local data = cjson.encode({state = 'running', worker = ARGV[2], restart = attempt > 1})
+local body = '"type": "state", "attempt": ' .. attempt .. ', "ts": ' .. ts .. ', "data": ' .. data .. '}'
+local seq = append(KEYS[1], KEYS[2], KEYS[3], 'state', attempt, ts, data, body, ARGV[5])
+return {attempt, seq}
+"""
+
+# KEYS: job, events, channel, leases. ARGV: job_id, state, type, attempt ('' = any), ts,
+#   data, ttl, field name ('result' | 'error').
+# Returns seq of the terminal event, or 0 when the job had already ended / attempt is stale.
+FINISH = _APPEND + """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state or is_terminal(state) then return 0 end
+local attempt = redis.call('HGET', KEYS[1], 'attempt')
+if ARGV[4] ~= '' and attempt ~= ARGV[4] then return 0 end
+redis.call('HSET', KEYS[1], 'state', ARGV[2], 'finished_at', ARGV[5], ARGV[8], ARGV[6])
+redis.call('ZREM', KEYS[4], ARGV[1])
+local ttl = tonumber(ARGV[7])
+local body = '"type": "' .. ARGV[3] .. '", "attempt": ' .. attempt .. ', "ts": ' .. ARGV[5] .. ', "data": ' .. ARGV[6] .. '}'
+local seq = append(KEYS[1], KEYS[2], KEYS[3], ARGV[3], attempt, ARGV[5], ARGV[6], body, ttl)
+redis.call('EXPIRE', KEYS[1], ttl)
+return seq
+"""
+
+# KEYS: job, events, channel, leases. ARGV: job_id, attempt, ts, ttl.
+# Puts a running job whose lease expired back to queued (the caller re-sends the task).
+# Returns 1 when requeued, 0 otherwise.
+REQUEUE = _APPEND + """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state ~= 'running' or redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[2] then
+  redis.call('ZREM', KEYS[4], ARGV[1])
+  return 0
+end
+redis.call('HSET', KEYS[1], 'state', 'queued')
+redis.call('ZREM', KEYS[4], ARGV[1])
+local data = '{"state": "queued", "reason": "lease_expired"}'
+local body = '"type": "state", "attempt": ' .. ARGV[2] .. ', "ts": ' .. ARGV[3] .. ', "data": ' .. data .. '}'
+append(KEYS[1], KEYS[2], KEYS[3], 'state', ARGV[2], ARGV[3], data, body, ARGV[4])
+return 1
+"""

@@ -1,0 +1,118 @@
+"""All configuration, read once from ``MINISERVE_*`` environment variables.
+
+Everything else receives a :class:`Settings` instance; nobody else reads ``os.environ``.
+A bad value raises :class:`SettingsError` naming the variable, so start-up stops loudly.
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+PositiveInt = Annotated[int, Field(gt=0)]
+GENERATION_METHODS = ("official", "no_cache", "custom_cache", "prefix_cache", "paged")
+DEFAULT_MODEL = "default"
+
+
+class SettingsError(ValueError):
+    """A ``MINISERVE_*`` variable holds a value we cannot use."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MINISERVE_", extra="ignore", frozen=True)
+
+    # Where things live.
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    model: str = DEFAULT_MODEL
+    cache_dir: Path = Path.home() / ".cache" / "miniserve"
+
+    # How the model runs.
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    quant: Literal["none", "int8", "int4"] = "none"
+    threads: int = Field(default=0, ge=0)  # 0 = torch's default
+
+    # Web server.
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    web_threads: PositiveInt = 32
+    api_keys: Annotated[list[str], NoDecode] = []
+    rate_limit_per_minute: int = Field(default=0, ge=0)  # 0 = unlimited
+    max_queue_depth: int = Field(default=1000, ge=0)  # 0 = unbounded
+    max_body_bytes: PositiveInt = 1_000_000
+
+    # Logs.
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+    json_logs: bool = True
+
+    # Generation limits.
+    default_max_new_tokens: PositiveInt = 128
+    max_new_tokens_cap: PositiveInt = 2048
+    max_prompt_chars: PositiveInt = 100_000
+
+    # Caches.
+    prefix_cache_max_entries: PositiveInt = 8
+    prefix_cache_max_tokens: PositiveInt = 16_384
+    kv_block_size: PositiveInt = 16
+    kv_num_blocks: PositiveInt = 1024
+    max_batch: PositiveInt = 8
+    max_batched_tokens: PositiveInt = 512
+
+    # Queue and reliability.
+    worker_concurrency: PositiveInt = 1
+    soft_time_limit_s: PositiveInt = 600
+    hard_time_limit_s: PositiveInt = 660
+    lease_s: PositiveInt = 120
+    max_attempts: PositiveInt = 3
+    job_ttl_s: PositiveInt = 7 * 24 * 3600
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("device", "dtype", "quant", mode="before")
+    @classmethod
+    def _lower_choice(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [key.strip() for key in value.split(",") if key.strip()]
+        return value
+
+    @field_validator("hard_time_limit_s")
+    @classmethod
+    def _hard_above_soft(cls, value: int, info) -> int:
+        soft = info.data.get("soft_time_limit_s")
+        if soft is not None and value <= soft:
+            raise ValueError("must be greater than MINISERVE_SOFT_TIME_LIMIT_S")
+        return value
+
+    @property
+    def visibility_timeout_s(self) -> int:
+        """The broker re-delivers an unacked task after this; it must outlast the hard limit."""
+        return self.hard_time_limit_s + 300
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Build settings from the environment, turning validation errors into one clear message."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            field = str(error["loc"][0]) if error["loc"] else "?"
+            problems.append(f"MINISERVE_{field.upper()}: {error['msg']}")
+        raise SettingsError("invalid configuration: " + "; ".join(problems)) from None
+
+
+@functools.lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once."""
+    return load_settings()

@@ -1,0 +1,9 @@
+"""Celery task names and their queues: the contract between web (sends by name) and worker."""
+from __future__ import annotations
+
+GENERATE = "miniserve.generate"
+AGENT = "miniserve.agent"
+BENCH = "miniserve.bench"
+
+QUEUE_FOR_JOB_TYPE = {"generate": "generation", "chat": "generation", "agent": "agent", "bench": "bench"}
+TASK_FOR_JOB_TYPE = {"generate": GENERATE, "chat": GENERATE, "agent": AGENT, "bench": BENCH}

@@ -1,0 +1,5 @@
+"""The inference engine: model loading, hand-written Qwen2 forward, KV caches, sampling.
+
+Knows nothing of Celery, Flask or Redis: callers pass callbacks for streaming and
+cancellation (see :mod:`engine.types`).
+"""

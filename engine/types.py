@@ -1,0 +1,79 @@
+"""Plain data exchanged between the engine and its callers (worker, agent, benchmarks)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Protocol
+
+# Finish reasons.
+STOP, LENGTH, CANCELLED = "stop", "length", "cancelled"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens. ``temperature == 0`` means greedy; ``repetition_penalty=None``
+    means the model's own default (as ``generate`` would apply it)."""
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One generation: chat ``messages`` (OpenAI-style dicts), optional ``prefix`` (the
+    system part, which ``prefix_cache`` keys on), optional OpenAI function-tool schemas
+    rendered through the chat template, and the method that runs it."""
+
+    messages: list[dict[str, Any]]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    method: str = "official"
+    prefix: str | None = None
+    tools: list[dict[str, Any]] | None = None
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass
+class Timings:
+    """Seconds; ``decode_tokens_per_s`` counts tokens after the first over the decode time."""
+
+    ttft_s: float = 0.0
+    total_s: float = 0.0
+    decode_tokens_per_s: float = 0.0
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    finish_reason: str
+    usage: Usage
+    timings: Timings
+    method: str
+    token_ids: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+TextCallback = Callable[[str], None]
+CancelCheck = Callable[[], bool]
+
+
+class TextGenerator(Protocol):
+    """What the worker and the agent need from an engine."""
+
+    def generate(self, request: GenerationRequest, on_text: TextCallback | None = None,
+                 should_cancel: CancelCheck | None = None) -> GenerationResult: ...
