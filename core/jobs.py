@@ -240,6 +240,9 @@ class JobStore:
     def renew_lease(self, job_id: str, lease_s: int) -> None:
         self.client.zadd(keys.LEASES, {job_id: time.time() + lease_s}, xx=True)
 
+    def drop_lease(self, job_id: str) -> None:
+        self.client.zrem(keys.LEASES, job_id)
+
     def expired_leases(self, now: float | None = None) -> list[str]:
         return list(self.client.zrangebyscore(keys.LEASES, "-inf", now or time.time()))
 
