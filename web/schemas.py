@@ -1,0 +1,212 @@
+"""Pydantic models for every request body and response, so ``/openapi.json`` is exact.
+
+Bodies forbid unknown fields (a typo like ``max_tokens`` is a 422, not silently ignored).
+Range limits that depend on settings (``max_new_tokens`` cap, prompt length) are checked
+in :mod:`web.submit`, after the schema, because the schema is fixed at import time.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from core.events import ALL_STATES
+from core.jobs import JOB_TYPES
+from core.settings import GENERATION_METHODS
+
+GenerationMethod = Literal[GENERATION_METHODS]  # type: ignore[valid-type]
+JobState = Literal[ALL_STATES]  # type: ignore[valid-type]
+JobType = Literal[JOB_TYPES]  # type: ignore[valid-type]
+SubmitType = Literal["generate", "agent"]
+Role = Literal["system", "user", "assistant", "tool"]
+MAX_STOP_STRINGS = 8
+MAX_AGENT_STEPS = 20
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---- request bodies -------------------------------------------------------------------------
+class Message(Strict):
+    role: Role
+    content: str = Field(max_length=1_000_000)
+
+
+class SamplingFields(Strict):
+    """Sampling knobs shared by every generation body (``None`` = the service default)."""
+
+    max_new_tokens: int | None = Field(default=None, ge=1, description="capped by MINISERVE_MAX_NEW_TOKENS_CAP")
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0, description="0 = greedy")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0, le=1000, description="0 = off")
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0,
+                                             description="null = the model's default")
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    stop: str | list[str] | None = Field(default=None, description=f"up to {MAX_STOP_STRINGS} stop strings")
+    generation_method: GenerationMethod = "official"
+
+    @model_validator(mode="after")
+    def _check_stop(self) -> "SamplingFields":
+        stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        if len(stops) > MAX_STOP_STRINGS or any(not s for s in stops):
+            raise ValueError(f"stop: at most {MAX_STOP_STRINGS} non-empty strings")
+        return self
+
+
+class JobSubmit(SamplingFields):
+    """``POST /jobs``: exactly one of ``prompt`` and ``messages``."""
+
+    type: SubmitType = "generate"
+    prompt: str | None = Field(default=None, min_length=1)
+    messages: list[Message] | None = Field(default=None, min_length=1, max_length=256)
+    prefix: str | None = Field(default=None, description="system prefix that prefix_cache keys on")
+    system: str | None = Field(default=None, description="system message (not with prefix)")
+    max_steps: int | None = Field(default=None, ge=1, le=MAX_AGENT_STEPS, description="agent jobs only")
+
+    @model_validator(mode="after")
+    def _one_input(self) -> "JobSubmit":
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("prompt: give exactly one of prompt and messages")
+        if self.prefix is not None and self.system is not None:
+            raise ValueError("system: give prefix or system, not both")
+        if self.type == "agent" and self.prompt is None:
+            raise ValueError("prompt: agent jobs take a prompt")
+        if self.type != "agent" and self.max_steps is not None:
+            raise ValueError("max_steps: only for agent jobs")
+        return self
+
+
+class GenerateBody(SamplingFields):
+    """``POST /generate``, as in the original MiniServe (plus the extra sampling knobs)."""
+
+    prompt: str = Field(min_length=1)
+    prefix: str | None = None
+    stream: bool = False
+
+
+class AgentBody(Strict):
+    """``POST /agent/run``, as in the original MiniServe."""
+
+    prompt: str = Field(min_length=1)
+    max_steps: int = Field(default=3, ge=1, le=MAX_AGENT_STEPS)
+    max_new_tokens: int | None = Field(default=None, ge=1)
+
+
+# ---- path, query and header parameters ------------------------------------------------------
+class JobPath(BaseModel):
+    job_id: str = Field(min_length=1, max_length=64)
+
+
+class JobListQuery(BaseModel):
+    state: JobState | None = None
+    type: JobType | None = None
+    limit: int = Field(default=50, ge=1, le=500)
+
+
+class EventsQuery(BaseModel):
+    after: int | None = Field(default=None, ge=0, description="replay events with seq > after "
+                              "(the Last-Event-ID header does the same)")
+
+
+class SubmitHeaders(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    idempotency_key: str | None = Field(default=None, alias="Idempotency-Key", max_length=200,
+                                        description="a retried submission with the same key returns the same job")
+
+
+# ---- responses --------------------------------------------------------------------------------
+class ErrorDetail(BaseModel):
+    field: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    field: str | None = None
+    details: list[ErrorDetail] | None = None
+    job_id: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+    trace: list[dict[str, Any]] | None = None
+
+
+class JobLinks(BaseModel):
+    self: str
+    events: str
+    cancel: str
+
+
+class JobAccepted(BaseModel):
+    id: str
+    state: JobState
+    links: JobLinks
+
+
+class JobView(BaseModel):
+    id: str
+    type: JobType
+    state: JobState
+    queue: str
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    attempt: int
+    max_attempts: int
+    last_seq: int
+    worker: str
+    request: dict[str, Any]
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
+    timings: dict[str, Any]
+    links: JobLinks
+
+
+class JobList(BaseModel):
+    jobs: list[JobView]
+
+
+class GenerateResponse(BaseModel):
+    model_config = ConfigDict(openapi_extra={
+        "description": "the finished generation; with stream=true, Server-Sent Events of the job",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    })
+    text: str
+    generation_method: str
+    usage: dict[str, Any]
+    timings: dict[str, Any]
+    finish_reason: str
+    job_id: str
+
+
+class AgentResponse(BaseModel):
+    text: str
+    steps: int
+    trace: list[dict[str, Any]]
+    job_id: str
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok", "no_workers", "redis_unavailable"]
+    redis: bool
+    workers: int
+
+
+class WorkerView(BaseModel):
+    name: str
+    last_seen: float
+    age_s: float
+    info: dict[str, Any]
+
+
+class WorkerList(BaseModel):
+    workers: list[WorkerView]
+
+
+class QueueDepths(BaseModel):
+    queues: dict[str, int]
+    max_queue_depth: int = Field(description="0 = unbounded")
