@@ -19,7 +19,7 @@ import redis
 from core.jobs import JobStore
 from core.logs import configure_logging, log_event
 from core.settings import Settings, get_settings
-from core.workers import publish_heartbeat
+from core.workers import write_heartbeat
 
 logger = logging.getLogger("miniserve.worker")
 HEARTBEAT_S = 5.0
@@ -79,7 +79,7 @@ class WorkerRuntime:
     def _heartbeat_loop(self) -> None:
         while True:
             try:
-                publish_heartbeat(self.store.client, self.name, self.describe(), ttl_s=int(HEARTBEAT_S * 3))
+                write_heartbeat(self.store.client, self.name, self.describe(), ttl_s=int(HEARTBEAT_S * 3))
             except redis.RedisError as exc:
                 log_event(logger, "heartbeat_failed", level=logging.WARNING, error=type(exc).__name__)
             time.sleep(HEARTBEAT_S)

@@ -65,11 +65,11 @@ def celery_client(stack):
 
 def wait_for_worker(store: JobStore, count: int = 1, timeout_s: float = 90, loaded: bool = True) -> list[dict]:
     def ready() -> bool:
-        workers = list_workers(store.client)
-        return len([w for w in workers if w.get("engine_loaded") or not loaded]) >= count
+        workers = list_workers(store.client, max_age_s=15)
+        return len([w for w in workers if w["info"].get("engine_loaded") or not loaded]) >= count
 
     wait_until(ready, timeout_s, what=f"{count} worker(s) with a loaded engine")
-    return list_workers(store.client)
+    return list_workers(store.client, max_age_s=15)
 
 
 @pytest.fixture
