@@ -45,14 +45,16 @@ class Process:
     log_path: Path
 
     def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM to the main process only (as a service manager does), SIGKILL on timeout."""
         if self.popen.poll() is None:
-            os.killpg(self.popen.pid, signal.SIGTERM)
+            self.popen.send_signal(signal.SIGTERM)
             try:
                 self.popen.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 self.kill()
 
     def kill(self) -> None:
+        """SIGKILL to the whole process group (main process and pool children)."""
         if self.popen.poll() is None:
             os.killpg(self.popen.pid, signal.SIGKILL)
             self.popen.wait(10)

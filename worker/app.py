@@ -21,7 +21,9 @@ def celery_config(settings: Settings) -> dict:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
-        "task_soft_time_limit": settings.soft_time_limit_s,
+        # The job runner's own deadline (polled between tokens) ends a job at the soft limit
+        # with its partial result; Celery's soft limit is only a backstop for a stuck step.
+        "task_soft_time_limit": (settings.soft_time_limit_s + settings.hard_time_limit_s) / 2,
         "task_time_limit": settings.hard_time_limit_s,
         "task_queues": [Queue(name) for name in keys.QUEUES],
         "task_default_queue": "generation",
