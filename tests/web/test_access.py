@@ -101,3 +101,12 @@ def test_rejected_submission_does_not_hold_its_idempotency_key(make_app, celery,
     response = client.post("/jobs", json={"prompt": "hi"}, headers={"Idempotency-Key": "r"})
     assert response.status_code == 202 and "Idempotent-Replayed" not in response.headers
     assert len(celery.sent) == 1
+
+
+def test_extensions_can_open_a_path_prefix_without_a_key(make_app):
+    from web.guards import add_public_prefix
+    app = make_app(api_keys=[KEY_A])
+    add_public_prefix(app, "/monitor-assets/")
+    client = app.test_client()
+    assert client.get("/monitor-assets/app.js").status_code == 404  # reached routing, not 401
+    assert client.get("/monitor").status_code == 401
