@@ -21,6 +21,7 @@ from web.schemas import (
     JobPath,
     JobSubmit,
     JobView,
+    SSE_EVENT_SCHEMA,
     SubmitHeaders,
 )
 from web.sse import resume_point, sse_response, stream_events
@@ -32,7 +33,7 @@ api = APIBlueprint("jobs", __name__, abp_tags=[Tag(name="jobs", description="the
 GUARD_ERRORS: dict[int, Any] = {401: ErrorResponse, 429: ErrorResponse, 503: ErrorResponse}
 BODY_ERRORS: dict[int, Any] = {400: ErrorResponse, 413: ErrorResponse, 415: ErrorResponse, 422: ErrorResponse}
 SSE_RESPONSE = {"description": "Server-Sent Events: `id: <seq>`, `event: <type>`, `data: <event JSON>`",
-                "content": {"text/event-stream": {"schema": {"type": "string"}}}}
+                "content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}}}
 
 
 def job_links(job_id: str) -> dict[str, str]:
@@ -73,7 +74,7 @@ def accepted(job: JobRecord, replayed: bool = False):
 
 
 @api.post("/jobs", summary="Submit a generation or agent job",
-          responses={202: JobAccepted, **BODY_ERRORS, **GUARD_ERRORS})
+          responses={202: JobAccepted, 409: ErrorResponse, **BODY_ERRORS, **GUARD_ERRORS})
 def create_job(body: JobSubmit, header: SubmitHeaders):
     """Validates, checks limits, stores the job and sends its task by name; 202 at once."""
     outcome = submit(from_job_body(body), header.idempotency_key)
