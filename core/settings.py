@@ -62,6 +62,7 @@ class Settings(BaseSettings):
     prefix_cache_max_tokens: PositiveInt = 16_384
     kv_block_size: PositiveInt = 16
     kv_num_blocks: PositiveInt = 1024
+    kv_memory_mb: int = Field(default=0, ge=0)  # >0: size the paged pool from this budget
     max_batch: PositiveInt = 8
     max_batched_tokens: PositiveInt = 512
 
