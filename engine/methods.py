@@ -21,4 +21,6 @@ def run_official(engine: Any, prompt: Prompt, run: GenerationRun, request: Gener
 
 
 def builtin_methods() -> dict[str, Any]:
-    return {"official": run_official}
+    from engine.handwritten import handwritten_methods
+
+    return {"official": run_official, **handwritten_methods()}
