@@ -94,18 +94,35 @@ def test_too_many_calls_in_one_output(registry):
     assert result.status == MAX_STEPS and result.steps == 0
 
 
-def test_repeated_call_stops_the_loop(registry):
-    again = call("retrieve_note", query="RoPE")
-    result, model, _ = _run(registry, [again, again, "RoPE rotates query and key vectors."], "What is RoPE?")
+def test_tools_are_withheld_once_a_tool_succeeded(registry):
+    result, model, _ = _run(registry, [call("retrieve_note", query="RoPE"), "RoPE rotates q and k."],
+                            "What is RoPE?")
+    assert result.ok and result.finish_reason == "answer"
+    assert model.requests[0]["tools"] and model.requests[1]["tools"] is None
+    assert model.requests[1]["messages"][0]["content"].startswith("You are a helpful assistant. Answer")
+    assert model.requests[1]["messages"][-1]["role"] == "tool"
+
+
+def test_tools_stay_offered_after_a_failure(registry):
+    result, model, _ = _run(registry, [call("calculator", expression="1/0"), "Cannot divide by zero."],
+                            "What is 1/0?")
+    assert model.requests[1]["tools"] is not None
+
+
+def test_repeated_call_after_failure_asks_for_an_answer(registry):
+    again = call("web_search", q="news")
+    result, model, _ = _run(registry, [again, again, "I cannot search the web."], "Any news today?")
     assert result.ok and result.finish_reason == REPEATED and result.steps == 1
-    assert result.text == "RoPE rotates query and key vectors."
+    assert result.text == "I cannot search the web."
     assert model.requests[2]["tools"] is None  # the last request withholds the tools
 
 
 def test_repeated_call_falls_back_to_the_tool_result(registry):
     again = call("calculator", expression="6 * 7")
-    result, _, _ = _run(registry, [again, again, again], "Please multiply 6 * 7")
+    result, _, _ = _run(registry, [again, again], "Please multiply 6 * 7")
     assert result.ok and result.finish_reason == REPEATED and result.text == "The result is 42."
+    result, _, _ = _run(registry, [call("retrieve_note", query="RoPE")] * 2, "什么是 RoPE？")
+    assert result.text.startswith("RoPE (Rotary Position Embedding): ")
 
 
 @pytest.mark.parametrize("output", [
