@@ -35,6 +35,9 @@ class WorkerRuntime:
     current_jobs: set[str] = field(default_factory=set)
     _engine: Any = None
     _engine_lock: threading.Lock = field(default_factory=threading.Lock)
+    # Serialises the methods that use the engine's single-request state (everything but
+    # ``paged``, whose scheduler batches concurrent requests itself).
+    exclusive: threading.Lock = field(default_factory=threading.Lock)
     _pid: int = field(default_factory=os.getpid)
 
     @property
@@ -52,6 +55,11 @@ class WorkerRuntime:
                               load_ms=round((time.perf_counter() - started) * 1000, 1))
                     self._engine = engine
         return self._engine
+
+    @property
+    def batching(self) -> bool:
+        """Several jobs run at once in this process (threads pool): they share paged batches."""
+        return self.pool != "prefork" and self.concurrency > 1
 
     @contextmanager
     def tracking(self, job_id: str) -> Iterator[None]:
