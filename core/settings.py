@@ -38,7 +38,7 @@ class Settings(BaseSettings):
     # Web server.
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
-    web_threads: PositiveInt = 32
+    web_threads: PositiveInt = 64
     api_keys: Annotated[list[str], NoDecode] = []
     rate_limit_per_minute: int = Field(default=0, ge=0)  # 0 = unlimited
     max_queue_depth: int = Field(default=1000, ge=0)  # 0 = unbounded
