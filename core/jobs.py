@@ -42,6 +42,7 @@ class JobRecord:
     request: dict[str, Any]
     attempt: int = 0
     max_attempts: int = 3
+    dispatch: int = 0  # bumped when a job is re-sent; older task messages are then stale
     last_seq: int = 0
     owner: str = ""
     worker: str = ""
@@ -51,7 +52,7 @@ class JobRecord:
     error: dict[str, Any] | None = None
 
     _JSON_FIELDS = ("request", "result", "error")
-    _INT_FIELDS = ("attempt", "max_attempts", "last_seq")
+    _INT_FIELDS = ("attempt", "max_attempts", "last_seq", "dispatch")
     _FLOAT_FIELDS = ("created_at", "started_at", "finished_at")
 
     @property
@@ -199,11 +200,11 @@ class JobStore:
                 yield None
 
     # ---- the worker's side ---------------------------------------------------------------
-    def start_attempt(self, job_id: str, worker: str, lease_s: int) -> StartedAttempt:
+    def start_attempt(self, job_id: str, worker: str, lease_s: int, dispatch: int = 0) -> StartedAttempt:
         now = time.time()
         attempt, seq = self._scripts["START_ATTEMPT"](
             keys=self._job_keys(job_id) + [keys.LEASES],
-            args=[job_id, worker, repr(now), repr(now + lease_s), self.ttl_s],
+            args=[job_id, worker, repr(now), repr(now + lease_s), self.ttl_s, dispatch],
         )
         return StartedAttempt(int(attempt), int(seq))
 
@@ -239,12 +240,16 @@ class JobStore:
     def renew_lease(self, job_id: str, lease_s: int) -> None:
         self.client.zadd(keys.LEASES, {job_id: time.time() + lease_s}, xx=True)
 
+    def drop_lease(self, job_id: str) -> None:
+        self.client.zrem(keys.LEASES, job_id)
+
     def expired_leases(self, now: float | None = None) -> list[str]:
         return list(self.client.zrangebyscore(keys.LEASES, "-inf", now or time.time()))
 
-    def requeue(self, job_id: str, attempt: int) -> bool:
-        """Put a running job whose lease expired back to ``queued`` (caller re-sends it)."""
-        return bool(self._scripts["REQUEUE"](
+    def requeue(self, job_id: str, attempt: int) -> int:
+        """Put a running job whose lease expired back to ``queued``; returns the new dispatch
+        number to re-send the task with, or 0 when the job was no longer running that attempt."""
+        return int(self._scripts["REQUEUE"](
             keys=self._job_keys(job_id) + [keys.LEASES],
             args=[job_id, attempt, repr(time.time()), self.ttl_s],
         ))

@@ -33,12 +33,14 @@ if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[2] then return -3 end
 return append(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
 """
 
-# KEYS: job, events, channel, leases. ARGV: job_id, worker, ts, lease_deadline, ttl.
-# Returns {attempt, seq}; {0, 0} when the job already ended; {-1, seq} when the attempt
-# budget is spent and the job was failed instead (poison message).
+# KEYS: job, events, channel, leases. ARGV: job_id, worker, ts, lease_deadline, ttl, dispatch.
+# Returns {attempt, seq}; {0, 0} when the job already ended or the message is stale (its
+# dispatch number is not the job's current one: the job was re-sent after a lease expired);
+# {-1, seq} when the attempt budget is spent and the job was failed instead (poison message).
 START_ATTEMPT = _APPEND + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state or is_terminal(state) then return {0, 0} end
+if (redis.call('HGET', KEYS[1], 'dispatch') or '0') ~= ARGV[6] then return {0, 0} end
 local attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
 local max_attempts = tonumber(redis.call('HGET', KEYS[1], 'max_attempts'))
 local ts = ARGV[3]
@@ -77,8 +79,9 @@ return seq
 """
 
 # KEYS: job, events, channel, leases. ARGV: job_id, attempt, ts, ttl.
-# Puts a running job whose lease expired back to queued (the caller re-sends the task).
-# Returns 1 when requeued, 0 otherwise.
+# Puts a running job whose lease expired back to queued and bumps its dispatch number, so
+# the dead attempt's message, if the broker ever re-delivers it, is recognised as stale.
+# Returns the new dispatch number (the caller re-sends the task with it), or 0.
 REQUEUE = _APPEND + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state ~= 'running' or redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[2] then
@@ -86,9 +89,10 @@ if state ~= 'running' or redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[2] then
   return 0
 end
 redis.call('HSET', KEYS[1], 'state', 'queued')
+local dispatch = redis.call('HINCRBY', KEYS[1], 'dispatch', 1)
 redis.call('ZREM', KEYS[4], ARGV[1])
 local data = '{"state": "queued", "reason": "lease_expired"}'
 local body = '"type": "state", "attempt": ' .. ARGV[2] .. ', "ts": ' .. ARGV[3] .. ', "data": ' .. data .. '}'
 append(KEYS[1], KEYS[2], KEYS[3], 'state', ARGV[2], ARGV[3], data, body, ARGV[4])
-return 1
+return dispatch
 """

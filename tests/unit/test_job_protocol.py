@@ -90,10 +90,21 @@ def test_expired_lease_requeue(store):
     job = store.create("generate", "generation", {})
     store.start_attempt(job.id, "w1", lease_s=-1)
     assert store.expired_leases() == [job.id]
-    assert store.requeue(job.id, attempt=1)
+    assert store.requeue(job.id, attempt=1) == 1
     assert store.get(job.id).state == QUEUED
     assert store.expired_leases() == []
-    assert not store.requeue(job.id, attempt=1)
+    assert store.requeue(job.id, attempt=1) == 0
+    assert not store.start_attempt(job.id, "w1", 30, dispatch=0).should_run  # stale message
+    assert store.start_attempt(job.id, "w2", 30, dispatch=1).attempt == 2
+
+
+def test_workers_heartbeat_round_trip(store):
+    from core.workers import list_workers, remove_worker, write_heartbeat
+    write_heartbeat(store.client, "w1@host", {"model": "tiny", "current_jobs": []})
+    [worker] = list_workers(store.client, max_age_s=30)
+    assert worker["name"] == "w1@host" and worker["info"]["model"] == "tiny"
+    remove_worker(store.client, "w1@host")
+    assert list_workers(store.client, max_age_s=30) == []
 
 
 def test_follow_replays_then_stops_at_terminal(store):

@@ -1,0 +1,22 @@
+# One image for web, worker and Flower. CPU build of PyTorch: pass
+#   --build-arg PIP_EXTRA_INDEX_URL=<PyTorch's CPU wheel index>
+# to avoid pulling the multi-GB CUDA build.
+FROM python:3.11-slim
+ARG PIP_EXTRA_INDEX_URL=""
+ENV PIP_EXTRA_INDEX_URL=${PIP_EXTRA_INDEX_URL} PYTHONUNBUFFERED=1 \
+    MINISERVE_CACHE_DIR=/cache MINISERVE_HOST=0.0.0.0
+WORKDIR /app
+COPY requirements.txt ./
+RUN pip install --no-cache-dir -r requirements.txt
+COPY core core
+COPY engine engine
+COPY tools tools
+COPY agent agent
+COPY worker worker
+COPY web web
+COPY bench bench
+COPY data data
+RUN useradd --create-home miniserve && mkdir -p /cache && chown miniserve /cache
+USER miniserve
+EXPOSE 8000 5555
+CMD ["python", "-m", "web"]

@@ -1,0 +1,34 @@
+# MiniServe: `make run` serves the default model locally; `make test` runs every test.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install system-deps prepare-model run test test-fast lint clean
+
+$(STAMP): requirements.txt requirements-dev.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements-dev.txt
+	touch $(STAMP)
+
+install: system-deps $(STAMP)
+
+system-deps:
+	@bash scripts/system_deps.sh
+
+prepare-model: install
+	$(PY) -m engine.prepare_default
+
+run: install prepare-model
+	@bash scripts/run_local.sh
+
+test: install
+	bash scripts/run_tests.sh
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow"
+
+clean:
+	rm -rf $(VENV) .pytest_cache

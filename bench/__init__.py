@@ -1,0 +1,1 @@
+"""Benchmarks and evaluations: ``python -m bench.NAME`` commands writing results/ CSV, JSON and PNG."""

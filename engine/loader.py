@@ -1,0 +1,134 @@
+"""Load the model named by the settings: bundled default, a local folder, or a hub id.
+
+Decisions made here, once per process:
+- device: ``auto`` picks CUDA when present, else CPU; an explicit ``cuda`` without CUDA is an
+  error (never a silent fallback to CPU).
+- dtype: ``auto`` is bfloat16 on CPU (measured faster here: memory-bound decoding reads half
+  the bytes; see docs/engine.md) and bfloat16 on CUDA.
+- threads: ``MINISERVE_THREADS > 0`` sets ``torch.set_num_threads``.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from core.logs import log_event
+from core.settings import DEFAULT_MODEL, Settings
+
+logger = logging.getLogger("miniserve.engine.loader")
+
+
+class ModelLoadError(RuntimeError):
+    """The configured model, device or dtype cannot be used; the message says why."""
+
+
+@dataclass
+class LoadedModel:
+    model: Any  # transformers Qwen2ForCausalLM, eval mode
+    tokenizer: Any
+    name: str
+    path: str
+    device: Any  # torch.device
+    dtype: Any  # torch.dtype
+    load_s: float
+    quant: str = "none"
+
+    @property
+    def eos_ids(self) -> list[int]:
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None]
+
+    @property
+    def default_repetition_penalty(self) -> float:
+        value = getattr(self.model.generation_config, "repetition_penalty", None)
+        return float(value) if value is not None else 1.0
+
+
+def resolve_device(choice: str) -> Any:
+    import torch
+
+    if choice == "cuda":
+        if not torch.cuda.is_available():
+            raise ModelLoadError("MINISERVE_DEVICE=cuda but CUDA is not available on this "
+                                 "machine (torch built for CPU or no GPU); use auto or cpu")
+        return torch.device("cuda")
+    if choice == "cpu":
+        return torch.device("cpu")
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    raise ModelLoadError(f"MINISERVE_DEVICE={choice!r} is not one of auto, cpu, cuda")
+
+
+def resolve_dtype(choice: str, device: Any) -> Any:
+    import torch
+
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if choice == "auto":
+        return torch.bfloat16
+    if choice not in table:
+        raise ModelLoadError(f"MINISERVE_DTYPE={choice!r} is not one of auto, float32, bfloat16, float16")
+    return table[choice]
+
+
+def resolve_model_path(settings: Settings) -> tuple[str, str]:
+    """(display name, what from_pretrained gets): the prepared default folder, a folder or an id."""
+    if settings.model == DEFAULT_MODEL:
+        from engine.prepare_default import DEFAULT_MODEL_NAME, prepare_default_model
+
+        return DEFAULT_MODEL_NAME, str(prepare_default_model(settings))
+    folder = Path(settings.model).expanduser()
+    if folder.is_dir():
+        if not (folder / "config.json").is_file():
+            raise ModelLoadError(f"MINISERVE_MODEL folder {folder} has no config.json")
+        return folder.name, str(folder)
+    if folder.is_absolute() or settings.model.startswith("."):
+        raise ModelLoadError(f"MINISERVE_MODEL folder {folder} does not exist")
+    return settings.model, settings.model  # a Hugging Face hub id
+
+
+def apply_threads(settings: Settings) -> None:
+    import torch
+
+    if settings.threads > 0:
+        torch.set_num_threads(settings.threads)
+
+
+def load_model(settings: Settings) -> LoadedModel:
+    """Load model + tokenizer onto the chosen device and dtype, in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    started = time.perf_counter()
+    apply_threads(settings)
+    device = resolve_device(settings.device)
+    dtype = resolve_dtype(settings.dtype, device)
+    name, source = resolve_model_path(settings)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    except OSError as exc:
+        raise ModelLoadError(
+            f"cannot load MINISERVE_MODEL={settings.model!r}: {exc}. A hub id needs the Hugging "
+            f"Face hub to be reachable; offline, use 'default' or a local folder.") from exc
+    if getattr(model.config, "model_type", None) != "qwen2":
+        log_event(logger, "model_not_qwen2", level=logging.WARNING,
+                  model_type=getattr(model.config, "model_type", None))
+    model.to(device).eval()
+    torch.set_grad_enabled(False)
+    quant = settings.quant
+    if quant != "none":
+        try:
+            from engine.quant import quantize_model  # written by the quantization work
+        except ImportError as exc:
+            raise ModelLoadError(f"MINISERVE_QUANT={quant} is not available in this build") from exc
+        quantize_model(model, quant)
+    load_s = time.perf_counter() - started
+    log_event(logger, "model_loaded", model=name, device=str(device), dtype=str(dtype).replace("torch.", ""),
+              quant=quant, latency_ms=int(load_s * 1000))
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name, path=source, device=device,
+                       dtype=dtype, load_s=load_s, quant=quant)

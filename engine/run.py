@@ -1,0 +1,93 @@
+"""Bookkeeping shared by every generation method: one :class:`GenerationRun` per request.
+
+A method produces token ids; the run turns each into streamed text, decides when to stop
+(end-of-sequence id, stop string, max tokens, cancellation) and assembles the
+:class:`~engine.types.GenerationResult` with usage and timings. Keeping this in one place is
+what makes the methods comparable token for token and second for second.
+
+Counting: ``token_ids`` are the generated tokens without a final end-of-sequence id;
+``usage.completion_tokens`` counts every token the model produced, that id included.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Iterable
+
+from engine.textstream import TextStream
+from engine.types import (CANCELLED, LENGTH, STOP, CancelCheck, GenerationResult, TextCallback,
+                          Timings, Usage)
+
+
+class GenerationRun:
+    def __init__(self, tokenizer: Any, *, method: str, max_new_tokens: int,
+                 eos_ids: Iterable[int], stops: Iterable[str] = (),
+                 on_text: TextCallback | None = None, should_cancel: CancelCheck | None = None,
+                 started: float | None = None) -> None:
+        self.method = method
+        self.max_new_tokens = max_new_tokens
+        self.eos_ids = frozenset(int(i) for i in eos_ids)
+        self._stream = TextStream(tokenizer, tuple(stops))
+        self._on_text = on_text
+        self._should_cancel = should_cancel
+        self.started = time.perf_counter() if started is None else started
+        self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
+        self.token_ids: list[int] = []
+        self.produced = 0
+        self.finish_reason: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def cancelled(self) -> bool:
+        """Check the caller's cancel flag (between tokens); marks the run cancelled if set."""
+        if self.finish_reason is None and self._should_cancel is not None and self._should_cancel():
+            self.finish_reason = CANCELLED
+        return self.finish_reason == CANCELLED
+
+    def accept(self, token_id: int) -> bool:
+        """Take one generated token; return True when generation must stop after it."""
+        if self.done:
+            return True
+        now = time.perf_counter()
+        if self.first_token_at is None:
+            self.first_token_at = now
+        self.last_token_at = now
+        self.produced += 1
+        token_id = int(token_id)
+        if token_id in self.eos_ids:
+            self.finish_reason = STOP
+            return True
+        self.token_ids.append(token_id)
+        piece, hit_stop = self._stream.push(token_id)
+        self._emit(piece)
+        if hit_stop:
+            self.finish_reason = STOP
+        elif self.produced >= self.max_new_tokens:
+            self.finish_reason = LENGTH
+        elif self._should_cancel is not None and self._should_cancel():
+            self.finish_reason = CANCELLED
+        return self.done
+
+    def _emit(self, piece: str) -> None:
+        if piece and self._on_text is not None:
+            self._on_text(piece)
+
+    def result(self, prompt_tokens: int, cached_tokens: int = 0) -> GenerationResult:
+        """Flush held-back text and build the result (call once, at the end)."""
+        self._emit(self._stream.finish())
+        if self.finish_reason is None:
+            self.finish_reason = LENGTH
+        end = time.perf_counter()
+        ttft = (self.first_token_at - self.started) if self.first_token_at else 0.0
+        decode_tps = 0.0
+        if self.produced > 1 and self.last_token_at and self.first_token_at:
+            span = self.last_token_at - self.first_token_at
+            decode_tps = (self.produced - 1) / span if span > 0 else 0.0
+        return GenerationResult(
+            text=self._stream.text, finish_reason=self.finish_reason,
+            usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=self.produced,
+                        cached_tokens=cached_tokens),
+            timings=Timings(ttft_s=ttft, total_s=end - self.started, decode_tokens_per_s=decode_tps),
+            method=self.method, token_ids=list(self.token_ids))

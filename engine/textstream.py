@@ -1,0 +1,116 @@
+"""Token ids -> text pieces that are always whole UTF-8 characters, cut exactly at stop strings.
+
+Byte-level BPE splits one Chinese character or emoji across several tokens, so decoding a
+single token gives U+FFFD garbage. :class:`IncrementalDetokenizer` decodes a small window of
+recent tokens and only releases text once it no longer ends in an incomplete character
+(the approach vLLM and TGI use). :class:`StopMatcher` holds back any tail that could still
+become a stop string, so streamed text never shows part of one. Every generation method
+uses :class:`TextStream`, which combines both.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+_REPLACEMENT = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    """Feed token ids one at a time; get back the newly completed text (possibly "")."""
+
+    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True) -> None:
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
+        self._ids: list[int] = []
+        self._prefix_offset = 0  # start of the window decoded for context
+        self._read_offset = 0  # tokens before this are already released as text
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self._tokenizer.decode(list(ids), skip_special_tokens=self._skip)
+
+    def push(self, token_id: int) -> str:
+        self._ids.append(int(token_id))
+        before = self._decode(self._ids[self._prefix_offset:self._read_offset])
+        after = self._decode(self._ids[self._prefix_offset:])
+        if len(after) > len(before) and not after.endswith(_REPLACEMENT):
+            self._prefix_offset = self._read_offset
+            self._read_offset = len(self._ids)
+            return after[len(before):]
+        return ""
+
+    def flush(self) -> str:
+        """Whatever is still held back at the end (a truly incomplete tail comes out as U+FFFD)."""
+        before = self._decode(self._ids[self._prefix_offset:self._read_offset])
+        after = self._decode(self._ids[self._prefix_offset:])
+        self._prefix_offset = self._read_offset = len(self._ids)
+        return after[len(before):] if len(after) > len(before) else ""
+
+
+class StopMatcher:
+    """Finds the first stop string in the growing text and holds back possible partial matches."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = tuple(s for s in stops if s)
+        self._longest = max((len(s) for s in self.stops), default=0)
+
+    def find(self, text: str, search_from: int) -> int:
+        """Index where the earliest stop string starts at or after ``search_from`` (-1 if none)."""
+        start = max(0, search_from - self._longest + 1)
+        hits = [i for i in (text.find(s, start) for s in self.stops) if i >= 0]
+        return min(hits) if hits else -1
+
+    def safe_length(self, text: str) -> int:
+        """How much of ``text`` can be released: all but a tail that is a prefix of a stop."""
+        for keep in range(min(self._longest - 1, len(text)), 0, -1):
+            tail = text[-keep:]
+            if any(s.startswith(tail) for s in self.stops):
+                return len(text) - keep
+        return len(text)
+
+
+class TextStream:
+    """Detokenizer + stop strings. ``push`` returns (text to emit now, whether a stop string hit)."""
+
+    def __init__(self, tokenizer: Any, stops: Sequence[str] = ()) -> None:
+        self._detok = IncrementalDetokenizer(tokenizer)
+        self._stops = StopMatcher(stops)
+        self._text = ""  # everything decoded so far (up to a stop string, once one hits)
+        self._emitted = 0  # characters of _text already handed out
+        self.stopped = False
+
+    @property
+    def text(self) -> str:
+        """The final text so far: what was emitted plus anything still held back."""
+        return self._text
+
+    def push(self, token_id: int) -> tuple[str, bool]:
+        if self.stopped:
+            return "", True
+        return self._add(self._detok.push(token_id), final=False)
+
+    def finish(self) -> str:
+        """Release the held-back tail at the end of generation."""
+        if self.stopped:
+            return ""
+        piece, _ = self._add(self._detok.flush(), final=True)
+        return piece
+
+    def _add(self, piece: str, final: bool) -> tuple[str, bool]:
+        if not piece and not final:
+            return "", False
+        searched_from = len(self._text)
+        self._text += piece
+        if self._stops.stops:
+            hit = self._stops.find(self._text, searched_from)
+            if hit >= 0:
+                self._text = self._text[:hit]
+                self.stopped = True
+                return self._release(len(self._text)), True
+            if not final:
+                return self._release(self._stops.safe_length(self._text)), False
+        return self._release(len(self._text)), False
+
+    def _release(self, upto: int) -> str:
+        upto = max(upto, self._emitted)
+        out = self._text[self._emitted:upto]
+        self._emitted = upto
+        return out

@@ -1,0 +1,25 @@
+"""Fixtures for engine tests: tiny models (fast) and the real default model (slow, once)."""
+from __future__ import annotations
+
+import pytest
+
+from core.settings import load_settings
+from tests.tiny_model import make_tiny_model_dir, tiny_model_dir  # noqa: F401  (fixture)
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_model_dir):  # noqa: F811
+    """An Engine on the session's tiny model, float32 so comparisons are tight."""
+    from engine.engine import Engine
+
+    return Engine(load_settings(model=str(tiny_model_dir), dtype="float32", device="cpu"))
+
+
+@pytest.fixture(scope="session")
+def real_engine():
+    """The bundled default model in bf16, loaded once per session (slow tests only)."""
+    from engine.engine import Engine
+
+    engine = Engine(load_settings(model="default", device="cpu", dtype="bfloat16"))
+    engine.loaded  # noqa: B018 - load now, outside the timed tests
+    return engine

@@ -1,0 +1,60 @@
+"""Model loading decisions: device, dtype, sources, and the default model's verification."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from core.settings import load_settings
+from engine import prepare_default
+from engine.loader import ModelLoadError, load_model, resolve_device, resolve_dtype
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
+def test_explicit_cuda_without_cuda_fails_loudly(tiny_model_dir):
+    with pytest.raises(ModelLoadError, match="CUDA is not available"):
+        load_model(load_settings(model=str(tiny_model_dir), device="cuda"))
+
+
+def test_device_and_dtype_choices():
+    assert resolve_device("cpu").type == "cpu"
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.bfloat16
+    assert resolve_dtype("float32", torch.device("cpu")) == torch.float32
+
+
+def test_local_folder_loads_in_chosen_dtype_with_threads(tiny_model_dir):
+    before = torch.get_num_threads()
+    try:
+        loaded = load_model(load_settings(model=str(tiny_model_dir), dtype="bfloat16", threads=1))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    assert loaded.dtype == torch.bfloat16 and next(loaded.model.parameters()).dtype == torch.bfloat16
+    assert loaded.eos_ids == [2, 0] and loaded.default_repetition_penalty == 1.1
+
+
+def test_missing_folder_and_unreachable_hub_give_clear_errors(tmp_path, monkeypatch):
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        load_model(load_settings(model=str(tmp_path / "absent")))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)  # no network waits
+    with pytest.raises(ModelLoadError, match="hub"):
+        load_model(load_settings(model="nobody-here/no-such-model-xyz"))
+
+
+def test_default_model_parts_are_verified(tmp_path, monkeypatch):
+    small = tmp_path / "part.bin"
+    small.write_bytes(b"GGUF" + b"\0" * 100)
+    monkeypatch.setattr(prepare_default, "part_paths", lambda: [small])
+    with pytest.raises(prepare_default.DefaultModelError, match="expected 491,400,064"):
+        prepare_default.assemble_gguf(tmp_path / "out.gguf", show_progress=False)
+    fake = tmp_path / "fake.bin"  # right size, wrong bytes (sparse file: cheap to make)
+    with open(fake, "wb") as handle:
+        handle.truncate(prepare_default.GGUF_SIZE)
+    monkeypatch.setattr(prepare_default, "part_paths", lambda: [fake])
+    with pytest.raises(prepare_default.DefaultModelError, match="sha256"):
+        prepare_default.assemble_gguf(tmp_path / "out.gguf", show_progress=False)
+
+
+def test_installed_parts_are_found_in_order():
+    paths = prepare_default.part_paths()
+    assert [p.name for p in paths] == [f"part{i:02d}.bin" for i in range(1, 7)]
+    assert sum(p.stat().st_size for p in paths) == prepare_default.GGUF_SIZE

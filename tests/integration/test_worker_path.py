@@ -1,0 +1,129 @@
+"""The worker side of the full path on real parts: redis-server + Celery worker + tiny model."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from core.events import CANCELLED, FAILED, RUNNING, SUCCEEDED, TIMEOUT
+from tests.integration.conftest import (
+    gen_request, sleep_until_tokens, submit, wait_for_worker, wait_state, wait_terminal,
+)
+
+pytestmark = pytest.mark.integration
+LONG = 4000  # tokens: long enough to act on a running job
+
+
+def events_text(store, job_id):
+    return "".join(e.data["text"] for e in store.events(job_id) if e.type == "token")
+
+
+def test_job_succeeds_and_stream_equals_result(store, celery_client, worker):
+    job = submit(store, celery_client, gen_request(max_new_tokens=24))
+    record = wait_terminal(store, job.id)
+    assert record.state == SUCCEEDED, record.error
+    events = store.events(job.id)
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert events[0].type == "state" and events[0].data["state"] == RUNNING
+    assert [e.type for e in events].count("done") == 1 and events[-1].type == "done"
+    assert events_text(store, job.id) == record.result["text"]
+    assert record.result["usage"]["completion_tokens"] == len(record.result["token_ids"]) > 0
+    assert record.result["finish_reason"] in ("stop", "length")
+
+
+def test_cancel_running_job_stops_within_a_few_tokens(store, celery_client, worker):
+    job = submit(store, celery_client, gen_request(max_new_tokens=LONG))
+    sleep_until_tokens(store, job.id, 3)
+    store.request_cancel(job.id)
+    emitted_at_cancel = sum(1 for e in store.events(job.id) if e.type == "token")
+    record = wait_terminal(store, job.id, 30)
+    assert record.state == CANCELLED
+    emitted = sum(1 for e in store.events(job.id) if e.type == "token")
+    assert emitted - emitted_at_cancel < 50  # cancel flag polled every 50 ms between tokens
+    assert store.events(job.id)[-1].type == "cancelled"
+
+
+def test_cancel_queued_job_never_runs(store, celery_client, worker):
+    blocker = submit(store, celery_client, gen_request(max_new_tokens=LONG))
+    sleep_until_tokens(store, blocker.id, 1)
+    queued = submit(store, celery_client, gen_request(max_new_tokens=8))
+    assert store.request_cancel(queued.id).state == CANCELLED
+    store.request_cancel(blocker.id)
+    wait_terminal(store, blocker.id)
+    time.sleep(1.0)  # the worker receives the cancelled job's message and must skip it
+    assert [e.type for e in store.events(queued.id)] == ["cancelled"]
+    assert store.get(queued.id).attempt == 0
+
+
+def _pool_child_pid(store, job_id) -> int:
+    """The pid of the process running the job (worker names end in ':<pid>')."""
+    return int(store.get(job_id).worker.rsplit(":", 1)[1])
+
+
+def test_sigkill_of_pool_child_reruns_job(store, celery_client, stack, worker):
+    job = submit(store, celery_client, gen_request(max_new_tokens=400))
+    sleep_until_tokens(store, job.id, 3)
+    os.kill(_pool_child_pid(store, job.id), signal.SIGKILL)
+    record = wait_terminal(store, job.id, 90)
+    assert record.state == SUCCEEDED and record.attempt == 2
+    restarts = [e for e in store.events(job.id) if e.type == "state" and e.data.get("restart")]
+    assert len(restarts) == 1 and restarts[0].attempt == 2
+    final_tokens = [e for e in store.events(job.id) if e.type == "token" and e.attempt == 2]
+    assert "".join(e.data["text"] for e in final_tokens) == record.result["text"]
+
+
+def test_sigkill_of_whole_worker_requeues_after_lease(store, celery_client, stack, worker):
+    job = submit(store, celery_client, gen_request(max_new_tokens=400))
+    sleep_until_tokens(store, job.id, 3)
+    worker.kill()  # main process and pool, as when the host is lost
+    assert store.get(job.id).state == RUNNING
+    replacement = stack.start_worker(name="w2")
+    try:
+        record = wait_terminal(store, job.id, 90)  # lease 4 s: far below the visibility timeout
+        assert record.state == SUCCEEDED and record.attempt == 2, replacement.log()[-3000:]
+        reasons = [e.data.get("reason") for e in store.events(job.id) if e.type == "state"]
+        assert "lease_expired" in reasons
+    finally:
+        replacement.stop()
+
+
+def test_graceful_stop_finishes_running_job(store, celery_client, worker):
+    job = submit(store, celery_client, gen_request(max_new_tokens=300))
+    sleep_until_tokens(store, job.id, 3)
+    worker.stop(timeout_s=60)  # SIGTERM: warm shutdown waits for the running task
+    record = store.get(job.id)
+    assert record.state == SUCCEEDED and record.attempt == 1
+
+
+def test_soft_time_limit_ends_job_timeout(stack, store, celery_client):
+    proc = stack.start_worker(MINISERVE_SOFT_TIME_LIMIT_S="2", MINISERVE_HARD_TIME_LIMIT_S="30")
+    try:
+        wait_for_worker(store)
+        job = submit(store, celery_client, gen_request(max_new_tokens=100_000))
+        record = wait_terminal(store, job.id, 60)
+        assert record.state == TIMEOUT
+        assert store.events(job.id)[-1].type == "timeout"
+        assert record.error["partial"]["usage"]["completion_tokens"] > 0
+    finally:
+        proc.stop()
+
+
+def test_job_that_keeps_killing_its_worker_is_not_retried_forever(store, celery_client, worker):
+    job = submit(store, celery_client, gen_request(max_new_tokens=LONG))
+    for attempt in (1, 2, 3):  # the "poison" job: every attempt dies with its process
+        wait_until_attempt(store, job.id, attempt)
+        sleep_until_tokens(store, job.id, 1 + sum(1 for e in store.events(job.id) if e.type == "token"))
+        os.kill(_pool_child_pid(store, job.id), signal.SIGKILL)
+    record = wait_terminal(store, job.id, 90)
+    assert record.state == FAILED and record.error["code"] == "worker_lost"
+    assert [e.type for e in store.events(job.id)].count("error") == 1
+
+
+def wait_until_attempt(store, job_id, attempt):
+    from bench.stack import wait_until
+
+    wait_until(lambda: store.get(job_id).attempt == attempt and store.get(job_id).state == RUNNING, 90,
+               what=f"attempt {attempt}")
+    wait_for_worker(store)

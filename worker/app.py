@@ -1,0 +1,46 @@
+"""The Celery application and the queue settings DESIGN.md asks for."""
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Queue
+
+from core import keys
+from core.settings import Settings, get_settings
+
+
+def celery_config(settings: Settings) -> dict:
+    """Late acks + prefetch 1 so a job is never lost with its worker; visibility timeout above
+    the hard time limit so a long job is not re-delivered while it still runs."""
+    return {
+        "broker_url": settings.redis_url,
+        "result_backend": settings.redis_url,
+        "broker_connection_retry_on_startup": True,
+        "broker_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
+        "result_backend_transport_options": {"retry_policy": {"timeout": 5.0}},
+        "result_expires": settings.job_ttl_s,
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        # The job runner's own deadline (polled between tokens) ends a job at the soft limit
+        # with its partial result; Celery's soft limit is only a backstop for a stuck step.
+        "task_soft_time_limit": (settings.soft_time_limit_s + settings.hard_time_limit_s) / 2,
+        "task_time_limit": settings.hard_time_limit_s,
+        "task_queues": [Queue(name) for name in keys.QUEUES],
+        "task_default_queue": "generation",
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "task_track_started": True,
+        "worker_hijack_root_logger": False,
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
+        "imports": ("worker.tasks", "worker.signals"),
+    }
+
+
+def create_celery_app(settings: Settings | None = None) -> Celery:
+    settings = settings or get_settings()
+    celery_app = Celery("miniserve")
+    celery_app.conf.update(celery_config(settings))
+    return celery_app
+
+
+app = create_celery_app()

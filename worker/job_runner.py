@@ -1,0 +1,150 @@
+"""One attempt of one job, from ``start_attempt`` to its single terminal state.
+
+Every job type (generation, agent, bench) runs through :func:`run_job`, which owns the
+parts they share: the lease that proves the attempt is alive, cooperative cancellation and
+the time limit (checked between tokens), streaming events, and mapping outcomes to exactly
+one terminal state.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from celery.exceptions import SoftTimeLimitExceeded
+
+from core.events import CANCELLED, FAILED, SUCCEEDED, TIMEOUT, TOKEN
+from core.jobs import JobRecord, JobStore
+from core.logs import log_event
+from worker.runtime import WorkerRuntime
+
+logger = logging.getLogger("miniserve.worker")
+CANCEL_POLL_S = 0.05
+
+
+class BadJobRequest(ValueError):
+    """The stored request cannot be run (the web validates, so this means a protocol bug)."""
+
+
+class JobFailed(Exception):
+    """A job body's own verdict that the job failed, with the error payload to store
+    (e.g. an agent run that hit its step limit, with its trace)."""
+
+    def __init__(self, code: str, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.payload = {"code": code, "message": message, **extra}
+
+
+@dataclass
+class JobContext:
+    """What a job body gets: its record, and the callbacks the engine needs."""
+
+    store: JobStore
+    record: JobRecord
+    attempt: int
+    deadline: float
+    stopped_reason: str | None = None  # "cancelled" | "timeout" | "superseded"
+    _last_poll: float = 0.0
+
+    @property
+    def job_id(self) -> str:
+        return self.record.id
+
+    def emit(self, event_type: str, data: dict[str, Any]) -> None:
+        if self.store.append_event(self.job_id, self.attempt, event_type, data) < 0:
+            self.stopped_reason = self.stopped_reason or "superseded"
+
+    def on_text(self, text: str) -> None:
+        if text:
+            self.emit(TOKEN, {"text": text})
+
+    def should_cancel(self) -> bool:
+        """Polled between tokens: cancel flag (throttled), time limit, superseded attempt."""
+        if self.stopped_reason:
+            return True
+        now = time.monotonic()
+        if now >= self.deadline:
+            self.stopped_reason = "timeout"
+        elif now - self._last_poll >= CANCEL_POLL_S:
+            self._last_poll = now
+            if self.store.cancel_requested(self.job_id):
+                self.stopped_reason = "cancelled"
+        return self.stopped_reason is not None
+
+
+@dataclass
+class LeaseKeeper:
+    """Renews the job's lease while the attempt runs, so a dead worker's job is noticed."""
+
+    store: JobStore
+    job_id: str
+    lease_s: int
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def __enter__(self) -> "LeaseKeeper":
+        threading.Thread(target=self._loop, name=f"lease-{self.job_id[:8]}", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.lease_s / 4):
+            try:
+                self.store.renew_lease(self.job_id, self.lease_s)
+            except Exception as exc:  # noqa: BLE001 - a renewal failure must not kill the job
+                log_event(logger, "lease_renew_failed", level=logging.WARNING,
+                          job_id=self.job_id, error=type(exc).__name__)
+
+
+JobBody = Callable[[JobContext], dict[str, Any]]
+
+
+def run_job(rt: WorkerRuntime, job_id: str, dispatch: int, body: JobBody) -> str | None:
+    """Run one attempt; returns the terminal state written, or None when skipped."""
+    started = rt.store.start_attempt(job_id, rt.name, rt.settings.lease_s, dispatch)
+    if not started.should_run:
+        log_event(logger, "job_skipped", job_id=job_id, dispatch=dispatch, code=started.attempt)
+        return None
+    record = rt.store.get(job_id)
+    ctx = JobContext(rt.store, record, started.attempt,
+                     deadline=time.monotonic() + rt.settings.soft_time_limit_s)
+    log_event(logger, "job_started", job_id=job_id, job_type=record.type, attempt=started.attempt,
+              queue_wait_ms=round((time.time() - record.created_at) * 1000, 1))
+    began = time.perf_counter()
+    with rt.tracking(job_id), LeaseKeeper(rt.store, job_id, rt.settings.lease_s):
+        state, payload = _outcome(ctx, body)
+    written = rt.store.finish(job_id, state, payload, attempt=started.attempt)
+    log_event(logger, "job_finished", job_id=job_id, job_type=record.type, state=state,
+              attempt=started.attempt, latency_ms=round((time.perf_counter() - began) * 1000, 1),
+              completion_tokens=payload.get("usage", {}).get("completion_tokens"),
+              recorded=bool(written))
+    return state if written else None
+
+
+def _outcome(ctx: JobContext, body: JobBody) -> tuple[str, dict[str, Any]]:
+    """Map what the body did to (terminal state, result-or-error payload)."""
+    try:
+        result = body(ctx)
+    except SoftTimeLimitExceeded:
+        return TIMEOUT, {"code": "timeout", "message": "the job exceeded its soft time limit"}
+    except BadJobRequest as exc:
+        return FAILED, {"code": "bad_request", "message": str(exc)}
+    except JobFailed as exc:
+        return FAILED, exc.payload
+    except Exception as exc:  # noqa: BLE001 - every failure must end the job, never leave it running
+        if ctx.stopped_reason in ("cancelled", "timeout"):  # the body gave up because we asked it to
+            return _stopped(ctx, None)
+        log_event(logger, "job_error", level=logging.ERROR, job_id=ctx.job_id, error=type(exc).__name__)
+        return FAILED, {"code": "internal_error", "message": f"{type(exc).__name__} while running the job"}
+    if ctx.stopped_reason in ("cancelled", "timeout"):
+        return _stopped(ctx, result)
+    return SUCCEEDED, result
+
+
+def _stopped(ctx: JobContext, partial: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
+    if ctx.stopped_reason == "timeout":
+        return TIMEOUT, {"code": "timeout", "message": "the job exceeded its time limit", "partial": partial}
+    return CANCELLED, {"code": "cancelled", "message": "cancelled by request", "partial": partial}

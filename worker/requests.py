@@ -1,0 +1,42 @@
+"""Turn a stored job request (plain JSON written by the web) into engine requests.
+
+The stored shape (see docs/api.md): ``{"messages": [...], "prefix": str|None,
+"sampling": {max_new_tokens, temperature, top_p, top_k, repetition_penalty, seed, stop},
+"method": str, "tools": [...]|None, "max_steps": int}``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from engine.types import GenerationRequest, SamplingParams
+from worker.job_runner import BadJobRequest
+
+_SAMPLING_FIELDS = set(SamplingParams.__dataclass_fields__)
+
+
+def sampling_from(stored: dict[str, Any], default_max_new_tokens: int) -> SamplingParams:
+    raw = dict(stored.get("sampling") or {})
+    unknown = set(raw) - _SAMPLING_FIELDS
+    if unknown:
+        raise BadJobRequest(f"unknown sampling fields: {sorted(unknown)}")
+    stop = raw.get("stop") or ()
+    raw["stop"] = (stop,) if isinstance(stop, str) else tuple(stop)
+    raw = {k: v for k, v in raw.items() if v is not None or k == "repetition_penalty"}
+    raw.setdefault("max_new_tokens", default_max_new_tokens)
+    return SamplingParams(**raw)
+
+
+def generation_request_from(stored: dict[str, Any], default_max_new_tokens: int,
+                            default_method: str = "official") -> GenerationRequest:
+    messages = stored.get("messages")
+    if not messages and stored.get("prompt"):
+        messages = [{"role": "user", "content": stored["prompt"]}]
+    if not messages:
+        raise BadJobRequest("the job request has no messages")
+    return GenerationRequest(
+        messages=list(messages),
+        sampling=sampling_from(stored, default_max_new_tokens),
+        method=stored.get("method") or default_method,
+        prefix=stored.get("prefix"),
+        tools=stored.get("tools"),
+    )

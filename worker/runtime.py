@@ -1,0 +1,127 @@
+"""What one worker process holds: settings, the job store, the engine, and its heartbeat.
+
+Created lazily per process (and re-created after a fork), so the model is loaded in the
+process that serves jobs, never in the Celery parent.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import redis
+
+from core.jobs import JobStore
+from core.logs import configure_logging, log_event
+from core.settings import Settings, get_settings
+from core.workers import write_heartbeat
+
+logger = logging.getLogger("miniserve.worker")
+HEARTBEAT_S = 5.0
+
+
+@dataclass
+class WorkerRuntime:
+    settings: Settings
+    store: JobStore
+    name: str
+    pool: str = "prefork"
+    concurrency: int = 1
+    current_jobs: set[str] = field(default_factory=set)
+    _engine: Any = None
+    _engine_lock: threading.Lock = field(default_factory=threading.Lock)
+    # Serialises the methods that use the engine's single-request state (everything but
+    # ``paged``, whose scheduler batches concurrent requests itself).
+    exclusive: threading.Lock = field(default_factory=threading.Lock)
+    _pid: int = field(default_factory=os.getpid)
+
+    @property
+    def engine(self):
+        """The process's engine, loaded on first use (imports torch only here)."""
+        if self._engine is None:
+            with self._engine_lock:
+                if self._engine is None:
+                    from engine.engine import Engine
+
+                    started = time.perf_counter()
+                    engine = Engine(self.settings)
+                    engine.load()
+                    log_event(logger, "engine_loaded", worker=self.name,
+                              load_ms=round((time.perf_counter() - started) * 1000, 1))
+                    self._engine = engine
+        return self._engine
+
+    @property
+    def batching(self) -> bool:
+        """Several jobs run at once in this process (threads pool): they share paged batches."""
+        return self.pool != "prefork" and self.concurrency > 1
+
+    @contextmanager
+    def tracking(self, job_id: str) -> Iterator[None]:
+        self.current_jobs.add(job_id)
+        try:
+            yield
+        finally:
+            self.current_jobs.discard(job_id)
+
+    def describe(self) -> dict[str, Any]:
+        info: dict[str, Any] = {
+            "pid": os.getpid(), "pool": self.pool, "concurrency": self.concurrency,
+            "current_jobs": sorted(self.current_jobs), "model": self.settings.model,
+            "engine_loaded": self._engine is not None,
+        }
+        if self._engine is not None:
+            info.update(self._engine.info())
+            info["cache_stats"] = self._engine.stats()
+        return info
+
+    def start_heartbeat(self) -> None:
+        thread = threading.Thread(target=self._heartbeat_loop, name="miniserve-heartbeat", daemon=True)
+        thread.start()
+
+    def _heartbeat_loop(self) -> None:
+        while True:
+            try:
+                write_heartbeat(self.store.client, self.name, self.describe(), ttl_s=int(HEARTBEAT_S * 3))
+            except redis.RedisError as exc:
+                log_event(logger, "heartbeat_failed", level=logging.WARNING, error=type(exc).__name__)
+            time.sleep(HEARTBEAT_S)
+
+
+def make_store(settings: Settings) -> JobStore:
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True,
+                                  health_check_interval=30, socket_keepalive=True)
+    return JobStore(client, ttl_s=settings.job_ttl_s)
+
+
+_runtime: WorkerRuntime | None = None
+_runtime_lock = threading.Lock()
+
+
+def configure(pool: str, concurrency: int, hostname: str | None = None) -> None:
+    """Called from Celery signals with what the worker was started with."""
+    global _pool_info
+    _pool_info = (pool, concurrency, hostname or socket.gethostname())
+
+
+_pool_info: tuple[str, int, str] = ("prefork", 1, socket.gethostname())
+
+
+def runtime() -> WorkerRuntime:
+    """The current process's runtime, created on first use in this process."""
+    global _runtime
+    if _runtime is None or _runtime._pid != os.getpid():
+        with _runtime_lock:
+            if _runtime is None or _runtime._pid != os.getpid():
+                settings = get_settings()
+                configure_logging(settings.log_level, settings.json_logs)
+                pool, concurrency, hostname = _pool_info
+                _runtime = WorkerRuntime(settings=settings, store=make_store(settings),
+                                         name=f"{hostname}:{os.getpid()}", pool=pool, concurrency=concurrency)
+                _runtime.start_heartbeat()
+    return _runtime

@@ -1,0 +1,50 @@
+"""Celery signal handlers: per-process runtime, heartbeats, the reaper, clean shutdown."""
+from __future__ import annotations
+
+import threading
+
+from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_ready, worker_shutdown
+
+from core.logs import configure_logging
+from core.settings import get_settings
+from core.workers import remove_worker
+from worker import runtime as rt_module
+
+
+@worker_init.connect
+def _remember_pool(sender=None, **_: object) -> None:
+    pool = getattr(sender, "pool_cls", None)
+    pool_name = getattr(pool, "__module__", str(pool)).rsplit(".", 1)[-1] if pool else "prefork"
+    rt_module.configure(pool_name, int(getattr(sender, "concurrency", 1) or 1), getattr(sender, "hostname", None))
+
+
+@worker_process_init.connect
+def _child_started(**_: object) -> None:
+    """In a prefork child: heartbeat now, model warm-up in the background (init must be quick)."""
+    rt = rt_module.runtime()
+    threading.Thread(target=lambda: rt.engine, name="miniserve-preload", daemon=True).start()
+
+
+@worker_ready.connect
+def _main_ready(sender=None, **_: object) -> None:
+    from worker.app import app
+    from worker.reaper import start_reaper
+
+    settings = get_settings()
+    configure_logging(settings.log_level, settings.json_logs)
+    start_reaper(rt_module.make_store(settings), app, interval_s=max(1.0, settings.lease_s / 4))
+    pool = rt_module._pool_info[0]
+    if pool != "prefork":  # jobs run in this very process: heartbeat and warm the model here
+        rt = rt_module.runtime()
+        threading.Thread(target=lambda: rt.engine, name="miniserve-preload", daemon=True).start()
+
+
+@worker_process_shutdown.connect
+@worker_shutdown.connect
+def _leave(**_: object) -> None:
+    rt = rt_module._runtime
+    if rt is not None:
+        try:
+            remove_worker(rt.store.client, rt.name)
+        except Exception:  # noqa: BLE001 - shutting down anyway
+            pass
