@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
+from tools.retriever import parse_notes
 from tools.text import is_cjk
 
 MAX_NOTE_CHARS = 600
@@ -31,7 +32,7 @@ def fallback_answer(prompt: str, steps: Sequence[Any]) -> str:
     if not last.success:
         return f"工具调用失败：{last.error}" if zh else f"The tool failed: {last.error}"
     if last.tool_name == "retrieve_note":
-        notes = _notes(last.result)
+        notes = parse_notes(last.result)
         if not notes:
             return "笔记中没有找到相关内容。" if zh else "No relevant notes were found."
         return f"{notes[0]['title']}: {notes[0]['body']}"
@@ -48,15 +49,8 @@ def _describe_result(step: Any) -> str:
     if not step.success:
         return f"ERROR: {step.error}"
     if step.tool_name == "retrieve_note":
-        notes = _notes(step.result)
+        notes = parse_notes(step.result)
         if not notes:
             return "no relevant notes found"
         return " ".join(f"[{n['title']}] {n['body'][:MAX_NOTE_CHARS]}" for n in notes)
     return step.result
-
-
-def _notes(content: str) -> list[dict[str, Any]]:
-    try:
-        return list(json.loads(content).get("notes", []))
-    except (ValueError, AttributeError):
-        return []

@@ -21,6 +21,7 @@ from typing import Any
 from agent.model import ChatModel
 from agent.runner import AgentResult, AgentRunner
 from tools import ToolRegistry
+from tools.retriever import parse_notes
 
 CASES_PATH = Path(__file__).resolve().parent.parent / "data" / "agent_cases.json"
 CATEGORIES = ("calculator", "retrieval", "direct_answer", "wrong_tool", "multiple_expressions",
@@ -107,7 +108,7 @@ def check_tool(case: Case, steps: list[Any]) -> bool:
         return all(any(_close(g, n) for g in got) for n in spec["numbers"])
     if "error" in spec:
         return any(not s.success and s.tool_name == case.expected_tool for s in steps)
-    notes = [_notes(s.result) for s in steps if s.success and s.tool_name == "retrieve_note"]
+    notes = [parse_notes(s.result) for s in steps if s.success and s.tool_name == "retrieve_note"]
     if "no_notes" in spec:
         return bool(notes) and all(n == [] for n in notes)
     if "note" in spec:
@@ -174,13 +175,6 @@ def _count(items: Any) -> dict[str, int]:
     for item in items:
         out[item] = out.get(item, 0) + 1
     return out
-
-
-def _notes(content: str) -> list[dict[str, Any]]:
-    try:
-        return list(json.loads(content).get("notes", []))
-    except (ValueError, AttributeError):
-        return []
 
 
 def _is_float(text: str) -> bool:

@@ -20,6 +20,7 @@ from agent.safeguards import (RETRIEVE, Decision, PromptFacts, analyze_prompt, f
                               forced_retrieval, guard_call)
 from core.logs import log_event
 from tools import ToolRegistry, ToolResult
+from tools.retriever import parse_notes
 
 logger = logging.getLogger("miniserve.agent")
 
@@ -171,7 +172,7 @@ class AgentRunner:
         if not run.facts.knowledge_question or RETRIEVE not in self.registry:
             return False
         probe = self.registry.execute(RETRIEVE, {"query": run.prompt})
-        return probe.success and bool(json.loads(probe.content).get("notes"))
+        return probe.success and bool(parse_notes(probe.content))
 
     def _execute(self, run: _Run, raw: str, parsed: ParsedOutput, decisions: list[Decision],
                  model_ms: float, on_step: StepCallback | None) -> bool:

@@ -104,6 +104,14 @@ class NoteRetriever:
         return found / total if total else 0.0
 
 
+def parse_notes(content: str) -> list[dict[str, Any]]:
+    """The notes in a ``retrieve_note`` result (empty when there are none or it is no result)."""
+    try:
+        return list(json.loads(content).get("notes", []))
+    except (ValueError, AttributeError):
+        return []
+
+
 @functools.lru_cache(maxsize=1)
 def default_retriever() -> NoteRetriever:
     """The shipped notes, indexed once per process (read-only afterwards, so shareable)."""
