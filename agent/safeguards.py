@@ -12,8 +12,9 @@ arithmetic expression we know what must be computed, so:
   replaced by a calculator call (the model then answers from the result);
 * ``forced_retrieval``: a first answer without any tool call to a question (what / how /
   explain / 什么 / 如何 ...) that the notes answer (the retriever finds a relevant note for
-  the prompt itself, with its usual relevance threshold) is replaced by a note lookup: the
-  model otherwise answers "what is RoPE" from its own, often wrong, memory.
+  the prompt itself, with its usual relevance threshold), or to an explicit "search my
+  notes" request, is replaced by a note lookup: the model otherwise answers "what is RoPE"
+  from its own, often wrong, memory.
 
 With several expressions in the prompt nothing is overridden: the model's arguments are
 kept. Every correction is recorded in the trace so evaluation can separate what the model
@@ -43,6 +44,8 @@ _INTENT_RE = re.compile(
 _QUESTION_RE = re.compile(
     r"什么|如何|怎么|为什么|为何|解释|介绍|讲讲|作用|原理|区别|好处|意思|笔记|查|检索|搜索|"
     r"\b(what|how|why|explain|describe|tell\s+me\s+about|search|look\s+up|notes?|difference)\b", re.I)
+_NOTES_RE = re.compile(r"笔记|知识库|\b(search|look\s+up|check)\b.*\bnotes?\b|\bnotes?\b.*\b(search|look\s+up)\b",
+                       re.I)
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class PromptFacts:
     expressions: tuple[str, ...]
     computation_intent: bool
     knowledge_question: bool = False
+    asks_for_notes: bool = False
 
     @property
     def single_expression(self) -> str | None:
@@ -70,7 +74,8 @@ class Decision:
 def analyze_prompt(prompt: str) -> PromptFacts:
     expressions = tuple(find_expressions(prompt))
     return PromptFacts(expressions, bool(expressions) and _has_intent(prompt, expressions),
-                       not expressions and bool(_QUESTION_RE.search(prompt)))
+                       not expressions and bool(_QUESTION_RE.search(prompt)),
+                       not expressions and bool(_NOTES_RE.search(prompt)))
 
 
 def find_expressions(text: str) -> list[str]:
@@ -110,8 +115,9 @@ def forced_call(facts: PromptFacts) -> Decision | None:
 
 def forced_retrieval(facts: PromptFacts, prompt: str, notes_match: bool) -> Decision | None:
     """A ``retrieve_note`` call for a knowledge question the notes can answer (``notes_match``:
-    the retriever itself found a relevant note for the whole prompt)."""
-    if facts.knowledge_question and notes_match:
+    the retriever itself found a relevant note for the whole prompt), or for an explicit
+    request to search the notes (whose empty result the model must then report)."""
+    if facts.asks_for_notes or (facts.knowledge_question and notes_match):
         return Decision(ToolCall(RETRIEVE, {"query": prompt}), None, [FORCED_RETRIEVAL])
     return None
 

@@ -202,3 +202,10 @@ def test_forced_retrieval_safeguard(registry):
 def test_no_forced_retrieval_when_the_notes_do_not_answer(registry, prompt):
     result, _, _ = _run(registry, ["An answer."], prompt)
     assert result.trace == [] and result.text == "An answer."
+
+
+def test_forced_retrieval_for_an_explicit_notes_search(registry):
+    result, _, _ = _run(registry, ["Mapo tofu is spicy.", "No notes about it."],
+                        "Search my notes for the recipe of mapo tofu.")
+    step = result.trace[0]
+    assert step.safeguards == ["forced_retrieval"] and json.loads(step.result)["notes"] == []
