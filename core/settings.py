@@ -67,7 +67,9 @@ class Settings(BaseSettings):
     max_batched_tokens: PositiveInt = 512
 
     # Queue and reliability.
-    worker_concurrency: PositiveInt = 1
+    # One worker process, several jobs at once: a threads pool feeding the paged scheduler.
+    worker_pool: Literal["threads", "prefork", "solo"] = "threads"
+    worker_concurrency: PositiveInt = 8
     soft_time_limit_s: PositiveInt = 600
     hard_time_limit_s: PositiveInt = 660
     lease_s: PositiveInt = 120
@@ -79,7 +81,7 @@ class Settings(BaseSettings):
     def _upper_level(cls, value: object) -> object:
         return value.upper() if isinstance(value, str) else value
 
-    @field_validator("device", "dtype", "quant", mode="before")
+    @field_validator("device", "dtype", "quant", "worker_pool", mode="before")
     @classmethod
     def _lower_choice(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value

@@ -21,6 +21,8 @@ def celery_config(settings: Settings) -> dict:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
+        "worker_pool": settings.worker_pool,
+        "worker_concurrency": settings.worker_concurrency,
         # The job runner's own deadline (polled between tokens) ends a job at the soft limit
         # with its partial result; Celery's soft limit is only a backstop for a stuck step.
         "task_soft_time_limit": (settings.soft_time_limit_s + settings.hard_time_limit_s) / 2,
