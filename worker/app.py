@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from celery import Celery
-from kombu import Queue
+from kombu import Exchange, Queue
 
 from core import keys
 from core.settings import Settings, get_settings
@@ -27,7 +27,7 @@ def celery_config(settings: Settings) -> dict:
         # with its partial result; Celery's soft limit is only a backstop for a stuck step.
         "task_soft_time_limit": (settings.soft_time_limit_s + settings.hard_time_limit_s) / 2,
         "task_time_limit": settings.hard_time_limit_s,
-        "task_queues": [Queue(name) for name in keys.QUEUES],
+        "task_queues": [Queue(name, Exchange(name, type="direct"), routing_key=name) for name in keys.QUEUES],
         "task_default_queue": "generation",
         "worker_send_task_events": True,
         "task_send_sent_event": True,
