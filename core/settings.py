@@ -54,6 +54,8 @@ class Settings(BaseSettings):
 
     # Generation limits.
     default_max_new_tokens: PositiveInt = 128
+    # /v1/chat/completions runs with this method unless the body names one (generation_method).
+    chat_generation_method: Literal[GENERATION_METHODS] = "official"  # type: ignore[valid-type]
     max_new_tokens_cap: PositiveInt = 2048
     max_prompt_chars: PositiveInt = 100_000
 
