@@ -49,12 +49,12 @@ def test_requeue_renews_the_ttl(store):
 
 
 def test_trim_index_drops_expired_ids_oldest_first(store):
-    jobs = [store.create("generate", "generation", {}) for _ in range(7)]
+    jobs = [store.create("generate", "generation", {}) for _ in range(8)]
     store.client.zadd(keys.JOBS_INDEX, {j.id: i for i, j in enumerate(jobs)})  # distinct creation times
-    for job in jobs[:4] + jobs[5:6]:  # expired: the 4 oldest and one in the middle of the live ones
-        store.client.delete(keys.job_key(job.id))
-    assert store.trim_index(batch=2) == 4  # stops at the first batch that still holds a live job
-    left = store.client.zrange(keys.JOBS_INDEX, 0, -1)
-    assert left == [j.id for j in jobs[4:]]
-    assert [j.id for j in store.list()] == [jobs[6].id, jobs[4].id]  # list() drops the middle one
+    for i in (0, 1, 2, 3, 5, 7):
+        store.client.delete(keys.job_key(jobs[i].id))  # expired
+    # Batches of 2 from the oldest: [0 1] [2 3] all gone, [4 5] holds a live job: stop there.
+    assert store.trim_index(batch=2) == 5
+    assert store.client.zrange(keys.JOBS_INDEX, 0, -1) == [jobs[4].id, jobs[6].id, jobs[7].id]
+    assert [j.id for j in store.list()] == [jobs[6].id, jobs[4].id]  # list() drops the newer gone one
     assert store.client.zrange(keys.JOBS_INDEX, 0, -1) == [jobs[4].id, jobs[6].id]
