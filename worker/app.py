@@ -15,6 +15,10 @@ def celery_config(settings: Settings) -> dict:
         "broker_url": settings.redis_url,
         "result_backend": settings.redis_url,
         "broker_connection_retry_on_startup": True,
+        # A lost broker (Redis restart) is retried forever, every 2..30 s: Celery's default
+        # gives up after 100 tries and the worker would exit during a long outage.
+        "broker_connection_retry": True,
+        "broker_connection_max_retries": None,
         "broker_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
         "result_backend_transport_options": {"retry_policy": {"timeout": 5.0}},
         "result_expires": settings.job_ttl_s,
