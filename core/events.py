@@ -47,3 +47,9 @@ class Event:
             ts=float(fields["ts"]),
             data=json.loads(fields["data"]),
         )
+
+# Error codes an agent job fails with when the *model's* output is unusable (the original
+# API answered these with HTTP 422 and the trace). The worker puts the code in the job's
+# error payload: {"code": ..., "message": ..., "trace": [...]}.
+MALFORMED_TOOL_CALL, MAX_STEPS_EXCEEDED = "malformed_tool_call", "max_steps_exceeded"
+AGENT_INPUT_ERRORS = (MALFORMED_TOOL_CALL, MAX_STEPS_EXCEEDED)

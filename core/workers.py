@@ -1,7 +1,9 @@
-"""Worker presence: each worker process publishes a heartbeat with its self-description.
+"""Worker heartbeats in Redis: workers write them, the web reads them (``/healthz``, ``/workers``).
 
-The monitor page, ``/healthz`` and ``/workers`` read it back. A worker that stops
-heart-beating disappears after ``max_age_s``.
+A worker describes itself in the hash ``keys.worker_key(name)`` (every value JSON-encoded,
+so numbers and nested cache statistics survive) and scores its name in the
+``keys.WORKERS_INDEX`` sorted set with the time of its last heartbeat. The hash expires
+on its own when heartbeats stop; readers also drop entries older than ``max_age_s``.
 """
 from __future__ import annotations
 
@@ -14,27 +16,47 @@ import redis
 from core import keys
 
 
-def publish_heartbeat(client: redis.Redis, name: str, info: dict[str, Any], ttl_s: int = 30) -> None:
-    """Store ``info`` (model, device, dtype, load time, concurrency, current jobs, cache stats)."""
-    now = time.time()
-    payload = json.dumps({**info, "name": name, "last_seen": now}, ensure_ascii=False, default=str)
-    pipe = client.pipeline(transaction=False)
-    pipe.set(keys.worker_key(name), payload, ex=ttl_s)
+def write_heartbeat(client: redis.Redis, name: str, info: dict[str, Any], ttl_s: int = 60,
+                    now: float | None = None) -> None:
+    """Record that worker ``name`` is alive, with its self-description and cache stats."""
+    now = time.time() if now is None else now
+    mapping = {field: json.dumps(value, ensure_ascii=False) for field, value in info.items()}
+    mapping["last_seen"] = json.dumps(now)
+    pipe = client.pipeline(transaction=True)
+    pipe.delete(keys.worker_key(name))
+    pipe.hset(keys.worker_key(name), mapping=mapping)
+    pipe.expire(keys.worker_key(name), ttl_s)
     pipe.zadd(keys.WORKERS_INDEX, {name: now})
     pipe.execute()
 
 
 def remove_worker(client: redis.Redis, name: str) -> None:
-    client.delete(keys.worker_key(name))
-    client.zrem(keys.WORKERS_INDEX, name)
+    """Forget a worker at once (graceful shutdown)."""
+    pipe = client.pipeline(transaction=True)
+    pipe.delete(keys.worker_key(name))
+    pipe.zrem(keys.WORKERS_INDEX, name)
+    pipe.execute()
 
 
-def list_workers(client: redis.Redis, max_age_s: float = 30.0) -> list[dict[str, Any]]:
-    """Workers seen within ``max_age_s``, newest first; stale index entries are pruned."""
-    cutoff = time.time() - max_age_s
-    client.zremrangebyscore(keys.WORKERS_INDEX, "-inf", cutoff)
-    names = client.zrevrange(keys.WORKERS_INDEX, 0, -1)
-    if not names:
-        return []
-    raws = client.mget([keys.worker_key(n) for n in names])
-    return [json.loads(raw) for raw in raws if raw]
+def list_workers(client: redis.Redis, max_age_s: float, now: float | None = None) -> list[dict[str, Any]]:
+    """Workers seen within ``max_age_s``, most recent first: ``{"name", "last_seen",
+    "age_s", "info": {...}}``. Stale index entries are pruned on the way."""
+    now = time.time() if now is None else now
+    client.zremrangebyscore(keys.WORKERS_INDEX, "-inf", f"({now - max_age_s}")
+    names = client.zrevrange(keys.WORKERS_INDEX, 0, -1, withscores=True)
+    pipe = client.pipeline(transaction=False)
+    for name, _ in names:
+        pipe.hgetall(keys.worker_key(name))
+    workers = []
+    for (name, seen), raw in zip(names, pipe.execute()):
+        info = {field: _decode(value) for field, value in (raw or {}).items()}
+        info.pop("last_seen", None)
+        workers.append({"name": name, "last_seen": seen, "age_s": round(max(0.0, now - seen), 3), "info": info})
+    return workers
+
+
+def _decode(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except (TypeError, ValueError):
+        return value

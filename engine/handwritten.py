@@ -25,12 +25,15 @@ from engine.prompt import Prompt
 from engine.run import GenerationRun
 from engine.sampling import Sampler
 from engine.types import GenerationRequest
-from engine.weights import fuse_projections
+from engine.quant import forward_weights
 
 
 def forward_for(engine: Any) -> Qwen2Forward:
-    """The engine's forward over its model (built once; fuses projections in place)."""
-    return engine.state("forward", lambda: Qwen2Forward(fuse_projections(engine.loaded.model)))
+    """The engine's forward over its model (built once; fuses projections in place).
+
+    Quantization hook: ``forward_weights`` returns the int8/int4 projections made at load
+    when ``MINISERVE_QUANT != none``, else the model's own fused weights."""
+    return engine.state("forward", lambda: Qwen2Forward(forward_weights(engine.loaded.model)))
 
 
 def prefix_store(engine: Any) -> PrefixCache:

@@ -152,3 +152,16 @@ def _check_result(value: object) -> Number:
     if isinstance(value, float) and not math.isfinite(value):
         raise ToolError("overflow: result too large")
     return value  # type: ignore[return-value]
+
+
+def is_arithmetic(text: str) -> bool:
+    """True when ``text`` is a whitelisted expression with at least one binary operator
+    (it may still fail to evaluate, e.g. ``1/0``): used to spot expressions in prompts."""
+    expr = normalize_expression(text)
+    try:
+        _check_text(expr)
+        tree = ast.parse(expr, mode="eval")
+        _check_tree(tree)
+    except (ToolError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    return isinstance(tree.body, ast.BinOp) or any(isinstance(n, ast.BinOp) for n in ast.walk(tree))

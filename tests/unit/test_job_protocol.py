@@ -99,11 +99,12 @@ def test_expired_lease_requeue(store):
 
 
 def test_workers_heartbeat_round_trip(store):
-    from core.workers import list_workers, publish_heartbeat, remove_worker
-    publish_heartbeat(store.client, "w1@host", {"model": "tiny", "current_jobs": []})
-    assert [w["name"] for w in list_workers(store.client)] == ["w1@host"]
+    from core.workers import list_workers, remove_worker, write_heartbeat
+    write_heartbeat(store.client, "w1@host", {"model": "tiny", "current_jobs": []})
+    [worker] = list_workers(store.client, max_age_s=30)
+    assert worker["name"] == "w1@host" and worker["info"]["model"] == "tiny"
     remove_worker(store.client, "w1@host")
-    assert list_workers(store.client) == []
+    assert list_workers(store.client, max_age_s=30) == []
 
 
 def test_follow_replays_then_stops_at_terminal(store):

@@ -1,0 +1,169 @@
+"""What the queue costs: the same short generation called directly on the engine and through
+web -> Redis -> Celery worker -> Redis -> web (SSE), interleaved after warmup; then a burst of
+short jobs counting lost and duplicated ones.
+
+    python -m bench.queue_overhead [--model default] [--repeats 20] [--burst 200]
+
+Starts its own redis-server, worker and web server on free ports. Writes
+results/queue_overhead.csv, results/queue_overhead.json and results/queue_overhead.png.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as futures
+import time
+from pathlib import Path
+
+import redis
+import requests
+
+from bench.client import submit_and_follow
+from bench.stack import Stack, start_redis, wait_until
+from bench.stats import machine_info, print_table, summarize, write_csv, write_json
+from core.events import TERMINAL_EVENTS
+from core.jobs import JobStore
+from core.settings import load_settings
+from core.workers import list_workers
+
+PROMPT = "Name three primary colors."
+
+
+def direct_call(engine, request) -> tuple[float, float]:
+    """Wall-clock time to first text and total, measured around the engine call."""
+    from engine.types import GenerationRequest  # noqa: F401 - the engine is only imported here
+
+    first: list[float] = []
+    started = time.perf_counter()
+    engine.generate(request, on_text=lambda _t: first or first.append(time.perf_counter() - started))
+    return first[0] if first else float("nan"), time.perf_counter() - started
+
+
+def queued_call(base_url: str, body: dict, session: requests.Session) -> tuple[float, float]:
+    trace = submit_and_follow(base_url, body, session)
+    assert trace.terminal == "done", trace
+    return trace.first_token_s or float("nan"), trace.total_s or float("nan")
+
+
+def burst(base_url: str, store: JobStore, count: int, clients: int, body: dict) -> dict:
+    """Submit ``count`` jobs from ``clients`` threads; wait for all; count lost/duplicated."""
+    started = time.perf_counter()
+    with futures.ThreadPoolExecutor(clients) as pool:
+        ids = list(pool.map(lambda _: requests.post(f"{base_url}/jobs", json=body, timeout=60).json()["id"],
+                            range(count)))
+
+    def all_ended() -> bool:
+        return all(store.get(i).is_terminal for i in ids)
+
+    try:
+        wait_until(all_ended, timeout_s=max(120, count * 2), interval_s=0.2, what="burst jobs")
+    except TimeoutError:
+        pass
+    elapsed = time.perf_counter() - started
+    terminal_counts = [sum(e.type in TERMINAL_EVENTS for e in store.events(i)) for i in ids]
+    states = [store.get(i).state for i in ids]
+    return {"jobs": count, "clients": clients, "seconds": round(elapsed, 2),
+            "jobs_per_s": round(count / elapsed, 2),
+            "succeeded": states.count("succeeded"),
+            "lost": sum(1 for c in terminal_counts if c == 0),
+            "duplicated": sum(1 for c in terminal_counts if c > 1),
+            "unique_ids": len(set(ids))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--method", default="custom_cache")
+    parser.add_argument("--max-new-tokens", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--burst", type=int, default=200)
+    parser.add_argument("--burst-clients", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--output", default="results/queue_overhead.csv")
+    args = parser.parse_args()
+
+    env = {"MINISERVE_MODEL": args.model, "MINISERVE_THREADS": str(args.threads), "MINISERVE_JSON_LOGS": "true",
+           "MINISERVE_LOG_LEVEL": "WARNING", "MINISERVE_MAX_QUEUE_DEPTH": str(args.burst * 2)}
+    redis_proc, url = start_redis(Path("/tmp"))
+    stack = Stack(redis_url=url, env_overrides=env)
+    worker = stack.start_worker()
+    web, base_url = stack.start_web()
+    store = JobStore(redis.Redis.from_url(url, decode_responses=True))
+    try:
+        wait_until(lambda: any(w["info"].get("engine_loaded") for w in list_workers(store.client, 15)), 300, what="worker")
+        wait_until(lambda: _up(base_url), 30, what="web server")
+        rows = run_interleaved(args, base_url)
+        burst_result = burst(base_url, store, args.burst, args.burst_clients,
+                             {"prompt": "Hi", "max_new_tokens": 1, "generation_method": args.method})
+    finally:
+        for proc in (web, worker, redis_proc):
+            proc.stop()
+    report(args, rows, burst_result)
+
+
+def _up(base_url: str) -> bool:
+    try:
+        return requests.get(f"{base_url}/healthz", timeout=2).status_code < 500
+    except requests.RequestException:
+        return False
+
+
+def run_interleaved(args, base_url: str) -> list[dict]:
+    import torch
+
+    from engine.engine import Engine
+    from engine.types import GenerationRequest, SamplingParams
+
+    torch.set_num_threads(args.threads)
+    engine = Engine(load_settings(model=args.model, threads=args.threads))
+    request = GenerationRequest(messages=[{"role": "user", "content": PROMPT}], method=args.method,
+                                sampling=SamplingParams(max_new_tokens=args.max_new_tokens))
+    body = {"prompt": PROMPT, "max_new_tokens": args.max_new_tokens, "generation_method": args.method}
+    session = requests.Session()
+    rows = []
+    for i in range(args.warmup + args.repeats):
+        for path in ("direct", "queue"):
+            ttft, total = direct_call(engine, request) if path == "direct" else queued_call(base_url, body, session)
+            if i >= args.warmup:
+                rows.append({"run": i - args.warmup, "path": path, "ttft_ms": ttft * 1000, "total_ms": total * 1000})
+    return rows
+
+
+def report(args, rows: list[dict], burst_result: dict) -> None:
+    table = []
+    for path in ("direct", "queue"):
+        ttft = summarize([r["ttft_ms"] for r in rows if r["path"] == path])
+        total = summarize([r["total_ms"] for r in rows if r["path"] == path])
+        table.append({"path": path, "ttft_p50_ms": ttft["p50"], "ttft_p90_ms": ttft["p90"],
+                      "total_p50_ms": total["p50"], "total_p90_ms": total["p90"]})
+    added = {"ttft_p50_added_ms": table[1]["ttft_p50_ms"] - table[0]["ttft_p50_ms"],
+             "total_p50_added_ms": table[1]["total_p50_ms"] - table[0]["total_p50_ms"]}
+    print_table(table, list(table[0]))
+    print(f"queue adds {added['ttft_p50_added_ms']:.1f} ms p50 to time to first token, "
+          f"{added['total_p50_added_ms']:.1f} ms p50 to total latency")
+    print("burst:", burst_result)
+    out = Path(args.output)
+    write_csv(out, rows)
+    write_json(out.with_suffix(".json"), {"args": vars(args), "machine": machine_info(), "summary": table,
+                                          "added": added, "burst": burst_result})
+    plot(rows, out.with_suffix(".png"))
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    for ax, metric in zip(axes, ("ttft_ms", "total_ms")):
+        data = [[r[metric] for r in rows if r["path"] == p] for p in ("direct", "queue")]
+        ax.boxplot(data, tick_labels=["direct engine", "through the queue"])
+        ax.set_title(metric.replace("_ms", " (ms)"))
+    fig.suptitle("Queue overhead: same generation, direct vs web->Redis->worker")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

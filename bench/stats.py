@@ -1,0 +1,68 @@
+"""Small statistics and output helpers shared by the benchmarks."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+import statistics
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (q in 0..100); NaN for no values."""
+    data = sorted(values)
+    if not data:
+        return float("nan")
+    pos = (len(data) - 1) * q / 100
+    low, high = int(pos), min(int(pos) + 1, len(data) - 1)
+    return data[low] + (data[high] - data[low]) * (pos - low)
+
+
+def summarize(values: Sequence[float]) -> dict[str, float]:
+    return {"n": len(values), "mean": statistics.fmean(values) if values else float("nan"),
+            "p50": percentile(values, 50), "p90": percentile(values, 90), "p99": percentile(values, 99)}
+
+
+def machine_info() -> dict[str, Any]:
+    import importlib.util
+
+    info: dict[str, Any] = {"cpus": os.cpu_count(), "platform": platform.platform(),
+                            "python": platform.python_version()}
+    if importlib.util.find_spec("torch"):
+        import torch
+
+        info.update(torch=torch.__version__, torch_threads=torch.get_num_threads())
+    return info
+
+
+def write_csv(path: str | Path, rows: Iterable[dict[str, Any]]) -> Path:
+    rows = list(rows)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fields: list[str] = []
+    for row in rows:
+        fields += [k for k in row if k not in fields]
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def write_json(path: str | Path, payload: Any) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, ensure_ascii=False, default=str))
+    return path
+
+
+def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
+    def cell(value: Any) -> str:
+        return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+    widths = [max(len(c), *(len(cell(r.get(c, ""))) for r in rows)) for c in columns]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    for row in rows:
+        print("  ".join(cell(row.get(c, "")).ljust(w) for c, w in zip(columns, widths)))

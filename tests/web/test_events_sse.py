@@ -1,0 +1,86 @@
+"""``GET /jobs/{id}/events``: replay, Last-Event-ID / ?after= resume, live follow, keep-alives.
+Events are written with JobStore directly, as the worker writes them."""
+from __future__ import annotations
+
+import threading
+import time
+
+from tests.web.conftest import parse_sse, run_job
+
+
+def _submit(client) -> str:
+    return client.post("/jobs", json={"prompt": "hi"}).get_json()["id"]
+
+
+def test_replay_after_the_job_finished_gives_every_event_in_order(client, store):
+    job_id = _submit(client)
+    run_job(store, job_id)
+    response = client.get(f"/jobs/{job_id}/events")
+    assert response.status_code == 200
+    assert response.mimetype == "text/event-stream"
+    assert response.headers["Cache-Control"] == "no-cache"
+    frames = parse_sse(response.get_data(as_text=True))
+    assert [f["event"] for f in frames] == ["state", "token", "token", "token", "done"]
+    assert [int(f["id"]) for f in frames] == [1, 2, 3, 4, 5]
+    assert all(f["data"]["seq"] == int(f["id"]) and f["data"]["type"] == f["event"] for f in frames)
+    text = "".join(f["data"]["data"]["text"] for f in frames if f["event"] == "token")
+    assert text == frames[-1]["data"]["data"]["text"] == "Hello wörld"
+    assert frames[0]["data"]["attempt"] == 1
+
+
+def test_last_event_id_resumes_without_duplicates(client, store):
+    job_id = _submit(client)
+    run_job(store, job_id)
+    frames = parse_sse(client.get(f"/jobs/{job_id}/events", headers={"Last-Event-ID": "3"}).get_data(as_text=True))
+    assert [int(f["id"]) for f in frames] == [4, 5]
+    frames = parse_sse(client.get(f"/jobs/{job_id}/events?after=4").get_data(as_text=True))
+    assert [f["event"] for f in frames] == ["done"]
+
+
+def test_resume_after_the_terminal_event_ends_at_once(client, store):
+    job_id = _submit(client)
+    run_job(store, job_id)
+    started = time.monotonic()
+    body = client.get(f"/jobs/{job_id}/events?after=5").get_data(as_text=True)
+    assert parse_sse(body) == [] and time.monotonic() - started < 0.5
+
+
+def test_bad_last_event_id_is_400(client):
+    job_id = _submit(client)
+    response = client.get(f"/jobs/{job_id}/events", headers={"Last-Event-ID": "abc"})
+    assert response.status_code == 400
+    assert response.get_json()["error"]["field"] == "Last-Event-ID"
+    assert client.get(f"/jobs/{job_id}/events?after=-1").status_code == 422
+
+
+def test_follows_a_running_job_live_with_keepalives(client, store):
+    job_id = _submit(client)
+    writer = threading.Thread(target=run_job, args=(store, job_id), kwargs={"delay_s": 0.6})
+    writer.start()
+    response = client.get(f"/jobs/{job_id}/events")
+    chunks = []
+    for chunk in response.response:  # streamed: read frame by frame as a browser would
+        chunks.append(chunk if isinstance(chunk, str) else chunk.decode())
+    writer.join()
+    body = "".join(chunks)
+    frames = parse_sse(body)
+    assert [f["event"] for f in frames] == ["state", "token", "token", "token", "done"]
+    assert body.startswith("retry: ")
+
+
+def test_idle_stream_sends_keepalive_comments(make_app, store):
+    client = make_app(sse_keepalive_s=1).test_client()
+    job_id = _submit(client)
+    threading.Timer(1.6, run_job, args=(store, job_id)).start()
+    body = client.get(f"/jobs/{job_id}/events").get_data(as_text=True)
+    assert ": keep-alive" in body
+    assert parse_sse(body)[-1]["event"] == "done"
+
+
+def test_stream_ends_when_the_job_expires(make_app, store):
+    client = make_app(sse_keepalive_s=1).test_client()
+    job_id = _submit(client)
+    threading.Timer(0.3, store.client.delete, args=(f"job:{job_id}",)).start()
+    started = time.monotonic()
+    body = client.get(f"/jobs/{job_id}/events").get_data(as_text=True)
+    assert parse_sse(body) == [] and time.monotonic() - started < 5

@@ -1,0 +1,67 @@
+"""``python -m web``: serve the app with gunicorn (gthread workers: one thread per open
+SSE stream, so many streams can be followed at once). Binds MINISERVE_HOST:MINISERVE_PORT
+(127.0.0.1:8000 by default); debug is never on."""
+from __future__ import annotations
+
+from typing import Any
+
+from gunicorn.app.base import BaseApplication
+
+from core.logs import configure_logging
+from core.settings import Settings, get_settings
+
+
+class WebServer(BaseApplication):
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        super().__init__()
+
+    def load_config(self) -> None:
+        for name, value in gunicorn_options(self.settings).items():
+            self.cfg.set(name, value)
+
+    def load(self) -> Any:
+        from web.app import create_app
+
+        return create_app(self.settings)
+
+
+def gunicorn_options(settings: Settings) -> dict[str, Any]:
+    return {
+        "bind": f"{settings.host}:{settings.port}",
+        "worker_class": "gthread",
+        "workers": settings.web_workers,
+        "threads": settings.web_threads,
+        "timeout": 60,  # gthread workers heartbeat from their main thread: long SSE streams are fine
+        "graceful_timeout": 10,
+        "control_socket_disable": True,  # several servers (tests, benches) may run side by side
+        "keepalive": 5,
+        "accesslog": None,  # web.request_log writes one JSON event per request instead
+        "errorlog": "-",
+        "loglevel": settings.log_level.lower(),
+        "logconfig_dict": gunicorn_log_config(settings),
+    }
+
+
+def gunicorn_log_config(settings: Settings) -> dict[str, Any]:
+    """With JSON logs on, gunicorn's own messages (start, workers booting, signals) are JSON
+    events too, so the whole web log is one JSON object per line; ``{}`` keeps its text format."""
+    if not settings.json_logs:
+        return {}
+    handler = {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}
+    logger = {"level": settings.log_level, "handlers": ["json"], "propagate": False}
+    return {"version": 1, "disable_existing_loggers": False,
+            "formatters": {"json": {"()": "core.logs.JsonFormatter"}},
+            "handlers": {"json": handler},
+            "root": {"level": settings.log_level, "handlers": ["json"]},
+            "loggers": {"gunicorn.error": logger, "gunicorn.access": dict(logger)}}
+
+
+def main() -> None:
+    settings = get_settings()
+    configure_logging(settings.log_level, settings.json_logs)
+    WebServer(settings).run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""Checks that run before any route: API keys, per-key rate limits, and the body's
+size, content type and JSON syntax (so routes only ever see a parsed JSON body).
+
+Public without a key: ``/healthz`` and the documentation (``/``, ``/docs``,
+``/openapi.json``, Swagger UI assets under ``/swagger``): they describe the API and hold
+no job data.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import math
+import time
+
+from flask import Flask, current_app, g, request
+
+from core import keys
+from web.context import ctx
+from web.errors import ApiError
+
+PUBLIC_PATHS = frozenset({"/", "/healthz", "/docs", "/openapi.json"})
+PUBLIC_PREFIXES = ("/swagger/", "/swagger", "/static/")
+EXTRA_PUBLIC_CONFIG = "MINISERVE_PUBLIC_PREFIXES"
+JSON_TYPES = ("application/json",)
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+def owner_id(api_key: str) -> str:
+    """What a job records as its owner: a hash of the key, never the key itself."""
+    return hashlib.sha256(api_key.encode("utf-8")).hexdigest()[:32]
+
+
+def is_public(path: str) -> bool:
+    extra = tuple(current_app.config.get(EXTRA_PUBLIC_CONFIG, ()))
+    return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES + extra)
+
+
+def add_public_prefix(app: Flask, prefix: str) -> None:
+    """Let an extension serve pages without an API key (e.g. static assets of a monitor page)."""
+    app.config[EXTRA_PUBLIC_CONFIG] = (*app.config.get(EXTRA_PUBLIC_CONFIG, ()), prefix)
+
+
+def _authenticate() -> None:
+    api_keys = ctx().settings.api_keys
+    g.owner = None
+    g.rate_id = f"ip:{request.remote_addr or '-'}"
+    if not api_keys:
+        return
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token or not any(
+            hmac.compare_digest(token.encode(), key.encode()) for key in api_keys):
+        raise ApiError(401, "unauthorized", "a valid 'Authorization: Bearer <key>' header is required",
+                       headers={"WWW-Authenticate": "Bearer"})
+    g.owner = g.rate_id = owner_id(token)
+
+
+def _rate_limit() -> None:
+    limit = ctx().settings.rate_limit_per_minute
+    if limit <= 0:
+        return
+    now = time.time()
+    window = int(now // 60)
+    counter = keys.rate_key(g.rate_id, window)
+    pipe = ctx().store.client.pipeline(transaction=True)
+    pipe.incr(counter)
+    pipe.expire(counter, 120)
+    count = pipe.execute()[0]
+    if count > limit:
+        retry = max(1, math.ceil((window + 1) * 60 - now))
+        raise ApiError(429, "rate_limited", f"more than {limit} requests per minute for this key",
+                       retry_after=retry)
+
+
+def _check_body() -> None:
+    if request.method not in BODY_METHODS:
+        return
+    length = request.content_length
+    chunked = "chunked" in request.headers.get("Transfer-Encoding", "").lower()
+    if not length and not chunked:
+        return  # no body: routes that need one answer 422
+    limit = ctx().settings.max_body_bytes
+    if length is not None and length > limit:
+        raise ApiError(413, "body_too_large", f"request body over {limit} bytes")
+    if request.mimetype not in JSON_TYPES and not request.mimetype.endswith("+json"):
+        raise ApiError(415, "unsupported_media_type", "send the body as 'Content-Type: application/json'")
+    data = request.get_data(cache=True)  # MAX_CONTENT_LENGTH also stops chunked bodies (413)
+    try:
+        json.loads(data)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ApiError(400, "malformed_json", f"the body is not valid JSON: {exc}") from None
+
+
+def install_guards(app: Flask, max_body_bytes: int) -> None:
+    app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
+
+    @app.before_request
+    def _guard() -> None:
+        g.owner = None
+        if is_public(request.path):
+            return
+        _authenticate()
+        _rate_limit()
+        _check_body()

@@ -1,0 +1,128 @@
+"""``/jobs``: submit, read, list, cancel and stream jobs."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from flask import jsonify, url_for
+from flask_openapi3 import APIBlueprint, Tag
+
+from core.events import QUEUED
+from core.jobs import JobNotFound, JobRecord
+from core.logs import log_event
+from web.context import ctx, note_job, request_owner
+from web.errors import ApiError
+from web.schemas import (
+    ErrorResponse,
+    EventsQuery,
+    JobAccepted,
+    JobList,
+    JobListQuery,
+    JobPath,
+    JobSubmit,
+    JobView,
+    SSE_EVENT_SCHEMA,
+    SubmitHeaders,
+)
+from web.sse import resume_point, sse_response, stream_events
+from web.submit import from_job_body, submit
+
+logger = logging.getLogger("miniserve.web.jobs")
+api = APIBlueprint("jobs", __name__, abp_tags=[Tag(name="jobs", description="the job queue")])
+
+GUARD_ERRORS: dict[int, Any] = {401: ErrorResponse, 429: ErrorResponse, 503: ErrorResponse}
+BODY_ERRORS: dict[int, Any] = {400: ErrorResponse, 413: ErrorResponse, 415: ErrorResponse, 422: ErrorResponse}
+SSE_RESPONSE = {"description": "Server-Sent Events: `id: <seq>`, `event: <type>`, `data: <event JSON>`",
+                "content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}}}
+
+
+def job_links(job_id: str) -> dict[str, str]:
+    return {"self": url_for("jobs.get_job", job_id=job_id),
+            "events": url_for("jobs.job_events", job_id=job_id),
+            "cancel": url_for("jobs.cancel_job", job_id=job_id)}
+
+
+def job_view(job: JobRecord) -> dict[str, Any]:
+    """The public view of a job, with usage and timings lifted out of the result."""
+    view = job.public_view()
+    result = job.result or {}
+    timings: dict[str, Any] = dict(result.get("timings") or {})
+    if job.started_at is not None:
+        timings["queue_wait_s"] = round(job.started_at - job.created_at, 4)
+    if job.finished_at is not None:
+        timings["job_total_s"] = round(job.finished_at - job.created_at, 4)
+    view.update(usage=result.get("usage"), timings=timings, links=job_links(job.id))
+    return view
+
+
+def find_job(job_id: str) -> JobRecord:
+    """The caller's job, or a 404 (also for another key's job: its existence stays private)."""
+    note_job(job_id)
+    try:
+        return ctx().store.get(job_id, owner=request_owner())
+    except JobNotFound:
+        raise ApiError(404, "job_not_found", f"no job '{job_id}'", job_id=job_id) from None
+
+
+def accepted(job: JobRecord, replayed: bool = False):
+    response = jsonify({"id": job.id, "state": job.state, "links": job_links(job.id)})
+    response.status_code = 202
+    response.headers["Location"] = job_links(job.id)["self"]
+    if replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+    return response
+
+
+@api.post("/jobs", summary="Submit a generation or agent job",
+          responses={202: JobAccepted, 409: ErrorResponse, **BODY_ERRORS, **GUARD_ERRORS})
+def create_job(body: JobSubmit, header: SubmitHeaders):
+    """Validates, checks limits, stores the job and sends its task by name; 202 at once."""
+    outcome = submit(from_job_body(body), header.idempotency_key)
+    log_event(logger, "job_submitted", job_id=outcome.job.id, job_type=outcome.job.type,
+              replayed=outcome.replayed)
+    return accepted(outcome.job, outcome.replayed)
+
+
+@api.get("/jobs", summary="Recent jobs (newest first), filtered by state and type",
+         responses={200: JobList, 422: ErrorResponse, **GUARD_ERRORS})
+def list_jobs(query: JobListQuery):
+    jobs = ctx().store.list(state=query.state, job_type=query.type, owner=request_owner(), limit=query.limit)
+    return jsonify({"jobs": [job_view(job) for job in jobs]})
+
+
+@api.get("/jobs/<job_id>", summary="One job: state, timings, usage, result or error",
+         responses={200: JobView, 404: ErrorResponse, 422: ErrorResponse, **GUARD_ERRORS})
+def get_job(path: JobPath):
+    return jsonify(job_view(find_job(path.job_id)))
+
+
+@api.post("/jobs/<job_id>/cancel", summary="Cancel a job (queued: revoked; running: stops between tokens)",
+          responses={200: JobView, 404: ErrorResponse, 422: ErrorResponse, **BODY_ERRORS, **GUARD_ERRORS})
+def cancel_job(path: JobPath):
+    job = find_job(path.job_id)
+    was_queued = job.state == QUEUED
+    job = ctx().store.request_cancel(job.id)
+    if was_queued:
+        _revoke(job.id)
+    log_event(logger, "job_cancel_requested", job_id=job.id, was_queued=was_queued, state=job.state)
+    return jsonify(job_view(job))
+
+
+def _revoke(job_id: str) -> None:
+    """Best effort: the job already ended ``cancelled`` in the store, so a worker that still
+    receives the task skips it; revoking only saves it the trip."""
+    try:
+        ctx().celery.control.revoke(job_id)
+    except Exception as exc:  # broker hiccup: nothing is lost
+        log_event(logger, "revoke_failed", level=logging.WARNING, job_id=job_id, exc_type=type(exc).__name__)
+
+
+@api.get("/jobs/<job_id>/events", summary="The job's events as Server-Sent Events (replay, then live)",
+         responses={200: SSE_RESPONSE, 400: ErrorResponse, 404: ErrorResponse, 422: ErrorResponse,
+                    **GUARD_ERRORS})
+def job_events(path: JobPath, query: EventsQuery):
+    """Replays events after ``?after=`` or the ``Last-Event-ID`` header (default: all),
+    then follows the job live until its terminal event."""
+    job = find_job(path.job_id)
+    after = resume_point(query.after)
+    return sse_response(stream_events(ctx().store, job, after, ctx().settings.sse_keepalive_s), job.id)

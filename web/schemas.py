@@ -1,0 +1,227 @@
+"""Pydantic models for every request body and response, so ``/openapi.json`` is exact.
+
+Bodies forbid unknown fields (a typo like ``max_tokens`` is a 422, not silently ignored).
+Range limits that depend on settings (``max_new_tokens`` cap, prompt length) are checked
+in :mod:`web.submit`, after the schema, because the schema is fixed at import time.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from core.events import ALL_STATES
+from core.jobs import JOB_TYPES
+from core.settings import GENERATION_METHODS
+
+GenerationMethod = Literal[GENERATION_METHODS]  # type: ignore[valid-type]
+JobState = Literal[ALL_STATES]  # type: ignore[valid-type]
+JobType = Literal[JOB_TYPES]  # type: ignore[valid-type]
+SubmitType = Literal["generate", "agent"]
+Role = Literal["system", "user", "assistant", "tool"]
+MAX_STOP_STRINGS = 8
+MAX_AGENT_STEPS = 20
+StopString = Annotated[str, Field(min_length=1)]
+
+
+def _integral_float_to_int(value: Any) -> Any:
+    """JSON Schema counts 2.0 as an integer; strict pydantic would not."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def json_int(**constraints: Any) -> Any:
+    """An int (constraints first, so they reach the JSON Schema) that also takes 2.0."""
+    return Annotated[int, Field(**constraints), BeforeValidator(_integral_float_to_int)]
+# One Server-Sent Event as OpenAPI 3.1 describes a text/event-stream item: `data` is the
+# event's JSON ({"seq", "type", "attempt", "ts", "data"}); `id` is its seq; `event` its type.
+SSE_EVENT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"id": {"type": "string", "pattern": "^[0-9]+$"}, "event": {"type": "string"},
+                   "data": {"type": "string", "contentMediaType": "application/json"}},
+    "required": ["id", "event", "data"],
+}
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)  # no silent coercion: "1" is not 1
+
+
+# ---- request bodies -------------------------------------------------------------------------
+class Message(Strict):
+    role: Role
+    content: str = Field(max_length=1_000_000)
+
+
+class SamplingFields(Strict):
+    """Sampling knobs shared by every generation body (``None`` = the service default)."""
+
+    max_new_tokens: json_int(ge=1) | None = Field(
+        default=None, description="capped by MINISERVE_MAX_NEW_TOKENS_CAP")
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0, description="0 = greedy")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: json_int(ge=0, le=1000) = Field(default=0, description="0 = off")
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = Field(
+        default=None, description="null = the model's default")
+    seed: json_int(ge=0, le=2**63 - 1) | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = Field(
+        default=None, description=f"a stop string or up to {MAX_STOP_STRINGS} of them")
+    generation_method: GenerationMethod = "official"
+
+
+class JobSubmit(SamplingFields):
+    """``POST /jobs``: exactly one of ``prompt`` and ``messages``."""
+
+    type: SubmitType = "generate"
+    prompt: str | None = Field(default=None, min_length=1)
+    messages: list[Message] | None = Field(default=None, min_length=1, max_length=256)
+    prefix: str | None = Field(default=None, description="system prefix that prefix_cache keys on")
+    system: str | None = Field(default=None, description="system message (not with prefix)")
+    max_steps: json_int(ge=1, le=MAX_AGENT_STEPS) | None = Field(
+        default=None, description="agent jobs only")
+
+    @model_validator(mode="after")
+    def _one_input(self) -> "JobSubmit":
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("prompt: give exactly one of prompt and messages")
+        if self.prefix is not None and self.system is not None:
+            raise ValueError("system: give prefix or system, not both")
+        if self.type == "agent" and self.prompt is None:
+            raise ValueError("prompt: agent jobs take a prompt")
+        if self.type != "agent" and self.max_steps is not None:
+            raise ValueError("max_steps: only for agent jobs")
+        return self
+
+
+class GenerateBody(SamplingFields):
+    """``POST /generate``, as in the original MiniServe (plus the extra sampling knobs)."""
+
+    prompt: str = Field(min_length=1)
+    prefix: str | None = None
+    stream: bool = False
+
+
+class AgentBody(Strict):
+    """``POST /agent/run``, as in the original MiniServe."""
+
+    prompt: str = Field(min_length=1)
+    max_steps: json_int(ge=1, le=MAX_AGENT_STEPS) = 3
+    max_new_tokens: json_int(ge=1) | None = None
+
+
+# ---- path, query and header parameters ------------------------------------------------------
+class JobPath(BaseModel):
+    job_id: str = Field(min_length=1, max_length=64)
+
+
+class JobListQuery(BaseModel):
+    state: JobState | None = None
+    type: JobType | None = None
+    limit: int = Field(default=50, ge=1, le=500)
+
+
+class EventsQuery(BaseModel):
+    after: int | None = Field(default=None, ge=0, description="replay events with seq > after "
+                              "(the Last-Event-ID header does the same)")
+
+
+class SubmitHeaders(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    idempotency_key: str | None = Field(default=None, alias="Idempotency-Key", max_length=200,
+                                        description="a retried submission with the same key returns the same job")
+
+
+# ---- responses --------------------------------------------------------------------------------
+class ErrorDetail(BaseModel):
+    field: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    field: str | None = None
+    details: list[ErrorDetail] | None = None
+    job_id: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+    trace: list[dict[str, Any]] | None = None
+
+
+class JobLinks(BaseModel):
+    self: str
+    events: str
+    cancel: str
+
+
+class JobAccepted(BaseModel):
+    id: str
+    state: JobState
+    links: JobLinks
+
+
+class JobView(BaseModel):
+    id: str
+    type: JobType
+    state: JobState
+    queue: str
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    attempt: int
+    max_attempts: int
+    last_seq: int
+    worker: str
+    request: dict[str, Any]
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
+    timings: dict[str, Any]
+    links: JobLinks
+
+
+class JobList(BaseModel):
+    jobs: list[JobView]
+
+
+class GenerateResponse(BaseModel):
+    model_config = ConfigDict(openapi_extra={
+        "description": "the finished generation; with stream=true, Server-Sent Events of the job",
+        "content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}},
+    })
+    text: str
+    generation_method: str
+    usage: dict[str, Any]
+    timings: dict[str, Any]
+    finish_reason: str
+    job_id: str
+
+
+class AgentResponse(BaseModel):
+    text: str
+    steps: int
+    trace: list[dict[str, Any]]
+    job_id: str
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok", "no_workers", "redis_unavailable"]
+    redis: bool
+    workers: int
+
+
+class WorkerView(BaseModel):
+    name: str
+    last_seen: float
+    age_s: float
+    info: dict[str, Any]
+
+
+class WorkerList(BaseModel):
+    workers: list[WorkerView]
+
+
+class QueueDepths(BaseModel):
+    queues: dict[str, int]
+    max_queue_depth: int = Field(description="0 = unbounded")

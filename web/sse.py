@@ -1,0 +1,87 @@
+"""Server-Sent Events of a job's stream, and waiting for a job's end.
+
+Each event goes out as ``id: <seq>`` / ``event: <type>`` / ``data: <event JSON>``; the
+stream replays stored events after the requested seq, then follows live until the
+terminal event. Idle ticks send a ``: keep-alive`` comment, which is also how a closed
+connection gets noticed.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Iterator
+
+from flask import Response, request, stream_with_context
+
+from core.events import Event
+from core.jobs import JobNotFound, JobRecord, JobStore
+from core.logs import log_event
+from web.errors import ApiError
+
+logger = logging.getLogger("miniserve.web.sse")
+RETRY_MS = 2000
+
+
+def format_event(event: Event) -> str:
+    return f"id: {event.seq}\nevent: {event.type}\ndata: {event.to_json()}\n\n"
+
+
+def resume_point(after: int | None) -> int:
+    """``?after=`` wins over the ``Last-Event-ID`` header; both mean "events with seq > n"."""
+    if after is not None:
+        return after
+    header = request.headers.get("Last-Event-ID", "").strip()
+    if not header:
+        return 0
+    if not header.isdigit():
+        raise ApiError(400, "bad_last_event_id", "Last-Event-ID must be an event seq (a non-negative integer)",
+                       field="Last-Event-ID")
+    return int(header)
+
+
+def stream_events(store: JobStore, job: JobRecord, after: int, keepalive_s: int) -> Iterator[str]:
+    """Replay then tail; ends after the terminal event, or when the job is gone."""
+    yield f"retry: {RETRY_MS}\n\n"
+    if job.is_terminal and after >= job.last_seq:
+        return
+    last, sent, started = after, 0, time.perf_counter()
+    try:
+        for event in store.follow(job.id, after_seq=after, block_ms=keepalive_s * 1000):
+            if event is not None:
+                last, sent = event.seq, sent + 1
+                yield format_event(event)
+                continue
+            if _stream_over(store, job.id, last):
+                return
+            yield ": keep-alive\n\n"
+    finally:
+        log_event(logger, "sse_closed", job_id=job.id, events=sent,
+                  duration_ms=round((time.perf_counter() - started) * 1000, 1))
+
+
+def _stream_over(store: JobStore, job_id: str, last_seq: int) -> bool:
+    try:
+        job = store.get(job_id)
+    except JobNotFound:
+        return True  # expired while we followed it
+    return job.is_terminal and job.last_seq <= last_seq
+
+
+def sse_response(events: Iterator[str], job_id: str) -> Response:
+    response = Response(stream_with_context(events), mimetype="text/event-stream")
+    response.headers["Cache-Control"] = "no-cache"
+    response.headers["X-Accel-Buffering"] = "no"
+    response.headers["X-Job-Id"] = job_id
+    return response
+
+
+def wait_for_end(store: JobStore, job_id: str, timeout_s: float) -> JobRecord | None:
+    """Block until the job's terminal event (returns the finished record) or ``timeout_s``
+    (returns ``None``). XREAD answers at once when events are already stored."""
+    deadline, last = time.monotonic() + timeout_s, 0
+    while (remaining := deadline - time.monotonic()) > 0:
+        for event in store.wait_events(job_id, last, max(1, int(min(remaining, 1.0) * 1000))):
+            last = event.seq
+            if event.is_terminal:
+                return store.get(job_id)
+    return None
