@@ -28,4 +28,6 @@ def run_paged(engine: Any, prompt: Prompt, run: GenerationRun, request: Generati
 
 
 def builtin_methods() -> dict[str, Any]:
-    return {"official": run_official, "paged": run_paged}
+    from engine.handwritten import handwritten_methods
+
+    return {"official": run_official, **handwritten_methods(), "paged": run_paged}

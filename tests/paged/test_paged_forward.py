@@ -4,7 +4,9 @@ import torch
 
 from engine.paged import BlockManager
 from engine.paged.attention import SeqChunk, build_batch
+from engine.forward import Qwen2Forward
 from engine.paged.forward import PagedQwen2
+from engine.weights import fuse_projections
 from tests.paged.tiny import tiny_qwen2
 
 BS = 4
@@ -18,7 +20,7 @@ def hf_logits(model, ids):
 @pytest.mark.parametrize("tie", [False, True])
 def test_prefill_logits_match_transformers(tie):
     model = tiny_qwen2(tie=tie)
-    runner = PagedQwen2(model)
+    runner = PagedQwen2(Qwen2Forward(fuse_projections(model)))
     pool = runner.make_pool(16, BS)
     blocks = BlockManager(16, BS)
     ids = [3, 17, 9, 44, 2, 91, 7, 7, 12, 5, 60]
@@ -30,7 +32,7 @@ def test_prefill_logits_match_transformers(tie):
 
 def test_chunked_prefill_and_decode_in_mixed_batches_match_transformers():
     model = tiny_qwen2(seed=1)
-    runner = PagedQwen2(model)
+    runner = PagedQwen2(Qwen2Forward(fuse_projections(model)))
     pool = runner.make_pool(32, BS)
     blocks = BlockManager(32, BS)
     a = [5, 9, 31, 2, 8, 100, 4, 4, 19]

@@ -1,0 +1,120 @@
+"""The hand-written Qwen2 forward: embedding -> N x (RMSNorm, attention, RMSNorm, SwiGLU) -> norm -> lm_head.
+
+Tokens travel flattened, ``hidden [N, hidden_size]`` with no batch dimension, so one call can
+carry a prefill, one decode token, or (for a batching scheduler) tokens of several sequences.
+Everything that depends on *where the keys and values live* is behind the
+:class:`AttentionCache` seam:
+
+- ``positions = cache.begin(n)``: the rotary positions of the ``n`` new tokens, as an ``int``
+  (first position of a contiguous run) or a ``LongTensor [n]`` (any positions);
+- ``out = cache.attend(layer, q, k, v)``: store the new ``k, v [n, kv_heads, head_dim]``
+  (already rotated) for ``layer`` and return attention of ``q [n, heads, head_dim]`` over
+  everything the sequence holds, as ``[n, heads * head_dim]``;
+- ``cache.commit(n)``: after the last layer, the new tokens become part of the sequence.
+
+The contiguous cache (:mod:`engine.kv_cache`), the no-cache path and the paged cache all
+implement it. Numerics follow transformers' Qwen2 so greedy outputs match token for token:
+RMSNorm in float32, rotary tables computed in float32 and cast to the model dtype.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from engine.weights import ForwardConfig, Qwen2Weights
+
+Positions = int | torch.Tensor
+
+
+class AttentionCache(Protocol):
+    def begin(self, num_new: int) -> Positions: ...
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+
+    def commit(self, num_new: int) -> None: ...
+
+
+class RotaryTable:
+    """cos/sin for positions ``0..capacity-1`` (grown on demand), laid out as transformers does."""
+
+    def __init__(self, config: ForwardConfig, dtype: torch.dtype, device: torch.device, capacity: int = 4096) -> None:
+        dim = config.head_dim
+        self._inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+        self._inv_freq = self._inv_freq.to(device)
+        self.dtype, self.device = dtype, device
+        self.cos = self.sin = torch.empty(0)
+        self._build(capacity)
+
+    def _build(self, capacity: int) -> None:
+        positions = torch.arange(capacity, device=self.device, dtype=torch.float)
+        freqs = positions[:, None] * self._inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos, self.sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+
+    def lookup(self, positions: Positions, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin as ``[n, 1, head_dim]`` (broadcast over heads)."""
+        last = positions + n if isinstance(positions, int) else int(positions.max()) + 1
+        if last > self.cos.shape[0]:
+            self._build(max(last, 2 * self.cos.shape[0]))
+        if isinstance(positions, int):
+            return self.cos[positions:last, None], self.sin[positions:last, None]
+        return self.cos[positions][:, None], self.sin[positions][:, None]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return (x * cos) + (_rotate_half(x) * sin)
+
+
+class Qwen2Forward:
+    """Stateless apart from the rotary table: ``forward(ids, cache)`` -> logits of chosen rows."""
+
+    def __init__(self, weights: Qwen2Weights) -> None:
+        self.weights = weights
+        self.config = weights.config
+        self.rotary = RotaryTable(self.config, weights.dtype, weights.device)
+
+    def hidden(self, input_ids: torch.Tensor, cache: AttentionCache) -> torch.Tensor:
+        """Residual-stream states ``[n, hidden]`` (before the final norm) for ``input_ids [n]``."""
+        cfg, w = self.config, self.weights
+        n = input_ids.shape[0]
+        positions = cache.begin(n)
+        cos, sin = self.rotary.lookup(positions, n)
+        x = F.embedding(input_ids, w.embed)
+        q_end, k_end = cfg.q_size, cfg.q_size + cfg.kv_size
+        for index, layer in enumerate(w.layers):
+            h = rms_norm(x, layer.input_norm, cfg.rms_eps)
+            qkv = layer.qkv(h)
+            q = qkv[:, :q_end].view(n, cfg.num_heads, cfg.head_dim)
+            k = qkv[:, q_end:k_end].view(n, cfg.num_kv_heads, cfg.head_dim)
+            v = qkv[:, k_end:].view(n, cfg.num_kv_heads, cfg.head_dim)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            x = x + layer.o(cache.attend(index, q, k, v))
+            h = rms_norm(x, layer.post_norm, cfg.rms_eps)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
+        cache.commit(n)
+        return x
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits for the given rows (after the final norm), as ``generate`` uses them."""
+        h = rms_norm(hidden, self.weights.norm, self.config.rms_eps)
+        return self.weights.lm_head(h).float()
+
+    def __call__(self, input_ids: torch.Tensor, cache: AttentionCache, last_only: bool = True) -> torch.Tensor:
+        """Run the new tokens through the model; logits for the last one (or all) ``[m, vocab]``."""
+        x = self.hidden(input_ids, cache)
+        return self.logits(x[-1:] if last_only else x)

@@ -1,0 +1,123 @@
+"""The hand-written generation methods: ``no_cache``, ``custom_cache``, ``prefix_cache``.
+
+All three run :class:`~engine.forward.Qwen2Forward` over the loaded model's own weights and
+pick tokens with :class:`~engine.sampling.Sampler`; they differ only in where keys and
+values live:
+
+- ``no_cache``: every step feeds the whole sequence again (no KV kept).
+- ``custom_cache``: prefill the prompt once into a :class:`ContiguousKVCache`, then one
+  token per step.
+- ``prefix_cache``: the prompt's system block (see :mod:`engine.prompt`) is looked up in the
+  engine's :class:`PrefixCache`; a miss computes and stores it, a hit copies it in; the rest
+  of the prompt is prefilled in one batch, then decoding as ``custom_cache``.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from engine.forward import Qwen2Forward
+from engine.kv_cache import ContiguousKVCache, NoCache
+from engine.prefix_cache import PrefixCache
+from engine.prompt import Prompt
+from engine.run import GenerationRun
+from engine.sampling import Sampler
+from engine.types import GenerationRequest
+from engine.weights import fuse_projections
+
+
+def forward_for(engine: Any) -> Qwen2Forward:
+    """The engine's forward over its model (built once; fuses projections in place)."""
+    return engine.state("forward", lambda: Qwen2Forward(fuse_projections(engine.loaded.model)))
+
+
+def prefix_store(engine: Any) -> PrefixCache:
+    settings = engine.settings
+    return engine.state("prefix_cache", lambda: PrefixCache(settings.prefix_cache_max_entries,
+                                                            settings.prefix_cache_max_tokens))
+
+
+def _sampler(forward: Qwen2Forward, request: GenerationRequest, penalty: float, prompt: Prompt) -> Sampler:
+    return Sampler(request.sampling, penalty, forward.config.vocab_size, prompt.ids, forward.weights.device)
+
+
+def decode_loop(forward: Qwen2Forward, cache: Any, logits: torch.Tensor, sampler: Sampler,
+                run: GenerationRun) -> None:
+    """Sample from ``logits``, feed the token back one at a time until the run stops."""
+    token_buf = torch.empty(1, dtype=torch.long, device=forward.weights.device)
+    while True:
+        token = sampler(logits)
+        if run.accept(token):
+            return
+        token_buf.fill_(token)
+        logits = forward(token_buf, cache)
+
+
+def run_no_cache(engine: Any, prompt: Prompt, run: GenerationRun, request: GenerationRequest, penalty: float) -> int:
+    forward = forward_for(engine)
+    sampler = _sampler(forward, request, penalty, prompt)
+    ids = list(prompt.ids)
+    device = forward.weights.device
+    with torch.inference_mode():
+        if run.cancelled():
+            return 0
+        while True:
+            logits = forward(torch.tensor(ids, dtype=torch.long, device=device), NoCache())
+            token = sampler(logits)
+            if run.accept(token):
+                return 0
+            ids.append(token)
+
+
+def _new_cache(forward: Qwen2Forward, prompt: Prompt, request: GenerationRequest) -> ContiguousKVCache:
+    capacity = len(prompt.ids) + request.sampling.max_new_tokens
+    return ContiguousKVCache(forward.config, capacity, forward.weights.dtype, forward.weights.device)
+
+
+def run_custom_cache(engine: Any, prompt: Prompt, run: GenerationRun, request: GenerationRequest,
+                     penalty: float) -> int:
+    forward = forward_for(engine)
+    sampler = _sampler(forward, request, penalty, prompt)
+    with torch.inference_mode():
+        if run.cancelled():
+            return 0
+        cache = _new_cache(forward, prompt, request)
+        ids = torch.tensor(prompt.ids, dtype=torch.long, device=forward.weights.device)
+        decode_loop(forward, cache, forward(ids, cache), sampler, run)
+    return 0
+
+
+def prefill_with_prefix(forward: Qwen2Forward, store: PrefixCache, prompt: Prompt,
+                        cache: ContiguousKVCache) -> tuple[torch.Tensor, int]:
+    """Fill ``cache`` with the prompt, reusing/storing its system block; (last logits, cached tokens)."""
+    device = forward.weights.device
+    prefix = prompt.prefix_ids
+    cached = 0
+    if prefix:
+        entry = store.get(prefix)
+        if entry is not None:
+            cache.load(entry.keys, entry.values)
+            cached = entry.tokens
+        else:
+            forward.hidden(torch.tensor(prefix, dtype=torch.long, device=device), cache)
+            store.put(prefix, *cache.snapshot(len(prefix)))
+    rest = torch.tensor(prompt.ids[len(prefix):], dtype=torch.long, device=device)
+    return forward(rest, cache), cached
+
+
+def run_prefix_cache(engine: Any, prompt: Prompt, run: GenerationRun, request: GenerationRequest,
+                     penalty: float) -> int:
+    forward = forward_for(engine)
+    sampler = _sampler(forward, request, penalty, prompt)
+    with torch.inference_mode():
+        if run.cancelled():
+            return 0
+        cache = _new_cache(forward, prompt, request)
+        logits, cached = prefill_with_prefix(forward, prefix_store(engine), prompt, cache)
+        decode_loop(forward, cache, logits, sampler, run)
+    return cached
+
+
+def handwritten_methods() -> dict[str, Callable[..., int]]:
+    return {"no_cache": run_no_cache, "custom_cache": run_custom_cache, "prefix_cache": run_prefix_cache}

@@ -1,0 +1,107 @@
+"""Our own KV caches behind the forward's :class:`~engine.forward.AttentionCache` seam.
+
+- :class:`ContiguousKVCache`: one preallocated buffer per request, ``[layers, kv_heads,
+  capacity, head_dim]`` for keys and for values; a token's k/v are written once and read by
+  every later step. Sized up front (prompt + max new tokens), so decoding allocates nothing
+  for the cache; grows by doubling only if a caller under-sizes it.
+- :class:`NoCache`: holds nothing; each call attends causally within its own tokens. The
+  ``no_cache`` method uses it to recompute the whole sequence for every token.
+
+:func:`grouped_attention` is the attention both use (and the paged cache can reuse): query
+heads that share a kv head are folded together, so keys and values are never repeated.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.weights import ForwardConfig
+
+
+def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
+    """Attention of ``q [n, heads, d]`` at positions ``start..start+n-1`` over ``keys/values
+    [kv_heads, start+n, d]`` (causal). Returns ``[n, heads * d]``."""
+    n, heads, dim = q.shape
+    kv_heads = keys.shape[0]
+    if n == 1:  # decode: fold the query group into the "sequence" axis, no mask needed
+        group = heads // kv_heads
+        out = F.scaled_dot_product_attention(q.view(kv_heads, group, dim).unsqueeze(0),
+                                             keys.unsqueeze(0), values.unsqueeze(0))
+        return out.reshape(1, heads * dim)
+    qh = q.transpose(0, 1).unsqueeze(0)  # [1, heads, n, d]
+    total = keys.shape[1]
+    if start == 0 and total == n:
+        out = F.scaled_dot_product_attention(qh, keys.unsqueeze(0), values.unsqueeze(0),
+                                             is_causal=True, enable_gqa=True)
+    else:
+        key_pos = torch.arange(total, device=q.device)
+        query_pos = torch.arange(start, start + n, device=q.device)
+        mask = key_pos[None, :] <= query_pos[:, None]
+        out = F.scaled_dot_product_attention(qh, keys.unsqueeze(0), values.unsqueeze(0),
+                                             attn_mask=mask, enable_gqa=True)
+    return out[0].transpose(0, 1).reshape(n, heads * dim)
+
+
+class ContiguousKVCache:
+    """Keys/values of one sequence in preallocated contiguous buffers."""
+
+    def __init__(self, config: ForwardConfig, capacity: int, dtype: torch.dtype, device: torch.device) -> None:
+        shape = (config.num_layers, config.num_kv_heads, max(1, capacity), config.head_dim)
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
+        self.length = 0
+        self._start = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def _grow(self, needed: int) -> None:
+        size = max(needed, 2 * self.capacity)
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            new = old.new_empty(old.shape[0], old.shape[1], size, old.shape[3])
+            new[:, :, :self.length].copy_(old[:, :, :self.length])
+            setattr(self, name, new)
+
+    def begin(self, num_new: int) -> int:
+        if self.length + num_new > self.capacity:
+            self._grow(self.length + num_new)
+        self._start = self.length
+        return self._start
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        end = self._start + q.shape[0]
+        self.k[layer, :, self._start:end].copy_(k.transpose(0, 1))
+        self.v[layer, :, self._start:end].copy_(v.transpose(0, 1))
+        return grouped_attention(q, self.k[layer, :, :end], self.v[layer, :, :end], self._start)
+
+    def commit(self, num_new: int) -> None:
+        self.length += num_new
+
+    # -- prefix reuse ----------------------------------------------------------------------
+    def load(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Copy a stored prefix ``[layers, kv_heads, p, d]`` in (the source is never touched)."""
+        length = keys.shape[2]
+        if length > self.capacity:
+            self._grow(length)
+        self.k[:, :, :length].copy_(keys)
+        self.v[:, :, :length].copy_(values)
+        self.length = length
+
+    def snapshot(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Compact copies of the first ``length`` positions (for the prefix store)."""
+        return self.k[:, :, :length].clone(), self.v[:, :, :length].clone()
+
+
+class NoCache:
+    """Attention within the current call only: nothing is kept between calls."""
+
+    def begin(self, num_new: int) -> int:
+        return 0
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return grouped_attention(q, k.transpose(0, 1), v.transpose(0, 1), 0)
+
+    def commit(self, num_new: int) -> None:
+        pass

@@ -1,0 +1,88 @@
+"""Choosing the next token for the hand-written methods, the way ``generate`` does.
+
+Order (as transformers' logits processors): repetition penalty over prompt + generated ids,
+then, when sampling, temperature, top-k, top-p; greedy is ``argmax`` of the penalized logits.
+The penalty keeps a boolean "seen" mask over the vocabulary instead of gathering over the
+whole id list each step; the values are the same as ``RepetitionPenaltyLogitsProcessor``'s:
+``score < 0 ? score * p : score / p`` for every id that occurred.
+
+Each request samples from its own ``torch.Generator`` seeded from ``seed``, so a seed
+reproduces a sample regardless of what else the process did.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from engine.types import SamplingParams
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """``logits [..., vocab]`` float32; ``seen`` bool of the same last size."""
+    if penalty == 1.0:
+        return logits
+    penalized = torch.where(logits < 0, logits * penalty, logits / penalty)
+    return torch.where(seen, penalized, logits)
+
+
+def top_k_mask(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Logits with everything below the k-th largest set to -inf (ties kept, as transformers)."""
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, k)[0][..., -1, None]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def top_p_mask(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose probability reaches ``p`` (>= 1 token)."""
+    if p >= 1.0:
+        return logits
+    sorted_logits, sorted_indices = torch.sort(logits, descending=False)
+    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    remove_sorted = cumulative <= (1 - p)
+    remove_sorted[..., -1:] = False
+    remove = remove_sorted.scatter(-1, sorted_indices, remove_sorted)
+    return logits.masked_fill(remove, float("-inf"))
+
+
+class Sampler:
+    """Per-request token chooser; call :meth:`observe` with every prompt and generated id."""
+
+    def __init__(self, params: SamplingParams, repetition_penalty: float, vocab_size: int,
+                 prompt_ids: Sequence[int], device: torch.device | str = "cpu") -> None:
+        self.params = params
+        self.penalty = float(repetition_penalty)
+        self.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+        if prompt_ids:
+            self.seen[torch.tensor(list(prompt_ids), dtype=torch.long, device=device)] = True
+        self.generator: torch.Generator | None = None
+        if not params.greedy:
+            self.generator = torch.Generator(device=device)
+            if params.seed is not None:
+                self.generator.manual_seed(params.seed)
+            else:
+                self.generator.seed()
+
+    def observe(self, token_id: int) -> None:
+        self.seen[token_id] = True
+
+    def process(self, logits: torch.Tensor) -> torch.Tensor:
+        """The final scores ``generate`` would sample from (float32, ``[vocab]``)."""
+        scores = apply_repetition_penalty(logits.float(), self.seen, self.penalty)
+        if self.params.greedy:
+            return scores
+        scores = scores / self.params.temperature
+        scores = top_k_mask(scores, self.params.top_k)
+        return top_p_mask(scores, self.params.top_p)
+
+    def __call__(self, logits: torch.Tensor) -> int:
+        """Pick the next id from ``logits [vocab]`` and remember it."""
+        scores = self.process(logits.reshape(-1))
+        if self.params.greedy:
+            token = int(torch.argmax(scores))
+        else:
+            probs = torch.softmax(scores, dim=-1)
+            token = int(torch.multinomial(probs, 1, generator=self.generator))
+        self.observe(token)
+        return token
