@@ -52,3 +52,29 @@ def test_chunked_prefill_and_decode_in_mixed_batches_match_transformers():
     out = runner.forward(torch.tensor(a[6:] + [42]), batch, pool)
     assert torch.allclose(out[0], hf_logits(model, a)[-1], atol=1e-4)
     assert torch.allclose(out[1], hf_logits(model, b)[-1], atol=1e-4)
+
+
+def test_logits_match_the_contiguous_cache_step_by_step():
+    from engine.kv_cache import ContiguousKVCache
+
+    model = tiny_qwen2(seed=3)
+    fwd = Qwen2Forward(fuse_projections(model))
+    runner = PagedQwen2(fwd)
+    pool = runner.make_pool(16, BS)
+    blocks = BlockManager(16, BS)
+    contiguous = ContiguousKVCache(fwd.config, 32, fwd.weights.dtype, fwd.weights.device)
+    ids = [8, 3, 71, 22, 9, 14, 5]
+    blocks.allocate("s", ids)
+    batch = build_batch([SeqChunk(blocks.block_table("s"), 0, len(ids))], BS)
+    paged = runner.forward(torch.tensor(ids), batch, pool)[0]
+    with torch.inference_mode():
+        want = fwd(torch.tensor(ids), contiguous)[0]
+    assert torch.allclose(paged, want, atol=1e-5)
+    for token in (40, 41, 42, 43, 44, 45):            # decode across block boundaries
+        blocks.append("s", [token])
+        n = blocks.num_tokens("s")
+        batch = build_batch([SeqChunk(blocks.block_table("s"), n - 1, 1)], BS)
+        paged = runner.forward(torch.tensor([token]), batch, pool)[0]
+        with torch.inference_mode():
+            want = fwd(torch.tensor([token]), contiguous)[0]
+        assert torch.allclose(paged, want, atol=1e-5)
