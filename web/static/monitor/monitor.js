@@ -200,7 +200,11 @@ $("close-detail").addEventListener("click", () => {
 $("filter-type").addEventListener("change", refresh);
 $("filter-state").addEventListener("change", refresh);
 
-const hash = location.hash.match(/^#job=([0-9a-f]+)$/);
-if (hash) showJob(hash[1]);
+function jobFromHash() {  // /monitor#job=<id> opens that job
+  const match = location.hash.match(/^#job=([0-9a-f]+)$/);
+  if (match && match[1] !== selected) showJob(match[1]);
+}
+window.addEventListener("hashchange", jobFromHash);
+jobFromHash();
 refresh();
 setInterval(() => { if ($("live").checked) refresh(); }, REFRESH_MS);
