@@ -41,12 +41,18 @@ def wait_end(store, job_id: str) -> None:
 
 
 def test_lists_workers_and_a_finished_job_and_shows_its_events(page, base_url, surface_store):
+    for _ in range(2):  # the second one hits the worker's prefix cache
+        cached = submit(base_url, max_new_tokens=4, prefix="You are a terse assistant.",
+                        generation_method="prefix_cache")
+        wait_end(surface_store, cached)
     job_id = submit(base_url, max_new_tokens=16)
     wait_end(surface_store, job_id)
     page.goto(f"{base_url}/monitor")
     worker_row = page.locator("#workers tr.worker").first
     worker_row.wait_for()
     assert "float32" in worker_row.inner_text() and "cpu" in worker_row.inner_text()
+    # cache statistics arrive with the worker's next heartbeat (every 5 s); the page polls
+    page.locator("#workers tr.worker .cache", has_text="prefix_cache: hits 1 / misses 1").wait_for()
     row = page.locator(f'#jobs tr[data-job-id="{job_id}"]')
     row.wait_for()
     assert "succeeded" in row.inner_text() and "generate" in row.inner_text()

@@ -108,6 +108,9 @@ async function refresh() {
 // ---- job detail ------------------------------------------------------------------------
 async function refreshDetail() {
   const job = await api("/jobs/" + selected);
+  const partial = (job.error && typeof job.error.partial === "object" && job.error.partial) || {};
+  job.usage = job.usage || partial.usage;  // a cancelled or timed-out job: its output so far
+  job.timings = { ...(partial.timings || {}), ...job.timings };
   $("detail-state").textContent = job.state;
   $("detail-state").className = "state state-" + job.state;
   $("cancel").disabled = TERMINAL.includes(job.state);
