@@ -121,7 +121,8 @@ def _worker_metrics(workers: list[dict[str, Any]]) -> Iterator[Metric]:
 @api.get("/metrics", summary="Prometheus metrics (jobs, latencies, tokens, queues, workers, caches)",
          responses={200: METRICS_RESPONSE, **GUARD_ERRORS})
 def metrics():
-    return Response(generate_latest(current_app.extensions[REGISTRY_KEY]), content_type=CONTENT_TYPE_PLAIN_0_0_4)  # the classic text format every Prometheus reads
+    # The classic text format (0.0.4), which every Prometheus version reads.
+    return Response(generate_latest(current_app.extensions[REGISTRY_KEY]), content_type=CONTENT_TYPE_PLAIN_0_0_4)
 
 
 def register(app: OpenAPI) -> None:

@@ -54,9 +54,11 @@ class Overview(BaseModel):
 def job_row(job: JobRecord) -> dict[str, Any]:
     """A job as one table row: no request or result text, just its numbers."""
     view = job_view(job)
-    result = job.result or {}
-    timings = {k: float(v) for k, v in (view.get("timings") or {}).items() if k in ROW_TIMINGS and v is not None}
-    usage = {k: int(v) for k, v in (view.get("usage") or {}).items() if k in ROW_USAGE and v is not None}
+    partial = (job.error or {}).get("partial")  # a cancelled or timed-out job's output so far
+    result = job.result or (partial if isinstance(partial, dict) else {})
+    timings = {**(result.get("timings") or {}), **(view.get("timings") or {})}
+    timings = {k: float(v) for k, v in timings.items() if k in ROW_TIMINGS and v is not None}
+    usage = {k: int(v) for k, v in (result.get("usage") or {}).items() if k in ROW_USAGE and v is not None}
     return {"id": job.id, "type": job.type, "state": job.state, "queue": job.queue, "worker": job.worker,
             "attempt": job.attempt, "created_at": job.created_at, "started_at": job.started_at,
             "finished_at": job.finished_at, "method": result.get("method") or job.request.get("method"),

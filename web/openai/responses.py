@@ -99,8 +99,9 @@ class ChunkWriter:
         return out
 
     @staticmethod
-    def error(status_type: str, message: str, code: str) -> str:
-        return f"data: {json.dumps({'error': {'message': message, 'type': status_type, 'param': None, 'code': code}})}\n\n"
+    def error(error_type: str, message: str, code: str) -> str:
+        body = {"error": {"message": message, "type": error_type, "param": None, "code": code}}
+        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
     @staticmethod
     def done() -> str:

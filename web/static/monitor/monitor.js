@@ -108,6 +108,9 @@ async function refresh() {
 // ---- job detail ------------------------------------------------------------------------
 async function refreshDetail() {
   const job = await api("/jobs/" + selected);
+  const partial = (job.error && typeof job.error.partial === "object" && job.error.partial) || {};
+  job.usage = job.usage || partial.usage;  // a cancelled or timed-out job: its output so far
+  job.timings = { ...(partial.timings || {}), ...job.timings };
   $("detail-state").textContent = job.state;
   $("detail-state").className = "state state-" + job.state;
   $("cancel").disabled = TERMINAL.includes(job.state);
@@ -200,7 +203,11 @@ $("close-detail").addEventListener("click", () => {
 $("filter-type").addEventListener("change", refresh);
 $("filter-state").addEventListener("change", refresh);
 
-const hash = location.hash.match(/^#job=([0-9a-f]+)$/);
-if (hash) showJob(hash[1]);
+function jobFromHash() {  // /monitor#job=<id> opens that job
+  const match = location.hash.match(/^#job=([0-9a-f]+)$/);
+  if (match && match[1] !== selected) showJob(match[1]);
+}
+window.addEventListener("hashchange", jobFromHash);
+jobFromHash();
 refresh();
 setInterval(() => { if ($("live").checked) refresh(); }, REFRESH_MS);
