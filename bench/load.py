@@ -12,9 +12,11 @@ and the counts of lost, duplicated and failed jobs; writes results/load.csv (one
 job), results/load.json (summary, settings, machine) and results/load.png.
 
 Definitions: *lost* = accepted (202) but no terminal event reached its client, or the job
-is not in a terminal state at the end; *duplicated* = a job that ran more than one attempt,
-has more than one terminal event, or whose stream repeated an event seq; *failed* = ended
-in a state other than ``succeeded``; *submit errors* = POSTs that got no 202.
+is not in a terminal state at the end; *duplicated* = a job with more than one terminal
+event, a stream that repeated an event seq, or one job id handed out twice; *failed* =
+ended in a state other than ``succeeded``; *submit errors* = POSTs that got no 202;
+*re-run* = jobs that needed a second attempt (expected only with --kill-worker-after);
+*text mismatches* = the final attempt's streamed tokens differ from the stored result.
 """
 from __future__ import annotations
 
@@ -70,6 +72,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--web-workers", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=4, help="jobs run (and not counted) before the load")
     parser.add_argument("--timeout", type=float, default=600, help="seconds a client waits for one job")
+    parser.add_argument("--kill-worker-after", type=float, default=0,
+                        help="SIGKILL worker 0 (main process and pool) this many seconds into the load "
+                             "(needs --workers 2 or more); its jobs must still complete, re-run elsewhere")
+    parser.add_argument("--lease-s", type=int, default=10, help="job lease: how soon a dead worker's jobs re-run")
     parser.add_argument("--output", default="results/load.csv")
     return parser.parse_args()
 
@@ -86,7 +92,8 @@ def start_stack(args, folder: Path) -> tuple[list[Process], str, JobStore]:
     env = {"MINISERVE_MODEL": model, "MINISERVE_DEVICE": "cpu", "MINISERVE_THREADS": "1",
            "MINISERVE_LOG_LEVEL": "WARNING", "MINISERVE_JSON_LOGS": "true",
            "MINISERVE_MAX_QUEUE_DEPTH": str(args.jobs * 2), "MINISERVE_RATE_LIMIT_PER_MINUTE": "0",
-           "MINISERVE_WEB_WORKERS": str(args.web_workers), "MINISERVE_MAX_BATCH": str(args.concurrency)}
+           "MINISERVE_WEB_WORKERS": str(args.web_workers), "MINISERVE_MAX_BATCH": str(args.concurrency),
+           "MINISERVE_LEASE_S": str(args.lease_s)}
     if not args.model:
         env["MINISERVE_DTYPE"] = "float32"
     stack = Stack(redis_url=url, env_overrides=env, log_dir=folder)
@@ -158,8 +165,9 @@ def check_in_redis(store: JobStore, rows: list[JobRow]) -> None:
         events = store.events(row.job_id)
         row.state, row.attempt = record.state, record.attempt
         row.terminal_events = sum(e.type in TERMINAL_EVENTS for e in events)
-        streamed = "".join(e.data.get("text", "") for e in events if e.type == "token")
-        row.text_matches = bool(record.result) and streamed == record.result.get("text") == getattr(row, "_text", None)
+        streamed = "".join(e.data.get("text", "") for e in events if e.type == "token" and e.attempt == record.attempt)
+        client_text = getattr(row, "_text", None) if record.attempt == 1 else streamed  # a re-run streams both
+        row.text_matches = bool(record.result) and streamed == record.result.get("text") == client_text
 
 
 def _ended(store: JobStore, job_id: str) -> bool:
@@ -173,7 +181,7 @@ def summarize_run(rows: list[JobRow], seconds: float) -> dict:
     accepted = [r for r in rows if r.job_id]
     ok = [r for r in accepted if r.terminal == "done"]
     lost = [r for r in accepted if not r.terminal or r.state in ("queued", "running", "missing")]
-    duplicated = [r for r in accepted if r.attempt > 1 or r.terminal_events > 1 or r.repeated_seqs]
+    duplicated = [r for r in accepted if r.terminal_events > 1 or r.repeated_seqs]
     duplicated_ids = len(accepted) - len({r.job_id for r in accepted})
     failed = [r for r in accepted if r.state and r.state not in ("succeeded", "queued", "running", "missing")]
     return {
@@ -189,8 +197,13 @@ def summarize_run(rows: list[JobRow], seconds: float) -> dict:
         "lost": len(lost), "duplicated": len(duplicated) + duplicated_ids, "failed": len(failed),
         "submit_errors": len(rows) - len(accepted),
         "text_mismatches": sum(1 for r in ok if not r.text_matches),
-        "retried_attempts": sum(1 for r in accepted if r.attempt > 1),
+        "re_run": sum(1 for r in accepted if r.attempt > 1),
     }
+
+
+def kill_worker(worker: Process, t0: float) -> None:
+    worker.kill()
+    print(f"killed {worker.name} (SIGKILL, main process and pool) at {time.perf_counter() - t0:.1f}s")
 
 
 def warm_up(args, base_url: str) -> None:
@@ -207,6 +220,8 @@ def main() -> None:
     try:
         warm_up(args, base_url)
         t0 = time.perf_counter()
+        if args.kill_worker_after > 0:
+            threading.Timer(args.kill_worker_after, kill_worker, args=(procs[1], t0)).start()
         with futures.ThreadPoolExecutor(args.clients) as pool:
             parts = pool.map(lambda c: run_client(args, base_url, c, per_client, t0), range(args.clients))
             rows = [row for part in parts for row in part]
@@ -223,14 +238,15 @@ def report(args, rows: list[JobRow], summary: dict, folder: Path) -> None:
     setup = {"clients": args.clients, "jobs_per_client": max(1, args.jobs // args.clients),
              "workers": args.workers, "pool": args.pool, "concurrency": args.concurrency,
              "method": args.method, "max_new_tokens": args.max_new_tokens, "model": args.model or "tiny (test model)",
-             "worker_torch_threads": 1, "web_workers": args.web_workers}
+             "worker_torch_threads": 1, "web_workers": args.web_workers, "lease_s": args.lease_s,
+             "kill_worker_after_s": args.kill_worker_after}
     machine = machine_info()
     print("setup:", setup)
     print("machine:", machine)
     columns = ["jobs", "seconds", "jobs_per_s", "submit_p50_ms", "submit_p99_ms", "first_event_p50_ms",
                "first_event_p99_ms", "total_p50_ms", "total_p99_ms"]
     print_table([summary], columns)
-    print_table([summary], ["lost", "duplicated", "failed", "submit_errors", "text_mismatches", "retried_attempts"])
+    print_table([summary], ["lost", "duplicated", "failed", "submit_errors", "text_mismatches", "re_run"])
     out = Path(args.output)
     write_csv(out, [{k: v for k, v in asdict(r).items()} for r in rows])
     write_json(out.with_suffix(".json"), {"setup": setup, "machine": machine, "summary": summary,
