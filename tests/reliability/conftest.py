@@ -43,22 +43,21 @@ class RestartableRedis:
         return redis.Redis.from_url(self.url, decode_responses=True)
 
 
-@pytest.fixture
-def restartable_redis(tmp_path):
-    server = RestartableRedis(tmp_path / "redis-data", free_port())
-    server.data_dir.mkdir()
+@pytest.fixture(scope="module")
+def restartable_redis(tmp_path_factory):
+    server = RestartableRedis(tmp_path_factory.mktemp("redis-data"), free_port())
     server.start()
     yield server
     if server.proc is not None:
         server.proc.kill()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def own_stack(restartable_redis, tiny_model) -> Stack:
     return Stack(redis_url=restartable_redis.url,
                  env_overrides={**WORKER_ENV, "MINISERVE_MODEL": str(tiny_model), "MINISERVE_WEB_WORKERS": "1"})
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def own_store(own_stack) -> JobStore:
     return JobStore(redis.Redis.from_url(own_stack.redis_url, decode_responses=True), ttl_s=3600)

@@ -21,9 +21,10 @@ LONG = 3500  # tokens: the blocker runs for many seconds (the tiny model's conte
 SHORT = {"prompt": "Hello after the restart", "max_new_tokens": 8}
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def running(own_stack, own_store):
-    """Web + one prefork worker on the restartable Redis."""
+    """Web + one prefork worker on the restartable Redis (kept across both tests: each
+    restart must be survived by the same processes)."""
     worker = _started_worker(own_stack, own_store)
     web_proc, base = started_web(own_stack, MINISERVE_MAX_NEW_TOKENS_CAP=str(LONG))
     yield base, worker, web_proc
