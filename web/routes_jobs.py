@@ -103,9 +103,18 @@ def cancel_job(path: JobPath):
     was_queued = job.state == QUEUED
     job = ctx().store.request_cancel(job.id)
     if was_queued:
-        ctx().celery.control.revoke(job.id)
+        _revoke(job.id)
     log_event(logger, "job_cancel_requested", job_id=job.id, was_queued=was_queued, state=job.state)
     return jsonify(job_view(job))
+
+
+def _revoke(job_id: str) -> None:
+    """Best effort: the job already ended ``cancelled`` in the store, so a worker that still
+    receives the task skips it; revoking only saves it the trip."""
+    try:
+        ctx().celery.control.revoke(job_id)
+    except Exception as exc:  # broker hiccup: nothing is lost
+        log_event(logger, "revoke_failed", level=logging.WARNING, job_id=job_id, exc_type=type(exc).__name__)
 
 
 @api.get("/jobs/<job_id>/events", summary="The job's events as Server-Sent Events (replay, then live)",

@@ -101,3 +101,28 @@ def test_generate_compat_endpoint_waits_and_answers(web, worker):
 def test_health_reports_worker(web, worker):
     body = requests.get(f"{web}/healthz").json()
     assert body["redis"] is True and body["workers"] >= 1
+
+
+def test_agent_job_ends_with_its_trace(web, worker, store):
+    reply = requests.post(f"{web}/jobs", json={"type": "agent", "prompt": "What is (48 + 12) / 5?",
+                                               "max_steps": 2, "max_new_tokens": 24})
+    assert reply.status_code == 202
+    record = wait_terminal(store, reply.json()["id"], 90)
+    payload = record.result if record.state == SUCCEEDED else record.error
+    assert record.state in (SUCCEEDED, "failed"), record.error
+    assert isinstance(payload["trace"], list)
+    steps = [e for e in store.events(record.id) if e.type == "tool_step"]
+    assert len(steps) == len(payload["trace"])
+    if record.state == SUCCEEDED:
+        assert payload["steps"] == len(payload["trace"])
+        assert "".join(e.data["text"] for e in store.events(record.id) if e.type == "token") == payload["text"]
+    else:
+        assert payload["code"] in ("malformed_tool_call", "max_steps_exceeded")
+
+
+def test_agent_run_compat_endpoint(web, worker):
+    reply = requests.post(f"{web}/agent/run", json={"prompt": "Compute 125 * 8 - 37", "max_steps": 2,
+                                                    "max_new_tokens": 24}, timeout=120)
+    assert reply.status_code in (200, 422), reply.text
+    body = reply.json()
+    assert isinstance(body["trace"], list)

@@ -1,0 +1,126 @@
+"""``QuantizedLinear``: one linear layer's low-bit weights and the rule for running them.
+
+Why a per-call choice: decoding one sequence multiplies 1 row by each weight matrix and is
+bound by reading the weights, so fewer bytes per weight wins (int8 ~2.8x, int4 ~4.5x over
+bf16 here). With many rows (prefill, big batches) the packed CPU kernels lose to the bf16
+GEMM, whose cost is compute, not bytes. So a layer runs the packed kernel up to ``max_rows``
+rows and the full-precision GEMM above, with the model's own weight (``reference``, shared
+with the transformers module, never copied). Without a kept reference, many rows run the
+packed kernel in slices of ``max_rows`` (slower for big prefills, documented).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.quant import kernels
+from engine.quant.kernels import KERNEL_DTYPE
+
+QUANT_MODES = ("none", "int8", "int4")
+DEFAULT_GROUP_SIZE = 64
+# Rows up to which the packed kernel beats bf16 (measured by ``python -m bench.quantization
+# --kernels`` on the default model's shapes, 2 threads; crossover lies between 8 and 16).
+DEFAULT_MAX_ROWS = 8
+# Quantize big matrices (lm_head) in row chunks to bound the float32 peak; a multiple of 64
+# because the CPU int4 packing interleaves rows in blocks of 64 (tests/quant checks it).
+_CHUNK_ROWS = 8192
+
+
+@dataclass(eq=False)
+class QuantizedLinear:
+    """y = x @ W.T + b with W stored as int8 (per row) or int4 (per group), plus the rule
+    above. ``mode`` is the storage actually used (an int4 request falls back to int8 for a
+    layer whose input size no int4 group divides)."""
+
+    mode: str
+    in_features: int
+    out_features: int
+    qweight: torch.Tensor  # int8 [N, K], or int4 packed uint8 [N_pad, K/2]
+    params: torch.Tensor  # int8: scales [N] bf16; int4: scales_and_zeros [K/g, N_pad, 2] bf16
+    group_size: int | None
+    bias: torch.Tensor | None
+    reference: torch.Tensor | None = None
+    max_rows: int = DEFAULT_MAX_ROWS
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x2d = x.reshape(-1, self.in_features)
+        rows = x2d.shape[0]
+        if rows == 0:
+            return x.new_zeros(*x.shape[:-1], self.out_features)
+        if rows > self.max_rows and self.reference is not None:
+            bias = None if self.bias is None else self.bias.to(x.dtype)
+            y = F.linear(x2d, self.reference.to(x.dtype), bias)
+        else:  # packed kernel, in slices of max_rows when no full-precision weight is kept
+            y = torch.cat([self._packed(x2d[i:i + self.max_rows]) for i in range(0, rows, self.max_rows)]
+                          ) if rows > self.max_rows else self._packed(x2d)
+            y = y.to(x.dtype)
+            if self.bias is not None:
+                y = y + self.bias.to(x.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def _packed(self, x2d: torch.Tensor) -> torch.Tensor:
+        xk = x2d.to(KERNEL_DTYPE)
+        if self.mode == "int8":
+            return kernels.int8_mm(xk, self.qweight, self.params)
+        y = kernels.int4_mm(xk.contiguous(), self.qweight, self.group_size, self.params)
+        return y if y.shape[-1] == self.out_features else y[:, : self.out_features]
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight these low-bit values stand for, [N, K] (for checks and big batches)."""
+        if self.mode == "int8":
+            return kernels.dequantize_int8(self.qweight, self.params).to(dtype)
+        q = _unpack_int4(self.qweight, self.params, self.group_size, self.in_features)
+        return kernels.dequantize_int4(q, self.params, self.group_size)[: self.out_features].to(dtype)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this layer adds (the shared reference weight is not counted)."""
+        tensors = [self.qweight, self.params] + ([self.bias] if self.bias is not None else [])
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _unpack_int4(packed: torch.Tensor, params: torch.Tensor, group: int, k: int) -> torch.Tensor:
+    """Recover q[N_pad, K] by running the kernel on an identity with scale 1 and zero 8, so
+    it returns (q - 8) * 1 + 8 = q exactly: layout-agnostic, but O(K^2 N), for checks only."""
+    unit = torch.stack([torch.ones_like(params[..., 0]), torch.full_like(params[..., 0], 8.0)], -1)
+    q_t = kernels.int4_mm(torch.eye(k, dtype=KERNEL_DTYPE), packed, group, unit.contiguous())
+    return q_t.float().T.round().to(torch.int32)
+
+
+def quantize_linear(weight: torch.Tensor, bias: torch.Tensor | None, mode: str,
+                    group_size: int = DEFAULT_GROUP_SIZE, keep_reference: bool = True,
+                    max_rows: int = DEFAULT_MAX_ROWS) -> QuantizedLinear:
+    """Quantize one [N, K] weight. ``keep_reference`` keeps a *reference* to ``weight`` (no
+    copy) for the many-rows path; without it that path dequantizes per call."""
+    if mode not in ("int8", "int4"):
+        raise ValueError(f"unknown quantization mode {mode!r}; expected one of {QUANT_MODES}")
+    n, k = weight.shape
+    group = kernels.int4_group_size(k, group_size) if mode == "int4" else None
+    if mode == "int4" and group is None:
+        mode = "int8"  # no accepted int4 group divides K: keep this layer at int8
+    if mode == "int8":
+        parts = [kernels.quantize_int8(weight[i:i + _CHUNK_ROWS]) for i in range(0, n, _CHUNK_ROWS)]
+        qweight = torch.cat([p[0] for p in parts])
+        params = torch.cat([p[1] for p in parts])
+    else:
+        qweight, params = _quantize_int4_padded(weight, group)
+    kept_bias = None if bias is None else bias.detach()
+    return QuantizedLinear(mode=mode, in_features=k, out_features=n, qweight=qweight, params=params,
+                           group_size=group, bias=kept_bias,
+                           reference=weight.detach() if keep_reference else None, max_rows=max_rows)
+
+
+def _quantize_int4_padded(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """int4-pack in row chunks (multiples of 64 rows pack independently), padding N to 16."""
+    n, k = weight.shape
+    pad = (-n) % kernels.INT4_N_MULTIPLE
+    if pad:
+        weight = torch.cat([weight.detach(), weight.new_zeros(pad, k)])
+    packed, params = [], []
+    for start in range(0, weight.shape[0], _CHUNK_ROWS):
+        q, sz = kernels.quantize_int4(weight[start:start + _CHUNK_ROWS], group)
+        packed.append(kernels.pack_int4(q))
+        params.append(sz)
+    return torch.cat(packed), torch.cat(params, dim=1).contiguous()
