@@ -45,6 +45,8 @@ def test_lists_workers_and_a_finished_job_and_shows_its_events(page, base_url, s
         cached = submit(base_url, max_new_tokens=4, prefix="You are a terse assistant.",
                         generation_method="prefix_cache")
         wait_end(surface_store, cached)
+    paged = submit(base_url, max_new_tokens=4, generation_method="paged")
+    wait_end(surface_store, paged)
     job_id = submit(base_url, max_new_tokens=16)
     wait_end(surface_store, job_id)
     page.goto(f"{base_url}/monitor")
@@ -53,6 +55,7 @@ def test_lists_workers_and_a_finished_job_and_shows_its_events(page, base_url, s
     assert "float32" in worker_row.inner_text() and "cpu" in worker_row.inner_text()
     # cache statistics arrive with the worker's next heartbeat (every 5 s); the page polls
     page.locator("#workers tr.worker .cache", has_text="prefix_cache: hits 1 / misses 1").wait_for()
+    assert "used (peak" in page.locator("#workers tr.worker .cache", has_text="paged:").inner_text()
     row = page.locator(f'#jobs tr[data-job-id="{job_id}"]')
     row.wait_for()
     assert "succeeded" in row.inner_text() and "generate" in row.inner_text()
