@@ -72,6 +72,20 @@ def test_lists_workers_and_a_finished_job_and_shows_its_events(page, base_url, s
     page.locator(f'#jobs tr[data-job-id="{job_id}"]').wait_for()
 
 
+def test_an_agent_job_shows_its_trace(page, base_url, surface_store):
+    response = requests.post(f"{base_url}/jobs", json={"type": "agent", "prompt": "What is 17 * 23?",
+                                                       "max_steps": 2, "max_new_tokens": 24}, timeout=10)
+    job_id = response.json()["id"]
+    wait_end(surface_store, job_id)
+    job = surface_store.get(job_id)
+    steps = (job.result or {}).get("trace") or (job.error or {}).get("trace") or []
+    assert steps, (job.state, job.result, job.error)
+    page.goto(f"{base_url}/monitor#job={job_id}")
+    page.locator("#trace-box:not([hidden])").wait_for()
+    assert page.locator("#trace > li").count() == len(steps)
+    assert page.locator(f'#jobs tr[data-job-id="{job_id}"]').inner_text().split("\t")[1] == "agent"
+
+
 def test_the_cancel_button_cancels_a_running_job(page, base_url, surface_store):
     job_id = submit(base_url, max_new_tokens=2000, stop=["<never>"], repetition_penalty=1.0)
     wait_until(lambda: surface_store.get(job_id).state == "running", 30, what="the job to start")
