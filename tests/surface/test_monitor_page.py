@@ -14,7 +14,7 @@ from core.events import TERMINAL_STATES
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
-SCREENSHOT = REPO_ROOT / "results" / "monitor.png"
+SCREENSHOT = REPO_ROOT / "results" / "tmp" / "monitor-test.png"  # ignored by git; README shows a real-model one
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed")
 
 
@@ -97,6 +97,6 @@ def test_the_cancel_button_cancels_a_running_job(page, base_url, surface_store):
     page.locator("#events li.event-cancelled").wait_for()
     page.wait_for_function("document.getElementById('detail-state').textContent === 'cancelled'")
     page.locator(f'#jobs tr[data-job-id="{job_id}"] td.state-cancelled').wait_for()
-    SCREENSHOT.parent.mkdir(exist_ok=True)
+    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOT), full_page=True)
     assert SCREENSHOT.stat().st_size > 10_000
