@@ -143,12 +143,11 @@ def sleep_until_tokens(store: JobStore, job_id: str, n: int, timeout_s: float = 
     time.sleep(0)
 
 
-@pytest.fixture(scope="module")
-def web(shared_stack):
-    """The real web server (gunicorn, ``python -m web``) on a free port."""
+def started_web(stack: Stack, **env: str):
+    """Start ``python -m web`` for ``stack`` and wait until it answers; returns (process, base url)."""
     import requests
 
-    proc, base_url = shared_stack.start_web()
+    proc, base_url = stack.start_web(**env)
 
     def up() -> bool:
         try:
@@ -161,5 +160,12 @@ def web(shared_stack):
     except TimeoutError:
         proc.kill()
         raise AssertionError("web did not come up:\n" + proc.log()[-4000:])
+    return proc, base_url
+
+
+@pytest.fixture(scope="module")
+def web(shared_stack):
+    """The real web server (gunicorn, ``python -m web``) on a free port."""
+    proc, base_url = started_web(shared_stack)
     yield base_url
     proc.stop()
