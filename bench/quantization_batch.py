@@ -36,8 +36,9 @@ class BatchDecodeCache:
             cache.commit(1)
 
 
-def batched_greedy(forward: Qwen2Forward, prompts: list[list[int]], steps: int) -> dict[str, float]:
-    """Prefill each prompt alone, then ``steps`` batched greedy steps; decode tokens/s."""
+def batched_greedy(forward: Qwen2Forward, prompts: list[list[int]], steps: int) -> dict:
+    """Prefill each prompt alone, then ``steps`` batched greedy steps: decode tokens/s and
+    each sequence's tokens (first one from its prefill)."""
     weights = forward.weights
     with torch.inference_mode():
         caches, first = [], []
@@ -48,9 +49,12 @@ def batched_greedy(forward: Qwen2Forward, prompts: list[list[int]], steps: int) 
             first.append(int(logits[-1].argmax()))
         batch = BatchDecodeCache(caches)
         tokens = torch.tensor(first, dtype=torch.long)
+        produced = [tokens]
         started = time.perf_counter()
         for _ in range(steps):
             logits = forward(tokens, batch, last_only=False)
             tokens = logits.argmax(dim=-1)
+            produced.append(tokens)
         elapsed = time.perf_counter() - started
-    return {"batch": len(prompts), "steps": steps, "decode_tps": len(prompts) * steps / elapsed}
+    return {"batch": len(prompts), "steps": steps, "decode_tps": len(prompts) * steps / elapsed,
+            "tokens": torch.stack(produced, dim=1).tolist()}
