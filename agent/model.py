@@ -75,5 +75,12 @@ class _CallWatcher:
         parsed = parse_tool_calls(self.text)
         if parsed.calls and not parsed.malformed:
             rest = parsed.content.strip()
-            # Done when text follows the call(s), or a closing tag/fence ended them.
-            self.complete = bool(rest) or self.text.rstrip().endswith(("</tool_call>", "```"))
+            # Done when other text follows the call(s); another call may still begin.
+            self.complete = bool(rest) and not _may_start_call(rest)
+
+
+_CALL_OPENINGS = ('{"name"', "<tool_call>", "```")
+
+
+def _may_start_call(rest: str) -> bool:
+    return any(rest.startswith(o) or o.startswith(rest) for o in _CALL_OPENINGS)

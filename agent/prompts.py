@@ -13,7 +13,7 @@ SYSTEM_PROMPT = """You are a helpful assistant. You can call two tools:
 - retrieve_note: searches notes about LLM inference: Transformer, KV cache, prefix cache, paged KV cache, RoPE, continuous batching, grouped-query attention, sampling, quantization.
 
 Rules:
-1. If the user asks to calculate something, call calculator with the exact expression.
+1. If the user asks to calculate something, call calculator with the exact expression. For several calculations, output one JSON object per calculation, one per line.
 2. If the user asks about an LLM inference concept or asks to search the notes, call retrieve_note.
 3. Otherwise (greetings, translation, general questions, code), reply directly in plain text. Never invent other tools.
 

@@ -12,13 +12,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from agent.answering import answer_messages, fallback_answer
 from agent.model import ChatModel
 from agent.parsing import ParsedOutput, ToolCall, parse_tool_calls
 from agent.prompts import ANSWER_PROMPT, SYSTEM_PROMPT
-from agent.safeguards import Decision, PromptFacts, analyze_prompt, forced_call, guard_call
+from agent.safeguards import (RETRIEVE, Decision, PromptFacts, analyze_prompt, forced_call,
+                              forced_retrieval, guard_call)
 from core.logs import log_event
 from tools import ToolRegistry, ToolResult
-from tools.text import is_cjk
+from tools.retriever import parse_notes
 
 logger = logging.getLogger("miniserve.agent")
 
@@ -62,6 +64,7 @@ class AgentResult:
     model_calls: int = 0
     outputs: list[str] = field(default_factory=list)  # every raw model output, in order
     latency_ms: float = 0.0
+    messages: list[dict[str, Any]] = field(default_factory=list)  # history in Qwen2.5's tool format
 
     @property
     def ok(self) -> bool:
@@ -82,6 +85,7 @@ TextCallback = Callable[[str], None]
 class _Run:
     """Mutable state of one run."""
 
+    prompt: str
     facts: PromptFacts
     messages: list[dict[str, Any]]
     trace: list[AgentStep] = field(default_factory=list)
@@ -108,7 +112,7 @@ class AgentRunner:
         start = time.perf_counter()
         limit = self.max_steps if max_steps is None else max_steps
         tokens = max_new_tokens or self.max_new_tokens
-        run = _Run(analyze_prompt(prompt), [{"role": "system", "content": self.system_prompt},
+        run = _Run(prompt, analyze_prompt(prompt), [{"role": "system", "content": self.system_prompt},
                                             {"role": "user", "content": prompt}])
         result = self._loop(run, limit, tokens, on_step)
         result.latency_ms = (time.perf_counter() - start) * 1000
@@ -139,7 +143,7 @@ class AgentRunner:
             if not fresh:
                 run.repeated = True
                 if answering:
-                    return self._result(run, fallback_answer(run), COMPLETED, REPEATED)
+                    return self._result(run, fallback_answer(run.prompt, run.trace), COMPLETED, REPEATED)
                 answering = True
                 continue
             if len(run.trace) + len(fresh) > limit:
@@ -150,7 +154,7 @@ class AgentRunner:
     def _chat(self, run: _Run, tools: list[dict[str, Any]] | None, tokens: int) -> tuple[str, float]:
         t0 = time.perf_counter()
         messages = run.messages if tools else \
-            [{"role": "system", "content": self.answer_prompt}, *run.messages[1:]]
+            answer_messages(self.answer_prompt, run.prompt, run.trace)
         raw = self.model.chat(messages, tools, tokens)
         run.outputs.append(raw)
         return raw, (time.perf_counter() - t0) * 1000
@@ -159,9 +163,16 @@ class AgentRunner:
         if not self.safeguards:
             return [Decision(c, c) for c in parsed.calls]
         if not parsed.calls:
-            forced = forced_call(run.facts) if not run.trace else None
+            forced = None if run.trace else forced_call(run.facts) or \
+                forced_retrieval(run.facts, run.prompt, self._notes_match(run))
             return [forced] if forced else []
         return [guard_call(c, run.facts) for c in parsed.calls]
+
+    def _notes_match(self, run: _Run) -> bool:
+        if not run.facts.knowledge_question or RETRIEVE not in self.registry:
+            return False
+        probe = self.registry.execute(RETRIEVE, {"query": run.prompt})
+        return probe.success and bool(parse_notes(probe.content))
 
     def _execute(self, run: _Run, raw: str, parsed: ParsedOutput, decisions: list[Decision],
                  model_ms: float, on_step: StepCallback | None) -> bool:
@@ -192,23 +203,8 @@ class AgentRunner:
         if reason == ANSWER and run.repeated:
             reason = REPEATED
         return AgentResult(text=text, steps=executed, trace=run.trace, status=status, finish_reason=reason,
-                           error=error, model_calls=len(run.outputs), outputs=run.outputs)
-
-
-def fallback_answer(run: _Run) -> str:
-    """Answer from the last tool result when the model will not stop calling tools."""
-    zh = is_cjk(run.messages[1]["content"])
-    last = next((s for s in reversed(run.trace) if s.tool_name), None)
-    if last is None:
-        return ""
-    if not last.success:
-        return (f"工具调用失败：{last.error}" if zh else f"The tool failed: {last.error}")
-    if last.tool_name == "retrieve_note":
-        notes = json.loads(last.result).get("notes", [])
-        if not notes:
-            return "笔记中没有找到相关内容。" if zh else "No relevant notes were found."
-        return f"{notes[0]['title']}: {notes[0]['body']}"
-    return f"结果是 {last.result}。" if zh else f"The result is {last.result}."
+                           error=error, model_calls=len(run.outputs), outputs=run.outputs,
+                           messages=run.messages)
 
 
 def _make_step(index: int, raw: str, decision: Decision, outcome: ToolResult,

@@ -110,6 +110,9 @@ class Stack:
         argv = [sys.executable, "-m", "celery", "-A", "worker", "worker", "-P", pool, "-c", str(concurrency),
                 "-Q", queues, "-E", "-n", f"{name}@%h", "--loglevel", "INFO", "--without-mingle",
                 "--without-gossip"]
+        # Celery lets the app's worker_pool setting override an explicit "-P prefork" (the CLI
+        # cannot tell it from its default), so the pool is also passed as our setting.
+        env = {"MINISERVE_WORKER_POOL": pool, "MINISERVE_WORKER_CONCURRENCY": str(concurrency), **env}
         return spawn(f"worker-{name}", argv, self.env(**env), self.log_dir)
 
     def start_web(self, port: int | None = None, **env: str) -> tuple[Process, str]:

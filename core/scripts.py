@@ -98,3 +98,11 @@ local body = '"type": "state", "attempt": ' .. ARGV[2] .. ', "ts": ' .. ARGV[3] 
 append(KEYS[1], KEYS[2], KEYS[3], 'state', ARGV[2], ARGV[3], data, body, ARGV[4])
 return dispatch
 """
+
+# KEYS: job. ARGV: field. Marks a finished job as counted in the metrics totals; returns 1
+# for exactly one caller (0 when already counted, or when the job hash expired meanwhile,
+# so no orphan hash without a TTL is created).
+CLAIM_FOR_METRICS = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+return redis.call('HSETNX', KEYS[1], ARGV[1], '1')
+"""

@@ -8,8 +8,9 @@ values live:
 - ``custom_cache``: prefill the prompt once into a :class:`ContiguousKVCache`, then one
   token per step.
 - ``prefix_cache``: the prompt's system block (see :mod:`engine.prompt`) is looked up in the
-  engine's :class:`PrefixCache`; a miss computes and stores it, a hit copies it in; the rest
-  of the prompt is prefilled in one batch, then decoding as ``custom_cache``.
+  engine's :class:`PrefixCache`; a miss prefills the whole prompt and stores the prefix's
+  KV, a hit copies it in and prefills only the rest in one batch; then decoding as
+  ``custom_cache``.
 """
 from __future__ import annotations
 
@@ -93,20 +94,23 @@ def run_custom_cache(engine: Any, prompt: Prompt, run: GenerationRun, request: G
 
 def prefill_with_prefix(forward: Qwen2Forward, store: PrefixCache, prompt: Prompt,
                         cache: ContiguousKVCache) -> tuple[torch.Tensor, int]:
-    """Fill ``cache`` with the prompt, reusing/storing its system block; (last logits, cached tokens)."""
+    """Fill ``cache`` with the prompt, reusing or storing its system block.
+
+    Miss: the whole prompt in one pass (exactly what ``custom_cache`` does), then a compact copy
+    of the prefix positions goes into the store. Hit: the stored prefix is copied in and only
+    the rest of the prompt is computed. Returns (last-position logits, cached tokens).
+    """
     device = forward.weights.device
     prefix = prompt.prefix_ids
-    cached = 0
-    if prefix:
-        entry = store.get(prefix)
-        if entry is not None:
-            cache.load(entry.keys, entry.values)
-            cached = entry.tokens
-        else:
-            forward.hidden(torch.tensor(prefix, dtype=torch.long, device=device), cache)
+    entry = store.get(prefix) if prefix else None
+    if entry is None:
+        logits = forward(torch.tensor(prompt.ids, dtype=torch.long, device=device), cache)
+        if prefix:
             store.put(prefix, *cache.snapshot(len(prefix)))
+        return logits, 0
+    cache.load(entry.keys, entry.values)
     rest = torch.tensor(prompt.ids[len(prefix):], dtype=torch.long, device=device)
-    return forward(rest, cache), cached
+    return forward(rest, cache), entry.tokens
 
 
 def run_prefix_cache(engine: Any, prompt: Prompt, run: GenerationRun, request: GenerationRequest,

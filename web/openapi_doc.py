@@ -15,7 +15,10 @@ from flask_openapi3 import OpenAPI
 
 from core.settings import Settings
 
-BODY_SCHEMAS = ("JobSubmit", "GenerateBody", "AgentBody")
+# Body schemas and their token-count fields whose maximum is MINISERVE_MAX_NEW_TOKENS_CAP.
+CAPPED_FIELDS = {"JobSubmit": ("max_new_tokens",), "GenerateBody": ("max_new_tokens",),
+                 "AgentBody": ("max_new_tokens",),
+                 "ChatCompletionRequest": ("max_tokens", "max_completion_tokens")}
 _GIVEN = {"prompt": {"type": "string"}, "messages": {"type": "array"}, "prefix": {"type": "string"},
           "system": {"type": "string"}}  # "given" = present and not null
 JOB_SUBMIT_RULES: dict[str, Any] = {
@@ -49,10 +52,11 @@ def finish_document(spec: dict[str, Any], settings: Settings) -> None:
     if not components.get("securitySchemes"):
         components.pop("securitySchemes", None)
     schemas = components.get("schemas", {})
-    for name in BODY_SCHEMAS:
-        prop = schemas.get(name, {}).get("properties", {}).get("max_new_tokens")
-        if prop is not None:
-            _set_maximum(prop, settings.max_new_tokens_cap)
+    for name, fields in CAPPED_FIELDS.items():
+        for field_name in fields:
+            prop = schemas.get(name, {}).get("properties", {}).get(field_name)
+            if prop is not None:
+                _set_maximum(prop, settings.max_new_tokens_cap)
     if "JobSubmit" in schemas:
         schemas["JobSubmit"].update(JOB_SUBMIT_RULES)
 

@@ -114,6 +114,8 @@ class JobPath(BaseModel):
 
 
 class JobListQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # an unknown query parameter is a 422, as the document says
+
     state: JobState | None = None
     type: JobType | None = None
     limit: int = Field(default=50, ge=1, le=500)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from celery import Celery
-from kombu import Queue
+from kombu import Exchange, Queue
 
 from core import keys
 from core.settings import Settings, get_settings
@@ -25,18 +25,20 @@ def celery_config(settings: Settings) -> dict:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
+        "worker_pool": settings.worker_pool,
+        "worker_concurrency": settings.worker_concurrency,
         # The job runner's own deadline (polled between tokens) ends a job at the soft limit
         # with its partial result; Celery's soft limit is only a backstop for a stuck step.
         "task_soft_time_limit": (settings.soft_time_limit_s + settings.hard_time_limit_s) / 2,
         "task_time_limit": settings.hard_time_limit_s,
-        "task_queues": [Queue(name) for name in keys.QUEUES],
+        "task_queues": [Queue(name, Exchange(name, type="direct"), routing_key=name) for name in keys.QUEUES],
         "task_default_queue": "generation",
         "worker_send_task_events": True,
         "task_send_sent_event": True,
         "task_track_started": True,
         "worker_hijack_root_logger": False,
         "worker_cancel_long_running_tasks_on_connection_loss": False,
-        "imports": ("worker.tasks", "worker.signals"),
+        "imports": ("worker.tasks", "worker.agent_eval_tasks", "worker.signals"),
     }
 
 

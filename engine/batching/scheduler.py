@@ -26,7 +26,6 @@ from dataclasses import dataclass
 import torch
 
 from core.logs import log_event
-from engine.batching.sampling import next_token
 from engine.batching.sequence import FINISHED, RUNNING, WAITING, Sequence
 from engine.paged.attention import SeqChunk, build_batch
 from engine.paged.block_manager import BlockManager
@@ -108,13 +107,12 @@ class Scheduler:
 
     def _sample(self, seq: Sequence, logits: torch.Tensor) -> None:
         try:
-            token = next_token(logits, seq.seen(logits.device), seq.sampling, seq.penalty,
-                               seq.generator)
+            token = seq.next_token(logits)
             self.stats.sampled += 1
             if seq.run.accept(token):
                 self._finish(seq)
             else:
-                seq.add_token(token)
+                seq.tokens.append(token)
         except Exception as exc:  # noqa: BLE001 - e.g. the caller's on_text failed
             self._finish(seq, error=exc)
 

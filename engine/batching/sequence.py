@@ -8,6 +8,7 @@ from typing import Any, Callable
 import torch
 
 from engine.run import GenerationRun
+from engine.sampling import Sampler
 from engine.types import SamplingParams
 
 WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
@@ -24,8 +25,7 @@ class Sequence:
     prompt_ids: list[int]
     run: GenerationRun
     sampling: SamplingParams
-    penalty: float
-    generator: torch.Generator | None = None
+    sampler: Sampler
     on_finish: Callable[["Sequence"], None] | None = None
     tokens: list[int] = field(default_factory=list)
     num_computed: int = 0
@@ -34,13 +34,10 @@ class Sequence:
     preemptions: int = 0
     error: BaseException | None = None
     arrived: float = field(default_factory=time.perf_counter)
-    _seen: set[int] = field(default_factory=set)
-    _seen_tensor: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if not self.tokens:
             self.tokens = list(self.prompt_ids)
-        self._seen = set(self.tokens)
 
     @property
     def finished(self) -> bool:
@@ -56,17 +53,9 @@ class Sequence:
         """Past the prompt: one new token per step."""
         return len(self.tokens) > len(self.prompt_ids) and self.num_pending == 1
 
-    def add_token(self, token_id: int) -> None:
-        self.tokens.append(token_id)
-        if token_id not in self._seen:
-            self._seen.add(token_id)
-            self._seen_tensor = None
-
-    def seen(self, device: torch.device | str) -> torch.Tensor:
-        """Every distinct id so far (for the repetition penalty), cached between steps."""
-        if self._seen_tensor is None:
-            self._seen_tensor = torch.tensor(sorted(self._seen), dtype=torch.long, device=device)
-        return self._seen_tensor
+    def next_token(self, logits: torch.Tensor) -> int:
+        """Pick the next id with this sequence's own sampler (penalty, seed, top-k/p)."""
+        return self.sampler(logits)
 
     def info(self) -> dict[str, Any]:
         return {"seq_id": self.seq_id, "status": self.status, "prompt_tokens": len(self.prompt_ids),

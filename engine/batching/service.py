@@ -16,13 +16,14 @@ from typing import Any, Callable
 
 from core.logs import log_event
 from core.settings import Settings
-from engine.batching.sampling import make_generator
 from engine.batching.scheduler import Scheduler
 from engine.batching.sequence import Sequence
 from engine.paged.block_manager import BlockManager
+from engine.forward import Qwen2Forward
 from engine.paged.forward import PagedQwen2
 from engine.paged.pool import KVGeometry, blocks_for_budget
 from engine.run import GenerationRun
+from engine.sampling import Sampler
 from engine.types import SamplingParams
 
 logger = logging.getLogger("miniserve.engine.paged")
@@ -37,9 +38,9 @@ def pool_blocks(settings: Settings, geometry: KVGeometry, dtype: Any) -> int:
 
 
 class PagedService:
-    def __init__(self, model: Any, settings: Settings, *, num_blocks: int | None = None,
+    def __init__(self, forward: Qwen2Forward, settings: Settings, *, num_blocks: int | None = None,
                  prefix_sharing: bool = True):
-        self.runner = PagedQwen2(model)
+        self.runner = PagedQwen2(forward)
         blocks = num_blocks or pool_blocks(settings, self.runner.geometry, self.runner.dtype)
         self.pool = self.runner.make_pool(blocks, settings.kv_block_size)
         self.blocks = BlockManager(blocks, settings.kv_block_size, prefix_sharing=prefix_sharing)
@@ -54,9 +55,9 @@ class PagedService:
 
     def new_sequence(self, prompt_ids: list[int], run: GenerationRun, sampling: SamplingParams,
                      penalty: float, on_finish: Callable[[Sequence], None] | None = None) -> Sequence:
+        sampler = Sampler(sampling, penalty, self.runner.vocab_size, prompt_ids, self.pool.device)
         return Sequence(seq_id=next(self._ids), prompt_ids=list(prompt_ids), run=run,
-                        sampling=sampling, penalty=penalty,
-                        generator=make_generator(sampling, self.pool.device), on_finish=on_finish)
+                        sampling=sampling, sampler=sampler, on_finish=on_finish)
 
     def add(self, seq: Sequence) -> None:
         with self.work:
@@ -100,4 +101,7 @@ def run_paged(engine: Any, prompt: Any, run: GenerationRun, request: Any, penalt
 
 
 def paged_service(engine: Any) -> PagedService:
-    return engine.state("paged", lambda: PagedService(engine.loaded.model, engine.settings))
+    """The engine's one paged service, over the engine's one hand-written forward."""
+    from engine.handwritten import forward_for
+
+    return engine.state("paged", lambda: PagedService(forward_for(engine), engine.settings))

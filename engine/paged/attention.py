@@ -95,21 +95,34 @@ def paged_attention(pool: KVBlockPool, layer: int, batch: PagedBatch, q: torch.T
     ``q`` (``[n_tokens, heads, dim]``) over their sequences. Returns ``[n_tokens, heads, dim]``."""
     pool.write_layer(layer, batch.slot_mapping, k_new, v_new)
     keys, values = pool.gather_layer(layer, batch.block_tables)    # [B, T, Hkv, D]
-    mask, causal = batch.attn_mask, False
+    mask = batch.attn_mask
     if batch.single is not None:
-        # One sequence: cut the gathered blocks to its length; a decode step then needs no
-        # mask and a fresh prefill is plain causal (both take SDPA's fast paths).
+        # One sequence: cut the gathered blocks to its length, so a decode step needs no
+        # mask and a fresh prefill is plain causal (SDPA's fast paths).
         length, start = batch.single
         keys, values = keys[:, :length], values[:, :length]
+        mask = mask[..., :length]
         if q.shape[0] == 1:
             mask = None
-        elif start == 0:
-            mask, causal = None, True
-        else:
-            mask = mask[..., :length]
-    queries = q[batch.q_index]                                     # [B, Q, H, D]
-    out = F.scaled_dot_product_attention(
-        queries.transpose(1, 2), keys.transpose(1, 2).to(q.dtype),
-        values.transpose(1, 2).to(q.dtype), attn_mask=mask, is_causal=causal, scale=scale,
-        enable_gqa=keys.shape[2] != queries.shape[2])
+    keys, values = keys.transpose(1, 2).to(q.dtype), values.transpose(1, 2).to(q.dtype)
+    if batch.q_index.shape[1] == 1:
+        return _decode_attention(q, keys, values, mask, scale)
+    queries = q[batch.q_index].transpose(1, 2)                     # [B, H, Q, D]
+    if batch.single is not None and batch.single[1] == 0:
+        out = F.scaled_dot_product_attention(queries, keys, values, is_causal=True, scale=scale,
+                                             enable_gqa=keys.shape[1] != queries.shape[1])
+    else:
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale,
+                                             enable_gqa=keys.shape[1] != queries.shape[1])
     return out.transpose(1, 2)[batch.q_valid]
+
+
+def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                      mask: torch.Tensor | None, scale: float | None) -> torch.Tensor:
+    """One query per sequence: fold the query heads that share a kv head into the query
+    axis (``[B, kv_heads, group, D]``), so keys/values are never repeated per head."""
+    batch, kv_heads = keys.shape[0], keys.shape[1]
+    heads, dim = q.shape[1], q.shape[2]
+    queries = q.view(batch, kv_heads, heads // kv_heads, dim)
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale)
+    return out.reshape(batch, heads, dim)

@@ -1,59 +1,56 @@
-"""A Qwen2 forward over packed tokens of several sequences, with K/V in the paged pool.
+"""The hand-written Qwen2 forward (:mod:`engine.forward`) over the paged KV cache.
 
-It reads the loaded transformers model's weights in place (nothing is copied): embedding,
-RMSNorm, q/k/v projections with bias, RoPE (cos/sin from the model's own rotary module, so
-scaling variants match), grouped-query attention through :func:`paged_attention`, SwiGLU MLP,
-final norm, lm_head (tied or not).  Linear layers and the MLP run once over all packed
-tokens of a step; only attention is per sequence, and only each sequence's last token goes
-through the final norm and lm_head (the vocabulary projection is the biggest matmul).
+:class:`PagedAttentionCache` implements the forward's ``AttentionCache`` seam for one step
+of a batch: the forward runs its linear layers once over the packed new tokens of every
+sequence, and per layer hands q/k/v to :func:`paged_attention`, which writes k/v into the
+slots the block tables name and attends each sequence over its own blocks.  Only each
+sequence's last token goes through the final norm and lm_head (the vocabulary projection is
+the biggest matmul).  The model's weights are read in place, never copied.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch
-import torch.nn.functional as F
 
+from engine.forward import Qwen2Forward
 from engine.paged.attention import PagedBatch, paged_attention
 from engine.paged.pool import KVBlockPool, KVGeometry
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Qwen2's RMSNorm: statistics in float32, scale in the input dtype."""
-    dtype = x.dtype
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(dtype)
+class PagedAttentionCache:
+    """The ``AttentionCache`` of one step: positions and attention come from ``batch``."""
 
+    def __init__(self, pool: KVBlockPool, batch: PagedBatch):
+        self.pool, self.batch = pool, batch
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on ``[n, heads, dim]`` with ``cos``/``sin`` ``[n, dim]`` (rotate-half layout)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None] + rotated * sin[:, None]
+    def begin(self, num_new: int) -> torch.Tensor:
+        if num_new != self.batch.num_tokens:
+            raise ValueError(f"step built for {self.batch.num_tokens} tokens, got {num_new}")
+        return self.batch.positions
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = paged_attention(self.pool, layer, self.batch, q, k, v)
+        return out.reshape(q.shape[0], -1)
+
+    def commit(self, num_new: int) -> None:
+        """Nothing to do: the block manager learns what was computed from the scheduler."""
 
 
 class PagedQwen2:
-    """Runs steps of a Qwen2ForCausalLM whose K/V lives in a :class:`KVBlockPool`."""
+    """Runs steps of the hand-written forward whose K/V lives in a :class:`KVBlockPool`."""
 
-    def __init__(self, model: Any):
-        self.model = model
-        cfg = model.config
-        self.config = cfg
-        self.geometry = KVGeometry.from_config(cfg)
-        self.num_heads = cfg.num_attention_heads
-        self.eps = cfg.rms_norm_eps
-        self.scale = self.geometry.head_dim ** -0.5
-        self._decoder = model.model
-        self._layers = list(model.model.layers)
+    def __init__(self, forward: Qwen2Forward):
+        self.forward_model = forward
+        cfg = forward.config
+        self.geometry = KVGeometry(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+        self.vocab_size = cfg.vocab_size
 
     @property
     def dtype(self) -> torch.dtype:
-        return self._decoder.embed_tokens.weight.dtype
+        return self.forward_model.weights.dtype
 
     @property
     def device(self) -> torch.device:
-        return self._decoder.embed_tokens.weight.device
+        return self.forward_model.weights.device
 
     def make_pool(self, num_blocks: int, block_size: int) -> KVBlockPool:
         return KVBlockPool(num_blocks, block_size, self.geometry, self.dtype, self.device)
@@ -62,26 +59,7 @@ class PagedQwen2:
     def forward(self, input_ids: torch.Tensor, batch: PagedBatch, pool: KVBlockPool,
                 all_logits: bool = False) -> torch.Tensor:
         """``input_ids`` ``[n_tokens]`` packed as in ``batch``. Writes their K/V into the pool
-        and returns logits ``[batch, vocab]`` of each sequence's last token (float32), or of
-        every token with ``all_logits``."""
-        h = self._decoder.embed_tokens(input_ids)                     # [N, hidden]
-        cos, sin = self._decoder.rotary_emb(h[None], batch.positions[None])
-        cos, sin = cos[0], sin[0]
-        n, dim = h.shape[0], self.geometry.head_dim
-        for index, layer in enumerate(self._layers):
-            attn = layer.self_attn
-            x = rms_norm(h, layer.input_layernorm.weight, self.eps)
-            q = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(n, self.num_heads, dim)
-            k = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(n, -1, dim)
-            v = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(n, -1, dim)
-            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-            o = paged_attention(pool, index, batch, q, k, v, self.scale)
-            h = h + F.linear(o.reshape(n, -1), attn.o_proj.weight, attn.o_proj.bias)
-            x = rms_norm(h, layer.post_attention_layernorm.weight, self.eps)
-            mlp = layer.mlp
-            gate = F.silu(F.linear(x, mlp.gate_proj.weight)) * F.linear(x, mlp.up_proj.weight)
-            h = h + F.linear(gate, mlp.down_proj.weight)
-        if not all_logits:
-            h = h[batch.last_index]
-        h = rms_norm(h, self._decoder.norm.weight, self.eps)
-        return self.model.lm_head(h).float()
+        and returns float32 logits ``[batch, vocab]`` of each sequence's last token (or of
+        every token with ``all_logits``)."""
+        hidden = self.forward_model.hidden(input_ids, PagedAttentionCache(pool, batch))
+        return self.forward_model.logits(hidden if all_logits else hidden[batch.last_index])

@@ -35,11 +35,15 @@ def test_tool_success_then_answer(registry):
     assert (step.model_tool_name, step.tool_name, step.result, step.success) == ("calculator", "calculator", "963", True)
     assert not step.safeguard_applied and step.parse_format == "bare"
     assert steps == [step.to_dict()]
-    # The second request carries the call and its result in Qwen2.5's template shape.
-    assistant, tool = model.requests[1]["messages"][-2:]
+    # The history holds the call and its result in Qwen2.5's template shape ...
+    assistant, tool = result.messages[-2:]
     assert assistant["tool_calls"][0]["function"] == {"name": "calculator",
                                                       "arguments": {"expression": "(125 * 8) - 37"}}
     assert tool == {"role": "tool", "tool_call_id": "call_1", "name": "calculator", "content": "963"}
+    # ... while the answer turn shows the result as plain text, without tools.
+    answer_turn = model.requests[1]
+    assert answer_turn["tools"] is None and len(answer_turn["messages"]) == 2
+    assert answer_turn["messages"][1]["content"].endswith("工具结果：\n- calculator((125 * 8) - 37): 963")
 
 
 def test_tool_failure_then_recovery(registry):
@@ -83,8 +87,9 @@ def test_several_calls_in_one_output_count_as_steps(registry):
            f"<tool_call>{call('calculator', expression='5 * 6')}</tool_call>"
     result, model, _ = _run(registry, [both, "7 and 30."], "Compute 3 + 4 and 5 * 6")
     assert result.ok and [s.result for s in result.trace] == ["7", "30"]
-    messages = model.requests[1]["messages"]
+    messages = result.messages
     assert len(messages[-3]["tool_calls"]) == 2 and [m["role"] for m in messages[-2:]] == ["tool", "tool"]
+    assert model.requests[1]["messages"][1]["content"].endswith("- calculator(3 + 4): 7\n- calculator(5 * 6): 30")
     assert result.trace[0].parse_format == "tag"
 
 
@@ -100,7 +105,8 @@ def test_tools_are_withheld_once_a_tool_succeeded(registry):
     assert result.ok and result.finish_reason == "answer"
     assert model.requests[0]["tools"] and model.requests[1]["tools"] is None
     assert model.requests[1]["messages"][0]["content"].startswith("You are a helpful assistant. Answer")
-    assert model.requests[1]["messages"][-1]["role"] == "tool"
+    shown = model.requests[1]["messages"][-1]
+    assert shown["role"] == "user" and "[RoPE (Rotary Position Embedding)] RoPE, rotary" in shown["content"]
 
 
 def test_tools_stay_offered_after_a_failure(registry):
@@ -144,7 +150,7 @@ def test_prompt_expression_safeguard(registry):
     assert step.model_arguments == {"expression": "48 + 12 / 5"}
     assert step.arguments == {"expression": "(48 + 12) / 5"} and step.result == "12"
     assert step.safeguard_applied and step.safeguards == ["prompt_expression"]
-    sent = model.requests[1]["messages"][-2]["tool_calls"][0]["function"]["arguments"]
+    sent = result.messages[-2]["tool_calls"][0]["function"]["arguments"]
     assert sent == {"expression": "(48 + 12) / 5"}  # history shows what really ran
 
 
@@ -180,3 +186,26 @@ def test_on_text_gets_the_final_answer(registry):
     texts = []
     AgentRunner(ScriptedModel(["Bonjour"]), registry).run("Say hello in French", on_text=texts.append)
     assert texts == ["Bonjour"]
+
+
+def test_forced_retrieval_safeguard(registry):
+    result, model, _ = _run(registry, ["RoPE means relative position encoding.", "RoPE rotates q and k."],
+                            "What is RoPE?")
+    step = result.trace[0]
+    assert step.model_tool_name is None and step.tool_name == "retrieve_note"
+    assert step.safeguards == ["forced_retrieval"] and step.arguments == {"query": "What is RoPE?"}
+    assert json.loads(step.result)["notes"][0]["title"].startswith("RoPE")
+    assert result.text == "RoPE rotates q and k."
+
+
+@pytest.mark.parametrize("prompt", ["What is the capital of France?", "Translate 'good morning' into French"])
+def test_no_forced_retrieval_when_the_notes_do_not_answer(registry, prompt):
+    result, _, _ = _run(registry, ["An answer."], prompt)
+    assert result.trace == [] and result.text == "An answer."
+
+
+def test_forced_retrieval_for_an_explicit_notes_search(registry):
+    result, _, _ = _run(registry, ["Mapo tofu is spicy.", "No notes about it."],
+                        "Search my notes for the recipe of mapo tofu.")
+    step = result.trace[0]
+    assert step.safeguards == ["forced_retrieval"] and json.loads(step.result)["notes"] == []

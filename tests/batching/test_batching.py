@@ -5,6 +5,7 @@ import threading
 
 from core.settings import load_settings
 from engine.batching import BatchEngine, PagedService
+from engine.handwritten import forward_for
 from engine.run import GenerationRun
 from engine.types import GenerationRequest, SamplingParams
 
@@ -72,7 +73,7 @@ def test_mixed_batch_equals_solo_runs(paged_engine):
 
 
 def _solo(engine, prompt_ids, max_new):
-    service = PagedService(engine.loaded.model, load_settings(
+    service = PagedService(forward_for(engine), load_settings(
         kv_block_size=4, kv_num_blocks=256, max_batch=1, max_batched_tokens=512))
     return _run(engine, service, [prompt_ids], max_new)[0]
 
@@ -101,7 +102,7 @@ def _run(engine, service, prompts, max_new):
 
 def test_preemption_under_a_tiny_pool_keeps_outputs(paged_engine):
     prompts = [[5 + i, 17, 9, 44, 2, 91, 7, 7, 12, 5 + 2 * i] for i in range(4)]
-    service = PagedService(paged_engine.loaded.model, load_settings(
+    service = PagedService(forward_for(paged_engine), load_settings(
         kv_block_size=4, kv_num_blocks=16, max_batch=4, max_batched_tokens=64),
         prefix_sharing=False)
     batched = _run(paged_engine, service, prompts, max_new=22)   # 4 x 32 tokens > 64 slots
@@ -114,7 +115,7 @@ def test_preemption_under_a_tiny_pool_keeps_outputs(paged_engine):
 
 
 def test_request_larger_than_the_pool_fails_alone(paged_engine):
-    service = PagedService(paged_engine.loaded.model, load_settings(
+    service = PagedService(forward_for(paged_engine), load_settings(
         kv_block_size=4, kv_num_blocks=4, max_batch=4, max_batched_tokens=64))
     batch = BatchEngine(paged_engine, service)
     big = batch.submit(request(QUESTIONS[3]))              # prompt > 16 tokens

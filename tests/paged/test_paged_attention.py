@@ -71,3 +71,24 @@ def test_single_sequence_fast_paths_match_reference():
         q = torch.randn(new, HEADS, 8)
         out = paged_attention(pool, 0, batch, q, k[old:], v[old:])
         assert torch.allclose(out, reference(q, k, v, old), atol=1e-5), (old, new)
+
+
+def test_decode_only_batch_of_different_lengths():
+    torch.manual_seed(2)
+    pool = KVBlockPool(32, BS, GEOM)
+    m = BlockManager(32, BS)
+    lengths = {"a": 1, "b": 6, "c": 13}
+    hist = {}
+    for name, n in lengths.items():
+        m.allocate(name, list(range(n)))
+        k, v = torch.randn(n, 2, 8), torch.randn(n, 2, 8)
+        hist[name] = (k, v)
+        if n > 1:
+            pool.write_layer(0, torch.tensor(m.slots(name, 0, n - 1)), k[:-1], v[:-1])
+    batch = build_batch([SeqChunk(m.block_table(x), n - 1, 1) for x, n in lengths.items()], BS)
+    q = torch.randn(3, HEADS, 8)
+    out = paged_attention(pool, 0, batch, q, torch.stack([hist[x][0][-1] for x in lengths]),
+                          torch.stack([hist[x][1][-1] for x in lengths]))
+    for row, (name, n) in enumerate(lengths.items()):
+        k, v = hist[name]
+        assert torch.allclose(out[row:row + 1], reference(q[row:row + 1], k, v, n - 1), atol=1e-5)

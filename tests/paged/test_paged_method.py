@@ -64,3 +64,10 @@ def test_seeded_sampling_is_reproducible(paged_engine):
     a = paged_engine.generate(request(QUESTIONS[2], "paged", **kwargs))
     b = paged_engine.generate(request(QUESTIONS[2], "paged", **kwargs))
     assert a.token_ids == b.token_ids
+
+
+def test_paged_equals_custom_cache(paged_engine):
+    for text in QUESTIONS[:2]:
+        custom = paged_engine.generate(request(text, "custom_cache"))
+        paged = paged_engine.generate(request(text, "paged"))
+        assert paged.token_ids == custom.token_ids

