@@ -116,6 +116,8 @@ def test_queued_jobs_survive_a_restart_with_appendonly(restartable_redis, runnin
     assert seqs == list(range(1, len(seqs) + 1)) and events[-1].type == "done"  # nothing lost or repeated
     streamed = "".join(e.data["data"]["text"] for e in events if e.type == "token")
     assert streamed == own_store.get(queued[0]).result["text"]
+    web_log = running[2].log()
+    assert '"sse_redis_lost"' in web_log and "Error handling request" not in web_log  # ended cleanly
 
 
 def restart_and_check(restartable_redis, running, own_store, blocker, queued) -> None:
