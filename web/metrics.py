@@ -102,20 +102,43 @@ def _worker_metrics(workers: list[dict[str, Any]]) -> Iterator[Metric]:
     online.add_metric([], len(workers))
     yield online
     busy = GaugeMetricFamily("miniserve_worker_current_jobs", "Jobs each worker runs now", labels=["worker"])
-    lookups = GaugeMetricFamily("miniserve_cache_lookups", "Cache lookups since the worker started",
-                                labels=["worker", "cache", "result"])
+    lookups = GaugeMetricFamily("miniserve_cache_lookups", "Cache lookups since the worker started (prefix "
+                                "cache: requests; paged: prompt tokens)", labels=["worker", "cache", "result"])
     ratio = GaugeMetricFamily("miniserve_cache_hit_ratio", "Cache hits over lookups since the worker started",
                               labels=["worker", "cache"])
+    blocks = GaugeMetricFamily("miniserve_kv_blocks", "KV blocks of the paged cache", labels=["worker", "kind"])
     for worker in workers:
-        info = worker.get("info") or {}
-        busy.add_metric([worker["name"]], len(info.get("current_jobs") or []))
+        name, info = worker["name"], worker.get("info") or {}
+        busy.add_metric([name], len(info.get("current_jobs") or []))
         for cache, stats in (info.get("cache_stats") or {}).items():
-            if isinstance(stats, dict) and "hits" in stats and "misses" in stats:
-                hits, misses = float(stats["hits"]), float(stats["misses"])
-                lookups.add_metric([worker["name"], cache, "hit"], hits)
-                lookups.add_metric([worker["name"], cache, "miss"], misses)
-                ratio.add_metric([worker["name"], cache], hits / (hits + misses) if hits + misses else 0.0)
-    yield from (busy, lookups, ratio)
+            figures = cache_figures(stats)
+            if figures is None:
+                continue
+            hits, misses, pool = figures
+            lookups.add_metric([name, cache, "hit"], hits)
+            lookups.add_metric([name, cache, "miss"], misses)
+            ratio.add_metric([name, cache], hits / (hits + misses) if hits + misses else 0.0)
+            for kind in ("used", "free", "cached"):
+                if f"blocks_{kind}" in pool:
+                    blocks.add_metric([name, kind], float(pool[f"blocks_{kind}"]))
+            if "num_blocks" in pool:
+                blocks.add_metric([name, "total"], float(pool["num_blocks"]))
+    yield from (busy, lookups, ratio, blocks)
+
+
+def cache_figures(stats: Any) -> tuple[float, float, dict[str, Any]] | None:
+    """(hits, misses, block pool) of one cache in a worker's heartbeat: the prefix cache
+    counts requests (``hits``/``misses``); the paged cache counts prompt tokens found in
+    its block pool (``blocks.prefix_hit_tokens`` of ``blocks.prefix_query_tokens``)."""
+    if not isinstance(stats, dict):
+        return None
+    if "hits" in stats and "misses" in stats:
+        return float(stats["hits"]), float(stats["misses"]), {}
+    pool = stats.get("blocks")
+    if isinstance(pool, dict) and "prefix_query_tokens" in pool:
+        hits = float(pool.get("prefix_hit_tokens", 0))
+        return hits, float(pool["prefix_query_tokens"]) - hits, pool
+    return None
 
 
 @api.get("/metrics", summary="Prometheus metrics (jobs, latencies, tokens, queues, workers, caches)",

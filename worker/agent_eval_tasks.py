@@ -23,7 +23,7 @@ from celery.result import GroupResult
 
 from agent.evaluation import Case, load_cases, run_case, summarize
 from worker.app import app
-from worker.tasks import _WorkerGenerator
+from worker.tasks import WorkerGenerator
 from worker.runtime import runtime
 
 EVAL_CASE = "miniserve.agent_eval_case"
@@ -46,7 +46,7 @@ def evaluate_case(case: dict[str, Any], max_steps: int = 3, max_new_tokens: int 
 
     rt = runtime()
     method = "paged" if rt.batching else "custom_cache"
-    model = EngineChatModel(_WorkerGenerator(rt), method=method)
+    model = EngineChatModel(WorkerGenerator(rt), method=method)
     return run_case(model, _registry(), Case.from_dict(case), max_steps, max_new_tokens)
 
 

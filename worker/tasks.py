@@ -16,7 +16,7 @@ from worker.runtime import WorkerRuntime, runtime
 BATCHED_METHOD = "paged"
 
 
-class _WorkerGenerator:
+class WorkerGenerator:
     """The engine as seen by one job: ``paged`` requests join the shared batch, the other
     methods take the process's exclusive lock (they hold single-request state)."""
 
@@ -32,7 +32,7 @@ class _WorkerGenerator:
 def run_generation(ctx: JobContext) -> dict[str, Any]:
     rt = runtime()
     request = generation_request_from(ctx.record.request, rt.settings.default_max_new_tokens)
-    result = _WorkerGenerator(rt).generate(request, on_text=ctx.on_text, should_cancel=ctx.should_cancel)
+    result = WorkerGenerator(rt).generate(request, on_text=ctx.on_text, should_cancel=ctx.should_cancel)
     return result.to_dict()
 
 
@@ -45,7 +45,7 @@ def run_agent(ctx: JobContext) -> dict[str, Any]:
     stored = ctx.record.request
     prompt = next(m["content"] for m in reversed(stored["messages"]) if m["role"] == "user")
     method = BATCHED_METHOD if rt.batching else "custom_cache"
-    model = EngineChatModel(_WorkerGenerator(rt), method=method, should_cancel=ctx.should_cancel)
+    model = EngineChatModel(WorkerGenerator(rt), method=method, should_cancel=ctx.should_cancel)
     runner = AgentRunner(model, create_default_registry())
     result = runner.run(prompt, max_steps=stored.get("max_steps"),
                         max_new_tokens=(stored.get("sampling") or {}).get("max_new_tokens"),

@@ -75,3 +75,13 @@ def test_worker_cache_statistics_become_ratios(client, redis_client):
     assert get(all_samples, "miniserve_worker_current_jobs", worker="w1") == 1
     assert get(all_samples, "miniserve_cache_hit_ratio", worker="w1", cache="prefix_cache") == 0.75
     assert get(all_samples, "miniserve_cache_lookups", worker="w1", cache="prefix_cache", result="miss") == 1
+
+
+def test_paged_cache_blocks_and_token_hit_ratio(client, redis_client):
+    pool = {"num_blocks": 64, "blocks_used": 10, "blocks_free": 50, "blocks_cached": 4, "peak_blocks_used": 12,
+            "prefix_query_tokens": 200, "prefix_hit_tokens": 50}
+    write_heartbeat(redis_client, "w2", {"cache_stats": {"paged": {"running": 1, "waiting": 0, "blocks": pool}}})
+    all_samples = samples(client)
+    assert get(all_samples, "miniserve_cache_hit_ratio", worker="w2", cache="paged") == 0.25
+    assert get(all_samples, "miniserve_kv_blocks", worker="w2", kind="used") == 10
+    assert get(all_samples, "miniserve_kv_blocks", worker="w2", kind="total") == 64

@@ -44,7 +44,15 @@ function cacheCell(stats) {
       const total = s.hits + s.misses;
       bits.push(`hits ${s.hits} / misses ${s.misses}` + (total ? ` (${Math.round((100 * s.hits) / total)}%)` : ""));
     }
-    if ("blocks_used" in s) bits.push(`blocks ${s.blocks_used}/${s.num_blocks ?? s.total_blocks ?? "?"}`);
+    const pool = s.blocks && typeof s.blocks === "object" ? s.blocks : null;  // the paged cache
+    if (pool) {
+      bits.push(`blocks ${pool.blocks_used}/${pool.num_blocks} used (peak ${pool.peak_blocks_used}, cached ${pool.blocks_cached})`);
+      if (pool.prefix_query_tokens) {
+        bits.push(`prefix hit tokens ${pool.prefix_hit_tokens}/${pool.prefix_query_tokens}` +
+          ` (${Math.round(100 * pool.prefix_hit_tokens / pool.prefix_query_tokens)}%)`);
+      }
+    }
+    if ("running" in s) bits.push(`running ${s.running}, waiting ${s.waiting}, batch ${s.batch_size}`);
     if ("entries" in s) bits.push(`entries ${s.entries}`);
     if ("cached_tokens" in s) bits.push(`tokens ${s.cached_tokens}`);
     if (bits.length) parts.push(el("div", { class: "cache" }, el("b", {}, name + ": "), bits.join(", ")));
