@@ -1,9 +1,10 @@
 """The answer turn: how tool results are shown to the model, and the last-resort answer.
 
-With the tool-call history in Qwen's own format in view, the 0.5B model answers a tool
-result by calling the tool again. Shown the same results as plain text in one user turn
-(no tools offered), it writes an answer. The full tool-call history is still what the
-trace records and what a later tool turn sees.
+With its own tool-call history in Qwen's format in view, the 0.5B model answers a tool
+result by calling the tool again; shown the results as a list inside the user turn it
+answers with stray numbers. Given the results as plain facts in the system message and the
+user's question unchanged, it answers the question. The full tool-call history is still
+what the trace records and what a later tool turn sees.
 """
 from __future__ import annotations
 
@@ -13,14 +14,33 @@ from typing import Any, Sequence
 from tools.retriever import parse_notes
 from tools.text import is_cjk
 
-MAX_NOTE_CHARS = 600
+MAX_NOTES = 2
+MAX_NOTE_CHARS = 500
 
 
 def answer_messages(answer_prompt: str, prompt: str, steps: Sequence[Any]) -> list[dict[str, str]]:
-    lines = [f"- {_describe_call(s)}: {_describe_result(s)}" for s in steps if s.tool_name]
-    header = "工具结果：" if is_cjk(prompt) else "Tool results:"
-    return [{"role": "system", "content": answer_prompt},
-            {"role": "user", "content": f"{prompt}\n\n{header}\n" + "\n".join(lines)}]
+    facts = "\n".join(describe_step(s) for s in steps if s.tool_name)
+    return [{"role": "system", "content": answer_prompt.format(facts=facts)},
+            {"role": "user", "content": prompt}]
+
+
+def describe_step(step: Any) -> str:
+    """One tool result as a sentence the model can quote."""
+    args = step.arguments if isinstance(step.arguments, dict) else {}
+    if step.error_kind == "unknown_tool":
+        return f"There is no tool named {step.tool_name!r}; answer without it."
+    if step.tool_name == "calculator":
+        expr = args.get("expression", "")
+        return f"{expr} = {step.result}" if step.success else f"Calculating {expr} failed: {step.error}"
+    if step.tool_name == "retrieve_note":
+        if not step.success:
+            return f"Searching the notes failed: {step.error}"
+        notes = parse_notes(step.result)[:MAX_NOTES]
+        if not notes:
+            return "The notes contain nothing relevant to this question."
+        return "\n".join(f'Note "{n["title"]}": {n["body"][:MAX_NOTE_CHARS]}' for n in notes)
+    outcome = step.result if step.success else f"failed: {step.error}"
+    return f"{step.tool_name}({json.dumps(args, ensure_ascii=False)}): {outcome}"
 
 
 def fallback_answer(prompt: str, steps: Sequence[Any]) -> str:
@@ -37,20 +57,3 @@ def fallback_answer(prompt: str, steps: Sequence[Any]) -> str:
             return "笔记中没有找到相关内容。" if zh else "No relevant notes were found."
         return f"{notes[0]['title']}: {notes[0]['body']}"
     return f"结果是 {last.result}。" if zh else f"The result is {last.result}."
-
-
-def _describe_call(step: Any) -> str:
-    if step.tool_name == "calculator" and isinstance(step.arguments, dict):
-        return f"calculator({step.arguments.get('expression', '')})"
-    return f"{step.tool_name}({json.dumps(step.arguments, ensure_ascii=False)})"
-
-
-def _describe_result(step: Any) -> str:
-    if not step.success:
-        return f"ERROR: {step.error}"
-    if step.tool_name == "retrieve_note":
-        notes = parse_notes(step.result)
-        if not notes:
-            return "no relevant notes found"
-        return " ".join(f"[{n['title']}] {n['body'][:MAX_NOTE_CHARS]}" for n in notes)
-    return step.result

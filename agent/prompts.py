@@ -4,7 +4,8 @@ Qwen2.5's chat template appends the tool list and a ``<tool_call>`` instruction 
 ``SYSTEM_PROMPT``; the small model mostly ignores the tags and writes bare JSON, which the
 parser accepts, so the prompt shows exactly that shape instead of fighting it. Once a tool
 has answered, the model gets ``ANSWER_PROMPT`` and no tools, because with tools in view it
-keeps calling them instead of answering.
+keeps calling them instead of answering. ``{facts}`` receives the results as sentences
+(``(15 + 5) * 3 = 60``, ``Note "KV Cache": ...``, ``Calculating 1/0 failed: division by zero``).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ To call a tool, output only one JSON object, for example:
 {"name": "calculator", "arguments": {"expression": "(3 + 4) * 2"}}
 {"name": "retrieve_note", "arguments": {"query": "KV cache"}}"""
 
-ANSWER_PROMPT = ("You are a helpful assistant. Answer the user's question briefly in the user's language, "
-                 "using the tool results above. State numbers exactly as the tool gave them. If the tool "
-                 "reported an error or found no notes, say so plainly.")
+ANSWER_PROMPT = ("You are a helpful assistant. Answer the user's question using these tool results:\n"
+                 "{facts}\n"
+                 "Reply briefly in the user's language. State numbers exactly as given. "
+                 "If a tool failed or found nothing, say so.")

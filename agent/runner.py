@@ -16,10 +16,10 @@ from agent.answering import answer_messages, fallback_answer
 from agent.model import ChatModel
 from agent.parsing import ParsedOutput, ToolCall, parse_tool_calls
 from agent.prompts import ANSWER_PROMPT, SYSTEM_PROMPT
-from agent.safeguards import (RETRIEVE, Decision, PromptFacts, analyze_prompt, forced_call,
-                              forced_retrieval, guard_call)
+from agent.safeguards import (CALCULATOR, REROUTE, REROUTE_RETRIEVAL, RETRIEVE, Decision, PromptFacts,
+                              analyze_prompt, forced_call, forced_retrieval, guard_call, guard_query)
 from core.logs import log_event
-from tools import ToolRegistry, ToolResult
+from tools import INVALID_ARGUMENTS, ToolRegistry, ToolResult
 from tools.retriever import parse_notes
 
 logger = logging.getLogger("miniserve.agent")
@@ -123,8 +123,8 @@ class AgentRunner:
         return result
 
     def _loop(self, run: _Run, limit: int, tokens: int, on_step: StepCallback | None) -> AgentResult:
-        """Tools are offered until every call of a step succeeded; then the model is asked to
-        answer with tools withheld (the 0.5B model otherwise keeps calling them)."""
+        """Tools are offered until a step ends in something to answer from; then the model is
+        asked to answer with tools withheld (the 0.5B model otherwise keeps calling them)."""
         tools = self.registry.openai_schemas()
         answering = False
         while True:
@@ -149,7 +149,8 @@ class AgentRunner:
             if len(run.trace) + len(fresh) > limit:
                 return self._result(run, parsed.content, MAX_STEPS, MAX_STEPS,
                                     f"the model asked for more than {limit} tool calls")
-            answering = self._execute(run, raw, parsed, fresh, model_ms, on_step)
+            outcomes = self._execute(run, raw, parsed, fresh, model_ms, on_step)
+            answering = self._should_answer(run, outcomes)
 
     def _chat(self, run: _Run, tools: list[dict[str, Any]] | None, tokens: int) -> tuple[str, float]:
         t0 = time.perf_counter()
@@ -159,14 +160,34 @@ class AgentRunner:
         run.outputs.append(raw)
         return raw, (time.perf_counter() - t0) * 1000
 
+    def _should_answer(self, run: _Run, outcomes: list[ToolResult]) -> bool:
+        """Answer next, unless the model can still fix its arguments, or the prompt holds
+        several expressions and fewer have been computed (then it may call again)."""
+        if any(o.error_kind == INVALID_ARGUMENTS for o in outcomes):
+            return False
+        computed = sum(1 for s in run.trace if s.tool_name == CALCULATOR and s.success)
+        return not (self.safeguards and 1 < len(run.facts.expressions) > computed)
+
     def _decide(self, run: _Run, parsed: ParsedOutput) -> list[Decision]:
         if not self.safeguards:
             return [Decision(c, c) for c in parsed.calls]
         if not parsed.calls:
-            forced = None if run.trace else forced_call(run.facts) or \
-                forced_retrieval(run.facts, run.prompt, self._notes_match(run))
+            forced = None if run.trace else self._forced(run)
             return [forced] if forced else []
-        return [guard_call(c, run.facts) for c in parsed.calls]
+        return [self._guard(run, c) for c in parsed.calls]
+
+    def _forced(self, run: _Run) -> Decision | None:
+        return forced_call(run.facts) or forced_retrieval(run.facts, run.prompt, self._notes_match(run))
+
+    def _guard(self, run: _Run, call: ToolCall) -> Decision:
+        decision = guard_call(call, run.facts)
+        if decision.call.name not in self.registry:  # an invented tool: route as if no call was made
+            forced = self._forced(run)
+            if forced:
+                return Decision(forced.call, call, [REROUTE if forced.call.name == CALCULATOR else REROUTE_RETRIEVAL])
+        if decision.call.name == RETRIEVE:
+            return guard_query(decision, run.prompt)
+        return decision
 
     def _notes_match(self, run: _Run) -> bool:
         if not run.facts.knowledge_question or RETRIEVE not in self.registry:
@@ -175,9 +196,8 @@ class AgentRunner:
         return probe.success and bool(parse_notes(probe.content))
 
     def _execute(self, run: _Run, raw: str, parsed: ParsedOutput, decisions: list[Decision],
-                 model_ms: float, on_step: StepCallback | None) -> bool:
-        """Run each call, then append one assistant message and one tool message per call.
-        True when all succeeded (the model should now answer)."""
+                 model_ms: float, on_step: StepCallback | None) -> list[ToolResult]:
+        """Run each call, then append one assistant message and one tool message per call."""
         calls, results = [], []
         for i, decision in enumerate(decisions):
             t0 = time.perf_counter()
@@ -196,7 +216,7 @@ class AgentRunner:
         for j, (call, outcome) in enumerate(zip(calls, results)):
             run.messages.append({"role": "tool", "tool_call_id": f"call_{len(run.trace) - len(calls) + j + 1}",
                                  "name": call.name, "content": _tool_content(outcome)})
-        return all(r.success for r in results)
+        return results
 
     def _result(self, run: _Run, text: str, status: str, reason: str, error: str | None = None) -> AgentResult:
         executed = sum(1 for s in run.trace if s.tool_name)

@@ -14,7 +14,11 @@ arithmetic expression we know what must be computed, so:
   explain / 什么 / 如何 ...) that the notes answer (the retriever finds a relevant note for
   the prompt itself, with its usual relevance threshold), or to an explicit "search my
   notes" request, is replaced by a note lookup: the model otherwise answers "what is RoPE"
-  from its own, often wrong, memory.
+  from its own, often wrong, memory;
+* ``reroute_to_calculator`` / ``reroute_to_retrieval`` also apply when the model calls a
+  tool that does not exist, under the same conditions as the two forced calls;
+* ``query_from_prompt``: a ``retrieve_note`` query sharing no word with the prompt (copied
+  from an example) is replaced by the prompt.
 
 With several expressions in the prompt nothing is overridden: the model's arguments are
 kept. Every correction is recorded in the trace so evaluation can separate what the model
@@ -27,12 +31,15 @@ from dataclasses import dataclass, field
 
 from agent.parsing import ToolCall
 from tools.calculator import is_arithmetic, normalize_expression
+from tools.text import tokenize
 
 CALCULATOR = "calculator"
 PROMPT_EXPRESSION = "prompt_expression"
 REROUTE = "reroute_to_calculator"
 FORCED = "forced_calculator"
 FORCED_RETRIEVAL = "forced_retrieval"
+REROUTE_RETRIEVAL = "reroute_to_retrieval"
+QUERY_FROM_PROMPT = "query_from_prompt"
 RETRIEVE = "retrieve_note"
 
 _OPEN, _CLOSE = "(（", ")）"
@@ -120,6 +127,17 @@ def forced_retrieval(facts: PromptFacts, prompt: str, notes_match: bool) -> Deci
     if facts.asks_for_notes or (facts.knowledge_question and notes_match):
         return Decision(ToolCall(RETRIEVE, {"query": prompt}), None, [FORCED_RETRIEVAL])
     return None
+
+
+def guard_query(decision: Decision, prompt: str) -> Decision:
+    """A note query sharing no word with the prompt was made up (the 0.5B model copies the
+    example query from the system prompt or the tool description): search the prompt instead."""
+    query = decision.call.arguments.get("query")
+    if not isinstance(query, str) or set(tokenize(query)) & set(tokenize(prompt)):
+        return decision
+    arguments = {**decision.call.arguments, "query": prompt}
+    return Decision(ToolCall(decision.call.name, arguments), decision.original,
+                    [*decision.applied, QUERY_FROM_PROMPT])
 
 
 def _has_intent(prompt: str, expressions: tuple[str, ...]) -> bool:
