@@ -97,6 +97,7 @@ def judge(case: Case, result: AgentResult | None, error: str | None = None) -> d
         "error": error or (result.error if result else None),
     }
     record["failure"] = failure_reason(record)
+    record["outputs"] = json.dumps(result.outputs if result else [], ensure_ascii=False)
     record["trace"] = [s.to_dict() for s in result.trace] if result else []
     return record
 
