@@ -6,8 +6,9 @@ raw assistant text; unit tests pass a scripted fake, the worker passes
 """
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
+from agent.parsing import parse_tool_calls
 from engine.types import GenerationRequest, GenerationResult, SamplingParams, TextGenerator
 
 
@@ -16,13 +17,24 @@ class ChatModel(Protocol):
              max_new_tokens: int) -> str: ...
 
 
-class EngineChatModel:
-    """Greedy chat over any :class:`engine.types.TextGenerator`; keeps the last result's usage."""
+class GenerationCancelled(Exception):
+    """The caller's ``should_cancel`` stopped a generation (job cancelled or timed out)."""
 
-    def __init__(self, generator: TextGenerator, method: str = "official", should_cancel=None):
+
+class EngineChatModel:
+    """Greedy chat over any :class:`engine.types.TextGenerator`.
+
+    When tools are offered it stops generating as soon as a complete tool call has been
+    written and something else starts: the 0.5B model otherwise goes on to invent the
+    tool's response (``{"response": "963"}``) and call again, costing seconds per step.
+    """
+
+    def __init__(self, generator: TextGenerator, method: str = "official",
+                 should_cancel: Callable[[], bool] | None = None, early_stop: bool = True):
         self.generator = generator
         self.method = method
         self.should_cancel = should_cancel
+        self.early_stop = early_stop
         self.last_result: GenerationResult | None = None
         self.prompt_tokens = 0
         self.completion_tokens = 0
@@ -31,8 +43,44 @@ class EngineChatModel:
              max_new_tokens: int) -> str:
         request = GenerationRequest(messages=messages, tools=tools or None, method=self.method,
                                     sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0))
-        result = self.generator.generate(request, should_cancel=self.should_cancel)
+        watcher = _CallWatcher(bool(tools) and self.early_stop)
+        outer_cancel = self.should_cancel
+
+        def should_cancel() -> bool:
+            return bool(outer_cancel and outer_cancel()) or watcher.complete
+
+        result = self.generator.generate(request, on_text=watcher.feed, should_cancel=should_cancel)
+        if outer_cancel and outer_cancel():
+            raise GenerationCancelled("generation stopped by the caller")
         self.last_result = result
         self.prompt_tokens += result.usage.prompt_tokens
         self.completion_tokens += result.usage.completion_tokens
         return result.text
+
+
+class _CallWatcher:
+    """Accumulates streamed text; ``complete`` once a tool call is followed by other text."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.text = ""
+        self.complete = False
+
+    def feed(self, chunk: str) -> None:
+        if not self.enabled or self.complete:
+            return
+        self.text += chunk
+        if not chunk.strip():
+            return
+        parsed = parse_tool_calls(self.text)
+        if parsed.calls and not parsed.malformed:
+            rest = parsed.content.strip()
+            # Done when other text follows the call(s); another call may still begin.
+            self.complete = bool(rest) and not _may_start_call(rest)
+
+
+_CALL_OPENINGS = ('{"name"', "<tool_call>", "```")
+
+
+def _may_start_call(rest: str) -> bool:
+    return any(rest.startswith(o) or o.startswith(rest) for o in _CALL_OPENINGS)

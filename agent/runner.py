@@ -12,13 +12,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from agent.answering import answer_messages, fallback_answer
 from agent.model import ChatModel
 from agent.parsing import ParsedOutput, ToolCall, parse_tool_calls
-from agent.prompts import NO_TOOLS_NUDGE, SYSTEM_PROMPT
-from agent.safeguards import Decision, PromptFacts, analyze_prompt, forced_call, guard_call
+from agent.prompts import ANSWER_PROMPT, SYSTEM_PROMPT
+from agent.safeguards import (CALCULATOR, REROUTE, REROUTE_RETRIEVAL, RETRIEVE, Decision, PromptFacts,
+                              analyze_prompt, forced_call, forced_retrieval, guard_call, guard_query)
 from core.logs import log_event
-from tools import ToolRegistry, ToolResult
-from tools.text import is_cjk
+from tools import INVALID_ARGUMENTS, ToolRegistry, ToolResult
+from tools.retriever import parse_notes
 
 logger = logging.getLogger("miniserve.agent")
 
@@ -62,6 +64,7 @@ class AgentResult:
     model_calls: int = 0
     outputs: list[str] = field(default_factory=list)  # every raw model output, in order
     latency_ms: float = 0.0
+    messages: list[dict[str, Any]] = field(default_factory=list)  # history in Qwen2.5's tool format
 
     @property
     def ok(self) -> bool:
@@ -82,19 +85,23 @@ TextCallback = Callable[[str], None]
 class _Run:
     """Mutable state of one run."""
 
+    prompt: str
     facts: PromptFacts
     messages: list[dict[str, Any]]
     trace: list[AgentStep] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
     seen: set[str] = field(default_factory=set)
+    repeated: bool = False
 
 
 class AgentRunner:
     def __init__(self, model: ChatModel, registry: ToolRegistry, system_prompt: str = SYSTEM_PROMPT,
-                 max_steps: int = 3, max_new_tokens: int = 128, safeguards: bool = True):
+                 max_steps: int = 3, max_new_tokens: int = 128, safeguards: bool = True,
+                 answer_prompt: str = ANSWER_PROMPT):
         self.model = model
         self.registry = registry
         self.system_prompt = system_prompt
+        self.answer_prompt = answer_prompt
         self.max_steps = max_steps
         self.max_new_tokens = max_new_tokens
         self.safeguards = safeguards
@@ -105,7 +112,7 @@ class AgentRunner:
         start = time.perf_counter()
         limit = self.max_steps if max_steps is None else max_steps
         tokens = max_new_tokens or self.max_new_tokens
-        run = _Run(analyze_prompt(prompt), [{"role": "system", "content": self.system_prompt},
+        run = _Run(prompt, analyze_prompt(prompt), [{"role": "system", "content": self.system_prompt},
                                             {"role": "user", "content": prompt}])
         result = self._loop(run, limit, tokens, on_step)
         result.latency_ms = (time.perf_counter() - start) * 1000
@@ -116,9 +123,12 @@ class AgentRunner:
         return result
 
     def _loop(self, run: _Run, limit: int, tokens: int, on_step: StepCallback | None) -> AgentResult:
+        """Tools are offered until a step ends in something to answer from; then the model is
+        asked to answer with tools withheld (the 0.5B model otherwise keeps calling them)."""
         tools = self.registry.openai_schemas()
+        answering = False
         while True:
-            raw, model_ms = self._chat(run, tools, tokens)
+            raw, model_ms = self._chat(run, None if answering else tools, tokens)
             parsed = parse_tool_calls(raw, self.registry.names)
             if parsed.malformed:
                 step = AgentStep(len(run.trace) + 1, raw, None, None, None, None, error=parsed.error,
@@ -131,28 +141,62 @@ class AgentRunner:
                 return self._result(run, parsed.content, COMPLETED, ANSWER)
             fresh = [d for d in decisions if _key(d.call) not in run.seen]
             if not fresh:
-                return self._final_without_tools(run, tokens)
+                run.repeated = True
+                if answering:
+                    return self._result(run, fallback_answer(run.prompt, run.trace), COMPLETED, REPEATED)
+                answering = True
+                continue
             if len(run.trace) + len(fresh) > limit:
                 return self._result(run, parsed.content, MAX_STEPS, MAX_STEPS,
                                     f"the model asked for more than {limit} tool calls")
-            self._execute(run, raw, parsed, fresh, model_ms, on_step)
+            outcomes = self._execute(run, raw, parsed, fresh, model_ms, on_step)
+            answering = self._should_answer(run, outcomes)
 
     def _chat(self, run: _Run, tools: list[dict[str, Any]] | None, tokens: int) -> tuple[str, float]:
         t0 = time.perf_counter()
-        raw = self.model.chat(run.messages, tools, tokens)
+        messages = run.messages if tools else \
+            answer_messages(self.answer_prompt, run.prompt, run.trace)
+        raw = self.model.chat(messages, tools, tokens)
         run.outputs.append(raw)
         return raw, (time.perf_counter() - t0) * 1000
+
+    def _should_answer(self, run: _Run, outcomes: list[ToolResult]) -> bool:
+        """Answer next, unless the model can still fix its arguments, or the prompt holds
+        several expressions and fewer have been computed (then it may call again)."""
+        if any(o.error_kind == INVALID_ARGUMENTS for o in outcomes):
+            return False
+        computed = sum(1 for s in run.trace if s.tool_name == CALCULATOR and s.success)
+        return not (self.safeguards and 1 < len(run.facts.expressions) > computed)
 
     def _decide(self, run: _Run, parsed: ParsedOutput) -> list[Decision]:
         if not self.safeguards:
             return [Decision(c, c) for c in parsed.calls]
         if not parsed.calls:
-            forced = forced_call(run.facts) if not run.trace else None
+            forced = None if run.trace else self._forced(run)
             return [forced] if forced else []
-        return [guard_call(c, run.facts) for c in parsed.calls]
+        return [self._guard(run, c) for c in parsed.calls]
+
+    def _forced(self, run: _Run) -> Decision | None:
+        return forced_call(run.facts) or forced_retrieval(run.facts, run.prompt, self._notes_match(run))
+
+    def _guard(self, run: _Run, call: ToolCall) -> Decision:
+        decision = guard_call(call, run.facts)
+        if decision.call.name not in self.registry:  # an invented tool: route as if no call was made
+            forced = self._forced(run)
+            if forced:
+                return Decision(forced.call, call, [REROUTE if forced.call.name == CALCULATOR else REROUTE_RETRIEVAL])
+        if decision.call.name == RETRIEVE:
+            return guard_query(decision, run.prompt)
+        return decision
+
+    def _notes_match(self, run: _Run) -> bool:
+        if not run.facts.knowledge_question or RETRIEVE not in self.registry:
+            return False
+        probe = self.registry.execute(RETRIEVE, {"query": run.prompt})
+        return probe.success and bool(parse_notes(probe.content))
 
     def _execute(self, run: _Run, raw: str, parsed: ParsedOutput, decisions: list[Decision],
-                 model_ms: float, on_step: StepCallback | None) -> None:
+                 model_ms: float, on_step: StepCallback | None) -> list[ToolResult]:
         """Run each call, then append one assistant message and one tool message per call."""
         calls, results = [], []
         for i, decision in enumerate(decisions):
@@ -172,36 +216,15 @@ class AgentRunner:
         for j, (call, outcome) in enumerate(zip(calls, results)):
             run.messages.append({"role": "tool", "tool_call_id": f"call_{len(run.trace) - len(calls) + j + 1}",
                                  "name": call.name, "content": _tool_content(outcome)})
-
-    def _final_without_tools(self, run: _Run, tokens: int) -> AgentResult:
-        """The model repeated a call it already made: ask once more, tools withheld."""
-        run.messages.append({"role": "user", "content": NO_TOOLS_NUDGE})
-        raw, _ = self._chat(run, None, tokens)
-        parsed = parse_tool_calls(raw, self.registry.names)
-        text = parsed.content if not parsed.calls and not parsed.malformed and parsed.content else \
-            fallback_answer(run)
-        return self._result(run, text, COMPLETED, REPEATED)
+        return results
 
     def _result(self, run: _Run, text: str, status: str, reason: str, error: str | None = None) -> AgentResult:
         executed = sum(1 for s in run.trace if s.tool_name)
+        if reason == ANSWER and run.repeated:
+            reason = REPEATED
         return AgentResult(text=text, steps=executed, trace=run.trace, status=status, finish_reason=reason,
-                           error=error, model_calls=len(run.outputs), outputs=run.outputs)
-
-
-def fallback_answer(run: _Run) -> str:
-    """Answer from the last tool result when the model will not stop calling tools."""
-    zh = is_cjk(run.messages[1]["content"])
-    last = next((s for s in reversed(run.trace) if s.tool_name), None)
-    if last is None:
-        return ""
-    if not last.success:
-        return (f"工具调用失败：{last.error}" if zh else f"The tool failed: {last.error}")
-    if last.tool_name == "retrieve_note":
-        notes = json.loads(last.result).get("notes", [])
-        if not notes:
-            return "笔记中没有找到相关内容。" if zh else "No relevant notes were found."
-        return f"{notes[0]['title']}: {notes[0]['body']}"
-    return f"结果是 {last.result}。" if zh else f"The result is {last.result}."
+                           error=error, model_calls=len(run.outputs), outputs=run.outputs,
+                           messages=run.messages)
 
 
 def _make_step(index: int, raw: str, decision: Decision, outcome: ToolResult,

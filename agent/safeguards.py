@@ -9,7 +9,16 @@ arithmetic expression we know what must be computed, so:
 * ``reroute_to_calculator``: a call to another tool, with a clear computation intent in
   the prompt, becomes a calculator call on that expression;
 * ``forced_calculator``: a first answer without any tool call, for such a prompt, is
-  replaced by a calculator call (the model then answers from the result).
+  replaced by a calculator call (the model then answers from the result);
+* ``forced_retrieval``: a first answer without any tool call to a question (what / how /
+  explain / 什么 / 如何 ...) that the notes answer (the retriever finds a relevant note for
+  the prompt itself, with its usual relevance threshold), or to an explicit "search my
+  notes" request, is replaced by a note lookup: the model otherwise answers "what is RoPE"
+  from its own, often wrong, memory;
+* ``reroute_to_calculator`` / ``reroute_to_retrieval`` also apply when the model calls a
+  tool that does not exist, under the same conditions as the two forced calls;
+* ``query_from_prompt``: a ``retrieve_note`` query sharing no word with the prompt (copied
+  from an example) is replaced by the prompt.
 
 With several expressions in the prompt nothing is overridden: the model's arguments are
 kept. Every correction is recorded in the trace so evaluation can separate what the model
@@ -22,18 +31,28 @@ from dataclasses import dataclass, field
 
 from agent.parsing import ToolCall
 from tools.calculator import is_arithmetic, normalize_expression
+from tools.text import tokenize
 
 CALCULATOR = "calculator"
 PROMPT_EXPRESSION = "prompt_expression"
 REROUTE = "reroute_to_calculator"
 FORCED = "forced_calculator"
+FORCED_RETRIEVAL = "forced_retrieval"
+REROUTE_RETRIEVAL = "reroute_to_retrieval"
+QUERY_FROM_PROMPT = "query_from_prompt"
+RETRIEVE = "retrieve_note"
 
 _OPEN, _CLOSE = "(（", ")）"
 _CANDIDATE_RE = re.compile(r"[0-9.(（+\-−][0-9.\s+\-−*/%()×÷^（）]*[0-9)）]")
 _INTENT_RE = re.compile(
     r"计算|算一下|算算|算出|等于|多少|求值|得数|结果|乘以|除以|加上|减去|"
-    r"\b(calculate|compute|evaluate|calc|solve|what\s+is|what's|how\s+much|result|equals?)\b|=",
+    r"\b(calculate|compute|evaluate|calc|solve|what\s+is|what's|how\s+much|result|equals?|value)\b|=|的值",
     re.I)
+_QUESTION_RE = re.compile(
+    r"什么|如何|怎么|为什么|为何|解释|介绍|讲讲|作用|原理|区别|好处|意思|笔记|查|检索|搜索|"
+    r"\b(what|how|why|explain|describe|tell\s+me\s+about|search|look\s+up|notes?|difference)\b", re.I)
+_NOTES_RE = re.compile(r"笔记|知识库|\b(search|look\s+up|check)\b.*\bnotes?\b|\bnotes?\b.*\b(search|look\s+up)\b",
+                       re.I)
 
 
 @dataclass(frozen=True)
@@ -42,6 +61,8 @@ class PromptFacts:
 
     expressions: tuple[str, ...]
     computation_intent: bool
+    knowledge_question: bool = False
+    asks_for_notes: bool = False
 
     @property
     def single_expression(self) -> str | None:
@@ -59,7 +80,9 @@ class Decision:
 
 def analyze_prompt(prompt: str) -> PromptFacts:
     expressions = tuple(find_expressions(prompt))
-    return PromptFacts(expressions, bool(expressions) and _has_intent(prompt, expressions))
+    return PromptFacts(expressions, bool(expressions) and _has_intent(prompt, expressions),
+                       not expressions and bool(_QUESTION_RE.search(prompt)),
+                       not expressions and bool(_NOTES_RE.search(prompt)))
 
 
 def find_expressions(text: str) -> list[str]:
@@ -95,6 +118,26 @@ def forced_call(facts: PromptFacts) -> Decision | None:
     if facts.single_expression and facts.computation_intent:
         return Decision(ToolCall(CALCULATOR, {"expression": facts.single_expression}), None, [FORCED])
     return None
+
+
+def forced_retrieval(facts: PromptFacts, prompt: str, notes_match: bool) -> Decision | None:
+    """A ``retrieve_note`` call for a knowledge question the notes can answer (``notes_match``:
+    the retriever itself found a relevant note for the whole prompt), or for an explicit
+    request to search the notes (whose empty result the model must then report)."""
+    if facts.asks_for_notes or (facts.knowledge_question and notes_match):
+        return Decision(ToolCall(RETRIEVE, {"query": prompt}), None, [FORCED_RETRIEVAL])
+    return None
+
+
+def guard_query(decision: Decision, prompt: str) -> Decision:
+    """A note query sharing no word with the prompt was made up (the 0.5B model copies the
+    example query from the system prompt or the tool description): search the prompt instead."""
+    query = decision.call.arguments.get("query")
+    if not isinstance(query, str) or set(tokenize(query)) & set(tokenize(prompt)):
+        return decision
+    arguments = {**decision.call.arguments, "query": prompt}
+    return Decision(ToolCall(decision.call.name, arguments), decision.original,
+                    [*decision.applied, QUERY_FROM_PROMPT])
 
 
 def _has_intent(prompt: str, expressions: tuple[str, ...]) -> bool:

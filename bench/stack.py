@@ -45,14 +45,16 @@ class Process:
     log_path: Path
 
     def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM to the main process only (as a service manager does), SIGKILL on timeout."""
         if self.popen.poll() is None:
-            os.killpg(self.popen.pid, signal.SIGTERM)
+            self.popen.send_signal(signal.SIGTERM)
             try:
                 self.popen.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 self.kill()
 
     def kill(self) -> None:
+        """SIGKILL to the whole process group (main process and pool children)."""
         if self.popen.poll() is None:
             os.killpg(self.popen.pid, signal.SIGKILL)
             self.popen.wait(10)
@@ -108,6 +110,9 @@ class Stack:
         argv = [sys.executable, "-m", "celery", "-A", "worker", "worker", "-P", pool, "-c", str(concurrency),
                 "-Q", queues, "-E", "-n", f"{name}@%h", "--loglevel", "INFO", "--without-mingle",
                 "--without-gossip"]
+        # Celery lets the app's worker_pool setting override an explicit "-P prefork" (the CLI
+        # cannot tell it from its default), so the pool is also passed as our setting.
+        env = {"MINISERVE_WORKER_POOL": pool, "MINISERVE_WORKER_CONCURRENCY": str(concurrency), **env}
         return spawn(f"worker-{name}", argv, self.env(**env), self.log_dir)
 
     def start_web(self, port: int | None = None, **env: str) -> tuple[Process, str]:

@@ -238,7 +238,13 @@ class JobStore:
         ))
 
     def renew_lease(self, job_id: str, lease_s: int) -> None:
-        self.client.zadd(keys.LEASES, {job_id: time.time() + lease_s}, xx=True)
+        """Push the lease deadline on; the job's record and stream keep their TTL from now,
+        so a job that runs longer than ``ttl_s`` never expires under its worker."""
+        if self.client.zadd(keys.LEASES, {job_id: time.time() + lease_s}, xx=True, ch=True):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.expire(keys.job_key(job_id), self.ttl_s)
+            pipe.expire(keys.events_key(job_id), self.ttl_s)
+            pipe.execute()
 
     def drop_lease(self, job_id: str) -> None:
         self.client.zrem(keys.LEASES, job_id)
@@ -253,6 +259,27 @@ class JobStore:
             keys=self._job_keys(job_id) + [keys.LEASES],
             args=[job_id, attempt, repr(time.time()), self.ttl_s],
         ))
+
+    def trim_index(self, batch: int = 500, max_batches: int = 20) -> int:
+        """Drop the oldest ids of ``jobs:index`` whose record has expired; returns how many.
+
+        Records expire on their own (TTL) but the index is a sorted set: without this, every
+        job ever created would stay in it. Works from the oldest end and stops at the first
+        batch that still holds a live job."""
+        removed = 0
+        for _ in range(max_batches):
+            ids = self.client.zrange(keys.JOBS_INDEX, 0, batch - 1)
+            if not ids:
+                break
+            pipe = self.client.pipeline(transaction=False)
+            for job_id in ids:
+                pipe.exists(keys.job_key(job_id))
+            gone = [job_id for job_id, alive in zip(ids, pipe.execute()) if not alive]
+            if gone:
+                removed += self.client.zrem(keys.JOBS_INDEX, *gone)
+            if len(gone) < len(ids):
+                break
+        return removed
 
     # ---- cancellation -------------------------------------------------------------------
     def request_cancel(self, job_id: str) -> JobRecord:

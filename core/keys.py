@@ -48,3 +48,8 @@ def worker_key(name: str) -> str:
 def queue_key(queue: str) -> str:
     """The Redis list kombu uses for a Celery queue (no priorities configured)."""
     return queue
+
+
+# Metrics (web/metrics.py): totals folded in from finished jobs at scrape time.
+METRICS_TOTALS = "metrics:totals"  # hash: "<family>|<labels...>" -> count or sum
+METRICS_COUNTED_FIELD = "metrics_counted"  # field set on a job's hash once it is in the totals

@@ -40,8 +40,11 @@ def _extra_fields(record: logging.LogRecord) -> dict:
 
 
 def configure_logging(level: str = "INFO", json_logs: bool = True) -> None:
-    """Route every logger to stderr in the chosen format (idempotent)."""
-    handler = logging.StreamHandler(sys.stderr)
+    """Route every logger to stderr in the chosen format (idempotent).
+
+    The real stderr (``sys.__stderr__``): a Celery worker replaces ``sys.stderr`` with a
+    proxy that logs what is written to it, so a handler on the proxy swallowed every event."""
+    handler = logging.StreamHandler(sys.__stderr__ or sys.stderr)
     handler.setFormatter(JsonFormatter() if json_logs else PlainFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -54,6 +54,7 @@ if attempt > max_attempts then
   return {-1, seq}
 end
 redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[2], 'started_at', ts)
+redis.call('EXPIRE', KEYS[1], ARGV[5])  -- a queue wait must not eat the running job's TTL
 redis.call('ZADD', KEYS[4], ARGV[4], ARGV[1])
 local data = cjson.encode({state = 'running', worker = ARGV[2], restart = attempt > 1})
 local body = '"type": "state", "attempt": ' .. attempt .. ', "ts": ' .. ts .. ', "data": ' .. data .. '}'
@@ -89,10 +90,19 @@ if state ~= 'running' or redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[2] then
   return 0
 end
 redis.call('HSET', KEYS[1], 'state', 'queued')
+redis.call('EXPIRE', KEYS[1], ARGV[4])
 local dispatch = redis.call('HINCRBY', KEYS[1], 'dispatch', 1)
 redis.call('ZREM', KEYS[4], ARGV[1])
 local data = '{"state": "queued", "reason": "lease_expired"}'
 local body = '"type": "state", "attempt": ' .. ARGV[2] .. ', "ts": ' .. ARGV[3] .. ', "data": ' .. data .. '}'
 append(KEYS[1], KEYS[2], KEYS[3], 'state', ARGV[2], ARGV[3], data, body, ARGV[4])
 return dispatch
+"""
+
+# KEYS: job. ARGV: field. Marks a finished job as counted in the metrics totals; returns 1
+# for exactly one caller (0 when already counted, or when the job hash expired meanwhile,
+# so no orphan hash without a TTL is created).
+CLAIM_FOR_METRICS = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+return redis.call('HSETNX', KEYS[1], ARGV[1], '1')
 """

@@ -38,7 +38,7 @@ class Settings(BaseSettings):
     # Web server.
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
-    web_threads: PositiveInt = 32
+    web_threads: PositiveInt = 64
     api_keys: Annotated[list[str], NoDecode] = []
     rate_limit_per_minute: int = Field(default=0, ge=0)  # 0 = unlimited
     max_queue_depth: int = Field(default=1000, ge=0)  # 0 = unbounded
@@ -54,6 +54,8 @@ class Settings(BaseSettings):
 
     # Generation limits.
     default_max_new_tokens: PositiveInt = 128
+    # /v1/chat/completions runs with this method unless the body names one (generation_method).
+    chat_generation_method: Literal[GENERATION_METHODS] = "official"  # type: ignore[valid-type]
     max_new_tokens_cap: PositiveInt = 2048
     max_prompt_chars: PositiveInt = 100_000
 
@@ -62,11 +64,14 @@ class Settings(BaseSettings):
     prefix_cache_max_tokens: PositiveInt = 16_384
     kv_block_size: PositiveInt = 16
     kv_num_blocks: PositiveInt = 1024
+    kv_memory_mb: int = Field(default=0, ge=0)  # >0: size the paged pool from this budget
     max_batch: PositiveInt = 8
     max_batched_tokens: PositiveInt = 512
 
     # Queue and reliability.
-    worker_concurrency: PositiveInt = 1
+    # One worker process, several jobs at once: a threads pool feeding the paged scheduler.
+    worker_pool: Literal["threads", "prefork", "solo"] = "threads"
+    worker_concurrency: PositiveInt = 8
     soft_time_limit_s: PositiveInt = 600
     hard_time_limit_s: PositiveInt = 660
     lease_s: PositiveInt = 120
@@ -78,7 +83,7 @@ class Settings(BaseSettings):
     def _upper_level(cls, value: object) -> object:
         return value.upper() if isinstance(value, str) else value
 
-    @field_validator("device", "dtype", "quant", mode="before")
+    @field_validator("device", "dtype", "quant", "worker_pool", mode="before")
     @classmethod
     def _lower_choice(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value

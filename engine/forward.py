@@ -94,18 +94,18 @@ class Qwen2Forward:
         positions = cache.begin(n)
         cos, sin = self.rotary.lookup(positions, n)
         x = F.embedding(input_ids, w.embed)
-        q_end, k_end = cfg.q_size, cfg.q_size + cfg.kv_size
+        k_end = cfg.q_size + cfg.kv_size
         for index, layer in enumerate(w.layers):
             h = rms_norm(x, layer.input_norm, cfg.rms_eps)
             qkv = layer.qkv(h)
-            q = qkv[:, :q_end].view(n, cfg.num_heads, cfg.head_dim)
-            k = qkv[:, q_end:k_end].view(n, cfg.num_kv_heads, cfg.head_dim)
+            # q and k sit side by side in qkv: rotate both heads-sets in one pass
+            qk = apply_rotary(qkv[:, :k_end].view(n, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim), cos, sin)
+            q, k = qk[:, :cfg.num_heads], qk[:, cfg.num_heads:]
             v = qkv[:, k_end:].view(n, cfg.num_kv_heads, cfg.head_dim)
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-            x = x + layer.o(cache.attend(index, q, k, v))
+            x.add_(layer.o(cache.attend(index, q, k, v)))  # residual, in place: x is ours
             h = rms_norm(x, layer.post_norm, cfg.rms_eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+            x.add_(layer.down(F.silu(gate).mul_(up)))
         cache.commit(n)
         return x
 

@@ -8,8 +8,9 @@ values live:
 - ``custom_cache``: prefill the prompt once into a :class:`ContiguousKVCache`, then one
   token per step.
 - ``prefix_cache``: the prompt's system block (see :mod:`engine.prompt`) is looked up in the
-  engine's :class:`PrefixCache`; a miss computes and stores it, a hit copies it in; the rest
-  of the prompt is prefilled in one batch, then decoding as ``custom_cache``.
+  engine's :class:`PrefixCache`; a miss prefills the whole prompt and stores the prefix's
+  KV, a hit copies it in and prefills only the rest in one batch; then decoding as
+  ``custom_cache``.
 """
 from __future__ import annotations
 
@@ -78,48 +79,56 @@ def _new_cache(forward: Qwen2Forward, prompt: Prompt, request: GenerationRequest
     return ContiguousKVCache(forward.config, capacity, forward.weights.dtype, forward.weights.device)
 
 
-def run_custom_cache(engine: Any, prompt: Prompt, run: GenerationRun, request: GenerationRequest,
-                     penalty: float) -> int:
+def _run_cached(engine: Any, prompt: Prompt, run: GenerationRun, request: GenerationRequest, penalty: float,
+                prefill: Callable[[Qwen2Forward, Prompt, ContiguousKVCache], tuple[torch.Tensor, int]]) -> int:
+    """Prefill into a fresh contiguous cache with ``prefill``, then decode; returns cached tokens."""
     forward = forward_for(engine)
     sampler = _sampler(forward, request, penalty, prompt)
     with torch.inference_mode():
         if run.cancelled():
             return 0
         cache = _new_cache(forward, prompt, request)
-        ids = torch.tensor(prompt.ids, dtype=torch.long, device=forward.weights.device)
-        decode_loop(forward, cache, forward(ids, cache), sampler, run)
-    return 0
+        logits, cached = prefill(forward, prompt, cache)
+        decode_loop(forward, cache, logits, sampler, run)
+    return cached
+
+
+def prefill_all(forward: Qwen2Forward, prompt: Prompt, cache: ContiguousKVCache) -> tuple[torch.Tensor, int]:
+    """The whole prompt in one pass; (last-position logits, 0 cached tokens)."""
+    return forward(torch.tensor(prompt.ids, dtype=torch.long, device=forward.weights.device), cache), 0
+
+
+def run_custom_cache(engine: Any, prompt: Prompt, run: GenerationRun, request: GenerationRequest,
+                     penalty: float) -> int:
+    return _run_cached(engine, prompt, run, request, penalty, prefill_all)
 
 
 def prefill_with_prefix(forward: Qwen2Forward, store: PrefixCache, prompt: Prompt,
                         cache: ContiguousKVCache) -> tuple[torch.Tensor, int]:
-    """Fill ``cache`` with the prompt, reusing/storing its system block; (last logits, cached tokens)."""
+    """Fill ``cache`` with the prompt, reusing or storing its system block.
+
+    Miss: the whole prompt in one pass (exactly what ``custom_cache`` does), then a compact copy
+    of the prefix positions goes into the store. Hit: the stored prefix is copied in and only
+    the rest of the prompt is computed. Returns (last-position logits, cached tokens).
+    """
     device = forward.weights.device
     prefix = prompt.prefix_ids
-    cached = 0
-    if prefix:
-        entry = store.get(prefix)
-        if entry is not None:
-            cache.load(entry.keys, entry.values)
-            cached = entry.tokens
-        else:
-            forward.hidden(torch.tensor(prefix, dtype=torch.long, device=device), cache)
+    entry = store.get(prefix) if prefix else None
+    if entry is None:
+        logits, _ = prefill_all(forward, prompt, cache)
+        if prefix:
             store.put(prefix, *cache.snapshot(len(prefix)))
+        return logits, 0
+    cache.load(entry.keys, entry.values)
     rest = torch.tensor(prompt.ids[len(prefix):], dtype=torch.long, device=device)
-    return forward(rest, cache), cached
+    return forward(rest, cache), entry.tokens
 
 
 def run_prefix_cache(engine: Any, prompt: Prompt, run: GenerationRun, request: GenerationRequest,
                      penalty: float) -> int:
-    forward = forward_for(engine)
-    sampler = _sampler(forward, request, penalty, prompt)
-    with torch.inference_mode():
-        if run.cancelled():
-            return 0
-        cache = _new_cache(forward, prompt, request)
-        logits, cached = prefill_with_prefix(forward, prefix_store(engine), prompt, cache)
-        decode_loop(forward, cache, logits, sampler, run)
-    return cached
+    store = prefix_store(engine)
+    return _run_cached(engine, prompt, run, request, penalty,
+                       lambda forward, prompt_, cache: prefill_with_prefix(forward, store, prompt_, cache))
 
 
 def handwritten_methods() -> dict[str, Callable[..., int]]:

@@ -8,7 +8,7 @@
   ``no_cache`` method uses it to recompute the whole sequence for every token.
 
 :func:`grouped_attention` is the attention both use (and the paged cache can reuse): query
-heads that share a kv head are folded together, so keys and values are never repeated.
+heads that share a kv head read it directly (SDPA ``enable_gqa``), so keys and values are never repeated.
 """
 from __future__ import annotations
 
@@ -20,25 +20,23 @@ from engine.weights import ForwardConfig
 
 def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
     """Attention of ``q [n, heads, d]`` at positions ``start..start+n-1`` over ``keys/values
-    [kv_heads, start+n, d]`` (causal). Returns ``[n, heads * d]``."""
+    [kv_heads, start+n, d]`` (causal). Returns ``[n, heads * d]``.
+
+    SDPA's ``enable_gqa`` shares each kv head with its query group without repeating keys,
+    and is the exact call transformers makes (same kernel, same rounding), so greedy tokens
+    match ``generate`` bit for bit. (Folding the query group into the sequence axis is as
+    fast here but rounds differently in bf16.)
+    """
     n, heads, dim = q.shape
-    kv_heads = keys.shape[0]
-    if n == 1:  # decode: fold the query group into the "sequence" axis, no mask needed
-        group = heads // kv_heads
-        out = F.scaled_dot_product_attention(q.view(kv_heads, group, dim).unsqueeze(0),
-                                             keys.unsqueeze(0), values.unsqueeze(0))
-        return out.reshape(1, heads * dim)
     qh = q.transpose(0, 1).unsqueeze(0)  # [1, heads, n, d]
     total = keys.shape[1]
-    if start == 0 and total == n:
-        out = F.scaled_dot_product_attention(qh, keys.unsqueeze(0), values.unsqueeze(0),
-                                             is_causal=True, enable_gqa=True)
-    else:
+    mask = None
+    if n > 1 and not (start == 0 and total == n):
         key_pos = torch.arange(total, device=q.device)
         query_pos = torch.arange(start, start + n, device=q.device)
         mask = key_pos[None, :] <= query_pos[:, None]
-        out = F.scaled_dot_product_attention(qh, keys.unsqueeze(0), values.unsqueeze(0),
-                                             attn_mask=mask, enable_gqa=True)
+    out = F.scaled_dot_product_attention(qh, keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask,
+                                         is_causal=n > 1 and mask is None, enable_gqa=True)
     return out[0].transpose(0, 1).reshape(n, heads * dim)
 
 

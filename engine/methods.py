@@ -20,7 +20,14 @@ def run_official(engine: Any, prompt: Prompt, run: GenerationRun, request: Gener
     return 0
 
 
+def run_paged(engine: Any, prompt: Prompt, run: GenerationRun, request: GenerationRequest,
+              penalty: float) -> int:
+    from engine.batching.service import run_paged as paged
+
+    return paged(engine, prompt, run, request, penalty)
+
+
 def builtin_methods() -> dict[str, Any]:
     from engine.handwritten import handwritten_methods
 
-    return {"official": run_official, **handwritten_methods()}
+    return {"official": run_official, **handwritten_methods(), "paged": run_paged}

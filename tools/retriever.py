@@ -8,6 +8,7 @@ query). An off-topic question therefore gets no notes instead of noise.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -103,8 +104,22 @@ class NoteRetriever:
         return found / total if total else 0.0
 
 
+def parse_notes(content: str) -> list[dict[str, Any]]:
+    """The notes in a ``retrieve_note`` result (empty when there are none or it is no result)."""
+    try:
+        return list(json.loads(content).get("notes", []))
+    except (ValueError, AttributeError):
+        return []
+
+
+@functools.lru_cache(maxsize=1)
+def default_retriever() -> NoteRetriever:
+    """The shipped notes, indexed once per process (read-only afterwards, so shareable)."""
+    return NoteRetriever(load_notes())
+
+
 def retrieve_note_tool(retriever: NoteRetriever | None = None) -> Tool:
-    retriever = retriever or NoteRetriever(load_notes())
+    retriever = retriever or default_retriever()
 
     def run(arguments: dict) -> str:
         query = arguments["query"]

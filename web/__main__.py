@@ -39,7 +39,22 @@ def gunicorn_options(settings: Settings) -> dict[str, Any]:
         "accesslog": None,  # web.request_log writes one JSON event per request instead
         "errorlog": "-",
         "loglevel": settings.log_level.lower(),
+        "logconfig_dict": gunicorn_log_config(settings),
     }
+
+
+def gunicorn_log_config(settings: Settings) -> dict[str, Any]:
+    """With JSON logs on, gunicorn's own messages (start, workers booting, signals) are JSON
+    events too, so the whole web log is one JSON object per line; ``{}`` keeps its text format."""
+    if not settings.json_logs:
+        return {}
+    handler = {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}
+    logger = {"level": settings.log_level, "handlers": ["json"], "propagate": False}
+    return {"version": 1, "disable_existing_loggers": False,
+            "formatters": {"json": {"()": "core.logs.JsonFormatter"}},
+            "handlers": {"json": handler},
+            "root": {"level": settings.log_level, "handlers": ["json"]},
+            "loggers": {"gunicorn.error": logger, "gunicorn.access": dict(logger)}}
 
 
 def main() -> None:

@@ -22,16 +22,17 @@ from web.celery_client import make_celery_client
 from web.context import EXTENSION_KEY, WebContext
 from web.errors import install_error_handlers, validation_error_response
 from web.guards import install_guards
+from web.openapi_doc import MiniServeOpenAPI
 from web.prompt_budget import PromptBudget
 from web.request_log import install_request_log
 from web.schemas import ErrorResponse
 
 API_VERSION = "0.1.0"
-API_MODULES = ("web.routes_jobs", "web.routes_compat", "web.routes_system")
+API_MODULES = ("web.routes_jobs", "web.routes_compat", "web.routes_bench", "web.routes_system")
 # Modules exposing ``register(app: OpenAPI) -> None`` (``app.register_api(api)`` for an
 # APIBlueprint, ``app.register_blueprint(bp)`` for a plain one). Add yours here, e.g.
 # "web.openai_api", "web.monitor", "web.metrics".
-EXTENSION_MODULES: tuple[str, ...] = ()
+EXTENSION_MODULES: tuple[str, ...] = ("web.openai", "web.metrics", "web.monitor")
 
 
 def make_store(settings: Settings) -> JobStore:
@@ -47,8 +48,9 @@ def make_store(settings: Settings) -> JobStore:
 def create_app(settings: Settings | None = None, store: JobStore | None = None,
                celery_client: Any = None) -> OpenAPI:
     settings = settings or get_settings()
-    app = OpenAPI(
+    app = MiniServeOpenAPI(
         __name__,
+        settings=settings,
         info=Info(title="MiniServe", version=API_VERSION,
                   description="LLM inference jobs on a Redis queue, run by Celery workers."),
         doc_prefix="",

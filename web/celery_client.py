@@ -11,7 +11,10 @@ PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 
 
 
 def make_celery_client(settings: Settings) -> Celery:
-    client = Celery("miniserve-web", broker=settings.redis_url, backend=settings.redis_url)
+    """No result backend on purpose: job results live in the job store (``core.jobs``), and a
+    Redis result backend would subscribe to each task's result channel on ``send_task`` --
+    with Redis down that retried for ~20 s and then raised a non-broker error."""
+    client = Celery("miniserve-web", broker=settings.redis_url, backend=None)
     client.conf.update(
         broker_transport_options={"visibility_timeout": settings.visibility_timeout_s},
         broker_connection_timeout=2,

@@ -21,6 +21,14 @@ from core.logs import log_event
 logger = logging.getLogger("miniserve.web")
 REDIS_RETRY_AFTER_S = 5
 _FIELD_IN_MESSAGE = re.compile(r"^(?:Value error, )?([a-z_]+): (.*)$", re.S)
+# Pydantic puts the union member it tried into the location ("stop.list[constrained-str]");
+# clients want the field, so those tags are dropped.
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "constrained-str",
+                         "constrained-int", "constrained-float"})
+
+
+def _is_union_tag(part: str) -> bool:
+    return part in _UNION_TAGS or "[" in part
 
 
 class ApiError(Exception):
@@ -57,14 +65,16 @@ def validation_details(exc: ValidationError) -> list[dict[str, str]]:
     as ``"field: message"`` (see :mod:`web.schemas`)."""
     details = []
     for error in exc.errors(include_url=False):
-        loc = [str(part) for part in error.get("loc", ())]
+        loc = [str(part) for part in error.get("loc", ()) if not _is_union_tag(str(part))]
         message = str(error.get("msg", "invalid"))
         match = _FIELD_IN_MESSAGE.match(message)
         if not loc and match:
             loc, message = [match.group(1)], match.group(2)
         if error.get("type") == "extra_forbidden":
             message = "unknown field"
-        details.append({"field": ".".join(loc) or "body", "message": message})
+        detail = {"field": ".".join(loc) or "body", "message": message}
+        if detail not in details:
+            details.append(detail)
     return details
 
 

@@ -13,7 +13,7 @@ import json
 import math
 import time
 
-from flask import Flask, g, request
+from flask import Flask, current_app, g, request
 
 from core import keys
 from web.context import ctx
@@ -21,6 +21,7 @@ from web.errors import ApiError
 
 PUBLIC_PATHS = frozenset({"/", "/healthz", "/docs", "/openapi.json"})
 PUBLIC_PREFIXES = ("/swagger/", "/swagger", "/static/")
+EXTRA_PUBLIC_CONFIG = "MINISERVE_PUBLIC_PREFIXES"
 JSON_TYPES = ("application/json",)
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
@@ -31,7 +32,13 @@ def owner_id(api_key: str) -> str:
 
 
 def is_public(path: str) -> bool:
-    return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
+    extra = tuple(current_app.config.get(EXTRA_PUBLIC_CONFIG, ()))
+    return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES + extra)
+
+
+def add_public_prefix(app: Flask, prefix: str) -> None:
+    """Let an extension serve pages without an API key (e.g. static assets of a monitor page)."""
+    app.config[EXTRA_PUBLIC_CONFIG] = (*app.config.get(EXTRA_PUBLIC_CONFIG, ()), prefix)
 
 
 def _authenticate() -> None:

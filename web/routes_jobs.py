@@ -21,6 +21,7 @@ from web.schemas import (
     JobPath,
     JobSubmit,
     JobView,
+    SSE_EVENT_SCHEMA,
     SubmitHeaders,
 )
 from web.sse import resume_point, sse_response, stream_events
@@ -32,7 +33,7 @@ api = APIBlueprint("jobs", __name__, abp_tags=[Tag(name="jobs", description="the
 GUARD_ERRORS: dict[int, Any] = {401: ErrorResponse, 429: ErrorResponse, 503: ErrorResponse}
 BODY_ERRORS: dict[int, Any] = {400: ErrorResponse, 413: ErrorResponse, 415: ErrorResponse, 422: ErrorResponse}
 SSE_RESPONSE = {"description": "Server-Sent Events: `id: <seq>`, `event: <type>`, `data: <event JSON>`",
-                "content": {"text/event-stream": {"schema": {"type": "string"}}}}
+                "content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}}}
 
 
 def job_links(job_id: str) -> dict[str, str]:
@@ -73,7 +74,7 @@ def accepted(job: JobRecord, replayed: bool = False):
 
 
 @api.post("/jobs", summary="Submit a generation or agent job",
-          responses={202: JobAccepted, **BODY_ERRORS, **GUARD_ERRORS})
+          responses={202: JobAccepted, 409: ErrorResponse, **BODY_ERRORS, **GUARD_ERRORS})
 def create_job(body: JobSubmit, header: SubmitHeaders):
     """Validates, checks limits, stores the job and sends its task by name; 202 at once."""
     outcome = submit(from_job_body(body), header.idempotency_key)
@@ -102,9 +103,18 @@ def cancel_job(path: JobPath):
     was_queued = job.state == QUEUED
     job = ctx().store.request_cancel(job.id)
     if was_queued:
-        ctx().celery.control.revoke(job.id)
+        _revoke(job.id)
     log_event(logger, "job_cancel_requested", job_id=job.id, was_queued=was_queued, state=job.state)
     return jsonify(job_view(job))
+
+
+def _revoke(job_id: str) -> None:
+    """Best effort: the job already ended ``cancelled`` in the store, so a worker that still
+    receives the task skips it; revoking only saves it the trip."""
+    try:
+        ctx().celery.control.revoke(job_id)
+    except Exception as exc:  # broker hiccup: nothing is lost
+        log_event(logger, "revoke_failed", level=logging.WARNING, job_id=job_id, exc_type=type(exc).__name__)
 
 
 @api.get("/jobs/<job_id>/events", summary="The job's events as Server-Sent Events (replay, then live)",

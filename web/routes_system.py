@@ -14,7 +14,7 @@ api = APIBlueprint("system", __name__, abp_tags=[Tag(name="system", description=
 
 
 @api.get("/healthz", summary="Redis reachable and workers seen (no key needed)",
-         responses={200: HealthResponse, 503: HealthResponse}, security=[])
+         responses={200: HealthResponse, 503: HealthResponse}, openapi_extensions={"security": []})
 def healthz():
     """200 while Redis answers (``status`` says whether any worker sent a heartbeat
     recently); 503 when Redis does not."""

@@ -6,9 +6,9 @@ in :mod:`web.submit`, after the schema, because the schema is fixed at import ti
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from core.events import ALL_STATES
 from core.jobs import JOB_TYPES
@@ -21,10 +21,29 @@ SubmitType = Literal["generate", "agent"]
 Role = Literal["system", "user", "assistant", "tool"]
 MAX_STOP_STRINGS = 8
 MAX_AGENT_STEPS = 20
+StopString = Annotated[str, Field(min_length=1)]
+
+
+def _integral_float_to_int(value: Any) -> Any:
+    """JSON Schema counts 2.0 as an integer; strict pydantic would not."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def json_int(**constraints: Any) -> Any:
+    """An int (constraints first, so they reach the JSON Schema) that also takes 2.0."""
+    return Annotated[int, Field(**constraints), BeforeValidator(_integral_float_to_int)]
+# One Server-Sent Event as OpenAPI 3.1 describes a text/event-stream item: `data` is the
+# event's JSON ({"seq", "type", "attempt", "ts", "data"}); `id` is its seq; `event` its type.
+SSE_EVENT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"id": {"type": "string", "pattern": "^[0-9]+$"}, "event": {"type": "string"},
+                   "data": {"type": "string", "contentMediaType": "application/json"}},
+    "required": ["id", "event", "data"],
+}
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # no silent coercion: "1" is not 1
 
 
 # ---- request bodies -------------------------------------------------------------------------
@@ -36,22 +55,17 @@ class Message(Strict):
 class SamplingFields(Strict):
     """Sampling knobs shared by every generation body (``None`` = the service default)."""
 
-    max_new_tokens: int | None = Field(default=None, ge=1, description="capped by MINISERVE_MAX_NEW_TOKENS_CAP")
+    max_new_tokens: json_int(ge=1) | None = Field(
+        default=None, description="capped by MINISERVE_MAX_NEW_TOKENS_CAP")
     temperature: float = Field(default=0.0, ge=0.0, le=2.0, description="0 = greedy")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0, le=1000, description="0 = off")
-    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0,
-                                             description="null = the model's default")
-    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
-    stop: str | list[str] | None = Field(default=None, description=f"up to {MAX_STOP_STRINGS} stop strings")
+    top_k: json_int(ge=0, le=1000) = Field(default=0, description="0 = off")
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = Field(
+        default=None, description="null = the model's default")
+    seed: json_int(ge=0, le=2**63 - 1) | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = Field(
+        default=None, description=f"a stop string or up to {MAX_STOP_STRINGS} of them")
     generation_method: GenerationMethod = "official"
-
-    @model_validator(mode="after")
-    def _check_stop(self) -> "SamplingFields":
-        stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
-        if len(stops) > MAX_STOP_STRINGS or any(not s for s in stops):
-            raise ValueError(f"stop: at most {MAX_STOP_STRINGS} non-empty strings")
-        return self
 
 
 class JobSubmit(SamplingFields):
@@ -62,7 +76,8 @@ class JobSubmit(SamplingFields):
     messages: list[Message] | None = Field(default=None, min_length=1, max_length=256)
     prefix: str | None = Field(default=None, description="system prefix that prefix_cache keys on")
     system: str | None = Field(default=None, description="system message (not with prefix)")
-    max_steps: int | None = Field(default=None, ge=1, le=MAX_AGENT_STEPS, description="agent jobs only")
+    max_steps: json_int(ge=1, le=MAX_AGENT_STEPS) | None = Field(
+        default=None, description="agent jobs only")
 
     @model_validator(mode="after")
     def _one_input(self) -> "JobSubmit":
@@ -89,8 +104,8 @@ class AgentBody(Strict):
     """``POST /agent/run``, as in the original MiniServe."""
 
     prompt: str = Field(min_length=1)
-    max_steps: int = Field(default=3, ge=1, le=MAX_AGENT_STEPS)
-    max_new_tokens: int | None = Field(default=None, ge=1)
+    max_steps: json_int(ge=1, le=MAX_AGENT_STEPS) = 3
+    max_new_tokens: json_int(ge=1) | None = None
 
 
 # ---- path, query and header parameters ------------------------------------------------------
@@ -99,6 +114,8 @@ class JobPath(BaseModel):
 
 
 class JobListQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # an unknown query parameter is a 422, as the document says
+
     state: JobState | None = None
     type: JobType | None = None
     limit: int = Field(default=50, ge=1, le=500)
@@ -173,7 +190,7 @@ class JobList(BaseModel):
 class GenerateResponse(BaseModel):
     model_config = ConfigDict(openapi_extra={
         "description": "the finished generation; with stream=true, Server-Sent Events of the job",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        "content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}},
     })
     text: str
     generation_method: str

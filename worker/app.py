@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from celery import Celery
-from kombu import Queue
+from kombu import Exchange, Queue
 
 from core import keys
 from core.settings import Settings, get_settings
@@ -15,22 +15,30 @@ def celery_config(settings: Settings) -> dict:
         "broker_url": settings.redis_url,
         "result_backend": settings.redis_url,
         "broker_connection_retry_on_startup": True,
+        # A lost broker (Redis restart) is retried forever, every 2..30 s: Celery's default
+        # gives up after 100 tries and the worker would exit during a long outage.
+        "broker_connection_retry": True,
+        "broker_connection_max_retries": None,
         "broker_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
         "result_backend_transport_options": {"retry_policy": {"timeout": 5.0}},
         "result_expires": settings.job_ttl_s,
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
-        "task_soft_time_limit": settings.soft_time_limit_s,
+        "worker_pool": settings.worker_pool,
+        "worker_concurrency": settings.worker_concurrency,
+        # The job runner's own deadline (polled between tokens) ends a job at the soft limit
+        # with its partial result; Celery's soft limit is only a backstop for a stuck step.
+        "task_soft_time_limit": (settings.soft_time_limit_s + settings.hard_time_limit_s) / 2,
         "task_time_limit": settings.hard_time_limit_s,
-        "task_queues": [Queue(name) for name in keys.QUEUES],
+        "task_queues": [Queue(name, Exchange(name, type="direct"), routing_key=name) for name in keys.QUEUES],
         "task_default_queue": "generation",
         "worker_send_task_events": True,
         "task_send_sent_event": True,
         "task_track_started": True,
         "worker_hijack_root_logger": False,
         "worker_cancel_long_running_tasks_on_connection_loss": False,
-        "imports": ("worker.tasks", "worker.signals"),
+        "imports": ("worker.tasks", "worker.bench_tasks", "worker.agent_eval_tasks", "worker.signals"),
     }
 
 

@@ -28,6 +28,15 @@ class BadJobRequest(ValueError):
     """The stored request cannot be run (the web validates, so this means a protocol bug)."""
 
 
+class JobFailed(Exception):
+    """A job body's own verdict that the job failed, with the error payload to store
+    (e.g. an agent run that hit its step limit, with its trace)."""
+
+    def __init__(self, code: str, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.payload = {"code": code, "message": message, **extra}
+
+
 @dataclass
 class JobContext:
     """What a job body gets: its record, and the callbacks the engine needs."""
@@ -123,11 +132,19 @@ def _outcome(ctx: JobContext, body: JobBody) -> tuple[str, dict[str, Any]]:
         return TIMEOUT, {"code": "timeout", "message": "the job exceeded its soft time limit"}
     except BadJobRequest as exc:
         return FAILED, {"code": "bad_request", "message": str(exc)}
+    except JobFailed as exc:
+        return FAILED, exc.payload
     except Exception as exc:  # noqa: BLE001 - every failure must end the job, never leave it running
+        if ctx.stopped_reason in ("cancelled", "timeout"):  # the body gave up because we asked it to
+            return _stopped(ctx, None)
         log_event(logger, "job_error", level=logging.ERROR, job_id=ctx.job_id, error=type(exc).__name__)
         return FAILED, {"code": "internal_error", "message": f"{type(exc).__name__} while running the job"}
-    if ctx.stopped_reason == "timeout":
-        return TIMEOUT, {"code": "timeout", "message": "the job exceeded its time limit", "partial": result}
-    if ctx.stopped_reason == "cancelled":
-        return CANCELLED, {"code": "cancelled", "message": "cancelled by request", "partial": result}
+    if ctx.stopped_reason in ("cancelled", "timeout"):
+        return _stopped(ctx, result)
     return SUCCEEDED, result
+
+
+def _stopped(ctx: JobContext, partial: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
+    if ctx.stopped_reason == "timeout":
+        return TIMEOUT, {"code": "timeout", "message": "the job exceeded its time limit", "partial": partial}
+    return CANCELLED, {"code": "cancelled", "message": "cancelled by request", "partial": partial}

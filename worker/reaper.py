@@ -4,7 +4,8 @@ A pool child killed mid-job is handled by Celery itself (``task_reject_on_worker
 re-delivers the message at once). When the whole worker is lost nobody re-delivers the
 message until the broker's visibility timeout (an hour-scale wait): the lease is what
 notices it within ``MINISERVE_LEASE_S``. Every worker's main process runs this loop; the
-requeue is atomic, so two reapers never re-send the same job twice.
+requeue is atomic, so two reapers never re-send the same job twice. The same loop trims
+expired ids from the jobs index (records expire by TTL; the index would not).
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ def start_reaper(store: JobStore, celery_app: Celery, interval_s: float) -> thre
         while not stop.wait(interval_s):
             try:
                 reap_once(store, celery_app)
+                store.trim_index()
             except Exception as exc:  # noqa: BLE001 - Redis blips must not kill the reaper
                 log_event(logger, "reaper_failed", level=logging.WARNING, error=type(exc).__name__)
 

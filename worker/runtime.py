@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 
 from core.jobs import JobStore
 from core.logs import configure_logging, log_event
@@ -23,6 +25,7 @@ from core.workers import write_heartbeat
 
 logger = logging.getLogger("miniserve.worker")
 HEARTBEAT_S = 5.0
+REDIS_RETRIES = 24  # with the backoff in make_store: about 20 s of reconnect attempts
 
 
 @dataclass
@@ -35,6 +38,9 @@ class WorkerRuntime:
     current_jobs: set[str] = field(default_factory=set)
     _engine: Any = None
     _engine_lock: threading.Lock = field(default_factory=threading.Lock)
+    # Serialises the methods that use the engine's single-request state (everything but
+    # ``paged``, whose scheduler batches concurrent requests itself).
+    exclusive: threading.Lock = field(default_factory=threading.Lock)
     _pid: int = field(default_factory=os.getpid)
 
     @property
@@ -52,6 +58,11 @@ class WorkerRuntime:
                               load_ms=round((time.perf_counter() - started) * 1000, 1))
                     self._engine = engine
         return self._engine
+
+    @property
+    def batching(self) -> bool:
+        """Several jobs run at once in this process (threads pool): they share paged batches."""
+        return self.pool != "prefork" and self.concurrency > 1
 
     @contextmanager
     def tracking(self, job_id: str) -> Iterator[None]:
@@ -86,8 +97,12 @@ class WorkerRuntime:
 
 
 def make_store(settings: Settings) -> JobStore:
+    """A JobStore whose client rides out a Redis restart: a lost connection is retried for
+    about 20 s (backoff 0.05 s doubling to 1 s), so a running job keeps its attempt through a
+    short outage instead of failing and waiting for its lease to expire."""
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True,
-                                  health_check_interval=30, socket_keepalive=True)
+                                  health_check_interval=30, socket_keepalive=True, socket_connect_timeout=2,
+                                  retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), REDIS_RETRIES))
     return JobStore(client, ttl_s=settings.job_ttl_s)
 
 

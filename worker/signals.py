@@ -1,14 +1,29 @@
 """Celery signal handlers: per-process runtime, heartbeats, the reaper, clean shutdown."""
 from __future__ import annotations
 
+import logging
+import sys
 import threading
 
-from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_ready, worker_shutdown
+from celery.signals import setup_logging, worker_init, worker_process_init, worker_process_shutdown, worker_ready, worker_shutdown
+from celery.utils.log import LoggingProxy, get_logger
 
 from core.logs import configure_logging
 from core.settings import get_settings
 from core.workers import remove_worker
 from worker import runtime as rt_module
+
+
+@setup_logging.connect
+def _logging(**_: object) -> None:
+    """Our JSON logs for Celery's own messages too (connecting this stops Celery from
+    installing its text format), so the worker log is JSON lines after the start-up banner.
+    Stray writes to stdout/stderr (library warnings, progress bars) become log events, as
+    Celery's own set-up would have done."""
+    settings = get_settings()
+    configure_logging(settings.log_level, settings.json_logs)
+    proxy = LoggingProxy(get_logger("celery.redirected"), logging.WARNING)
+    sys.stdout = sys.stderr = proxy  # type: ignore[assignment]
 
 
 @worker_init.connect

@@ -35,11 +35,16 @@ def test_tool_success_then_answer(registry):
     assert (step.model_tool_name, step.tool_name, step.result, step.success) == ("calculator", "calculator", "963", True)
     assert not step.safeguard_applied and step.parse_format == "bare"
     assert steps == [step.to_dict()]
-    # The second request carries the call and its result in Qwen2.5's template shape.
-    assistant, tool = model.requests[1]["messages"][-2:]
+    # The history holds the call and its result in Qwen2.5's template shape ...
+    assistant, tool = result.messages[-2:]
     assert assistant["tool_calls"][0]["function"] == {"name": "calculator",
                                                       "arguments": {"expression": "(125 * 8) - 37"}}
     assert tool == {"role": "tool", "tool_call_id": "call_1", "name": "calculator", "content": "963"}
+    # ... while the answer turn shows the result as plain text, without tools.
+    answer_turn = model.requests[1]
+    assert answer_turn["tools"] is None and len(answer_turn["messages"]) == 2
+    assert "\n(125 * 8) - 37 = 963\n" in answer_turn["messages"][0]["content"]
+    assert answer_turn["messages"][1] == {"role": "user", "content": "请计算 (125 * 8) - 37，并说明结果。"}
 
 
 def test_tool_failure_then_recovery(registry):
@@ -52,16 +57,19 @@ def test_tool_failure_then_recovery(registry):
     assert second.success and second.result == "4"
 
 
-def test_tool_error_is_reported_to_model(registry):
+def test_tool_error_goes_to_the_answer_turn(registry):
     result, model, _ = _run(registry, [call("calculator", expression="1/0"), "Division by zero is undefined."],
                             "What is 1/0?")
     assert result.ok and not result.trace[0].success and result.trace[0].error == "division by zero"
-    assert model.requests[1]["messages"][-1]["content"] == "Error: division by zero"
+    assert result.messages[-1]["content"] == "Error: division by zero"
+    assert model.requests[1]["tools"] is None
+    assert "1/0 failed: division by zero" in model.requests[1]["messages"][0]["content"]
 
 
 def test_unknown_tool_is_a_failed_step(registry):
-    result, _, _ = _run(registry, [call("web_search", q="news"), "I cannot search the web."], "Any news today?")
+    result, model, _ = _run(registry, [call("web_search", q="news"), "I cannot search the web."], "Any news today?")
     assert result.ok and result.trace[0].error_kind == "unknown_tool" and result.trace[0].tool_name == "web_search"
+    assert "no tool named 'web_search'" in model.requests[1]["messages"][0]["content"]
 
 
 def test_malformed_call_is_a_distinct_outcome(registry):
@@ -74,7 +82,7 @@ def test_malformed_call_is_a_distinct_outcome(registry):
 def test_max_steps_exceeded(registry):
     outputs = [call("retrieve_note", query="kv cache"), call("retrieve_note", query="rope"),
                call("retrieve_note", query="gqa")]
-    result, _, _ = _run(registry, outputs, "Tell me everything", max_steps=2)
+    result, _, _ = _run(registry, outputs, "Tell me about the kv cache, rope and gqa", max_steps=2)
     assert result.status == MAX_STEPS and result.steps == 2 and len(result.trace) == 2
 
 
@@ -83,8 +91,9 @@ def test_several_calls_in_one_output_count_as_steps(registry):
            f"<tool_call>{call('calculator', expression='5 * 6')}</tool_call>"
     result, model, _ = _run(registry, [both, "7 and 30."], "Compute 3 + 4 and 5 * 6")
     assert result.ok and [s.result for s in result.trace] == ["7", "30"]
-    messages = model.requests[1]["messages"]
+    messages = result.messages
     assert len(messages[-3]["tool_calls"]) == 2 and [m["role"] for m in messages[-2:]] == ["tool", "tool"]
+    assert "\n3 + 4 = 7\n5 * 6 = 30\n" in model.requests[1]["messages"][0]["content"]
     assert result.trace[0].parse_format == "tag"
 
 
@@ -94,18 +103,64 @@ def test_too_many_calls_in_one_output(registry):
     assert result.status == MAX_STEPS and result.steps == 0
 
 
-def test_repeated_call_stops_the_loop(registry):
-    again = call("retrieve_note", query="RoPE")
-    result, model, _ = _run(registry, [again, again, "RoPE rotates query and key vectors."], "What is RoPE?")
+def test_tools_are_withheld_once_a_tool_succeeded(registry):
+    result, model, _ = _run(registry, [call("retrieve_note", query="RoPE"), "RoPE rotates q and k."],
+                            "What is RoPE?")
+    assert result.ok and result.finish_reason == "answer"
+    assert model.requests[0]["tools"] and model.requests[1]["tools"] is None
+    assert model.requests[1]["messages"][0]["content"].startswith("You are a helpful assistant. Answer")
+    shown = model.requests[1]["messages"][0]["content"]
+    assert 'Note "RoPE (Rotary Position Embedding)": RoPE, rotary' in shown
+
+
+def test_tools_stay_offered_after_invalid_arguments(registry):
+    result, model, _ = _run(registry, [call("calculator", expr="1+1"), call("calculator", expression="1+1"), "2"],
+                            "Add one and one")
+    assert model.requests[1]["tools"] is not None and model.requests[2]["tools"] is None
+    assert model.requests[1]["messages"][-1]["content"].startswith("Error: invalid arguments")
+
+
+def test_repeated_call_after_failure_asks_for_an_answer(registry):
+    again = call("calculator", expr="1+1")
+    result, model, _ = _run(registry, [again, again, "It is 2."], "Add one and one")
     assert result.ok and result.finish_reason == REPEATED and result.steps == 1
-    assert result.text == "RoPE rotates query and key vectors."
+    assert result.text == "It is 2."
     assert model.requests[2]["tools"] is None  # the last request withholds the tools
+
+
+def test_several_expressions_keep_tools_until_each_is_computed(registry):
+    outputs = [call("calculator", expression="3 + 4"), call("calculator", expression="5 * 6"), "7 and 30"]
+    result, model, _ = _run(registry, outputs, "Compute 3 + 4 and 5 * 6")
+    assert [s.result for s in result.trace] == ["7", "30"] and result.text == "7 and 30"
+    assert [r["tools"] is None for r in model.requests] == [False, False, True]
+
+
+def test_invented_tool_is_rerouted_to_retrieval(registry):
+    result, _, _ = _run(registry, [call("paged KV Cache"), "Blocks."], "Paged KV Cache 如何减少内存浪费？")
+    step = result.trace[0]
+    assert (step.model_tool_name, step.tool_name, step.safeguards) == \
+        ("paged KV Cache", "retrieve_note", ["reroute_to_retrieval"])
+
+
+def test_made_up_query_is_replaced_by_the_prompt(registry):
+    result, _, _ = _run(registry, [call("retrieve_note", query="KV cache"), "Nothing."],
+                        "Look up in my notes who won the 2018 World Cup.")
+    step = result.trace[0]
+    assert step.safeguards == ["query_from_prompt"] and json.loads(step.result)["notes"] == []
+    assert step.model_arguments == {"query": "KV cache"}
+
+
+def test_related_query_is_kept(registry):
+    result, _, _ = _run(registry, [call("retrieve_note", query="RoPE"), "Rotation."], "What is RoPE?")
+    assert result.trace[0].arguments == {"query": "RoPE"} and not result.trace[0].safeguard_applied
 
 
 def test_repeated_call_falls_back_to_the_tool_result(registry):
     again = call("calculator", expression="6 * 7")
-    result, _, _ = _run(registry, [again, again, again], "Please multiply 6 * 7")
+    result, _, _ = _run(registry, [again, again], "Please multiply 6 * 7")
     assert result.ok and result.finish_reason == REPEATED and result.text == "The result is 42."
+    result, _, _ = _run(registry, [call("retrieve_note", query="RoPE")] * 2, "什么是 RoPE？")
+    assert result.text.startswith("RoPE (Rotary Position Embedding): ")
 
 
 @pytest.mark.parametrize("output", [
@@ -127,7 +182,7 @@ def test_prompt_expression_safeguard(registry):
     assert step.model_arguments == {"expression": "48 + 12 / 5"}
     assert step.arguments == {"expression": "(48 + 12) / 5"} and step.result == "12"
     assert step.safeguard_applied and step.safeguards == ["prompt_expression"]
-    sent = model.requests[1]["messages"][-2]["tool_calls"][0]["function"]["arguments"]
+    sent = result.messages[-2]["tool_calls"][0]["function"]["arguments"]
     assert sent == {"expression": "(48 + 12) / 5"}  # history shows what really ran
 
 
@@ -163,3 +218,26 @@ def test_on_text_gets_the_final_answer(registry):
     texts = []
     AgentRunner(ScriptedModel(["Bonjour"]), registry).run("Say hello in French", on_text=texts.append)
     assert texts == ["Bonjour"]
+
+
+def test_forced_retrieval_safeguard(registry):
+    result, model, _ = _run(registry, ["RoPE means relative position encoding.", "RoPE rotates q and k."],
+                            "What is RoPE?")
+    step = result.trace[0]
+    assert step.model_tool_name is None and step.tool_name == "retrieve_note"
+    assert step.safeguards == ["forced_retrieval"] and step.arguments == {"query": "What is RoPE?"}
+    assert json.loads(step.result)["notes"][0]["title"].startswith("RoPE")
+    assert result.text == "RoPE rotates q and k."
+
+
+@pytest.mark.parametrize("prompt", ["What is the capital of France?", "Translate 'good morning' into French"])
+def test_no_forced_retrieval_when_the_notes_do_not_answer(registry, prompt):
+    result, _, _ = _run(registry, ["An answer."], prompt)
+    assert result.trace == [] and result.text == "An answer."
+
+
+def test_forced_retrieval_for_an_explicit_notes_search(registry):
+    result, _, _ = _run(registry, ["Mapo tofu is spicy.", "No notes about it."],
+                        "Search my notes for the recipe of mapo tofu.")
+    step = result.trace[0]
+    assert step.safeguards == ["forced_retrieval"] and json.loads(step.result)["notes"] == []

@@ -60,3 +60,14 @@ def test_forced_calculator_for_clear_single_computation():
     decision = forced_call(analyze_prompt("Calculate 17 * 23"))
     assert decision.call == ToolCall("calculator", {"expression": "17 * 23"}) and decision.applied == [FORCED]
     assert forced_call(analyze_prompt("Explain the KV cache")) is None
+
+
+def test_made_up_query_is_replaced_and_related_query_kept():
+    from agent.safeguards import QUERY_FROM_PROMPT, Decision, guard_query
+
+    made_up = ToolCall("retrieve_note", {"query": "notes about LLM inference", "top_k": 2})
+    decision = guard_query(Decision(made_up, made_up), "请查一下笔记里关于投机解码的内容")
+    assert decision.call.arguments == {"query": "请查一下笔记里关于投机解码的内容", "top_k": 2}
+    assert decision.applied == [QUERY_FROM_PROMPT]
+    related = ToolCall("retrieve_note", {"query": "投机解码"})
+    assert guard_query(Decision(related, related), "请查一下笔记里关于投机解码的内容").applied == []

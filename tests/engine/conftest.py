@@ -23,3 +23,18 @@ def real_engine():
     engine = Engine(load_settings(model="default", device="cpu", dtype="bfloat16"))
     engine.loaded  # noqa: B018 - load now, outside the timed tests
     return engine
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread(request):
+    """Tiny-model tests run on one thread: on a shared 2-core machine, two OpenMP threads
+    wait on each other for milliseconds per op, making tiny models 5-10x slower."""
+    import torch
+
+    if request.node.get_closest_marker("slow"):
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -24,8 +24,8 @@ def test_device_and_dtype_choices():
 def test_local_folder_loads_in_chosen_dtype_with_threads(tiny_model_dir):
     before = torch.get_num_threads()
     try:
-        loaded = load_model(load_settings(model=str(tiny_model_dir), dtype="bfloat16", threads=1))
-        assert torch.get_num_threads() == 1
+        loaded = load_model(load_settings(model=str(tiny_model_dir), dtype="bfloat16", threads=2))
+        assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
     assert loaded.dtype == torch.bfloat16 and next(loaded.model.parameters()).dtype == torch.bfloat16

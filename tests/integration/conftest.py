@@ -41,12 +41,22 @@ def redis_proc(tmp_path_factory):
     proc.kill()
 
 
-@pytest.fixture
-def stack(redis_proc, tiny_model) -> Stack:
-    """A clean database and the environment every process of this test shares."""
+def _clean_stack(redis_proc, tiny_model) -> Stack:
     _, url = redis_proc
     redis.Redis.from_url(url).flushall()
     return Stack(redis_url=url, env_overrides={**WORKER_ENV, "MINISERVE_MODEL": str(tiny_model)})
+
+
+@pytest.fixture
+def stack(redis_proc, tiny_model) -> Stack:
+    """A clean database and the environment every process of this test shares."""
+    return _clean_stack(redis_proc, tiny_model)
+
+
+@pytest.fixture(scope="module")
+def shared_stack(redis_proc, tiny_model) -> Stack:
+    """Like ``stack``, shared by a module whose tests don't harm the processes."""
+    return _clean_stack(redis_proc, tiny_model)
 
 
 @pytest.fixture
@@ -72,14 +82,31 @@ def wait_for_worker(store: JobStore, count: int = 1, timeout_s: float = 90, load
     return list_workers(store.client, max_age_s=15)
 
 
-@pytest.fixture
-def worker(stack, store):
-    proc = stack.start_worker()
+def _started_worker(stack: Stack, store: JobStore, **kwargs):
+    proc = stack.start_worker(**kwargs)
     try:
         wait_for_worker(store)
     except TimeoutError:
         proc.kill()
         raise AssertionError("worker did not come up:\n" + proc.log()[-4000:])
+    return proc
+
+
+@pytest.fixture
+def worker(stack, store):
+    proc = _started_worker(stack, store)
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_store(shared_stack) -> JobStore:
+    return JobStore(redis.Redis.from_url(shared_stack.redis_url, decode_responses=True), ttl_s=3600)
+
+
+@pytest.fixture(scope="module")
+def shared_worker(shared_stack, shared_store):
+    proc = _started_worker(shared_stack, shared_store)
     yield proc
     proc.stop()
 
@@ -114,3 +141,31 @@ def sleep_until_tokens(store: JobStore, job_id: str, n: int, timeout_s: float = 
     wait_until(lambda: count_tokens_emitted(store, job_id) >= n, timeout_s, interval_s=0.02,
                what=f"{n} tokens of {job_id}")
     time.sleep(0)
+
+
+def started_web(stack: Stack, **env: str):
+    """Start ``python -m web`` for ``stack`` and wait until it answers; returns (process, base url)."""
+    import requests
+
+    proc, base_url = stack.start_web(**env)
+
+    def up() -> bool:
+        try:
+            return requests.get(f"{base_url}/healthz", timeout=1).status_code in (200, 503)
+        except requests.RequestException:
+            return False
+
+    try:
+        wait_until(up, 30, what="web server")
+    except TimeoutError:
+        proc.kill()
+        raise AssertionError("web did not come up:\n" + proc.log()[-4000:])
+    return proc, base_url
+
+
+@pytest.fixture(scope="module")
+def web(shared_stack):
+    """The real web server (gunicorn, ``python -m web``) on a free port."""
+    proc, base_url = started_web(shared_stack)
+    yield base_url
+    proc.stop()

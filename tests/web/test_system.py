@@ -91,3 +91,26 @@ def test_docs_are_served_offline(client):
     spec = client.get("/openapi.json").get_json()
     assert set(spec["paths"]) >= {"/jobs", "/jobs/{job_id}", "/jobs/{job_id}/cancel", "/jobs/{job_id}/events",
                                   "/generate", "/agent/run", "/healthz", "/workers", "/queues"}
+
+
+def test_broker_down_with_store_up_is_503_fast_and_the_job_is_not_left_queued(make_app, store, tmp_path):
+    from core.settings import load_settings
+    from web import create_app
+    from web.celery_client import make_celery_client
+    settings = load_settings(redis_url="redis://127.0.0.1:1/0", cache_dir=tmp_path)
+    client = create_app(settings, store=store, celery_client=make_celery_client(settings)).test_client()
+    started = time.monotonic()
+    response = client.post("/jobs", json={"prompt": "hi"})
+    assert response.status_code == 503 and response.get_json()["error"]["code"] == "redis_unavailable"
+    assert time.monotonic() - started < 5
+    [job] = store.list()
+    assert job.state == "failed" and job.error["code"] == "enqueue_failed"
+
+
+def test_server_options_bind_localhost_with_threaded_workers_and_no_debug(client):
+    from core.settings import load_settings
+    from web.__main__ import gunicorn_options
+    options = gunicorn_options(load_settings(web_threads=48))
+    assert options["bind"] == "127.0.0.1:8000"
+    assert options["worker_class"] == "gthread" and options["threads"] == 48
+    assert client.application.debug is False

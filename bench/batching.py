@@ -1,0 +1,154 @@
+"""Continuous batching throughput: N concurrent jobs on one engine vs one at a time vs
+transformers' own continuous batching (``generate_batch``), same prompts, same run.
+
+For each concurrency N (default 1, 2, 4, 8, 16) the first N prompts run
+* ``batched``: all N submitted at once to :class:`engine.batching.BatchEngine` (one loop,
+  one batched forward per step over the paged KV cache);
+* ``sequential``: the same N jobs one after another through the ``paged`` method;
+* ``hf_generate_batch``: ``model.generate_batch`` on the same prompt ids.
+Reported: aggregate tokens/s (generated tokens / wall time, prefill included), p50/p90
+time to first token, and ratios.  Modes are interleaved (rotating order per N) after a
+warmup.  Greedy, the model's repetition penalty.  This measures the engine in process;
+``--queue`` numbers through Celery come from the worker integration (see docs/batching.md).
+
+    flock /tmp/miniserve-heavy.lock python -m bench.batching [--concurrency 1 2 4 8 16]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from bench.paged_common import RESULTS, machine_line, p50, pct, print_table, pyplot, write_csv
+from core.settings import load_settings
+from engine.batching import BatchEngine
+from engine.engine import Engine
+from engine.types import GenerationRequest, SamplingParams
+
+TOPICS = ["a KV cache", "paged attention", "continuous batching", "rotary position embeddings",
+          "grouped-query attention", "the softmax function", "a hash table", "gradient descent",
+          "a Bloom filter", "TCP slow start", "a B-tree", "the CAP theorem", "garbage collection",
+          "a mutex", "Python's GIL", "copy-on-write", "a Merkle tree", "backpropagation",
+          "dropout", "beam search"]
+
+
+def prompts(n: int) -> list[str]:
+    return [f"Explain {TOPICS[i % len(TOPICS)]} in detail, step by step." for i in range(n)]
+
+
+def request(text: str, new_tokens: int) -> GenerationRequest:
+    return GenerationRequest(messages=[{"role": "user", "content": text}], method="paged",
+                             sampling=SamplingParams(max_new_tokens=new_tokens))
+
+
+def run_batched(batch: BatchEngine, texts: list[str], new_tokens: int) -> dict:
+    start = time.perf_counter()
+    futures = [batch.submit(request(t, new_tokens)) for t in texts]
+    results = [f.result() for f in futures]
+    wall = time.perf_counter() - start
+    return summarize(wall, [r.usage.completion_tokens for r in results],
+                     [r.timings.ttft_s for r in results])
+
+
+def run_sequential(engine: Engine, texts: list[str], new_tokens: int) -> dict:
+    start = time.perf_counter()
+    tokens, ttfts = [], []
+    for t in texts:
+        r = engine.generate(request(t, new_tokens))
+        tokens.append(r.usage.completion_tokens)
+        ttfts.append(time.perf_counter() - start - (r.timings.total_s - r.timings.ttft_s))
+    wall = time.perf_counter() - start
+    return summarize(wall, tokens, ttfts)
+
+
+def run_hf(engine: Engine, texts: list[str], new_tokens: int) -> dict:
+    from transformers import GenerationConfig
+
+    loaded = engine.loaded
+    ids = [engine.prompt(request(t, new_tokens)).ids for t in texts]
+    config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False,
+                              repetition_penalty=loaded.default_repetition_penalty,
+                              eos_token_id=loaded.eos_ids, pad_token_id=loaded.eos_ids[-1])
+    start = time.perf_counter()
+    out = loaded.model.generate_batch(inputs=ids, generation_config=config, progress_bar=False,
+                                      record_timestamps=True)
+    wall = time.perf_counter() - start
+    tokens, ttfts = [], []
+    for result in out.values():
+        tokens.append(len(result.generated_tokens))
+        stamps = getattr(result, "timestamps", None) or []
+        ttfts.append((stamps[0] - start) if stamps and stamps[0] > start else float("nan"))
+    return summarize(wall, tokens, ttfts)
+
+
+def summarize(wall: float, tokens: list[int], ttfts: list[float]) -> dict:
+    return {"wall_s": wall, "tokens": sum(tokens), "tok_per_s": sum(tokens) / wall,
+            "ttft_p50_s": p50(ttfts), "ttft_p90_s": pct(ttfts, 90)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--no-hf", action="store_true", help="skip transformers generate_batch")
+    parser.add_argument("--no-sequential", action="store_true")
+    parser.add_argument("--output", default=str(RESULTS / "batching.csv"))
+    args = parser.parse_args()
+    settings = load_settings(max_batch=max(args.concurrency),
+                             max_batched_tokens=max(512, 64 * max(args.concurrency)))
+    engine = Engine(settings).load()
+    batch = BatchEngine(engine)
+    batch.service.blocks.prefix_sharing = False   # every job computes its whole prompt
+    modes = {"batched": lambda t: run_batched(batch, t, args.new_tokens)}
+    if not args.no_sequential:
+        modes["sequential"] = lambda t: run_sequential(engine, t, args.new_tokens)
+    if not args.no_hf:
+        modes["hf_generate_batch"] = lambda t: run_hf(engine, t, args.new_tokens)
+    for fn in modes.values():                      # warmup
+        fn(prompts(2))
+    rows = []
+    for index, n in enumerate(args.concurrency):
+        names = list(modes)
+        names = names[index % len(names):] + names[:index % len(names)]
+        measured = {name: modes[name](prompts(n)) for name in names}
+        for name in modes:
+            m = measured[name]
+            rows.append({"concurrency": n, "mode": name, "tokens": m["tokens"],
+                         "wall_s": round(m["wall_s"], 3), "tok_per_s": round(m["tok_per_s"], 2),
+                         "ttft_p50_s": round(m["ttft_p50_s"], 3),
+                         "ttft_p90_s": round(m["ttft_p90_s"], 3)})
+        print(f"N={n}: " + ", ".join(f"{k} {v['tok_per_s']:.1f} tok/s" for k, v in measured.items()),
+              flush=True)
+    single = next(r["tok_per_s"] for r in rows if r["mode"] == "batched" and r["concurrency"] == min(args.concurrency))
+    for row in rows:
+        row["x_single_job"] = round(row["tok_per_s"] / single, 2)
+        hf = [r for r in rows if r["mode"] == "hf_generate_batch" and r["concurrency"] == row["concurrency"]]
+        row["x_hf"] = round(row["tok_per_s"] / hf[0]["tok_per_s"], 2) if hf else ""
+    batch.close()
+    print(machine_line(engine.loaded.dtype), f"model {engine.loaded.name},",
+          f"{args.new_tokens} new tokens per job, greedy")
+    print_table(rows)
+    path = write_csv(Path(args.output), rows)
+    plot(rows, path.with_suffix(".png"))
+    print(f"wrote {path}, {path.with_suffix('.png')}")
+
+
+def plot(rows, path) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        pts = [(r["concurrency"], r["tok_per_s"]) for r in rows if r["mode"] == mode]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=mode)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent jobs")
+    ax.set_ylabel("aggregate generated tokens/s")
+    ax.set_title("Continuous batching throughput")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""``official`` vs ``no_cache`` vs ``custom_cache`` on the same greedy request, side by side.
+
+    python -m bench.compare_generation --repeats 5 [--dtype bfloat16|float32|both]
+
+For each dtype: load the engine once, warm every method up, then ``--repeats`` rounds; each
+round runs every (method, new-token count) pair once, in an order rotated per round so no
+method always runs first. Reports mean and p50 latency, p50 time to first token, p50 decode
+tokens/s, the decode speed-up over ``official``, and whether every method produced exactly
+``official``'s tokens. Writes ``results/compare_generation[_<dtype>].csv`` (every run),
+``.summary.csv``, ``.machine.json`` and ``.png`` (suffix ``_<dtype>`` when one dtype is asked for).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from bench.stats import machine_info, percentile, print_table, write_csv, write_json
+from core.settings import load_settings
+
+METHODS = ("official", "no_cache", "custom_cache")
+PROMPT = [{"role": "user", "content": "Write a long story about a dragon who learns to cook. 写得生动一些。"}]
+
+
+def run_dtype(dtype: str, args: argparse.Namespace) -> list[dict]:
+    from engine.engine import Engine
+    from engine.types import GenerationRequest, SamplingParams
+
+    engine = Engine(load_settings(model=args.model, dtype=dtype, threads=args.threads))
+    engine.load()
+
+    def once(method: str, tokens: int):
+        request = GenerationRequest(messages=PROMPT, method=method,
+                                    sampling=SamplingParams(max_new_tokens=tokens))
+        return engine.generate(request)
+
+    for method in METHODS:  # warmup: first calls pay for allocator and kernel set-up
+        once(method, 4)
+    pairs = [(m, t) for t in args.tokens for m in METHODS]
+    rows = []
+    for repeat in range(args.repeats):
+        shift = repeat % len(pairs)
+        for method, tokens in pairs[shift:] + pairs[:shift]:
+            result = once(method, tokens)
+            rows.append({"dtype": dtype, "method": method, "new_tokens": tokens, "repeat": repeat,
+                         "total_s": result.timings.total_s, "ttft_s": result.timings.ttft_s,
+                         "decode_tok_s": result.timings.decode_tokens_per_s,
+                         "completion_tokens": result.usage.completion_tokens,
+                         "prompt_tokens": result.usage.prompt_tokens,
+                         "token_ids": " ".join(map(str, result.token_ids))})
+            print(f"{dtype} {method:12s} {tokens:3d} tok  {result.timings.total_s:6.2f} s  "
+                  f"ttft {result.timings.ttft_s * 1000:6.0f} ms  {result.timings.decode_tokens_per_s:5.1f} tok/s",
+                  flush=True)
+    del engine
+    return rows
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    out = []
+    keys = sorted({(r["dtype"], r["new_tokens"]) for r in rows})
+    for dtype, tokens in keys:
+        group = [r for r in rows if r["dtype"] == dtype and r["new_tokens"] == tokens]
+        reference = {r["token_ids"] for r in group if r["method"] == "official"}
+        base_tps = percentile([r["decode_tok_s"] for r in group if r["method"] == "official"], 50)
+        for method in METHODS:
+            runs = [r for r in group if r["method"] == method]
+            totals = [r["total_s"] for r in runs]
+            tps = percentile([r["decode_tok_s"] for r in runs], 50)
+            out.append({"dtype": dtype, "new_tokens": tokens, "method": method, "runs": len(runs),
+                        "mean_s": sum(totals) / len(totals), "p50_s": percentile(totals, 50),
+                        "p50_ttft_ms": percentile([r["ttft_s"] for r in runs], 50) * 1000,
+                        "p50_decode_tok_s": tps, "decode_vs_official": tps / base_tps if base_tps else 0.0,
+                        "generated": runs[0]["completion_tokens"],
+                        "identical_to_official": len(reference) == 1 and all(
+                            r["token_ids"] in reference for r in runs)})
+    return out
+
+
+def plot(summary: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted({(s["dtype"], s["new_tokens"]) for s in summary})
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / len(METHODS)
+    for i, method in enumerate(METHODS):
+        rows = [next(s for s in summary if (s["dtype"], s["new_tokens"]) == g and s["method"] == method) for g in groups]
+        xs = [j + i * width for j in range(len(groups))]
+        axes[0].bar(xs, [r["p50_decode_tok_s"] for r in rows], width, label=method)
+        axes[1].bar(xs, [r["p50_s"] for r in rows], width, label=method)
+    labels = [f"{d}\n{t} tok" for d, t in groups]
+    for ax, title in zip(axes, ("p50 decode tokens/s (higher is better)", "p50 end-to-end latency, s")):
+        ax.set_xticks([j + width for j in range(len(groups))], labels)
+        ax.set_title(title)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def write_results(rows: list[dict], args: argparse.Namespace, dtypes: tuple[str, ...], wall_s: float) -> None:
+    summary = summarize(rows)
+    out = Path(args.out)
+    stem = "compare_generation" if len(dtypes) > 1 else f"compare_generation_{dtypes[0]}"
+    write_csv(out / f"{stem}.csv", rows)
+    write_csv(out / f"{stem}.summary.csv", summary)
+    machine = machine_info() | {"model": args.model, "dtypes": sorted({r["dtype"] for r in rows}),
+                                "repeats": args.repeats, "wall_s_last_dtype": round(wall_s, 1)}
+    write_json(out / f"{stem}.machine.json", machine)
+    plot(summary, out / f"{stem}.png")
+    print(f"\nmachine: {machine}")
+    print_table(summary, ["dtype", "new_tokens", "method", "runs", "mean_s", "p50_s", "p50_ttft_ms",
+                          "p50_decode_tok_s", "decode_vs_official", "generated", "identical_to_official"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dtype", choices=("bfloat16", "float32", "both"), default="both")
+    parser.add_argument("--tokens", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--out", default="results")
+    args = parser.parse_args(argv)
+    dtypes = ("bfloat16", "float32") if args.dtype == "both" else (args.dtype,)
+    rows: list[dict] = []
+    for dtype in dtypes:  # results are written after each dtype, so a long run keeps what it measured
+        started = time.perf_counter()
+        rows += run_dtype(dtype, args)
+        write_results(rows, args, dtypes, time.perf_counter() - started)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,173 @@
+"""End-to-end ``paged`` vs ``custom_cache`` on the real model, and KV memory with prefix sharing.
+
+Part 1 (decode speed): the same prompts through ``custom_cache`` (contiguous KV cache) and
+``paged`` (block pool + block tables read by our attention), interleaved with alternating
+order after a warmup, greedy; p50/mean decode tokens/s and time to first token per method.
+
+Part 2 (memory): N concurrent sequences that share a ~1,000-token system prompt, each with its
+own question.  Blocks held are read from the engine's block manager fed with the real
+tokenizer's ids (the same allocation code the engine runs), with and without prefix sharing;
+``--real-sharing N`` also runs N such requests through the model (the first one alone, then
+the rest at once, with sharing) and reports their ``cached_tokens``, TTFT and pool peak.
+
+    flock /tmp/miniserve-heavy.lock python -m bench.paged_generation [--repeats 5]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from bench.paged_common import RESULTS, machine_line, p50, print_table, pyplot, write_csv
+from core.settings import load_settings
+from engine.batching import BatchEngine, PagedService
+from engine.engine import Engine
+from engine.handwritten import forward_for
+from engine.paged import BlockManager
+from engine.types import GenerationRequest, SamplingParams
+
+QUESTIONS = ["Explain how a hash map handles collisions.", "What is a KV cache?",
+             "Describe the TCP three-way handshake.", "Why is the sky blue?",
+             "Explain gradient descent to a beginner.", "What does a B-tree optimise?",
+             "How does garbage collection work in Python?", "What is copy-on-write?",
+             "Explain the CAP theorem.", "What is a Bloom filter?", "How do mutexes work?",
+             "What is backpropagation?", "Explain beam search.", "What is dropout?",
+             "Describe a Merkle tree.", "What is rotary position embedding?"]
+
+SYSTEM_SENTENCE = ("You are MiniServe's assistant. Answer precisely, cite the relevant notes, keep "
+                   "code in fenced blocks, prefer short paragraphs, and say when you are unsure. ")
+
+
+def system_prompt(tokenizer, target: int = 1000) -> str:
+    text = ""
+    while len(tokenizer.encode(text)) < target:
+        text += SYSTEM_SENTENCE
+    return text
+
+
+def req(question: str, method: str, new_tokens: int, prefix: str | None = None) -> GenerationRequest:
+    return GenerationRequest(messages=[{"role": "user", "content": question}], method=method,
+                             prefix=prefix, sampling=SamplingParams(max_new_tokens=new_tokens))
+
+
+def decode_speed(engine: Engine, repeats: int, new_tokens: int) -> list[dict]:
+    methods = ["custom_cache", "paged"]
+    for m in methods:                                   # warmup
+        engine.generate(req(QUESTIONS[-1], m, 8))
+    samples = {m: {"tps": [], "ttft": [], "same": []} for m in methods}
+    for rep in range(repeats):
+        order = methods if rep % 2 == 0 else methods[::-1]
+        outs = {}
+        for m in order:
+            r = engine.generate(req(QUESTIONS[rep % len(QUESTIONS)], m, new_tokens))
+            outs[m] = r
+            samples[m]["tps"].append(r.timings.decode_tokens_per_s)
+            samples[m]["ttft"].append(r.timings.ttft_s)
+        samples["paged"]["same"].append(outs["paged"].token_ids == outs["custom_cache"].token_ids)
+    rows = []
+    for m in methods:
+        s = samples[m]
+        rows.append({"method": m, "decode_tok_s_p50": round(p50(s["tps"]), 2),
+                     "decode_tok_s_mean": round(sum(s["tps"]) / len(s["tps"]), 2),
+                     "ttft_p50_s": round(p50(s["ttft"]), 3), "repeats": repeats})
+    base = rows[0]["decode_tok_s_p50"]
+    for row in rows:
+        row["x_custom_cache"] = round(row["decode_tok_s_p50"] / base, 3)
+    rows[1]["greedy_identical"] = all(samples["paged"]["same"])
+    rows[0]["greedy_identical"] = ""
+    return rows
+
+
+def memory(engine: Engine, counts: list[int], block_size: int) -> tuple[list[dict], int]:
+    tok = engine.loaded.tokenizer
+    system = system_prompt(tok)
+    prompts = [engine.prompt(req(QUESTIONS[i % len(QUESTIONS)], "paged", 1, system)).ids
+               for i in range(max(counts))]
+    system_tokens = engine.prompt(req("x", "paged", 1, system)).prefix_len
+    g = forward_for(engine).config
+    bytes_per_token = 2 * g.num_layers * g.num_kv_heads * g.head_dim * engine.loaded.dtype.itemsize
+    rows = []
+    for n in counts:
+        for sharing in (False, True):
+            blocks = BlockManager(100_000, block_size, prefix_sharing=sharing)
+            for i in range(n):
+                blocks.allocate(i, prompts[i])
+                blocks.commit(i)                 # K/V written, as the forward would
+            s = blocks.stats()
+            rows.append({"sequences": n, "prefix_sharing": sharing,
+                         "system_tokens": system_tokens, "logical_tokens": s.logical_tokens,
+                         "blocks_held": s.blocks_used, "kv_mib": round(
+                             s.blocks_used * block_size * bytes_per_token / 2**20, 2),
+                         "prefix_hit_tokens": s.prefix_hit_tokens})
+    return rows, system_tokens
+
+
+def real_sharing(engine: Engine, n: int, new_tokens: int) -> list[dict]:
+    system = system_prompt(engine.loaded.tokenizer)
+    rows = []
+    for sharing in (False, True):
+        service = PagedService(forward_for(engine), engine.settings, prefix_sharing=sharing)
+        batch = BatchEngine(engine, service)
+        start = time.perf_counter()
+        first = batch.submit(req(QUESTIONS[0], "paged", new_tokens, system)).result()
+        rest = [batch.submit(req(QUESTIONS[i], "paged", new_tokens, system)) for i in range(1, n)]
+        results = [first] + [f.result() for f in rest]
+        wall = time.perf_counter() - start
+        batch.close()
+        st = service.blocks.stats()
+        rows.append({"sequences": n, "prefix_sharing": sharing, "wall_s": round(wall, 2),
+                     "cached_tokens_total": sum(r.usage.cached_tokens for r in results),
+                     "ttft_p50_rest_s": round(p50([r.timings.ttft_s for r in results[1:]]), 3),
+                     "peak_blocks": st.peak_blocks_used})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--sequences", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--real-sharing", type=int, default=4, help="0 to skip")
+    parser.add_argument("--output", default=str(RESULTS / "paged_generation.csv"))
+    args = parser.parse_args()
+    settings = load_settings()
+    engine = Engine(settings).load()
+    print(machine_line(engine.loaded.dtype), f"model {engine.loaded.name}")
+    speed = decode_speed(engine, args.repeats, args.new_tokens)
+    print(f"\ndecode speed, {args.new_tokens} new tokens, greedy:")
+    print_table(speed)
+    mem, system_tokens = memory(engine, args.sequences, settings.kv_block_size)
+    print(f"\nKV held by N sequences sharing a {system_tokens}-token system prompt "
+          f"(block {settings.kv_block_size}):")
+    print_table(mem)
+    out = Path(args.output)
+    write_csv(out, speed)
+    write_csv(out.with_name(out.stem + "_memory.csv"), mem)
+    if args.real_sharing:
+        real = real_sharing(engine, args.real_sharing, 16)
+        print(f"\n{args.real_sharing} real requests over the shared system prompt:")
+        print_table(real)
+        write_csv(out.with_name(out.stem + "_sharing_run.csv"), real)
+    plot(speed, mem, out.with_suffix(".png"))
+    print(f"wrote {out}, {out.with_name(out.stem + '_memory.csv')}, {out.with_suffix('.png')}")
+
+
+def plot(speed, mem, path) -> None:
+    plt = pyplot()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    a.bar([r["method"] for r in speed], [r["decode_tok_s_p50"] for r in speed])
+    a.set_ylabel("decode tokens/s (p50)")
+    a.set_title("paged vs custom_cache")
+    for sharing, label in ((False, "no sharing"), (True, "prefix sharing")):
+        pts = [(r["sequences"], r["kv_mib"]) for r in mem if r["prefix_sharing"] == sharing]
+        b.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    b.set_xlabel("concurrent sequences")
+    b.set_ylabel("KV MiB held")
+    b.set_title("Shared 1,000-token system prompt")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

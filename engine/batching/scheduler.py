@@ -1,0 +1,204 @@
+"""Continuous batching over the paged KV cache: one batched forward per step.
+
+Each :meth:`Scheduler.step`
+1. drops cancelled sequences;
+2. gives every running sequence past its prompt one decode token (taking a new block only
+   when its last is full; when none is left it *preempts* the most recently admitted
+   sequence: frees its blocks and puts it back at the head of the queue, to be recomputed);
+3. continues prompts that are being prefilled in chunks;
+4. admits waiting sequences first-come first-served while the batch has room
+   (``max_batch``), the step's token budget lasts (``max_batched_tokens``; longer prompts
+   are prefilled in chunks) and the pool has blocks for the whole prompt (plus one spare
+   block per running sequence, so admissions do not immediately force preemptions);
+5. runs ONE forward over all scheduled tokens (decodes, chunks and fresh prompts packed
+   together), samples a token for each sequence that reached its end, and feeds it to the
+   sequence's run (streaming text, stop strings, max tokens, cancellation).
+A sequence that finishes, fails or is cancelled gives back its blocks and leaves; the others
+carry on untouched.  Not thread-safe: :class:`engine.batching.service.PagedService` holds
+the lock.
+"""
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from core.logs import log_event
+from engine.batching.sequence import FINISHED, RUNNING, WAITING, Sequence
+from engine.paged.attention import SeqChunk, build_batch
+from engine.paged.block_manager import BlockManager
+from engine.paged.forward import PagedQwen2
+from engine.paged.pool import KVBlockPool, KVPoolExhausted
+
+logger = logging.getLogger("miniserve.engine.scheduler")
+
+
+@dataclass
+class StepStats:
+    steps: int = 0
+    tokens: int = 0            # tokens run through the forward
+    sampled: int = 0           # tokens produced
+    preemptions: int = 0
+    last_batch_size: int = 0
+    last_num_tokens: int = 0
+    max_batch_size: int = 0
+    finished: int = 0
+
+
+class Scheduler:
+    def __init__(self, model: PagedQwen2, pool: KVBlockPool, blocks: BlockManager, *,
+                 max_batch: int, max_batched_tokens: int):
+        if max_batch <= 0 or max_batched_tokens <= 0:
+            raise ValueError("max_batch and max_batched_tokens must be positive")
+        self.model, self.pool, self.blocks = model, pool, blocks
+        self.max_batch = max_batch
+        self.max_batched_tokens = max_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.stats = StepStats()
+
+    # ------------------------------------------------------------------ queue
+    def add(self, seq: Sequence) -> None:
+        seq.status = WAITING
+        self.waiting.append(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ------------------------------------------------------------------ one step
+    def step(self) -> int:
+        """Advance every scheduled sequence by one forward; returns tokens computed (0: idle)."""
+        self._drop_cancelled()
+        plan = self._schedule()
+        if not plan:
+            return 0
+        try:
+            logits = self._forward(plan)
+        except Exception as exc:  # noqa: BLE001 - fail this step's sequences, keep serving
+            log_event(logger, "batch_step_failed", error=type(exc).__name__, batch=len(plan))
+            for seq, _ in plan:
+                self._finish(seq, error=exc)
+            return 0
+        for row, (seq, count) in enumerate(plan):
+            seq.num_computed += count
+            self.blocks.commit(seq.seq_id, seq.num_computed)
+            if seq.num_pending == 0:
+                self._sample(seq, logits[row])
+        num_tokens = sum(count for _, count in plan)
+        s = self.stats
+        s.steps += 1
+        s.tokens += num_tokens
+        s.last_batch_size, s.last_num_tokens = len(plan), num_tokens
+        s.max_batch_size = max(s.max_batch_size, len(plan))
+        return num_tokens
+
+    def _forward(self, plan: list[tuple[Sequence, int]]) -> torch.Tensor:
+        chunks, ids = [], []
+        for seq, count in plan:
+            chunks.append(SeqChunk(self.blocks.block_table(seq.seq_id), seq.num_computed, count))
+            ids.extend(seq.tokens[seq.num_computed:seq.num_computed + count])
+        device = self.pool.device
+        batch = build_batch(chunks, self.pool.block_size, device)
+        return self.model.forward(torch.tensor(ids, dtype=torch.long, device=device), batch,
+                                  self.pool)
+
+    def _sample(self, seq: Sequence, logits: torch.Tensor) -> None:
+        try:
+            token = seq.next_token(logits)
+            self.stats.sampled += 1
+            if seq.run.accept(token):
+                self._finish(seq)
+            else:
+                seq.tokens.append(token)
+        except Exception as exc:  # noqa: BLE001 - e.g. the caller's on_text failed
+            self._finish(seq, error=exc)
+
+    # ------------------------------------------------------------------ scheduling
+    def _schedule(self) -> list[tuple[Sequence, int]]:
+        budget = self.max_batched_tokens
+        plan: list[tuple[Sequence, int]] = []
+        for seq in list(self.running):                      # 1. decodes
+            if budget == 0:
+                break
+            if seq.status == RUNNING and seq.is_decoding and self._reserve_slot(seq):
+                plan.append((seq, 1))
+                budget -= 1
+        for seq in self.running:                            # 2. prompts mid-prefill
+            if budget == 0:
+                break
+            if not seq.is_decoding and all(seq is not p for p, _ in plan):
+                count = min(seq.num_pending, budget)
+                plan.append((seq, count))
+                budget -= count
+        while self.waiting and budget > 0 and len(self.running) < self.max_batch:  # 3. admit
+            seq = self.waiting[0]
+            if not self.blocks.can_allocate(seq.tokens, reserve=len(self.running)):
+                if not self.running and not self.blocks.can_allocate(seq.tokens):
+                    self.waiting.popleft()
+                    self._finish(seq, error=KVPoolExhausted(
+                        f"{len(seq.tokens)} tokens need {self.blocks.blocks_needed(len(seq.tokens))}"
+                        f" blocks; the pool has {self.blocks.num_blocks}"))
+                    continue
+                break
+            self.waiting.popleft()
+            cached = self.blocks.allocate(seq.seq_id, seq.tokens)
+            if seq.cached_tokens is None:
+                seq.cached_tokens = cached
+            seq.num_computed, seq.status = cached, RUNNING
+            self.running.append(seq)
+            count = min(seq.num_pending, budget)
+            plan.append((seq, count))
+            budget -= count
+        return plan
+
+    def _reserve_slot(self, seq: Sequence) -> bool:
+        """Give ``seq`` a slot for its newest token, preempting later sequences if needed.
+        False when ``seq`` itself had to be preempted."""
+        missing = len(seq.tokens) - self.blocks.num_tokens(seq.seq_id)
+        if missing <= 0:
+            return True
+        while self.blocks.append_cost(seq.seq_id, missing) > self.blocks.num_available:
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        self.blocks.append(seq.seq_id, seq.tokens[-missing:])
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.blocks.free(seq.seq_id)
+        self.running.remove(seq)
+        seq.num_computed, seq.status = 0, WAITING
+        seq.preemptions += 1
+        self.stats.preemptions += 1
+        self.waiting.appendleft(seq)
+        log_event(logger, "sequence_preempted", seq_id=seq.seq_id, tokens=len(seq.tokens))
+
+    # ------------------------------------------------------------------ endings
+    def _drop_cancelled(self) -> None:
+        for seq in [*self.running, *self.waiting]:
+            try:
+                cancelled = seq.run.cancelled()
+            except Exception as exc:  # noqa: BLE001 - a broken cancel check fails only this one
+                self._finish(seq, error=exc)
+                continue
+            if cancelled:
+                self._finish(seq)
+
+    def _finish(self, seq: Sequence, error: BaseException | None = None) -> None:
+        if seq.finished:
+            return
+        if seq.seq_id in self.blocks:
+            self.blocks.free(seq.seq_id)
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = FINISHED
+        seq.error = error
+        self.stats.finished += 1
+        if seq.on_finish is not None:
+            seq.on_finish(seq)

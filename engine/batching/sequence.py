@@ -1,0 +1,63 @@
+"""One request inside the scheduler: its tokens, progress through the KV cache, and its run."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from engine.run import GenerationRun
+from engine.sampling import Sampler
+from engine.types import SamplingParams
+
+WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """``tokens`` is prompt + generated ids; the last one may not have K/V yet.
+    ``num_computed`` counts leading tokens whose K/V is in the pool (0 again after a
+    preemption: the blocks are freed and the tokens recomputed on readmission, while the
+    ``run`` keeps the text already streamed, so nothing is lost or repeated)."""
+
+    seq_id: int
+    prompt_ids: list[int]
+    run: GenerationRun
+    sampling: SamplingParams
+    sampler: Sampler
+    on_finish: Callable[["Sequence"], None] | None = None
+    tokens: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    cached_tokens: int | None = None   # prefix hit at first admission (usage.cached_tokens)
+    status: str = WAITING
+    preemptions: int = 0
+    error: BaseException | None = None
+    arrived: float = field(default_factory=time.perf_counter)
+
+    def __post_init__(self) -> None:
+        if not self.tokens:
+            self.tokens = list(self.prompt_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status == FINISHED
+
+    @property
+    def num_pending(self) -> int:
+        """Tokens still to run through the forward before the next token can be sampled."""
+        return len(self.tokens) - self.num_computed
+
+    @property
+    def is_decoding(self) -> bool:
+        """Past the prompt: one new token per step."""
+        return len(self.tokens) > len(self.prompt_ids) and self.num_pending == 1
+
+    def next_token(self, logits: torch.Tensor) -> int:
+        """Pick the next id with this sequence's own sampler (penalty, seed, top-k/p)."""
+        return self.sampler(logits)
+
+    def info(self) -> dict[str, Any]:
+        return {"seq_id": self.seq_id, "status": self.status, "prompt_tokens": len(self.prompt_ids),
+                "generated": len(self.tokens) - len(self.prompt_ids),
+                "num_computed": self.num_computed, "preemptions": self.preemptions}

@@ -1,0 +1,128 @@
+"""Paged attention: write new K/V into the slots a block table names, then attend over each
+sequence's blocks with one gather per layer (no concatenation of the history).
+
+A step's tokens are *packed*: the new tokens of every sequence in the batch, sequence after
+sequence, ``[n_tokens, ...]``.  The linear layers run on the packed tokens; attention pads the
+queries per sequence (``[batch, max_new, heads, dim]``), gathers each sequence's blocks
+(``[batch, max_blocks * block_size, kv_heads, dim]``) and masks by position and length, so
+prefills, chunks and single decode tokens of different sequences share one forward.
+:class:`PagedBatch` is built once per step and used by every layer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from engine.paged.pool import KVBlockPool
+
+
+@dataclass(frozen=True)
+class SeqChunk:
+    """One sequence's part of a step: ``num_new`` tokens starting at position ``start``
+    (the ``start`` tokens before them are already in the pool)."""
+
+    block_table: Sequence[int]
+    start: int
+    num_new: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_new
+
+
+@dataclass
+class PagedBatch:
+    """Per-step metadata shared by all layers (built by :func:`build_batch`)."""
+
+    block_tables: torch.Tensor   # [batch, max_blocks] physical block ids (0-padded)
+    slot_mapping: torch.Tensor   # [n_tokens] slot of each packed new token
+    positions: torch.Tensor      # [n_tokens] absolute position (for RoPE)
+    q_index: torch.Tensor        # [batch, max_new] packed index of each padded query
+    q_valid: torch.Tensor        # [batch, max_new] which padded queries are real
+    attn_mask: torch.Tensor      # [batch, 1, max_new, max_blocks * block_size] may attend
+    last_index: torch.Tensor     # [batch] packed index of each sequence's last new token
+    single: tuple[int, int] | None = None  # (context length, start) when batch_size == 1
+
+    @property
+    def batch_size(self) -> int:
+        return self.block_tables.shape[0]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.slot_mapping.shape[0]
+
+
+def build_batch(chunks: Sequence[SeqChunk], block_size: int,
+                device: str | torch.device = "cpu") -> PagedBatch:
+    """Index tensors for one step over ``chunks`` (sequence order = packing order)."""
+    if not chunks:
+        raise ValueError("a step needs at least one sequence")
+    max_blocks = max(-(-c.end // block_size) for c in chunks)
+    max_new = max(c.num_new for c in chunks)
+    tables = torch.zeros(len(chunks), max_blocks, dtype=torch.long)
+    for row, chunk in enumerate(chunks):
+        used = -(-chunk.end // block_size)
+        tables[row, :used] = torch.as_tensor(list(chunk.block_table[:used]), dtype=torch.long)
+    starts = torch.tensor([c.start for c in chunks], dtype=torch.long)
+    counts = torch.tensor([c.num_new for c in chunks], dtype=torch.long)
+    offsets = torch.cumsum(counts, 0) - counts                     # packed start per sequence
+    step = torch.arange(max_new, dtype=torch.long)
+    q_valid = step[None, :] < counts[:, None]                      # [B, Q]
+    q_pos = starts[:, None] + step[None, :]                        # [B, Q]
+    q_index = torch.where(q_valid, offsets[:, None] + step[None, :], 0)
+    positions = q_pos[q_valid]                                     # packed, sequence-major
+    rows = torch.arange(len(chunks))[:, None].expand_as(q_pos)[q_valid]
+    slot_mapping = tables[rows, positions // block_size] * block_size + positions % block_size
+    key_pos = torch.arange(max_blocks * block_size, dtype=torch.long)
+    # Padded query rows see key 0 only (never all-masked, so no NaN); they are dropped.
+    causal_pos = torch.where(q_valid, q_pos, 0)
+    mask = key_pos[None, None, :] <= causal_pos[:, :, None]
+    return PagedBatch(
+        block_tables=tables.to(device), slot_mapping=slot_mapping.to(device),
+        positions=positions.to(device), q_index=q_index.to(device),
+        q_valid=q_valid.to(device), attn_mask=mask[:, None].to(device),
+        last_index=(offsets + counts - 1).to(device),
+        single=(chunks[0].end, chunks[0].start) if len(chunks) == 1 else None)
+
+
+def paged_attention(pool: KVBlockPool, layer: int, batch: PagedBatch, q: torch.Tensor,
+                    k_new: torch.Tensor, v_new: torch.Tensor,
+                    scale: float | None = None) -> torch.Tensor:
+    """Store ``k_new``/``v_new`` (``[n_tokens, kv_heads, dim]``) and attend the packed queries
+    ``q`` (``[n_tokens, heads, dim]``) over their sequences. Returns ``[n_tokens, heads, dim]``."""
+    pool.write_layer(layer, batch.slot_mapping, k_new, v_new)
+    keys, values = pool.gather_layer(layer, batch.block_tables)    # [B, T, Hkv, D]
+    mask = batch.attn_mask
+    if batch.single is not None:
+        # One sequence: cut the gathered blocks to its length, so a decode step needs no
+        # mask and a fresh prefill is plain causal (SDPA's fast paths).
+        length, start = batch.single
+        keys, values = keys[:, :length], values[:, :length]
+        mask = mask[..., :length]
+        if q.shape[0] == 1:
+            mask = None
+    keys, values = keys.transpose(1, 2).to(q.dtype), values.transpose(1, 2).to(q.dtype)
+    if batch.q_index.shape[1] == 1:
+        return _decode_attention(q, keys, values, mask, scale)
+    queries = q[batch.q_index].transpose(1, 2)                     # [B, H, Q, D]
+    if batch.single is not None and batch.single[1] == 0:
+        out = F.scaled_dot_product_attention(queries, keys, values, is_causal=True, scale=scale,
+                                             enable_gqa=keys.shape[1] != queries.shape[1])
+    else:
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale,
+                                             enable_gqa=keys.shape[1] != queries.shape[1])
+    return out.transpose(1, 2)[batch.q_valid]
+
+
+def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                      mask: torch.Tensor | None, scale: float | None) -> torch.Tensor:
+    """One query per sequence: fold the query heads that share a kv head into the query
+    axis (``[B, kv_heads, group, D]``), so keys/values are never repeated per head."""
+    batch, kv_heads = keys.shape[0], keys.shape[1]
+    heads, dim = q.shape[1], q.shape[2]
+    queries = q.view(batch, kv_heads, heads // kv_heads, dim)
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale)
+    return out.reshape(batch, heads, dim)

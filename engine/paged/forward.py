@@ -1,0 +1,65 @@
+"""The hand-written Qwen2 forward (:mod:`engine.forward`) over the paged KV cache.
+
+:class:`PagedAttentionCache` implements the forward's ``AttentionCache`` seam for one step
+of a batch: the forward runs its linear layers once over the packed new tokens of every
+sequence, and per layer hands q/k/v to :func:`paged_attention`, which writes k/v into the
+slots the block tables name and attends each sequence over its own blocks.  Only each
+sequence's last token goes through the final norm and lm_head (the vocabulary projection is
+the biggest matmul).  The model's weights are read in place, never copied.
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.forward import Qwen2Forward
+from engine.paged.attention import PagedBatch, paged_attention
+from engine.paged.pool import KVBlockPool, KVGeometry
+
+
+class PagedAttentionCache:
+    """The ``AttentionCache`` of one step: positions and attention come from ``batch``."""
+
+    def __init__(self, pool: KVBlockPool, batch: PagedBatch):
+        self.pool, self.batch = pool, batch
+
+    def begin(self, num_new: int) -> torch.Tensor:
+        if num_new != self.batch.num_tokens:
+            raise ValueError(f"step built for {self.batch.num_tokens} tokens, got {num_new}")
+        return self.batch.positions
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = paged_attention(self.pool, layer, self.batch, q, k, v)
+        return out.reshape(q.shape[0], -1)
+
+    def commit(self, num_new: int) -> None:
+        """Nothing to do: the block manager learns what was computed from the scheduler."""
+
+
+class PagedQwen2:
+    """Runs steps of the hand-written forward whose K/V lives in a :class:`KVBlockPool`."""
+
+    def __init__(self, forward: Qwen2Forward):
+        self.forward_model = forward
+        cfg = forward.config
+        self.geometry = KVGeometry(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+        self.vocab_size = cfg.vocab_size
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.forward_model.weights.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.forward_model.weights.device
+
+    def make_pool(self, num_blocks: int, block_size: int) -> KVBlockPool:
+        return KVBlockPool(num_blocks, block_size, self.geometry, self.dtype, self.device)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, batch: PagedBatch, pool: KVBlockPool,
+                all_logits: bool = False) -> torch.Tensor:
+        """``input_ids`` ``[n_tokens]`` packed as in ``batch``. Writes their K/V into the pool
+        and returns float32 logits ``[batch, vocab]`` of each sequence's last token (or of
+        every token with ``all_logits``)."""
+        hidden = self.forward_model.hidden(input_ids, PagedAttentionCache(pool, batch))
+        return self.forward_model.logits(hidden if all_logits else hidden[batch.last_index])

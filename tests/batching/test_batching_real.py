@@ -1,0 +1,34 @@
+"""A mixed batch on the real default model: each sequence equals its solo run."""
+import pytest
+
+from engine.batching import BatchEngine
+from engine.types import GenerationRequest, SamplingParams
+
+
+def req(text, **sampling):
+    return GenerationRequest(messages=[{"role": "user", "content": text}], method="paged",
+                             sampling=SamplingParams(**{"max_new_tokens": 12, **sampling}))
+
+
+@pytest.mark.slow
+def test_real_mixed_batch_equals_solo(real_engine):
+    texts = ["What is a KV cache?", "Write a haiku about the sea.",
+             "Explain in detail how continuous batching schedules prefill and decode steps "
+             "for many requests at once on one model.", "2 + 2 = ?"]
+    extra = [{}, {"max_new_tokens": 6}, {}, {"max_new_tokens": 9}]
+    solo = [real_engine.generate(req(t, **e)) for t, e in zip(texts, extra)]
+    batch = BatchEngine(real_engine)
+    stop = solo[0].text[5:8]
+    extra[0] = {"stop": (stop,)}
+    cancel_after: list[str] = []
+    futures = [batch.submit(req(t, **e)) for t, e in zip(texts[:3], extra[:3])]
+    futures.append(batch.submit(req(texts[3], **extra[3]), cancel_after.append,
+                                lambda: len(cancel_after) >= 2))
+    results = [f.result(timeout=120) for f in futures]
+    batch.close()
+    assert results[0].finish_reason == "stop" and solo[0].text.startswith(results[0].text)
+    for want, got in zip(solo[1:3], results[1:3]):
+        assert got.token_ids == want.token_ids
+    assert results[3].finish_reason in ("cancelled", "stop")
+    assert solo[3].token_ids[:len(results[3].token_ids)] == results[3].token_ids
+    assert batch.service.scheduler.stats.max_batch_size >= 3

@@ -1,0 +1,56 @@
+"""Sampling pieces against transformers' own logits processors, and seeds."""
+from __future__ import annotations
+
+import torch
+from transformers.generation.logits_process import (RepetitionPenaltyLogitsProcessor, TopKLogitsWarper,
+                                                    TopPLogitsWarper)
+
+from engine.sampling import Sampler, apply_repetition_penalty, top_k_mask, top_p_mask
+from engine.types import SamplingParams
+
+VOCAB = 50
+
+
+def _logits(seed=0):
+    return torch.randn(VOCAB, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_repetition_penalty_matches_transformers():
+    logits = _logits()
+    ids = torch.tensor([[3, 7, 7, 12, 49, 0]])
+    expected = RepetitionPenaltyLogitsProcessor(1.3)(ids, logits[None].clone())[0]
+    seen = torch.zeros(VOCAB, dtype=torch.bool)
+    seen[ids[0]] = True
+    assert torch.equal(apply_repetition_penalty(logits, seen, 1.3), expected)
+
+
+def test_top_k_and_top_p_masks_match_transformers():
+    for seed in range(5):
+        logits = _logits(seed)
+        for k in (1, 5, 20):
+            assert torch.equal(top_k_mask(logits, k), TopKLogitsWarper(k)(None, logits[None].clone())[0])
+            assert int(torch.isfinite(top_k_mask(logits, k)).sum()) == k
+        for p in (0.1, 0.5, 0.9):
+            assert torch.equal(top_p_mask(logits, p), TopPLogitsWarper(p)(None, logits[None].clone())[0])
+    masked = top_p_mask(torch.tensor([5.0, 0.0, -5.0]), 0.5)
+    assert torch.isfinite(masked).tolist() == [True, False, False]  # the top token alone covers 0.5
+    assert torch.equal(top_k_mask(_logits(), 0), _logits()) and torch.equal(top_p_mask(_logits(), 1.0), _logits())
+
+
+def test_greedy_sampler_is_argmax_after_penalty_and_remembers_tokens():
+    logits = torch.zeros(VOCAB)
+    logits[4], logits[9] = 2.0, 1.9
+    sampler = Sampler(SamplingParams(), 1.1, VOCAB, prompt_ids=[4])
+    assert sampler(logits) == 9  # 2.0 / 1.1 < 1.9
+    assert bool(sampler.seen[9]) and bool(sampler.seen[4])
+    assert sampler(logits) == 4  # both seen now: 2.0/1.1 > 1.9/1.1
+
+
+def test_seed_reproduces_samples_and_temperature_spreads_them():
+    params = SamplingParams(temperature=1.0, seed=42)
+    draw = lambda p: [Sampler(p, 1.0, VOCAB, [])(_logits(i)) for i in range(20)]  # noqa: E731
+    assert draw(params) == draw(params)
+    assert draw(params) != draw(SamplingParams(temperature=1.0, seed=43))
+    greedy = [int(torch.argmax(_logits(i))) for i in range(20)]
+    assert draw(SamplingParams(temperature=0.01, seed=1)) == greedy
+    assert draw(SamplingParams(temperature=1.0, top_k=1, seed=1)) == greedy

@@ -1,0 +1,34 @@
+"""One worker process serving many jobs at once (threads pool feeding the paged scheduler)."""
+from __future__ import annotations
+
+import concurrent.futures as futures
+
+import pytest
+
+from core.events import SUCCEEDED
+from core.workers import list_workers
+from tests.integration.conftest import gen_request, submit, wait_for_worker, wait_terminal
+
+pytestmark = pytest.mark.integration
+
+
+def test_eight_concurrent_jobs_on_one_worker_process(stack, store, celery_client):
+    proc = stack.start_worker(pool="threads", concurrency=8, MINISERVE_MAX_BATCH="8")
+    try:
+        wait_for_worker(store)
+        prompts = [f"Story number {i}: once upon a time" + " and then" * i for i in range(8)]
+        jobs = [submit(store, celery_client, {**gen_request(p, max_new_tokens=24 + 4 * i), "method": "paged"})
+                for i, p in enumerate(prompts)]
+        with futures.ThreadPoolExecutor(8) as pool:
+            records = list(pool.map(lambda j: wait_terminal(store, j.id, 120), jobs))
+        assert [r.state for r in records] == [SUCCEEDED] * 8, [r.error for r in records]
+        assert len({r.worker for r in records}) == 1  # one process served them all
+        assert max(r.started_at for r in records) < min(r.finished_at for r in records)  # all at once
+        for record in records:
+            streamed = "".join(e.data["text"] for e in store.events(record.id) if e.type == "token")
+            assert streamed == record.result["text"]
+            assert record.result["method"] == "paged"
+        info = list_workers(store.client, max_age_s=15)[0]["info"]
+        assert info["pool"] == "thread" and info["concurrency"] == 8
+    finally:
+        proc.stop()

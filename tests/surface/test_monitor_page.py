@@ -1,0 +1,102 @@
+"""The monitor page in headless Chromium (Debian's, driven by Playwright; nothing is
+downloaded): workers, a finished job, its events, and the cancel button on a running job."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import requests
+
+from bench.stack import REPO_ROOT, wait_until
+from core.events import TERMINAL_STATES
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+SCREENSHOT = REPO_ROOT / "results" / "tmp" / "monitor-test.png"  # ignored by git; README shows a real-model one
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed")
+
+
+@pytest.fixture(scope="module")
+def page():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1100})
+        page.set_default_timeout(20_000)
+        yield page
+        browser.close()
+
+
+def submit(base_url: str, **body) -> str:
+    response = requests.post(f"{base_url}/jobs", json={"prompt": "Hello, how are you?", **body}, timeout=10)
+    assert response.status_code == 202, response.text
+    return response.json()["id"]
+
+
+def wait_end(store, job_id: str) -> None:
+    wait_until(lambda: store.get(job_id).state in TERMINAL_STATES, 60, what=f"job {job_id} to end")
+
+
+def test_lists_workers_and_a_finished_job_and_shows_its_events(page, base_url, surface_store):
+    for _ in range(2):  # the second one hits the worker's prefix cache
+        cached = submit(base_url, max_new_tokens=4, prefix="You are a terse assistant.",
+                        generation_method="prefix_cache")
+        wait_end(surface_store, cached)
+    paged = submit(base_url, max_new_tokens=4, generation_method="paged")
+    wait_end(surface_store, paged)
+    job_id = submit(base_url, max_new_tokens=16)
+    wait_end(surface_store, job_id)
+    page.goto(f"{base_url}/monitor")
+    worker_row = page.locator("#workers tr.worker").first
+    worker_row.wait_for()
+    assert "float32" in worker_row.inner_text() and "cpu" in worker_row.inner_text()
+    # cache statistics arrive with the worker's next heartbeat (every 5 s); the page polls
+    page.locator("#workers tr.worker .cache", has_text="prefix_cache: hits 1 / misses 1").wait_for()
+    assert "used (peak" in page.locator("#workers tr.worker .cache", has_text="paged:").inner_text()
+    row = page.locator(f'#jobs tr[data-job-id="{job_id}"]')
+    row.wait_for()
+    assert "succeeded" in row.inner_text() and "generate" in row.inner_text()
+    assert page.locator('#queues [data-queue="generation"]').count() == 1
+    row.click()
+    page.locator("#events li.event-done").wait_for()
+    tokens = page.locator("#events li.event-token").count()
+    assert tokens == sum(1 for e in surface_store.events(job_id) if e.type == "token") > 0
+    assert page.locator("#output").inner_text() == surface_store.get(job_id).result["text"].strip() or tokens
+    assert page.locator("#cancel").is_disabled()
+    page.select_option("#filter-state", "running")
+    page.wait_for_function("document.querySelectorAll('#jobs tr.job').length === 0")
+    page.select_option("#filter-state", "")
+    page.locator(f'#jobs tr[data-job-id="{job_id}"]').wait_for()
+
+
+def test_an_agent_job_shows_its_trace(page, base_url, surface_store):
+    response = requests.post(f"{base_url}/jobs", json={"type": "agent", "prompt": "What is 17 * 23?",
+                                                       "max_steps": 2, "max_new_tokens": 24}, timeout=10)
+    job_id = response.json()["id"]
+    wait_end(surface_store, job_id)
+    job = surface_store.get(job_id)
+    steps = (job.result or {}).get("trace") or (job.error or {}).get("trace") or []
+    assert steps, (job.state, job.result, job.error)
+    page.goto(f"{base_url}/monitor#job={job_id}")
+    page.locator("#trace-box:not([hidden])").wait_for()
+    assert page.locator("#trace > li").count() == len(steps)
+    assert page.locator(f'#jobs tr[data-job-id="{job_id}"]').inner_text().split("\t")[1] == "agent"
+
+
+def test_the_cancel_button_cancels_a_running_job(page, base_url, surface_store):
+    job_id = submit(base_url, max_new_tokens=2000, stop=["<never>"], repetition_penalty=1.0)
+    wait_until(lambda: surface_store.get(job_id).state == "running", 30, what="the job to start")
+    page.goto(f"{base_url}/monitor#job={job_id}")
+    page.locator("#events li.event-token").first.wait_for()  # live events arrive while it runs
+    page.locator("#cancel:not([disabled])").click()
+    wait_end(surface_store, job_id)
+    assert surface_store.get(job_id).state == "cancelled"
+    page.locator("#events li.event-cancelled").wait_for()
+    page.wait_for_function("document.getElementById('detail-state').textContent === 'cancelled'")
+    page.locator(f'#jobs tr[data-job-id="{job_id}"] td.state-cancelled').wait_for()
+    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOT), full_page=True)
+    assert SCREENSHOT.stat().st_size > 10_000

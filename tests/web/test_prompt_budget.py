@@ -1,0 +1,80 @@
+"""Prompt length against the model's context, counted with the model folder's tokenizer.json
+(or, without one, against MINISERVE_MAX_PROMPT_CHARS)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+
+from core import keys
+from web.prompt_budget import DEFAULT_MODEL_FOLDER, PER_MESSAGE_TOKENS, TEMPLATE_TOKENS, PromptBudget
+
+CONTEXT = 100
+
+
+def _model_folder(folder):
+    folder.mkdir(parents=True)
+    tokenizer = Tokenizer(WordLevel({"[UNK]": 0, "w": 1}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = Whitespace()
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "config.json").write_text(json.dumps({"max_position_embeddings": CONTEXT}))
+    return folder
+
+
+def _words(n: int) -> str:
+    return " ".join(["w"] * n)
+
+
+@pytest.fixture
+def local_model(tmp_path):
+    return _model_folder(tmp_path / "tiny-model")
+
+
+def test_counts_tokens_with_the_model_tokenizer(local_model):
+    budget = PromptBudget(local_model, max_prompt_chars=10)
+    assert budget.uses_tokenizer and budget.context_length == CONTEXT
+    assert budget.check([_words(20)], 5, "prompt") == 20 + PER_MESSAGE_TOKENS + TEMPLATE_TOKENS
+
+
+def test_too_long_prompt_is_422_naming_prompt_and_enqueues_nothing(make_app, local_model, celery, store):
+    client = make_app(model=str(local_model)).test_client()
+    response = client.post("/jobs", json={"prompt": _words(60), "max_new_tokens": 1})
+    assert response.status_code == 422
+    assert response.get_json()["error"] | {"message": ""} == {"code": "prompt_too_long", "field": "prompt",
+                                                            "message": ""}
+    assert celery.sent == [] and store.client.zcard(keys.JOBS_INDEX) == 0
+
+
+def test_prompt_plus_new_tokens_over_context_names_max_new_tokens(make_app, local_model):
+    client = make_app(model=str(local_model)).test_client()
+    fits = 40 + PER_MESSAGE_TOKENS + TEMPLATE_TOKENS
+    assert client.post("/jobs", json={"prompt": _words(40), "max_new_tokens": CONTEXT - fits}).status_code == 202
+    response = client.post("/jobs", json={"prompt": _words(40), "max_new_tokens": CONTEXT - fits + 1})
+    assert response.status_code == 422
+    assert response.get_json()["error"]["field"] == "max_new_tokens"
+    assert response.get_json()["error"]["code"] == "context_exceeded"
+
+
+def test_messages_are_counted_together(make_app, local_model):
+    client = make_app(model=str(local_model)).test_client()
+    messages = [{"role": "user", "content": _words(15)} for _ in range(3)]  # 45 + 24 + 48 > 100
+    response = client.post("/jobs", json={"messages": messages, "max_new_tokens": 1})
+    assert response.status_code == 422 and response.get_json()["error"]["field"] == "messages"
+
+
+def test_default_model_reads_the_prepared_cache_folder(make_app, tmp_path):
+    _model_folder(tmp_path / "cache" / "models" / DEFAULT_MODEL_FOLDER)
+    client = make_app().test_client()  # model 'default', cache_dir = tmp_path / "cache"
+    assert client.post("/jobs", json={"prompt": _words(60), "max_new_tokens": 1}).status_code == 422
+
+
+def test_without_a_tokenizer_falls_back_to_a_character_limit(make_app, celery):
+    client = make_app(max_prompt_chars=50).test_client()
+    assert client.post("/jobs", json={"prompt": "x" * 50}).status_code == 202
+    response = client.post("/jobs", json={"prompt": "x" * 51})
+    assert response.status_code == 422
+    assert response.get_json()["error"]["code"] == "prompt_too_long"
+    assert len(celery.sent) == 1

@@ -1,0 +1,156 @@
+"""``GET /metrics``: Prometheus text, computed from Redis at scrape time.
+
+A collector on the app's own ``CollectorRegistry`` reads everything when scraped: job
+totals and latency histograms (folded in from finished jobs, see
+:mod:`web.metrics_totals`), queue depths, jobs waiting and running, workers online and
+each worker's cache counters from its heartbeat. Nothing is counted in the web process,
+so any gunicorn process answers the same numbers.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from flask import Response, current_app
+from flask_openapi3 import APIBlueprint, OpenAPI, Tag
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from core.jobs import JobStore
+from core.settings import Settings
+from core.workers import list_workers
+from web.context import EXTENSION_KEY
+from web.metrics_totals import HISTOGRAMS, fold, read_totals
+from web.routes_jobs import GUARD_ERRORS
+
+api = APIBlueprint("metrics", __name__, abp_tags=[Tag(name="system", description="service status")])
+METRICS_RESPONSE = {"description": "Prometheus text exposition format",
+                    "content": {"text/plain": {"schema": {"type": "string"}}}}
+REGISTRY_KEY = "miniserve_metrics_registry"
+TOKEN_KINDS = {"completion_tokens": ("miniserve_generated_tokens", "Tokens generated"),
+               "prompt_tokens": ("miniserve_prompt_tokens", "Prompt tokens read"),
+               "cached_tokens": ("miniserve_cached_prompt_tokens", "Prompt tokens served from a cache")}
+
+
+class RedisCollector:
+    """Reads the whole picture from Redis on every scrape."""
+
+    def __init__(self, store: JobStore, settings: Settings) -> None:
+        self.store, self.settings = store, settings
+
+    def collect(self) -> Iterator[Metric]:
+        client = self.store.client
+        window = fold(client)
+        totals = read_totals(client)
+        yield from _job_counters(totals)
+        yield from _histograms(totals)
+        yield from _token_counters(totals)
+        active = GaugeMetricFamily("miniserve_jobs_active", "Jobs queued or running now", labels=["state"])
+        for state in ("queued", "running"):
+            active.add_metric([state], window.active.get(state, 0))
+        yield active
+        depth = GaugeMetricFamily("miniserve_queue_depth", "Messages waiting in each Celery queue", labels=["queue"])
+        for queue, n in self.store.queue_depths().items():
+            depth.add_metric([queue], n)
+        yield depth
+        yield from _worker_metrics(list_workers(client, self.settings.worker_max_age_s))
+
+
+def _job_counters(totals: dict[str, float]) -> Iterator[Metric]:
+    jobs = CounterMetricFamily("miniserve_jobs", "Jobs that ended, by type and terminal state",
+                               labels=["type", "state"])
+    for field_name, value in sorted(totals.items()):
+        family, *labels = field_name.split("|")
+        if family == "jobs" and len(labels) == 2:
+            jobs.add_metric(labels, value)
+    yield jobs
+
+
+def _token_counters(totals: dict[str, float]) -> Iterator[Metric]:
+    families = {kind: CounterMetricFamily(name, doc, labels=["type"]) for kind, (name, doc) in TOKEN_KINDS.items()}
+    for field_name, value in sorted(totals.items()):
+        family, *labels = field_name.split("|")
+        if family == "tokens" and len(labels) == 2 and labels[1] in families:
+            families[labels[1]].add_metric([labels[0]], value)
+    yield from families.values()
+    prompt = sum(v for k, v in totals.items() if k.startswith("tokens|") and k.endswith("|prompt_tokens"))
+    cached = sum(v for k, v in totals.items() if k.startswith("tokens|") and k.endswith("|cached_tokens"))
+    ratio = GaugeMetricFamily("miniserve_prompt_cache_hit_ratio",
+                              "Share of prompt tokens served from a cache, over all finished jobs")
+    ratio.add_metric([], cached / prompt if prompt else 0.0)
+    yield ratio
+
+
+def _histograms(totals: dict[str, float]) -> Iterator[Metric]:
+    names = {"ttft": ("miniserve_time_to_first_token_seconds", "Time to first token of generation jobs"),
+             "latency": ("miniserve_job_latency_seconds", "Job total latency, created to finished")}
+    for family, buckets in HISTOGRAMS.items():
+        name, doc = names[family]
+        metric = HistogramMetricFamily(name, doc, labels=["type"])
+        types = sorted({k.split("|")[1] for k in totals if k.startswith(f"{family}|")})
+        for job_type in types:
+            cumulative, rows = 0.0, []
+            for le in [repr(b) for b in buckets] + ["+Inf"]:
+                cumulative += totals.get(f"{family}|{job_type}|{le}", 0.0)
+                rows.append((le, cumulative))
+            metric.add_metric([job_type], rows, sum_value=totals.get(f"{family}|{job_type}|sum", 0.0))
+        yield metric
+
+
+def _worker_metrics(workers: list[dict[str, Any]]) -> Iterator[Metric]:
+    online = GaugeMetricFamily("miniserve_workers_online", "Workers with a recent heartbeat")
+    online.add_metric([], len(workers))
+    yield online
+    busy = GaugeMetricFamily("miniserve_worker_current_jobs", "Jobs each worker runs now", labels=["worker"])
+    lookups = GaugeMetricFamily("miniserve_cache_lookups", "Cache lookups since the worker started (prefix "
+                                "cache: requests; paged: prompt tokens)", labels=["worker", "cache", "result"])
+    ratio = GaugeMetricFamily("miniserve_cache_hit_ratio", "Cache hits over lookups since the worker started",
+                              labels=["worker", "cache"])
+    blocks = GaugeMetricFamily("miniserve_kv_blocks", "KV blocks of the paged cache", labels=["worker", "kind"])
+    for worker in workers:
+        name, info = worker["name"], worker.get("info") or {}
+        busy.add_metric([name], len(info.get("current_jobs") or []))
+        for cache, stats in (info.get("cache_stats") or {}).items():
+            figures = cache_figures(stats)
+            if figures is None:
+                continue
+            hits, misses, pool = figures
+            lookups.add_metric([name, cache, "hit"], hits)
+            lookups.add_metric([name, cache, "miss"], misses)
+            ratio.add_metric([name, cache], hits / (hits + misses) if hits + misses else 0.0)
+            for kind in ("used", "free", "cached"):
+                if f"blocks_{kind}" in pool:
+                    blocks.add_metric([name, kind], float(pool[f"blocks_{kind}"]))
+            if "num_blocks" in pool:
+                blocks.add_metric([name, "total"], float(pool["num_blocks"]))
+    yield from (busy, lookups, ratio, blocks)
+
+
+def cache_figures(stats: Any) -> tuple[float, float, dict[str, Any]] | None:
+    """(hits, misses, block pool) of one cache in a worker's heartbeat: the prefix cache
+    counts requests (``hits``/``misses``); the paged cache counts prompt tokens found in
+    its block pool (``blocks.prefix_hit_tokens`` of ``blocks.prefix_query_tokens``)."""
+    if not isinstance(stats, dict):
+        return None
+    if "hits" in stats and "misses" in stats:
+        return float(stats["hits"]), float(stats["misses"]), {}
+    pool = stats.get("blocks")
+    if isinstance(pool, dict) and "prefix_query_tokens" in pool:
+        hits = float(pool.get("prefix_hit_tokens", 0))
+        return hits, float(pool["prefix_query_tokens"]) - hits, pool
+    return None
+
+
+@api.get("/metrics", summary="Prometheus metrics (jobs, latencies, tokens, queues, workers, caches)",
+         responses={200: METRICS_RESPONSE, **GUARD_ERRORS})
+def metrics():
+    # The classic text format (0.0.4), which every Prometheus version reads.
+    return Response(generate_latest(current_app.extensions[REGISTRY_KEY]), content_type=CONTENT_TYPE_PLAIN_0_0_4)
+
+
+def register(app: OpenAPI) -> None:
+    registry = CollectorRegistry(auto_describe=False)
+    web = app.extensions[EXTENSION_KEY]
+    registry.register(RedisCollector(web.store, web.settings))
+    app.extensions[REGISTRY_KEY] = registry
+    app.register_api(api)

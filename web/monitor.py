@@ -1,0 +1,89 @@
+"""The monitor page (``/monitor``) and the one JSON call it polls (``GET /overview``).
+
+The page is a template plus vanilla JS and CSS shipped in ``web/static/monitor`` (no CDN,
+works offline). It is public, like ``/docs``: it holds no data itself. Everything it shows
+comes from the API with the visitor's key when keys are configured: ``/overview`` (workers,
+queues, recent jobs as compact rows), ``/jobs/{id}``, ``/jobs/{id}/events`` and
+``/jobs/{id}/cancel``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, jsonify, render_template
+from flask_openapi3 import APIBlueprint, OpenAPI, Tag
+from pydantic import BaseModel, Field
+
+from core.jobs import JobRecord
+from core.workers import list_workers
+from web.context import ctx, request_owner
+from web.guards import add_public_prefix
+from web.routes_jobs import GUARD_ERRORS, job_view
+from web.schemas import ErrorResponse, JobListQuery, WorkerView
+
+page = Blueprint("monitor", __name__, static_folder="static/monitor", static_url_path="/monitor/static",
+                 template_folder="templates")
+api = APIBlueprint("overview", __name__, abp_tags=[Tag(name="monitor", description="data for the monitor page")])
+ROW_TIMINGS = ("queue_wait_s", "job_total_s", "ttft_s", "total_s", "decode_tokens_per_s")
+ROW_USAGE = ("prompt_tokens", "completion_tokens", "cached_tokens")
+
+
+class JobRow(BaseModel):
+    id: str
+    type: str
+    state: str
+    queue: str
+    worker: str
+    attempt: int
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    method: str | None = None
+    finish_reason: str | None = None
+    timings: dict[str, float] = Field(description="queue_wait_s, job_total_s, ttft_s, total_s, decode_tokens_per_s")
+    usage: dict[str, int] = Field(description="prompt_tokens, completion_tokens, cached_tokens")
+
+
+class Overview(BaseModel):
+    workers: list[WorkerView]
+    queues: dict[str, int]
+    jobs: list[JobRow]
+    counts: dict[str, int] = Field(description="listed jobs by state")
+
+
+def job_row(job: JobRecord) -> dict[str, Any]:
+    """A job as one table row: no request or result text, just its numbers."""
+    view = job_view(job)
+    partial = (job.error or {}).get("partial")  # a cancelled or timed-out job's output so far
+    result = job.result or (partial if isinstance(partial, dict) else {})
+    timings = {**(result.get("timings") or {}), **(view.get("timings") or {})}
+    timings = {k: float(v) for k, v in timings.items() if k in ROW_TIMINGS and v is not None}
+    usage = {k: int(v) for k, v in (result.get("usage") or {}).items() if k in ROW_USAGE and v is not None}
+    return {"id": job.id, "type": job.type, "state": job.state, "queue": job.queue, "worker": job.worker,
+            "attempt": job.attempt, "created_at": job.created_at, "started_at": job.started_at,
+            "finished_at": job.finished_at, "method": result.get("method") or job.request.get("method"),
+            "finish_reason": result.get("finish_reason"), "timings": timings, "usage": usage}
+
+
+@api.get("/overview", summary="Workers, queue depths and recent jobs (compact rows) for the monitor page",
+         responses={200: Overview, 422: ErrorResponse, **GUARD_ERRORS})
+def overview(query: JobListQuery):
+    store = ctx().store
+    jobs = store.list(state=query.state, job_type=query.type, owner=request_owner(), limit=query.limit)
+    rows = [job_row(job) for job in jobs]
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["state"]] = counts.get(row["state"], 0) + 1
+    return jsonify({"workers": list_workers(store.client, ctx().settings.worker_max_age_s),
+                    "queues": store.queue_depths(), "jobs": rows, "counts": counts})
+
+
+@page.get("/monitor")
+def monitor_page() -> str:
+    return render_template("monitor.html", refresh_ms=1500, auth=bool(ctx().settings.api_keys))
+
+
+def register(app: OpenAPI) -> None:
+    add_public_prefix(app, "/monitor")
+    app.register_blueprint(page)
+    app.register_api(api)

@@ -1,0 +1,13 @@
+"""OpenAI-compatible API (``/v1``): chat completions through the queue, the model list,
+and OpenAI's error shape for everything under ``/v1/``."""
+from __future__ import annotations
+
+from flask_openapi3 import OpenAPI
+
+from web.openai import errors
+from web.openai.routes import api
+
+
+def register(app: OpenAPI) -> None:
+    app.register_api(api)
+    errors.install(app)

@@ -1,0 +1,112 @@
+"""An OpenAI chat request as a MiniServe job: the same stored request shape ``web.submit``
+writes for ``/jobs`` (so the worker runs a ``chat`` job unchanged), plus what the route
+needs to shape the answer (tool set, streaming options).
+
+Mapping: ``max_completion_tokens`` or ``max_tokens`` -> ``max_new_tokens``; ``temperature``
+and ``top_p`` omitted -> greedy; ``developer`` -> ``system``; text parts are joined;
+assistant ``tool_calls`` keep their arguments as objects (the chat template renders them);
+``tool_choice: none`` -> the model does not see the tools; ``required`` or a named function
+-> a closing system line asks for the call (nothing can force a model without constrained
+decoding; the answer is then checked like any other).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from web.context import ctx
+from web.errors import ApiError
+from web.openai.schemas import ChatCompletionRequest, ChatMessage
+from web.openai.tool_calls import ToolSet, compile_tools
+from web.submit import Submission
+
+REQUIRED_HINT = "Answer with a call to one of the functions you were given."
+NAMED_HINT = "Answer with a call to the function `{name}`."
+
+
+@dataclass(frozen=True)
+class ChatJob:
+    submission: Submission
+    tools: ToolSet | None  # None: answers are plain content (no tools, or tool_choice none)
+    stream: bool
+    include_usage: bool
+
+
+def _text(content: str | list[Any] | None) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part.text for part in content)
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _message(message: ChatMessage) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": "system" if message.role == "developer" else message.role,
+                           "content": _text(message.content)}
+    if message.tool_calls:
+        out["tool_calls"] = [{"id": call.id, "type": "function",
+                              "function": {"name": call.function.name,
+                                           "arguments": _arguments(call.function.arguments)}}
+                             for call in message.tool_calls]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        out["name"] = message.name
+    return out
+
+
+def _sampling(body: ChatCompletionRequest) -> dict[str, Any]:
+    settings = ctx().settings
+    max_new = body.max_completion_tokens or body.max_tokens or settings.default_max_new_tokens
+    if max_new > settings.max_new_tokens_cap:
+        field_name = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+        raise ApiError(422, "validation_error", f"{field_name}: at most {settings.max_new_tokens_cap}",
+                       field=field_name)
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    return {"max_new_tokens": max_new, "temperature": body.temperature or 0.0,
+            "top_p": body.top_p if body.top_p is not None else 1.0, "top_k": body.top_k or 0,
+            "repetition_penalty": body.repetition_penalty, "seed": body.seed, "stop": stop}
+
+
+def _tool_set(body: ChatCompletionRequest) -> ToolSet | None:
+    choice = body.tool_choice
+    if not body.tools:
+        if choice not in (None, "none", "auto"):
+            raise ApiError(422, "validation_error", "tool_choice: needs tools", field="tool_choice")
+        return None
+    if choice == "none":
+        return None
+    only = choice.function.name if not isinstance(choice, (str, type(None))) else None
+    return compile_tools([t.model_dump() for t in body.tools], only=only,
+                         parallel=body.parallel_tool_calls is not False)
+
+
+def _hint(body: ChatCompletionRequest, tools: ToolSet | None) -> str | None:
+    if tools is None:
+        return None
+    if tools.only is not None:
+        return NAMED_HINT.format(name=tools.only)
+    return REQUIRED_HINT if body.tool_choice == "required" else None
+
+
+def chat_job(body: ChatCompletionRequest) -> ChatJob:
+    """Validate what the schema cannot (token cap, tool schemas) and build the job request."""
+    tools = _tool_set(body)
+    messages = [_message(m) for m in body.messages]
+    hint = _hint(body, tools)
+    if hint:
+        messages.append({"role": "system", "content": hint})
+    request = {"messages": messages, "prefix": None, "sampling": _sampling(body),
+               "method": body.generation_method or ctx().settings.chat_generation_method,
+               "tools": [t.model_dump(exclude_none=True) for t in body.tools] if tools else None,
+               "max_steps": None}
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return ChatJob(Submission("chat", request, "messages"), tools, bool(body.stream), include_usage)

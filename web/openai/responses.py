@@ -1,0 +1,108 @@
+"""Shaping a finished chat job as OpenAI objects: ``chat.completion``, its stream chunks,
+``usage`` and the model card."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from core.jobs import JobRecord
+from core.settings import DEFAULT_MODEL, Settings
+from web.openai.convert import ChatJob
+from web.openai.tool_calls import Recognised, openai_tool_calls, recognise
+from web.prompt_budget import DEFAULT_MODEL_FOLDER
+
+
+def model_id(settings: Settings) -> str:
+    """The served model's name: the bundled model's, a folder's name, or the hub id."""
+    if settings.model == DEFAULT_MODEL:
+        return DEFAULT_MODEL_FOLDER
+    path = Path(settings.model)
+    return path.name if path.is_absolute() or settings.model.startswith(".") else settings.model
+
+
+def completion_id(job_id: str) -> str:
+    return f"chatcmpl-{job_id}"
+
+
+def usage(result: dict[str, Any]) -> dict[str, Any]:
+    raw = result.get("usage") or {}
+    prompt, completion = int(raw.get("prompt_tokens", 0)), int(raw.get("completion_tokens", 0))
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": int(raw.get("cached_tokens", 0))}}
+
+
+def final_answer(chat: ChatJob, text: str) -> Recognised:
+    """Tool calls when the request has tools and the text holds valid ones; else content."""
+    if chat.tools is None:
+        return Recognised(content=text)
+    return recognise(text, chat.tools)
+
+
+def finish_reason(answer: Recognised, result: dict[str, Any]) -> str:
+    if answer.calls:
+        return "tool_calls"
+    return "length" if result.get("finish_reason") == "length" else "stop"
+
+
+def extension(job: JobRecord, result: dict[str, Any]) -> dict[str, Any]:
+    """MiniServe's own fields: the job to look up, how it ran, how long it took."""
+    return {"job_id": job.id, "generation_method": result.get("method"),
+            "engine_finish_reason": result.get("finish_reason"), "timings": result.get("timings") or {}}
+
+
+def completion(job: JobRecord, chat: ChatJob, model: str) -> dict[str, Any]:
+    result = job.result or {}
+    answer = final_answer(chat, str(result.get("text", "")))
+    message: dict[str, Any] = {"role": "assistant", "content": answer.content}
+    if answer.calls:
+        message["tool_calls"] = openai_tool_calls(answer.calls, job.id)
+    return {"id": completion_id(job.id), "object": "chat.completion", "created": int(job.created_at),
+            "model": model,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason(answer, result),
+                         "logprobs": None}],
+            "usage": usage(result), "system_fingerprint": None, "miniserve": extension(job, result)}
+
+
+class ChunkWriter:
+    """Formats ``chat.completion.chunk`` events (``data: {...}``) for one job."""
+
+    def __init__(self, job: JobRecord, chat: ChatJob, model: str) -> None:
+        self.job, self.chat = job, chat
+        self.base = {"id": completion_id(job.id), "object": "chat.completion.chunk",
+                     "created": int(job.created_at), "model": model, "system_fingerprint": None}
+
+    def _event(self, payload: dict[str, Any]) -> str:
+        if self.chat.include_usage and "usage" not in payload:
+            payload["usage"] = None
+        return f"data: {json.dumps({**self.base, **payload}, ensure_ascii=False)}\n\n"
+
+    def delta(self, delta: dict[str, Any], finish: str | None = None) -> str:
+        return self._event({"choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]})
+
+    def ending(self, result: dict[str, Any], buffered: bool) -> list[str]:
+        """The closing chunks: tool calls or (when it was held back) the content, the
+        finish reason, usage."""
+        out = []
+        answer = final_answer(self.chat, str(result.get("text", "")))
+        if answer.calls:
+            calls = [{"index": i, **call} for i, call in enumerate(openai_tool_calls(answer.calls, self.job.id))]
+            delta: dict[str, Any] = {"tool_calls": calls}
+            if answer.content:
+                delta["content"] = answer.content
+            out.append(self.delta(delta))
+        elif buffered and answer.content:
+            out.append(self.delta({"content": answer.content}))
+        out.append(self.delta({}, finish_reason(answer, result)))
+        if self.chat.include_usage:
+            out.append(self._event({"choices": [], "usage": usage(result)}))
+        return out
+
+    @staticmethod
+    def error(error_type: str, message: str, code: str) -> str:
+        body = {"error": {"message": message, "type": error_type, "param": None, "code": code}}
+        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+    @staticmethod
+    def done() -> str:
+        return "data: [DONE]\n\n"

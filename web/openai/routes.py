@@ -1,0 +1,119 @@
+"""``POST /v1/chat/completions`` and ``GET /v1/models``, served through the job queue.
+
+A chat request becomes a ``chat`` job (``core.tasks`` sends it to the generation task), so
+it is queued, cancellable, visible in ``/jobs`` and on the monitor page like any other.
+Without ``stream`` the route waits for the job (as ``/generate`` does). With ``stream`` it
+follows the job's events and writes OpenAI chunks; when the request has tools, the text is
+held back until the end, because a tool call can only be recognised in the final text
+(keep-alive comments still go out for each token). A client that goes away mid-stream is
+noticed on the next write (the server closes the generator) and its job is cancelled.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Iterator
+
+from flask import Response, jsonify, stream_with_context
+from flask_openapi3 import APIBlueprint, Tag
+
+from core.events import CANCELLED, DONE, QUEUED, TIMEOUT, TOKEN
+from core.jobs import JobRecord, JobStore
+from core.logs import log_event
+from web.context import ctx
+from web.openai.convert import ChatJob, chat_job
+from web.openai.responses import ChunkWriter, completion, model_id
+from web.openai.schemas import ChatCompletion, ChatCompletionRequest, ModelList, OpenAIError
+from web.routes_compat import _finished as finished_job  # waits; maps failed/cancelled/timeout to errors
+from web.sse import _stream_over as stream_over
+from web.submit import submit
+
+logger = logging.getLogger("miniserve.web.openai")
+api = APIBlueprint("openai", __name__, url_prefix="/v1",
+                   abp_tags=[Tag(name="openai", description="OpenAI-compatible API (through the queue)")])
+ERRORS: dict[int, Any] = {code: OpenAIError for code in (400, 401, 409, 413, 415, 429, 500, 503, 504)}
+KEEPALIVE = ": keep-alive\n\n"
+TICK_S = 1  # idle ticks while following a job: how soon a vanished client is noticed
+STARTED_AT = int(time.time())
+
+
+@api.post("/chat/completions", summary="Chat completion (OpenAI-compatible), optionally streamed",
+          responses={200: ChatCompletion, **ERRORS})
+def chat_completions(body: ChatCompletionRequest):
+    """Runs as a ``chat`` job. MiniServe extensions in the body: ``generation_method``,
+    ``top_k``, ``repetition_penalty``; the answer adds ``miniserve`` (job id, method,
+    timings) and the ``X-Job-Id`` header."""
+    chat = chat_job(body)
+    job = submit(chat.submission).job
+    log_event(logger, "chat_submitted", job_id=job.id, stream=chat.stream,
+              tools=len(chat.tools.names) if chat.tools else 0)
+    model = model_id(ctx().settings)
+    if chat.stream:
+        events = stream_completion(ctx().store, ctx().celery, job, chat, model)
+        response = Response(stream_with_context(events), mimetype="text/event-stream")
+        response.headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Job-Id": job.id})
+        return response
+    response = jsonify(completion(finished_job(job.id), chat, model))
+    response.headers["X-Job-Id"] = job.id
+    return response
+
+
+@api.get("/models", summary="The served model (OpenAI-compatible)", responses={200: ModelList, **ERRORS})
+def list_models():
+    return jsonify({"object": "list", "data": [{"id": model_id(ctx().settings), "object": "model",
+                                                "created": STARTED_AT, "owned_by": "miniserve"}]})
+
+
+def stream_completion(store: JobStore, celery: Any, job: JobRecord, chat: ChatJob, model: str) -> Iterator[str]:
+    """OpenAI chunks from the job's events, ``data: [DONE]`` last; cancels the job when the
+    client leaves before its end."""
+    writer = ChunkWriter(job, chat, model)
+    buffered = chat.tools is not None
+    ended, last = False, 0
+    try:
+        yield writer.delta({"role": "assistant", "content": ""})
+        for event in store.follow(job.id, block_ms=TICK_S * 1000):
+            if event is None:
+                if stream_over(store, job.id, last):
+                    ended = True
+                    yield writer.error("server_error", "the job's events are gone", "job_expired")
+                    return
+                yield KEEPALIVE
+                continue
+            last = event.seq
+            if event.type == TOKEN:
+                yield KEEPALIVE if buffered else writer.delta({"content": event.data.get("text", "")})
+            elif event.is_terminal:
+                ended = True
+                yield from _ending(writer, event.type, event.data, buffered)
+                return
+    except GeneratorExit:
+        if not ended:
+            abandon(store, celery, job.id)
+        raise
+
+
+def _ending(writer: ChunkWriter, event_type: str, data: dict[str, Any], buffered: bool) -> Iterator[str]:
+    if event_type == DONE:
+        yield from writer.ending(data, buffered)
+    else:
+        message = str(data.get("message") or data.get("reason") or event_type)
+        if event_type == CANCELLED:
+            yield writer.error("conflict_error", message, "job_cancelled")
+        elif event_type == TIMEOUT:
+            yield writer.error("timeout_error", message, "job_timeout")
+        else:
+            yield writer.error("server_error", message, str(data.get("code") or "job_failed"))
+    yield writer.done()
+
+
+def abandon(store: JobStore, celery: Any, job_id: str) -> None:
+    """The client left: cancel its job (revoke the task too when it never started)."""
+    try:
+        was_queued = store.get(job_id).state == QUEUED
+        job = store.request_cancel(job_id)
+        if was_queued:
+            celery.control.revoke(job_id)
+        log_event(logger, "chat_stream_abandoned", job_id=job_id, was_queued=was_queued, state=job.state)
+    except Exception as exc:  # noqa: BLE001 - the client is gone; nobody to tell but the log
+        log_event(logger, "chat_abandon_failed", level=logging.WARNING, job_id=job_id, error=type(exc).__name__)

@@ -1,0 +1,192 @@
+"""Request and response models of the OpenAI-compatible routes, so ``/openapi.json`` is exact.
+
+Unlike MiniServe's own bodies, these *ignore* fields they do not know: OpenAI clients send
+many optional fields (``user``, ``metadata``, ``frequency_penalty`` ...) that change
+nothing here. Fields that would change the answer in a way MiniServe cannot honour are
+constrained in the schema instead (``n`` must be 1, ``logprobs`` must be false).
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from core.settings import GENERATION_METHODS
+from web.schemas import MAX_STOP_STRINGS, SSE_EVENT_SCHEMA, StopString, json_int
+
+GenerationMethod = Literal[GENERATION_METHODS]  # type: ignore[valid-type]
+FUNCTION_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+
+
+def _exact_type(kind: type) -> BeforeValidator:
+    """``Literal[False]`` / ``Literal[1]`` alone would take 0 / true (equal in Python, not in JSON)."""
+    def check(value: Any) -> Any:
+        if value is not None and (type(value) is bool) != (kind is bool):
+            raise ValueError(f"must be a {kind.__name__}")
+        return value
+    return BeforeValidator(check)
+
+
+class Lenient(BaseModel):
+    """Unknown fields are ignored (OpenAI clients send many); known ones are type-strict."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class TextPart(Lenient):
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCallIn(Lenient):
+    name: str = Field(min_length=1, max_length=64)
+    arguments: str = Field(default="{}", max_length=100_000, description="JSON text, as OpenAI sends it")
+
+
+class ToolCallIn(Lenient):
+    id: str = Field(default="", max_length=200)
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
+class ChatMessage(Lenient):
+    """A message of the conversation. ``content`` may be null (an assistant turn that only
+    called tools); text parts are joined; ``developer`` is read as ``system``."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = Field(default=None)
+    name: str | None = Field(default=None, max_length=200)
+    tool_calls: list[ToolCallIn] | None = Field(default=None, max_length=64)
+    tool_call_id: str | None = Field(default=None, max_length=200)
+
+
+class FunctionDef(Lenient):
+    name: str = Field(pattern=FUNCTION_NAME_PATTERN)
+    description: str | None = Field(default=None, max_length=10_000)
+    parameters: dict[str, Any] | None = Field(default=None, description="a JSON Schema of the arguments "
+                                              "(checked; an invalid schema is a 400)")
+    strict: bool | None = None
+
+
+class ToolDef(Lenient):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(Lenient):
+    name: str = Field(pattern=FUNCTION_NAME_PATTERN)
+
+
+class NamedToolChoice(Lenient):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class StreamOptions(Lenient):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(Lenient):
+    """``POST /v1/chat/completions``. ``temperature`` omitted = 0 (greedy), as everywhere in
+    MiniServe. MiniServe extensions (send them with the openai client's ``extra_body``):
+    ``generation_method``, ``top_k``, ``repetition_penalty``."""
+
+    model: str = Field(default="", max_length=200, description="any name; the served model answers")
+    messages: list[ChatMessage] = Field(min_length=1, max_length=256)
+    max_tokens: json_int(ge=1) | None = Field(default=None, description="capped by MINISERVE_MAX_NEW_TOKENS_CAP")
+    max_completion_tokens: json_int(ge=1) | None = Field(
+        default=None, description="same as max_tokens (wins when both are given)")
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0, description="null/omitted = 0 (greedy)")
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    seed: json_int(ge=0, le=2**63 - 1) | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = Field(
+        default=None, description=f"a stop string or up to {MAX_STOP_STRINGS} of them")
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    tools: list[ToolDef] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = Field(default=None, description="false: at most one call is returned")
+    n: Annotated[Literal[1] | None, _exact_type(int)] = Field(default=None, description="only one choice is generated")
+    logprobs: Annotated[Literal[False] | None, _exact_type(bool)] = Field(default=None, description="not supported")
+    generation_method: GenerationMethod | None = Field(
+        default=None, description="MiniServe extension; default MINISERVE_CHAT_GENERATION_METHOD")
+    top_k: json_int(ge=0, le=1000) | None = Field(default=None, description="MiniServe extension; 0 = off")
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0,
+                                             description="MiniServe extension; null = the model's default")
+
+
+# ---- responses ------------------------------------------------------------------------------
+class OpenAIErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class OpenAIError(BaseModel):
+    """OpenAI's error shape, used by every ``/v1`` route."""
+
+    error: OpenAIErrorBody
+
+
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: FunctionCallOut
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str | None = None
+    tool_calls: list[ToolCallOut] | None = None
+
+
+class Choice(BaseModel):
+    index: int
+    message: AssistantMessage
+    finish_reason: Literal["stop", "length", "tool_calls"]
+    logprobs: None = None
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int
+
+
+class CompletionUsage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class ChatCompletion(BaseModel):
+    model_config = ConfigDict(openapi_extra={
+        "description": "the completion; with stream=true, Server-Sent Events of `chat.completion.chunk` "
+                       "objects ending with `data: [DONE]`",
+        "content": {"text/event-stream": {"schema": {**SSE_EVENT_SCHEMA, "required": ["data"]}}},
+    })
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: CompletionUsage
+    system_fingerprint: str | None = None
+    miniserve: dict[str, Any] = Field(description="job_id, generation_method and timings of the job")
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
