@@ -71,7 +71,8 @@ def run_case(model: ChatModel, registry: ToolRegistry, case: Case, max_steps: in
 
 
 def judge(case: Case, result: AgentResult | None, error: str | None = None) -> dict[str, Any]:
-    steps = [s for s in result.trace if s.tool_name] if result else []
+    # A call to an invented tool that the registry refused ran nothing.
+    steps = [s for s in result.trace if s.tool_name and s.error_kind != "unknown_tool"] if result else []
     first = result.trace[0] if result and result.trace else None
     model_tool = first.model_tool_name if first else None
     tool = steps[0].tool_name if steps else None
@@ -97,6 +98,7 @@ def judge(case: Case, result: AgentResult | None, error: str | None = None) -> d
         "error": error or (result.error if result else None),
     }
     record["failure"] = failure_reason(record)
+    record["outputs"] = json.dumps(result.outputs if result else [], ensure_ascii=False)
     record["trace"] = [s.to_dict() for s in result.trace] if result else []
     return record
 

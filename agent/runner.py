@@ -12,7 +12,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from agent.answering import answer_messages, fallback_answer
+from agent.answering import answer_messages, fallback_answer, no_notes_answer
 from agent.model import ChatModel
 from agent.parsing import ParsedOutput, ToolCall, parse_tool_calls
 from agent.prompts import ANSWER_PROMPT, SYSTEM_PROMPT
@@ -26,7 +26,7 @@ logger = logging.getLogger("miniserve.agent")
 
 COMPLETED, MALFORMED, MAX_STEPS = "completed", "malformed_tool_call", "max_steps_exceeded"
 # Why a completed run stopped.
-ANSWER, REPEATED = "answer", "repeated_call"
+ANSWER, REPEATED, NO_NOTES = "answer", "repeated_call", "no_notes"
 
 
 @dataclass
@@ -139,18 +139,21 @@ class AgentRunner:
             decisions = self._decide(run, parsed)
             if not decisions:
                 return self._result(run, parsed.content, COMPLETED, ANSWER)
-            fresh = [d for d in decisions if _key(d.call) not in run.seen]
+            fresh = _fresh(decisions, run.seen)
             if not fresh:
                 run.repeated = True
                 if answering:
                     return self._result(run, fallback_answer(run.prompt, run.trace), COMPLETED, REPEATED)
                 answering = True
                 continue
-            if len(run.trace) + len(fresh) > limit:
+            budget = limit - len(run.trace)
+            if budget <= 0:
                 return self._result(run, parsed.content, MAX_STEPS, MAX_STEPS,
                                     f"the model asked for more than {limit} tool calls")
-            outcomes = self._execute(run, raw, parsed, fresh, model_ms, on_step)
-            answering = self._should_answer(run, outcomes)
+            outcomes = self._execute(run, raw, parsed, fresh[:budget], model_ms, on_step)
+            answering = len(fresh) > budget or self._should_answer(run, outcomes)
+            if answering and _nothing_found(run.trace):
+                return self._result(run, no_notes_answer(run.prompt), COMPLETED, NO_NOTES)
 
     def _chat(self, run: _Run, tools: list[dict[str, Any]] | None, tokens: int) -> tuple[str, float]:
         t0 = time.perf_counter()
@@ -208,7 +211,9 @@ class AgentRunner:
             run.seen.add(_key(decision.call))
             calls.append(decision.call)
             results.append(outcome)
-            log_event(logger, "tool_executed", step=step.step, model_tool_name=step.model_tool_name,
+            # The model's tool name is model-written text: log it only when it names a real tool.
+            model_tool = step.model_tool_name if step.model_tool_name in self.registry else "<unknown>"
+            log_event(logger, "tool_executed", step=step.step, model_tool_name=model_tool,
                       tool_name=step.tool_name, safeguard_applied=step.safeguard_applied,
                       success=step.success, latency_ms=round(step.latency_ms, 2))
             _notify(on_step, step)
@@ -251,6 +256,23 @@ def _assistant_message(content: str, calls: list[ToolCall], first_index: int) ->
 
 def _tool_content(outcome: ToolResult) -> str:
     return outcome.content if outcome.success else f"Error: {outcome.error}"
+
+
+def _fresh(decisions: list[Decision], seen: set[str]) -> list[Decision]:
+    """Calls not run before, each once (the model may write the same call many times)."""
+    out, keys = [], set(seen)
+    for decision in decisions:
+        if _key(decision.call) not in keys:
+            keys.add(_key(decision.call))
+            out.append(decision)
+    return out
+
+
+def _nothing_found(trace: list[AgentStep]) -> bool:
+    """Every tool that ran was a note search that found nothing: there is nothing to answer
+    from, and the 0.5B model, asked anyway, answers "0"."""
+    ran = [s for s in trace if s.tool_name]
+    return bool(ran) and all(s.tool_name == RETRIEVE and s.success and not parse_notes(s.result) for s in ran)
 
 
 def _key(call: ToolCall) -> str:

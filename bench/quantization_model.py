@@ -149,7 +149,7 @@ def plot(rows: list[dict[str, Any]], path) -> None:
     import matplotlib.pyplot as plt
 
     names = [r["setting"] for r in rows]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    fig, axes = plt.subplots(1, 4, figsize=(17, 4))
     axes[0].bar(names, [r["decode_tps_b1"] for r in rows], color="tab:blue")
     axes[0].set_title("decode tokens/s, batch 1")
     batched = [(r["setting"], r["decode_tps_batched"]) for r in rows if r["decode_tps_batched"] != ""]
@@ -157,6 +157,15 @@ def plot(rows: list[dict[str, Any]], path) -> None:
     axes[1].set_title("decode tokens/s, batched")
     axes[2].bar(names, [r["model_rss_mb"] or 0 for r in rows], color="tab:orange")
     axes[2].set_title("resident MB of the loaded model")
+    width = 0.4
+    xs = range(len(names))
+    axes[3].bar([x - width / 2 for x in xs], [r["agree_tf"] if r["agree_tf"] != "" else 0 for r in rows],
+                width, label="teacher-forced")
+    axes[3].bar([x + width / 2 for x in xs], [r["agree_free"] for r in rows], width, label="free-running")
+    axes[3].set_xticks(list(xs), names)
+    axes[3].set_ylim(0, 1.05)
+    axes[3].set_title("greedy agreement with none")
+    axes[3].legend(loc="lower left")
     for ax in axes:
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle("MiniServe weight-only quantization vs llama.cpp (2 threads, CPU)")

@@ -2,10 +2,10 @@
 
 From the CLI (workers consuming the ``agent`` queue must be running)::
 
-    celery -A worker.app call miniserve.agent_eval --queue bench \\
+    celery -A worker call miniserve.agent_eval --queue bench \\
         --kwargs '{"categories": ["calculator"], "limit": 4, "output": "results/agent_eval_celery.csv"}'
-    celery -A worker.app result <task id printed above>     # the chord id; then
-    celery -A worker.app result <chord id>                  # the JSON summary
+    celery -A worker result <task id printed above>     # the chord id; then
+    celery -A worker result <chord id>                  # the JSON summary
 
 ``miniserve.agent_eval`` only starts a chord (cases in the ``agent`` queue, then
 ``miniserve.agent_eval_summary``) and returns its id, so it never blocks a worker slot

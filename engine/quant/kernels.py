@@ -3,7 +3,8 @@
 What torch 2.13 (CPU build) offers, measured on this machine (docs/quantization.md):
 - ``aten._weight_int8pack_mm(x, w_int8[N, K], scales[N])``: int8 per output channel. Fast
   with bfloat16 activations (scales must share the activation dtype); float32 activations
-  take a slow path (~30x slower), so we always run it in bfloat16.
+  take a slow path (~30x slower), so we always run it in bfloat16. K must be a multiple of
+  16 (else wrong results or a segfault), so other K are zero-padded.
 - ``aten._convert_weight_to_int4pack_for_cpu(q_int32[N, K], 1)`` +
   ``aten._weight_int4pack_mm_for_cpu(x, packed, group, scales_and_zeros[K/group, N, 2])``:
   int4 per group, dequantizing ``w = (q - 8) * scale + zero``. Needs N % 16 == 0 and a group
@@ -24,6 +25,9 @@ import torch
 KERNEL_DTYPE = torch.bfloat16  # activation/scale dtype the packed kernels are fast in
 INT4_GROUP_SIZES = (256, 128, 64, 32)  # what _weight_int4pack_mm_for_cpu accepts
 INT4_N_MULTIPLE = 16  # _convert_weight_to_int4pack_for_cpu wants N divisible by this
+# _weight_int8pack_mm gives wrong results, or crashes the process, when K is not a multiple
+# of 16 (seen with K = 8, 24, 72, 136 in torch 2.13): such weights are zero-padded in K.
+INT8_K_MULTIPLE = 16
 
 
 class QuantKernelError(RuntimeError):

@@ -39,7 +39,7 @@ class QuantizedLinear:
     mode: str
     in_features: int
     out_features: int
-    qweight: torch.Tensor  # int8 [N, K], or int4 packed uint8 [N_pad, K/2]
+    qweight: torch.Tensor  # int8 [N, K padded to 16], or int4 packed uint8 [N_pad, K/2]
     params: torch.Tensor  # int8: scales [N] bf16; int4: scales_and_zeros [K/g, N_pad, 2] bf16
     group_size: int | None
     bias: torch.Tensor | None
@@ -65,14 +65,16 @@ class QuantizedLinear:
     def _packed(self, x2d: torch.Tensor) -> torch.Tensor:
         xk = x2d.to(KERNEL_DTYPE)
         if self.mode == "int8":
-            return kernels.int8_mm(xk, self.qweight, self.params)
+            if self.qweight.shape[1] != self.in_features:  # K zero-padded to a multiple of 16
+                xk = F.pad(xk, (0, self.qweight.shape[1] - self.in_features))
+            return kernels.int8_mm(xk.contiguous(), self.qweight, self.params)
         y = kernels.int4_mm(xk.contiguous(), self.qweight, self.group_size, self.params)
         return y if y.shape[-1] == self.out_features else y[:, : self.out_features]
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight these low-bit values stand for, [N, K] (for checks and big batches)."""
         if self.mode == "int8":
-            return kernels.dequantize_int8(self.qweight, self.params).to(dtype)
+            return kernels.dequantize_int8(self.qweight, self.params)[:, : self.in_features].to(dtype)
         q = _unpack_int4(self.qweight, self.params, self.group_size, self.in_features)
         return kernels.dequantize_int4(q, self.params, self.group_size)[: self.out_features].to(dtype)
 
@@ -104,7 +106,9 @@ def quantize_linear(weight: torch.Tensor, bias: torch.Tensor | None, mode: str,
     if mode == "int4" and group is None:
         mode = "int8"  # no accepted int4 group divides K: keep this layer at int8
     if mode == "int8":
-        parts = [kernels.quantize_int8(weight[i:i + _CHUNK_ROWS]) for i in range(0, n, _CHUNK_ROWS)]
+        k_pad = (-k) % kernels.INT8_K_MULTIPLE
+        source = F.pad(weight.detach(), (0, k_pad)) if k_pad else weight
+        parts = [kernels.quantize_int8(source[i:i + _CHUNK_ROWS]) for i in range(0, n, _CHUNK_ROWS)]
         qweight = torch.cat([p[0] for p in parts])
         params = torch.cat([p[1] for p in parts])
     else:

@@ -105,3 +105,11 @@ def test_summary_and_outputs(registry, tmp_path):
 def test_cli_arguments():
     args = parse_args(["--category", "calculator", "--category", "tool_error", "--limit", "2", "--celery"])
     assert args.category == ["calculator", "tool_error"] and args.limit == 2 and args.celery
+
+
+def test_refused_invented_tool_counts_as_no_tool(registry):
+    case = _case(id="d", category="direct_answer", prompt="把“早上好”翻译成英文。", expected_tool=None,
+                 tool_check=None, answer_check={"any": ["good morning"]})
+    record = run_case(ScriptedModel([call("translate", text="早上好"), "Good morning"]), registry, case)
+    assert record["model_tool"] == "translate" and record["tool"] is None
+    assert not record["raw_routing_ok"] and record["routing_ok"] and record["e2e_ok"]

@@ -63,7 +63,7 @@ def test_tool_error_goes_to_the_answer_turn(registry):
     assert result.ok and not result.trace[0].success and result.trace[0].error == "division by zero"
     assert result.messages[-1]["content"] == "Error: division by zero"
     assert model.requests[1]["tools"] is None
-    assert "1/0 failed: division by zero" in model.requests[1]["messages"][0]["content"]
+    assert "1/0 cannot be calculated, error: division by zero" in model.requests[1]["messages"][0]["content"]
 
 
 def test_unknown_tool_is_a_failed_step(registry):
@@ -97,10 +97,18 @@ def test_several_calls_in_one_output_count_as_steps(registry):
     assert result.trace[0].parse_format == "tag"
 
 
-def test_too_many_calls_in_one_output(registry):
+def test_calls_beyond_the_budget_are_dropped_then_the_model_answers(registry):
     both = f"{call('calculator', expression='3 + 4')}\n{call('calculator', expression='5 * 6')}"
-    result, _, _ = _run(registry, [both], "Compute 3 + 4 and 5 * 6", max_steps=1)
-    assert result.status == MAX_STEPS and result.steps == 0
+    result, model, _ = _run(registry, [both, "7"], "Compute 3 + 4 and 5 * 6", max_steps=1)
+    assert result.ok and result.steps == 1 and result.trace[0].result == "7"
+    assert model.requests[1]["tools"] is None
+
+
+def test_the_same_call_written_many_times_runs_once(registry):
+    spam = "\n".join([call("calculator", expression="100 - 58")] * 6)
+    result, _, _ = _run(registry, [call("calculator", expression="12 * 12"), spam, "144 and 42"],
+                        "分别计算 12 * 12 和 100 - 58")
+    assert [s.result for s in result.trace] == ["144", "42"] and result.text == "144 and 42"
 
 
 def test_tools_are_withheld_once_a_tool_succeeded(registry):
@@ -158,8 +166,9 @@ def test_related_query_is_kept(registry):
 def test_repeated_call_falls_back_to_the_tool_result(registry):
     again = call("calculator", expression="6 * 7")
     result, _, _ = _run(registry, [again, again], "Please multiply 6 * 7")
-    assert result.ok and result.finish_reason == REPEATED and result.text == "The result is 42."
+    assert result.ok and result.finish_reason == REPEATED and result.text == "Results: 6 * 7 = 42."
     result, _, _ = _run(registry, [call("retrieve_note", query="RoPE")] * 2, "什么是 RoPE？")
+    assert result.finish_reason == REPEATED
     assert result.text.startswith("RoPE (Rotary Position Embedding): ")
 
 
@@ -241,3 +250,11 @@ def test_forced_retrieval_for_an_explicit_notes_search(registry):
                         "Search my notes for the recipe of mapo tofu.")
     step = result.trace[0]
     assert step.safeguards == ["forced_retrieval"] and json.loads(step.result)["notes"] == []
+
+
+def test_nothing_found_is_answered_without_the_model(registry):
+    result, model, _ = _run(registry, [call("retrieve_note", query="mapo tofu")], "Search my notes for mapo tofu")
+    assert result.ok and result.finish_reason == "no_notes" and len(model.requests) == 1
+    assert result.text == "No relevant notes were found in the notes."
+    result, _, _ = _run(registry, [call("retrieve_note", query="红烧肉")], "请检索笔记：红烧肉怎么做？")
+    assert result.text == "笔记中没有找到相关内容。"
