@@ -211,7 +211,9 @@ class AgentRunner:
             run.seen.add(_key(decision.call))
             calls.append(decision.call)
             results.append(outcome)
-            log_event(logger, "tool_executed", step=step.step, model_tool_name=step.model_tool_name,
+            # The model's tool name is model-written text: log it only when it names a real tool.
+            model_tool = step.model_tool_name if step.model_tool_name in self.registry else "<unknown>"
+            log_event(logger, "tool_executed", step=step.step, model_tool_name=model_tool,
                       tool_name=step.tool_name, safeguard_applied=step.safeguard_applied,
                       success=step.success, latency_ms=round(step.latency_ms, 2))
             _notify(on_step, step)

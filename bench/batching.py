@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
 
+from bench.queue_batching import QueueBatchRunner
 from bench.paged_common import RESULTS, machine_line, p50, pct, print_table, pyplot, write_csv
 from core.settings import load_settings
 from engine.batching import BatchEngine
@@ -94,6 +96,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--no-hf", action="store_true", help="skip transformers generate_batch")
     parser.add_argument("--no-sequential", action="store_true")
+    parser.add_argument("--no-queue", action="store_true",
+                        help="skip the jobs through web -> Redis -> one Celery worker process")
     parser.add_argument("--output", default=str(RESULTS / "batching.csv"))
     args = parser.parse_args()
     settings = load_settings(max_batch=max(args.concurrency),
@@ -106,6 +110,20 @@ def main() -> None:
         modes["sequential"] = lambda t: run_sequential(engine, t, args.new_tokens)
     if not args.no_hf:
         modes["hf_generate_batch"] = lambda t: run_hf(engine, t, args.new_tokens)
+    with ExitStack() as closing:
+        if not args.no_queue:
+            runner = closing.enter_context(QueueBatchRunner(model=settings.model, max_batch=max(args.concurrency)))
+            modes["queue"] = lambda t: run_queue(runner, t, args.new_tokens)
+        rows = measure(modes, args)
+    finish(rows, args, batch, engine)
+
+
+def run_queue(runner: QueueBatchRunner, texts: list[str], new_tokens: int) -> dict:
+    out = runner.run(texts, new_tokens)
+    return summarize(out["wall_s"], out["tokens"], out["ttfts"])
+
+
+def measure(modes: dict, args) -> list[dict]:
     for fn in modes.values():                      # warmup
         fn(prompts(2))
     rows = []
@@ -121,6 +139,10 @@ def main() -> None:
                          "ttft_p90_s": round(m["ttft_p90_s"], 3)})
         print(f"N={n}: " + ", ".join(f"{k} {v['tok_per_s']:.1f} tok/s" for k, v in measured.items()),
               flush=True)
+    return rows
+
+
+def finish(rows: list[dict], args, batch: BatchEngine, engine: Engine) -> None:
     single = next(r["tok_per_s"] for r in rows if r["mode"] == "batched" and r["concurrency"] == min(args.concurrency))
     for row in rows:
         row["x_single_job"] = round(row["tok_per_s"] / single, 2)

@@ -6,8 +6,8 @@ For each dtype: load the engine once, warm every method up, then ``--repeats`` r
 round runs every (method, new-token count) pair once, in an order rotated per round so no
 method always runs first. Reports mean and p50 latency, p50 time to first token, p50 decode
 tokens/s, the decode speed-up over ``official``, and whether every method produced exactly
-``official``'s tokens. Writes ``results/compare_generation.csv`` (every run),
-``results/compare_generation.summary.csv`` and ``results/compare_generation.png``.
+``official``'s tokens. Writes ``results/compare_generation[_<dtype>].csv`` (every run),
+``.summary.csv``, ``.machine.json`` and ``.png`` (suffix ``_<dtype>`` when one dtype is asked for).
 """
 from __future__ import annotations
 
@@ -99,6 +99,21 @@ def plot(summary: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def write_results(rows: list[dict], args: argparse.Namespace, dtypes: tuple[str, ...], wall_s: float) -> None:
+    summary = summarize(rows)
+    out = Path(args.out)
+    stem = "compare_generation" if len(dtypes) > 1 else f"compare_generation_{dtypes[0]}"
+    write_csv(out / f"{stem}.csv", rows)
+    write_csv(out / f"{stem}.summary.csv", summary)
+    machine = machine_info() | {"model": args.model, "dtypes": sorted({r["dtype"] for r in rows}),
+                                "repeats": args.repeats, "wall_s_last_dtype": round(wall_s, 1)}
+    write_json(out / f"{stem}.machine.json", machine)
+    plot(summary, out / f"{stem}.png")
+    print(f"\nmachine: {machine}")
+    print_table(summary, ["dtype", "new_tokens", "method", "runs", "mean_s", "p50_s", "p50_ttft_ms",
+                          "p50_decode_tok_s", "decode_vs_official", "generated", "identical_to_official"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -109,19 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="results")
     args = parser.parse_args(argv)
     dtypes = ("bfloat16", "float32") if args.dtype == "both" else (args.dtype,)
-    started = time.perf_counter()
-    rows = [row for dtype in dtypes for row in run_dtype(dtype, args)]
-    summary = summarize(rows)
-    out = Path(args.out)
-    write_csv(out / "compare_generation.csv", rows)
-    write_csv(out / "compare_generation.summary.csv", summary)
-    machine = machine_info() | {"model": args.model, "dtypes": list(dtypes), "repeats": args.repeats,
-                                "wall_s": round(time.perf_counter() - started, 1)}
-    write_json(out / "compare_generation.machine.json", machine)
-    plot(summary, out / "compare_generation.png")
-    print(f"\nmachine: {machine}")
-    print_table(summary, ["dtype", "new_tokens", "method", "runs", "mean_s", "p50_s", "p50_ttft_ms",
-                          "p50_decode_tok_s", "decode_vs_official", "generated", "identical_to_official"])
+    rows: list[dict] = []
+    for dtype in dtypes:  # results are written after each dtype, so a long run keeps what it measured
+        started = time.perf_counter()
+        rows += run_dtype(dtype, args)
+        write_results(rows, args, dtypes, time.perf_counter() - started)
     return 0
 
 

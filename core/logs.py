@@ -10,6 +10,7 @@ import json
 import logging
 import sys
 import time
+import traceback
 
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
 
@@ -24,8 +25,17 @@ class JsonFormatter(logging.Formatter):
         }
         payload.update(_extra_fields(record))
         if record.exc_info:
-            payload["exc_type"] = record.exc_info[0].__name__ if record.exc_info[0] else None
+            payload.update(_exception_fields(record.exc_info))
         return json.dumps(payload, ensure_ascii=False, default=str)
+
+
+def _exception_fields(exc_info) -> dict:
+    """Where it failed (type and frames), never the exception's message: messages can
+    quote the input (a prompt) that caused them."""
+    exc_type, _, tb = exc_info
+    frames = [f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}:{frame.name}"
+              for frame in traceback.extract_tb(tb)][-12:]
+    return {"exc_type": exc_type.__name__ if exc_type else None, "exc_frames": frames}
 
 
 class PlainFormatter(logging.Formatter):

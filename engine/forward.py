@@ -102,10 +102,10 @@ class Qwen2Forward:
             qk = apply_rotary(qkv[:, :k_end].view(n, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim), cos, sin)
             q, k = qk[:, :cfg.num_heads], qk[:, cfg.num_heads:]
             v = qkv[:, k_end:].view(n, cfg.num_kv_heads, cfg.head_dim)
-            x = x + layer.o(cache.attend(index, q, k, v))
+            x.add_(layer.o(cache.attend(index, q, k, v)))  # residual, in place: x is ours
             h = rms_norm(x, layer.post_norm, cfg.rms_eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+            x.add_(layer.down(F.silu(gate).mul_(up)))
         cache.commit(n)
         return x
 

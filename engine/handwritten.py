@@ -79,17 +79,28 @@ def _new_cache(forward: Qwen2Forward, prompt: Prompt, request: GenerationRequest
     return ContiguousKVCache(forward.config, capacity, forward.weights.dtype, forward.weights.device)
 
 
-def run_custom_cache(engine: Any, prompt: Prompt, run: GenerationRun, request: GenerationRequest,
-                     penalty: float) -> int:
+def _run_cached(engine: Any, prompt: Prompt, run: GenerationRun, request: GenerationRequest, penalty: float,
+                prefill: Callable[[Qwen2Forward, Prompt, ContiguousKVCache], tuple[torch.Tensor, int]]) -> int:
+    """Prefill into a fresh contiguous cache with ``prefill``, then decode; returns cached tokens."""
     forward = forward_for(engine)
     sampler = _sampler(forward, request, penalty, prompt)
     with torch.inference_mode():
         if run.cancelled():
             return 0
         cache = _new_cache(forward, prompt, request)
-        ids = torch.tensor(prompt.ids, dtype=torch.long, device=forward.weights.device)
-        decode_loop(forward, cache, forward(ids, cache), sampler, run)
-    return 0
+        logits, cached = prefill(forward, prompt, cache)
+        decode_loop(forward, cache, logits, sampler, run)
+    return cached
+
+
+def prefill_all(forward: Qwen2Forward, prompt: Prompt, cache: ContiguousKVCache) -> tuple[torch.Tensor, int]:
+    """The whole prompt in one pass; (last-position logits, 0 cached tokens)."""
+    return forward(torch.tensor(prompt.ids, dtype=torch.long, device=forward.weights.device), cache), 0
+
+
+def run_custom_cache(engine: Any, prompt: Prompt, run: GenerationRun, request: GenerationRequest,
+                     penalty: float) -> int:
+    return _run_cached(engine, prompt, run, request, penalty, prefill_all)
 
 
 def prefill_with_prefix(forward: Qwen2Forward, store: PrefixCache, prompt: Prompt,
@@ -104,7 +115,7 @@ def prefill_with_prefix(forward: Qwen2Forward, store: PrefixCache, prompt: Promp
     prefix = prompt.prefix_ids
     entry = store.get(prefix) if prefix else None
     if entry is None:
-        logits = forward(torch.tensor(prompt.ids, dtype=torch.long, device=device), cache)
+        logits, _ = prefill_all(forward, prompt, cache)
         if prefix:
             store.put(prefix, *cache.snapshot(len(prefix)))
         return logits, 0
@@ -115,15 +126,9 @@ def prefill_with_prefix(forward: Qwen2Forward, store: PrefixCache, prompt: Promp
 
 def run_prefix_cache(engine: Any, prompt: Prompt, run: GenerationRun, request: GenerationRequest,
                      penalty: float) -> int:
-    forward = forward_for(engine)
-    sampler = _sampler(forward, request, penalty, prompt)
-    with torch.inference_mode():
-        if run.cancelled():
-            return 0
-        cache = _new_cache(forward, prompt, request)
-        logits, cached = prefill_with_prefix(forward, prefix_store(engine), prompt, cache)
-        decode_loop(forward, cache, logits, sampler, run)
-    return cached
+    store = prefix_store(engine)
+    return _run_cached(engine, prompt, run, request, penalty,
+                       lambda forward, prompt_, cache: prefill_with_prefix(forward, store, prompt_, cache))
 
 
 def handwritten_methods() -> dict[str, Callable[..., int]]:

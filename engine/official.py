@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 from engine.run import GenerationRun
 from engine.types import SamplingParams
@@ -26,24 +26,17 @@ class _RunCriteria(StoppingCriteria):
         return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
 
 
-def generation_config_for(base: GenerationConfig, sampling: SamplingParams, repetition_penalty: float,
-                          eos_ids: list[int]) -> GenerationConfig:
-    """The model's generation config with this request's sampling settings written over it."""
-    config = GenerationConfig.from_dict(base.to_dict())
-    config.max_new_tokens = sampling.max_new_tokens
-    config.repetition_penalty = repetition_penalty
-    config.eos_token_id = eos_ids
-    if config.pad_token_id is None:
-        config.pad_token_id = eos_ids[0]
+def generate_kwargs(sampling: SamplingParams, repetition_penalty: float, eos_ids: list[int],
+                    pad_id: int | None) -> dict[str, Any]:
+    """This request's settings as ``generate`` keyword arguments; everything else (and anything
+    not passed) comes from the model's own generation config, as with a plain ``generate``."""
+    kwargs: dict[str, Any] = {"max_new_tokens": sampling.max_new_tokens, "repetition_penalty": repetition_penalty,
+                              "eos_token_id": eos_ids, "pad_token_id": eos_ids[0] if pad_id is None else pad_id}
     if sampling.greedy:
-        config.do_sample = False
-        config.temperature, config.top_p, config.top_k = None, None, None
+        kwargs["do_sample"] = False
     else:
-        config.do_sample = True
-        config.temperature = sampling.temperature
-        config.top_p = sampling.top_p
-        config.top_k = sampling.top_k
-    return config
+        kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
+    return kwargs
 
 
 def generate_official(model: Any, prompt_ids: list[int], run: GenerationRun, sampling: SamplingParams,
@@ -53,10 +46,9 @@ def generate_official(model: Any, prompt_ids: list[int], run: GenerationRun, sam
         return
     device = next(model.parameters()).device
     input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
-    config = generation_config_for(model.generation_config, sampling, repetition_penalty,
-                                   sorted(run.eos_ids))
+    kwargs = generate_kwargs(sampling, repetition_penalty, sorted(run.eos_ids), model.generation_config.pad_token_id)
     if not sampling.greedy and sampling.seed is not None:
         torch.manual_seed(sampling.seed)  # generate samples from the global generator
     with torch.inference_mode():
-        model.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config,
-                       stopping_criteria=StoppingCriteriaList([_RunCriteria(run)]))
+        model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
+                       stopping_criteria=StoppingCriteriaList([_RunCriteria(run)]), **kwargs)

@@ -11,6 +11,7 @@ import logging
 import time
 from typing import Iterator
 
+import redis
 from flask import Response, request, stream_with_context
 
 from core.events import Event
@@ -40,7 +41,7 @@ def resume_point(after: int | None) -> int:
 
 
 def stream_events(store: JobStore, job: JobRecord, after: int, keepalive_s: int) -> Iterator[str]:
-    """Replay then tail; ends after the terminal event, or when the job is gone."""
+    """Replay then tail; ends after the terminal event, when the job is gone, or when Redis is."""
     yield f"retry: {RETRY_MS}\n\n"
     if job.is_terminal and after >= job.last_seq:
         return
@@ -54,6 +55,10 @@ def stream_events(store: JobStore, job: JobRecord, after: int, keepalive_s: int)
             if _stream_over(store, job.id, last):
                 return
             yield ": keep-alive\n\n"
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        # Redis went away mid-stream: end the stream cleanly (no half-written chunk, no server
+        # error); the client reconnects after ``retry`` with Last-Event-ID and loses nothing.
+        log_event(logger, "sse_redis_lost", level=logging.WARNING, job_id=job.id, exc_type=type(exc).__name__)
     finally:
         log_event(logger, "sse_closed", job_id=job.id, events=sent,
                   duration_ms=round((time.perf_counter() - started) * 1000, 1))

@@ -10,7 +10,7 @@ prefills, chunks and single decode tokens of different sequences share one forwa
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -45,6 +45,18 @@ class PagedBatch:
     attn_mask: torch.Tensor      # [batch, 1, max_new, max_blocks * block_size] may attend
     last_index: torch.Tensor     # [batch] packed index of each sequence's last new token
     single: tuple[int, int] | None = None  # (context length, start) when batch_size == 1
+    slot_split: tuple[torch.Tensor, torch.Tensor] | None = None  # (block, offset) per slot
+    _bias: dict | None = field(default=None, repr=False)  # additive masks per dtype, built on first use, shared by the layers
+
+    def bias(self, dtype: torch.dtype) -> torch.Tensor:
+        """``attn_mask`` as an additive float mask (0 / -inf) in ``dtype``: converted once per
+        step instead of inside every layer's attention call."""
+        if self._bias is None:
+            self._bias = {}
+        if dtype not in self._bias:
+            zero = torch.zeros((), dtype=dtype, device=self.attn_mask.device)
+            self._bias[dtype] = torch.where(self.attn_mask, zero, float("-inf"))
+        return self._bias[dtype]
 
     @property
     def batch_size(self) -> int:
@@ -85,7 +97,8 @@ def build_batch(chunks: Sequence[SeqChunk], block_size: int,
         positions=positions.to(device), q_index=q_index.to(device),
         q_valid=q_valid.to(device), attn_mask=mask[:, None].to(device),
         last_index=(offsets + counts - 1).to(device),
-        single=(chunks[0].end, chunks[0].start) if len(chunks) == 1 else None)
+        single=(chunks[0].end, chunks[0].start) if len(chunks) == 1 else None,
+        slot_split=((slot_mapping // block_size).to(device), (slot_mapping % block_size).to(device)))
 
 
 def paged_attention(pool: KVBlockPool, layer: int, batch: PagedBatch, q: torch.Tensor,
@@ -93,9 +106,9 @@ def paged_attention(pool: KVBlockPool, layer: int, batch: PagedBatch, q: torch.T
                     scale: float | None = None) -> torch.Tensor:
     """Store ``k_new``/``v_new`` (``[n_tokens, kv_heads, dim]``) and attend the packed queries
     ``q`` (``[n_tokens, heads, dim]``) over their sequences. Returns ``[n_tokens, heads, dim]``."""
-    pool.write_layer(layer, batch.slot_mapping, k_new, v_new)
+    pool.write_layer(layer, batch.slot_mapping, k_new, v_new, batch.slot_split)
     keys, values = pool.gather_layer(layer, batch.block_tables)    # [B, T, Hkv, D]
-    mask = batch.attn_mask
+    mask = batch.bias(q.dtype)
     if batch.single is not None:
         # One sequence: cut the gathered blocks to its length, so a decode step needs no
         # mask and a fresh prefill is plain causal (SDPA's fast paths).

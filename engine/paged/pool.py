@@ -79,9 +79,10 @@ class KVBlockPool:
         return slots // self.block_size, slots % self.block_size
 
     def write_layer(self, layer: int, slots: torch.Tensor, k: torch.Tensor,
-                    v: torch.Tensor) -> None:
-        """Store one layer's new K/V (``[n, kv_heads, head_dim]``) into ``slots`` (``[n]``)."""
-        blocks, offsets = self._split(slots)
+                    v: torch.Tensor, split: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """Store one layer's new K/V (``[n, kv_heads, head_dim]``) into ``slots`` (``[n]``);
+        ``split`` is ``(slots // block_size, slots % block_size)`` when the caller has it."""
+        blocks, offsets = split if split is not None else self._split(slots)
         self.k[blocks, layer, offsets] = k.to(self.k.dtype)
         self.v[blocks, layer, offsets] = v.to(self.v.dtype)
 

@@ -3,7 +3,8 @@
 What torch 2.13 (CPU build) offers, measured on this machine (docs/quantization.md):
 - ``aten._weight_int8pack_mm(x, w_int8[N, K], scales[N])``: int8 per output channel. Fast
   with bfloat16 activations (scales must share the activation dtype); float32 activations
-  take a slow path (~30x slower), so we always run it in bfloat16.
+  take a slow path (~30x slower), so we always run it in bfloat16. K must be a multiple of
+  16 (else wrong results or a segfault), so other K are zero-padded.
 - ``aten._convert_weight_to_int4pack_for_cpu(q_int32[N, K], 1)`` +
   ``aten._weight_int4pack_mm_for_cpu(x, packed, group, scales_and_zeros[K/group, N, 2])``:
   int4 per group, dequantizing ``w = (q - 8) * scale + zero``. Needs N % 16 == 0 and a group
@@ -24,6 +25,9 @@ import torch
 KERNEL_DTYPE = torch.bfloat16  # activation/scale dtype the packed kernels are fast in
 INT4_GROUP_SIZES = (256, 128, 64, 32)  # what _weight_int4pack_mm_for_cpu accepts
 INT4_N_MULTIPLE = 16  # _convert_weight_to_int4pack_for_cpu wants N divisible by this
+# _weight_int8pack_mm gives wrong results, or crashes the process, when K is not a multiple
+# of 16 (seen with K = 8, 24, 72, 136 in torch 2.13): such weights are zero-padded in K.
+INT8_K_MULTIPLE = 16
 
 
 class QuantKernelError(RuntimeError):
@@ -70,22 +74,39 @@ def int4_group_size(in_features: int, preferred: int) -> int | None:
     return None
 
 
-def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Asymmetric min/max int4 per group of ``group_size`` inputs.
+def quantize_int4(weight: torch.Tensor, group_size: int,
+                  levels: tuple[int, ...] = (15,)) -> tuple[torch.Tensor, torch.Tensor]:
+    """Asymmetric int4 per group of ``group_size`` inputs.
 
     Returns (q[N, K] int32 in 0..15, scales_and_zeros[K/group, N, 2] bf16) in the layout the
     CPU kernel reads: w = (q - 8) * scale + zero. Scale and zero are rounded to bfloat16 first
-    and the weights rounded against those stored values."""
+    and the weights rounded against those stored values. For each group the step is
+    (max - min) / L for the L in ``levels`` with the least squared error: L = 15 is plain
+    min/max; smaller L finds the grid of weights that are already 4-bit-quantized with
+    fewer levels used (the default model's Q4_K tensors) and recovers them exactly."""
     n, k = weight.shape
     w = weight.detach().float().reshape(n, k // group_size, group_size)
     low = w.amin(dim=-1)
     high = w.amax(dim=-1)
-    scales = _to_bf16_up(((high - low) / 15.0).clamp(min=1e-8))
-    zeros = (low + 8.0 * scales.float()).to(KERNEL_DTYPE)
-    q = torch.round((w - zeros.float()[..., None]) / scales.float()[..., None]) + 8.0
-    q = q.clamp(0, 15).to(torch.int32).reshape(n, k)
+    best = None
+    for count in levels:
+        scales = _to_bf16_up(((high - low) / count).clamp(min=1e-8))
+        zeros = (low + 8.0 * scales.float()).to(KERNEL_DTYPE)
+        s, z = scales.float()[..., None], zeros.float()[..., None]
+        q = (torch.round((w - z) / s) + 8.0).clamp(0, 15)
+        if len(levels) == 1:
+            best = (q, scales, zeros)
+            break
+        err = ((q - 8.0) * s + z - w).pow(2).sum(dim=-1)
+        if best is None:
+            best = (q, scales, zeros, err)
+            continue
+        better = err < best[3]
+        best = (torch.where(better[..., None], q, best[0]), torch.where(better, scales, best[1]),
+                torch.where(better, zeros, best[2]), torch.minimum(err, best[3]))
+    q, scales, zeros = best[0], best[1], best[2]
     packed_params = torch.stack([scales.T, zeros.T], dim=-1).contiguous()
-    return q.contiguous(), packed_params
+    return q.to(torch.int32).reshape(n, k).contiguous(), packed_params
 
 
 def dequantize_int4(q: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -19,10 +19,12 @@ from engine.quant import kernels
 from engine.quant.kernels import KERNEL_DTYPE
 
 QUANT_MODES = ("none", "int8", "int4")
-DEFAULT_GROUP_SIZE = 64
+DEFAULT_GROUP_SIZE = 32  # best greedy agreement on the default model (docs/quantization.md)
 # Rows up to which the packed kernel beats bf16 (measured by ``python -m bench.quantization
 # --kernels`` on the default model's shapes, 2 threads; crossover lies between 8 and 16).
 DEFAULT_MAX_ROWS = 8
+# int4 step candidates per group, (max - min) / L (see kernels.quantize_int4).
+DEFAULT_INT4_LEVELS = (15, 14, 13, 12)
 # Quantize big matrices (lm_head) in row chunks to bound the float32 peak; a multiple of 64
 # because the CPU int4 packing interleaves rows in blocks of 64 (tests/quant checks it).
 _CHUNK_ROWS = 8192
@@ -37,7 +39,7 @@ class QuantizedLinear:
     mode: str
     in_features: int
     out_features: int
-    qweight: torch.Tensor  # int8 [N, K], or int4 packed uint8 [N_pad, K/2]
+    qweight: torch.Tensor  # int8 [N, K padded to 16], or int4 packed uint8 [N_pad, K/2]
     params: torch.Tensor  # int8: scales [N] bf16; int4: scales_and_zeros [K/g, N_pad, 2] bf16
     group_size: int | None
     bias: torch.Tensor | None
@@ -63,14 +65,16 @@ class QuantizedLinear:
     def _packed(self, x2d: torch.Tensor) -> torch.Tensor:
         xk = x2d.to(KERNEL_DTYPE)
         if self.mode == "int8":
-            return kernels.int8_mm(xk, self.qweight, self.params)
+            if self.qweight.shape[1] != self.in_features:  # K zero-padded to a multiple of 16
+                xk = F.pad(xk, (0, self.qweight.shape[1] - self.in_features))
+            return kernels.int8_mm(xk.contiguous(), self.qweight, self.params)
         y = kernels.int4_mm(xk.contiguous(), self.qweight, self.group_size, self.params)
         return y if y.shape[-1] == self.out_features else y[:, : self.out_features]
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight these low-bit values stand for, [N, K] (for checks and big batches)."""
         if self.mode == "int8":
-            return kernels.dequantize_int8(self.qweight, self.params).to(dtype)
+            return kernels.dequantize_int8(self.qweight, self.params)[:, : self.in_features].to(dtype)
         q = _unpack_int4(self.qweight, self.params, self.group_size, self.in_features)
         return kernels.dequantize_int4(q, self.params, self.group_size)[: self.out_features].to(dtype)
 
@@ -91,7 +95,8 @@ def _unpack_int4(packed: torch.Tensor, params: torch.Tensor, group: int, k: int)
 
 def quantize_linear(weight: torch.Tensor, bias: torch.Tensor | None, mode: str,
                     group_size: int = DEFAULT_GROUP_SIZE, keep_reference: bool = True,
-                    max_rows: int = DEFAULT_MAX_ROWS) -> QuantizedLinear:
+                    max_rows: int = DEFAULT_MAX_ROWS,
+                    int4_levels: tuple[int, ...] = DEFAULT_INT4_LEVELS) -> QuantizedLinear:
     """Quantize one [N, K] weight. ``keep_reference`` keeps a *reference* to ``weight`` (no
     copy) for the many-rows path; without it that path dequantizes per call."""
     if mode not in ("int8", "int4"):
@@ -101,18 +106,21 @@ def quantize_linear(weight: torch.Tensor, bias: torch.Tensor | None, mode: str,
     if mode == "int4" and group is None:
         mode = "int8"  # no accepted int4 group divides K: keep this layer at int8
     if mode == "int8":
-        parts = [kernels.quantize_int8(weight[i:i + _CHUNK_ROWS]) for i in range(0, n, _CHUNK_ROWS)]
+        k_pad = (-k) % kernels.INT8_K_MULTIPLE
+        source = F.pad(weight.detach(), (0, k_pad)) if k_pad else weight
+        parts = [kernels.quantize_int8(source[i:i + _CHUNK_ROWS]) for i in range(0, n, _CHUNK_ROWS)]
         qweight = torch.cat([p[0] for p in parts])
         params = torch.cat([p[1] for p in parts])
     else:
-        qweight, params = _quantize_int4_padded(weight, group)
+        qweight, params = _quantize_int4_padded(weight, group, int4_levels)
     kept_bias = None if bias is None else bias.detach()
     return QuantizedLinear(mode=mode, in_features=k, out_features=n, qweight=qweight, params=params,
                            group_size=group, bias=kept_bias,
                            reference=weight.detach() if keep_reference else None, max_rows=max_rows)
 
 
-def _quantize_int4_padded(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _quantize_int4_padded(weight: torch.Tensor, group: int,
+                          levels: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """int4-pack in row chunks (multiples of 64 rows pack independently), padding N to 16."""
     n, k = weight.shape
     pad = (-n) % kernels.INT4_N_MULTIPLE
@@ -120,7 +128,7 @@ def _quantize_int4_padded(weight: torch.Tensor, group: int) -> tuple[torch.Tenso
         weight = torch.cat([weight.detach(), weight.new_zeros(pad, k)])
     packed, params = [], []
     for start in range(0, weight.shape[0], _CHUNK_ROWS):
-        q, sz = kernels.quantize_int4(weight[start:start + _CHUNK_ROWS], group)
+        q, sz = kernels.quantize_int4(weight[start:start + _CHUNK_ROWS], group, levels)
         packed.append(kernels.pack_int4(q))
         params.append(sz)
     return torch.cat(packed), torch.cat(params, dim=1).contiguous()

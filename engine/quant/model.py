@@ -25,7 +25,8 @@ import torch
 
 from core.logs import log_event
 from engine.quant.kernels import check_kernels
-from engine.quant.layer import DEFAULT_GROUP_SIZE, DEFAULT_MAX_ROWS, QUANT_MODES, QuantizedLinear, quantize_linear
+from engine.quant.layer import (DEFAULT_GROUP_SIZE, DEFAULT_INT4_LEVELS, DEFAULT_MAX_ROWS, QUANT_MODES,
+                                QuantizedLinear, quantize_linear)
 from engine.weights import Linear, Qwen2Weights, fuse_projections
 
 logger = logging.getLogger("miniserve.engine.quant")
@@ -47,25 +48,27 @@ class QuantSummary:
 
 
 def quantize_weights(weights: Qwen2Weights, mode: str, group_size: int = DEFAULT_GROUP_SIZE,
-                     max_rows: int = DEFAULT_MAX_ROWS,
-                     keep_reference: bool = True) -> tuple[Qwen2Weights, QuantSummary]:
+                     max_rows: int = DEFAULT_MAX_ROWS, keep_reference: bool = True,
+                     lm_head_mode: str | None = None,
+                     int4_levels: tuple[int, ...] = DEFAULT_INT4_LEVELS) -> tuple[Qwen2Weights, QuantSummary]:
     """A copy of ``weights`` whose projections and lm_head are :class:`QuantizedLinear`
-    (norms, embedding and the full-precision tensors are shared, not copied)."""
+    (norms, embedding and the full-precision tensors are shared, not copied).
+    ``lm_head_mode`` overrides the mode for lm_head alone (e.g. int8 head with int4 layers)."""
     if mode not in QUANT_MODES or mode == "none":
         raise ValueError(f"unknown quantization mode {mode!r}; expected int8 or int4")
     check_kernels(mode, weights.device.type)
     summary = QuantSummary(mode=mode, group_size=group_size if mode == "int4" else None)
     started = time.perf_counter()
 
-    def convert(projection: Any, name: str) -> QuantizedLinear:
+    def convert(projection: Any, name: str, as_mode: str = mode) -> QuantizedLinear:
         if not isinstance(projection, Linear):
             raise TypeError(f"{name} is {type(projection).__name__}, not a full-precision Linear")
-        layer = quantize_linear(projection.weight, projection.bias, mode, group_size=group_size,
-                                keep_reference=keep_reference, max_rows=max_rows)
+        layer = quantize_linear(projection.weight, projection.bias, as_mode, group_size=group_size,
+                                keep_reference=keep_reference, max_rows=max_rows, int4_levels=int4_levels)
         summary.layers += 1
         summary.quantized_bytes += layer.nbytes
         summary.reference_bytes += projection.weight.numel() * projection.weight.element_size()
-        if layer.mode != mode:
+        if layer.mode != as_mode:
             summary.fallbacks.append(name)
         return layer
 
@@ -73,7 +76,7 @@ def quantize_weights(weights: Qwen2Weights, mode: str, group_size: int = DEFAULT
         layers = [dataclasses.replace(layer, **{p: convert(getattr(layer, p), f"layers.{i}.{p}")
                                                 for p in _PROJECTIONS})
                   for i, layer in enumerate(weights.layers)]
-        lm_head = convert(weights.lm_head, "lm_head")
+        lm_head = convert(weights.lm_head, "lm_head", lm_head_mode or mode)
     summary.seconds = time.perf_counter() - started
     return dataclasses.replace(weights, layers=layers, lm_head=lm_head), summary
 

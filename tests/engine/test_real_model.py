@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine.handwritten import prefix_store
 from engine.prepare_default import QWEN25_GENERATION_DEFAULTS
 from engine.types import STOP, GenerationRequest, SamplingParams
 from tests.tiny_model import QWEN25_CHAT_TEMPLATE
@@ -29,3 +30,43 @@ def test_official_streams_whole_chinese_characters(real_engine):
     assert all("\ufffd" not in p for p in pieces)
     assert any("\u4e00" <= ch <= "\u9fff" for ch in result.text)
     assert result.finish_reason in (STOP, "length") and result.usage.prompt_tokens > 20
+
+
+PROMPTS = {"zh": "用一句话介绍北京。", "en": "Write a haiku about the sea."}
+
+
+def _greedy(engine, method, text, prefix=None, tokens=16):
+    request = GenerationRequest(messages=[{"role": "user", "content": text}], prefix=prefix, method=method,
+                                sampling=SamplingParams(max_new_tokens=tokens))
+    return engine.generate(request)
+
+
+@pytest.fixture(scope="module")
+def real_engine_fp32():
+    """float32: rounding differences between a whole-sequence pass and a cached step are ~1e-6
+    there, so every method must give official's exact tokens."""
+    from core.settings import load_settings
+    from engine.engine import Engine
+
+    return Engine(load_settings(model="default", device="cpu", dtype="float32")).load()
+
+
+@pytest.mark.parametrize("lang", list(PROMPTS))
+def test_bf16_cached_decoding_is_bitwise_official(real_engine, lang):
+    """custom_cache and a prefix_cache miss make the same kernel calls as generate in bf16."""
+    official = _greedy(real_engine, "official", PROMPTS[lang], prefix="You are concise.")
+    assert len(official.token_ids) >= 8
+    for method in ("custom_cache", "prefix_cache"):
+        prefix_store(real_engine).clear()  # a miss, whatever ran before
+        assert _greedy(real_engine, method, PROMPTS[lang], prefix="You are concise.").token_ids == official.token_ids
+
+
+@pytest.mark.parametrize("lang", list(PROMPTS))
+def test_all_methods_equal_official_fp32(real_engine_fp32, lang):
+    official = _greedy(real_engine_fp32, "official", PROMPTS[lang])
+    assert len(official.token_ids) >= 8
+    for method in ("no_cache", "custom_cache", "prefix_cache", "prefix_cache"):  # prefix: miss, then hit
+        result = _greedy(real_engine_fp32, method, PROMPTS[lang])
+        assert result.token_ids == official.token_ids, method
+        assert result.text == official.text
+    assert result.usage.cached_tokens > 0

@@ -32,7 +32,7 @@ def test_int8_round_trip_within_half_a_step_per_row(n, k):
 @pytest.mark.parametrize("group", [32, 64])
 def test_int4_round_trip_within_half_a_step_per_group(n, k, group):
     w = _weight(n, k)
-    layer = quantize_linear(w, None, "int4", group_size=group)
+    layer = quantize_linear(w, None, "int4", group_size=group, int4_levels=(15,))  # plain min/max
     group = kernels.int4_group_size(k, group)  # largest accepted group <= the request dividing K
     assert layer.mode == "int4" and layer.group_size == group
     err = (layer.dequantize() - w).abs().reshape(n, k // group, group).amax(dim=-1)
@@ -42,6 +42,22 @@ def test_int4_round_trip_within_half_a_step_per_group(n, k, group):
     assert torch.all(err <= step * 0.5 * (1 + 2**-7) + zero_rounding + 1e-7)
     # and clearly coarser than int8 but far below the weights' spread
     assert err.max() < 0.2 * w.abs().max()
+
+
+def test_int4_level_search_never_worse_and_recovers_a_coarser_grid():
+    w = _weight(64, 128)
+    plain = quantize_linear(w, None, "int4", group_size=32, int4_levels=(15,))
+    searched = quantize_linear(w, None, "int4", group_size=32)  # default: 15..12 levels
+    sse = lambda layer: (layer.dequantize() - w).pow(2).reshape(64, 4, 32).sum(-1)  # noqa: E731
+    assert torch.all(sse(searched) <= sse(plain) * (1 + 1e-3) + 1e-10)
+    # weights on a 13-level grid per group (as 4-bit weights that do not use all 16 codes)
+    g = torch.randint(0, 14, (64, 4, 32)).float()
+    g[..., 0], g[..., 1] = 0, 13  # every group spans the full 13 steps
+    grid = (g * 0.0078125 - 0.05).reshape(64, 128)  # step and offset exact in bfloat16
+    err_plain = (quantize_linear(grid, None, "int4", group_size=32, int4_levels=(15,)).dequantize() - grid)
+    err_search = (quantize_linear(grid, None, "int4", group_size=32).dequantize() - grid)
+    # exact up to the zero point stored in bfloat16 (<1% of a step), vs ~40% of a step plain
+    assert err_plain.abs().max() > 0.3 * 0.0078125 and err_search.abs().max() < 0.01 * 0.0078125
 
 
 def test_int4_packing_in_row_chunks_matches_whole(monkeypatch):

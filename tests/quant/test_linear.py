@@ -65,6 +65,23 @@ def test_int4_pads_output_features_to_sixteen():
     assert _rel(y, F.linear(x.float(), w.float(), b.float())) < TOLERANCE["int4"]
 
 
+@pytest.mark.parametrize("k", [8, 24, 72, 136])
+def test_int8_input_sizes_off_sixteen_are_padded(k):
+    # the raw kernel returns garbage or segfaults for these K; the layer pads K to 16
+    w, b, x = _layer(40, k, torch.bfloat16)
+    layer = quantize_linear(w, b, "int8", max_rows=64)
+    assert layer.qweight.shape == (40, k + (-k) % 16)
+    assert layer.dequantize().shape == (40, k)
+    assert _rel(layer(x), F.linear(x.float(), w.float(), b.float())) < TOLERANCE["int8"]
+
+
+def test_int4_fallback_layer_runs():
+    w, b, x = _layer(64, 136, torch.bfloat16)  # no int4 group divides 136: int8, padded
+    layer = quantize_linear(w, b, "int4", max_rows=64)
+    assert layer.mode == "int8"
+    assert _rel(layer(x), F.linear(x.float(), w.float(), b.float())) < TOLERANCE["int8"]
+
+
 def test_empty_input():
     w, b, _ = _layer(32, 64, torch.bfloat16)
     layer = quantize_linear(w, b, "int8")

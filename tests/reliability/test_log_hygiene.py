@@ -1,6 +1,6 @@
 """Logs on the real stack (issue 8, item 4): web and worker logs are JSON events and never
-carry prompt or answer text, whatever path the text took (job, SSE, /generate, a rejected
-body, an agent run)."""
+carry prompt or answer text, whatever path the text took (job, SSE, /generate, the
+OpenAI-compatible chat route, a rejected body, an agent run)."""
 from __future__ import annotations
 
 import json
@@ -47,6 +47,10 @@ def test_logs_are_json_events_without_prompt_or_answer_text(stack, store):
         assert requests.get(f"{base}/jobs/{job_id}", timeout=10).status_code == 200
         generated = requests.post(f"{base}/generate", json={"prompt": PROMPT, "max_new_tokens": 16},
                                   timeout=60).json()["text"]
+        chat = requests.post(f"{base}/v1/chat/completions", timeout=60, json={
+            "model": "miniserve", "max_tokens": 16, "messages": [{"role": "user", "content": PROMPT}]})
+        assert chat.status_code == 200, chat.text
+        chat_text = chat.json()["choices"][0]["message"]["content"]
         rejected = requests.post(f"{base}/jobs", json={"prompt": PROMPT, "temperature": SECRET}, timeout=10)
         assert rejected.status_code == 422
         agent = requests.post(f"{base}/jobs", json={"type": "agent", "prompt": f"{SECRET}: what is 6 * 7?",
@@ -60,7 +64,7 @@ def test_logs_are_json_events_without_prompt_or_answer_text(stack, store):
     assert streamed == answer and len(answer) >= 12  # long enough that finding it would mean a leak
     logs = {"web": web_proc.log(), "worker": worker.log()}
     for name, log in logs.items():
-        for needle in (SECRET, answer, generated):
+        for needle in (SECRET, answer, *(t for t in (generated, chat_text) if len(t) >= 8)):
             assert needle not in log, f"{name} log holds prompt or answer text"
     web_events = {e["event"] for e in json_events(logs["web"], "web")}
     worker_events = {e["event"] for e in json_events(logs["worker"], "worker")}

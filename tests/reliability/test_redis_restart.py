@@ -11,7 +11,9 @@ import time
 import pytest
 import requests
 
-from bench.client import submit_and_follow
+from concurrent.futures import ThreadPoolExecutor
+
+from bench.client import iter_sse, submit_and_follow
 from bench.stack import wait_until
 from core.events import CANCELLED, RUNNING, SUCCEEDED
 from tests.integration.conftest import _started_worker, started_web, wait_terminal
@@ -77,6 +79,25 @@ def test_idle_restart_503_while_down_then_everything_reconnects(restartable_redi
     assert worker.popen.poll() is None and web_proc.popen.poll() is None  # same processes, no restart
 
 
+def follow_with_resume(base: str, job_id: str, timeout_s: float = 90) -> list:
+    """Follow a job's SSE like a browser's EventSource: on a broken stream or an error answer,
+    wait and reconnect with ``Last-Event-ID``; returns every event received."""
+    events, deadline = [], time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        headers = {"Last-Event-ID": str(events[-1].id)} if events else {}
+        try:
+            with requests.get(f"{base}/jobs/{job_id}/events", stream=True, timeout=30, headers=headers) as reply:
+                if reply.status_code == 200:
+                    for event in iter_sse(reply):
+                        events.append(event)
+                        if event.type in ("done", "error", "cancelled", "timeout"):
+                            return events
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"no terminal event for {job_id}")
+
+
 def test_queued_jobs_survive_a_restart_with_appendonly(restartable_redis, running, own_store):
     base, worker, _ = running
     blocker = requests.post(f"{base}/jobs", json={"prompt": "keep the worker busy", "max_new_tokens": LONG},
@@ -86,7 +107,21 @@ def test_queued_jobs_survive_a_restart_with_appendonly(restartable_redis, runnin
               for i in range(3)]
     assert [own_store.get(j).state for j in queued] == ["queued"] * 3
     assert own_store.client.llen("generation") == 3
+    with ThreadPoolExecutor(1) as pool:  # a client follows a queued job's stream across the restart
+        followed = pool.submit(follow_with_resume, base, queued[0])
+        time.sleep(0.5)
+        restart_and_check(restartable_redis, running, own_store, blocker, queued)
+        events = followed.result(timeout=120)
+    seqs = [e.id for e in events]
+    assert seqs == list(range(1, len(seqs) + 1)) and events[-1].type == "done"  # nothing lost or repeated
+    streamed = "".join(e.data["data"]["text"] for e in events if e.type == "token")
+    assert streamed == own_store.get(queued[0]).result["text"]
+    web_log = running[2].log()
+    assert '"sse_redis_lost"' in web_log and "Error handling request" not in web_log  # ended cleanly
 
+
+def restart_and_check(restartable_redis, running, own_store, blocker, queued) -> None:
+    base, worker, _ = running
     restartable_redis.stop()
     time.sleep(1.0)
     restartable_redis.start()

@@ -12,16 +12,6 @@ from tests.integration.conftest import sleep_until_tokens, wait_state, wait_term
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def worker(shared_worker):
-    return shared_worker
-
-
-@pytest.fixture
-def store(shared_store):
-    return shared_store
-
-
 def poll_until_done(base_url: str, job_id: str, timeout_s: float = 60) -> dict:
     from bench.stack import wait_until
 

@@ -10,16 +10,6 @@ from tests.integration.conftest import wait_terminal
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def worker(shared_worker):
-    return shared_worker
-
-
-@pytest.fixture
-def store(shared_store):
-    return shared_store
-
-
 def test_generation_methods_benchmark_job(web, worker, store):
     reply = requests.post(f"{web}/bench", json={"benchmark": "generation_methods", "prompt": "Hello",
                                                 "max_new_tokens": 8})

@@ -1,0 +1,60 @@
+"""Resident memory of the loaded model per ``MINISERVE_QUANT`` setting, in a fresh process.
+
+``python -m bench.quantization_memory --quant int8`` prints one JSON line: RSS after the
+imports, after ``load_model`` (which quantizes), and after a first 8-token ``custom_cache``
+generation (forward built). Freed heap is handed back (``malloc_trim``) before each reading,
+so transient load buffers do not count. The benchmark runs one such process per setting.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+
+
+def rss_mb() -> float:
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def measure(quant: str, threads: int, model: str) -> dict:
+    import torch  # noqa: F401  (counted in the baseline, as in a worker)
+    import transformers  # noqa: F401
+
+    from core.settings import load_settings
+    from engine.engine import Engine
+    from engine.loader import load_model
+    from engine.quant import forward_weights, quantized_bytes
+    from engine.types import GenerationRequest, SamplingParams
+
+    before = rss_mb()
+    settings = load_settings(model=model, quant=quant, threads=threads, device="cpu", dtype="bfloat16")
+    loaded = load_model(settings)
+    after_load = rss_mb()
+    engine = Engine(settings, loaded)
+    engine.generate(GenerationRequest(messages=[{"role": "user", "content": "Hi"}],
+                                      sampling=SamplingParams(max_new_tokens=8), method="custom_cache"))
+    after_gen = rss_mb()
+    return {"quant": quant, "rss_before_mb": round(before, 1), "rss_loaded_mb": round(after_load, 1),
+            "rss_after_gen_mb": round(after_gen, 1), "model_rss_mb": round(after_gen - before, 1),
+            "quantized_mb": round(quantized_bytes(forward_weights(loaded.model)) / 2**20, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quant", required=True, choices=["none", "int8", "int4"])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", default="default")
+    args = parser.parse_args()
+    print(json.dumps(measure(args.quant, args.threads, args.model)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

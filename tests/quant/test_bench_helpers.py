@@ -1,0 +1,46 @@
+"""The quantization benchmark's own helpers measure what they claim (tiny model, fast)."""
+from __future__ import annotations
+
+import torch
+
+from bench.quantization_batch import batched_greedy
+from bench.quantization_quality import free_running, teacher_forced
+from core.settings import load_settings
+from engine.forward import Qwen2Forward
+from engine.kv_cache import ContiguousKVCache
+from engine.loader import load_model
+from engine.quant import quantize_weights
+from engine.weights import fuse_projections
+
+
+def _greedy_alone(forward: Qwen2Forward, ids: list[int], steps: int) -> list[int]:
+    cache = ContiguousKVCache(forward.config, len(ids) + steps + 1, forward.weights.dtype, forward.weights.device)
+    with torch.inference_mode():
+        logits = forward(torch.tensor(ids), cache)
+        out = []
+        for _ in range(steps + 1):
+            out.append(int(logits[-1].argmax()))
+            logits = forward(torch.tensor(out[-1:]), cache)
+    return out
+
+
+def test_batched_decode_matches_each_sequence_alone(quant_model_dir):
+    loaded = load_model(load_settings(model=str(quant_model_dir), dtype="float32", device="cpu"))
+    forward = Qwen2Forward(fuse_projections(loaded.model))
+    prompts = [[5, 9, 30, 7], [11, 12], [40, 41, 42, 43, 44, 45]]  # different lengths
+    result = batched_greedy(forward, prompts, steps=6)
+    assert result["tokens"] == [_greedy_alone(forward, ids, 6) for ids in prompts]
+    assert result["decode_tps"] > 0
+
+
+def test_agreement_measures(quant_model_dir):
+    assert free_running([[1, 2, 3], [4, 5]], [[1, 9, 3], [4, 5]]) == {
+        "agree_free": 4 / 5, "identical": 1, "first_diff_mean": 1.5}
+    loaded = load_model(load_settings(model=str(quant_model_dir), dtype="float32", device="cpu"))
+    weights = fuse_projections(loaded.model)
+    forward = Qwen2Forward(weights)
+    prompts = [[5, 9, 30, 7], [11, 12]]
+    reference = [_greedy_alone(forward, ids, 5) for ids in prompts]
+    assert teacher_forced(forward, prompts, reference) == 1.0
+    quantized = Qwen2Forward(quantize_weights(weights, "int4")[0])
+    assert 0.0 <= teacher_forced(quantized, prompts, reference) <= 1.0
