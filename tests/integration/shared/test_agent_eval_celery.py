@@ -16,7 +16,7 @@ def client(shared_stack):
     app.close()
 
 
-def test_evaluation_chord_from_the_task_name(client, shared_worker, tmp_path):
+def test_evaluation_chord_from_the_task_name(client, worker, tmp_path):
     output = tmp_path / "eval.csv"
     started = client.send_task(EVAL_START, queue="bench",
                                kwargs={"categories": ["tool_error"], "limit": 2, "output": str(output),
@@ -30,7 +30,7 @@ def test_evaluation_chord_from_the_task_name(client, shared_worker, tmp_path):
     assert output.exists() and output.with_suffix(".png").stat().st_size > 0
 
 
-def test_one_case_task_returns_its_record(client, shared_worker):
+def test_one_case_task_returns_its_record(client, worker):
     case = {"id": "t1", "category": "calculator", "lang": "en", "prompt": "Calculate 17 * 23",
             "expected_tool": "calculator", "tool_check": {"numbers": [391]}, "answer_check": {"numbers": [391]}}
     record = client.send_task(EVAL_CASE, args=[case, 2, 8], queue="agent").get(timeout=120)
