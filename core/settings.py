@@ -54,8 +54,9 @@ class Settings(BaseSettings):
 
     # Generation limits.
     default_max_new_tokens: PositiveInt = 128
-    # /v1/chat/completions runs with this method unless the body names one (generation_method).
-    chat_generation_method: Literal[GENERATION_METHODS] = "official"  # type: ignore[valid-type]
+    # The method a job runs with unless its body names one: ``paged`` joins the worker's
+    # shared batches (greedy-identical to ``official``; see docs/architecture.md).
+    default_generation_method: Literal[GENERATION_METHODS] = "paged"  # type: ignore[valid-type]
     max_new_tokens_cap: PositiveInt = 2048
     max_prompt_chars: PositiveInt = 100_000
 

@@ -65,7 +65,8 @@ class SamplingFields(Strict):
     seed: json_int(ge=0, le=2**63 - 1) | None = None
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = Field(
         default=None, description=f"a stop string or up to {MAX_STOP_STRINGS} of them")
-    generation_method: GenerationMethod = "official"
+    generation_method: GenerationMethod | None = Field(
+        default=None, description="null = the service default, MINISERVE_DEFAULT_GENERATION_METHOD (paged)")
 
 
 class JobSubmit(SamplingFields):

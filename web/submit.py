@@ -61,6 +61,10 @@ def _request(messages: list[dict[str, str]], prefix: str | None, sampling: dict[
             "tools": None, "max_steps": max_steps}
 
 
+def _method(body: SamplingFields) -> str:
+    return body.generation_method or ctx().settings.default_generation_method
+
+
 def from_job_body(body: JobSubmit) -> Submission:
     if body.messages is not None:
         messages = [m.model_dump() for m in body.messages]
@@ -71,19 +75,20 @@ def from_job_body(body: JobSubmit) -> Submission:
     if body.system is not None:
         messages.insert(0, {"role": "system", "content": body.system})
     max_steps = (body.max_steps or 3) if body.type == "agent" else None
-    request = _request(messages, body.prefix, _sampling(body), body.generation_method, max_steps)
+    request = _request(messages, body.prefix, _sampling(body), _method(body), max_steps)
     return Submission(body.type, request, field_name)
 
 
 def from_generate_body(body: GenerateBody) -> Submission:
     messages = [{"role": "user", "content": body.prompt}]
-    return Submission("generate", _request(messages, body.prefix, _sampling(body), body.generation_method, None),
+    return Submission("generate", _request(messages, body.prefix, _sampling(body), _method(body), None),
                       "prompt")
 
 
 def from_agent_body(body: AgentBody) -> Submission:
     messages = [{"role": "user", "content": body.prompt}]
-    return Submission("agent", _request(messages, None, _sampling(body), "official", body.max_steps), "prompt")
+    method = ctx().settings.default_generation_method
+    return Submission("agent", _request(messages, None, _sampling(body), method, body.max_steps), "prompt")
 
 
 def _check_prompt(sub: Submission) -> None:

@@ -44,8 +44,8 @@ def run_agent(ctx: JobContext) -> dict[str, Any]:
     rt = runtime()
     stored = ctx.record.request
     prompt = next(m["content"] for m in reversed(stored["messages"]) if m["role"] == "user")
-    method = BATCHED_METHOD if rt.batching else "custom_cache"
-    model = EngineChatModel(WorkerGenerator(rt), method=method, should_cancel=ctx.should_cancel)
+    model = EngineChatModel(WorkerGenerator(rt), method=stored.get("method") or BATCHED_METHOD,
+                            should_cancel=ctx.should_cancel)
     runner = AgentRunner(model, create_default_registry())
     result = runner.run(prompt, max_steps=stored.get("max_steps"),
                         max_new_tokens=(stored.get("sampling") or {}).get("max_new_tokens"),

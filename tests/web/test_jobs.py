@@ -24,7 +24,7 @@ def test_submit_prompt_answers_202_and_sends_task_by_name(client, celery, store)
         "messages": [{"role": "user", "content": "hi"}], "prefix": None,
         "sampling": {"max_new_tokens": 7, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
                      "repetition_penalty": None, "seed": None, "stop": ["\n"]},
-        "method": "official", "tools": None, "max_steps": None}
+        "method": "paged", "tools": None, "max_steps": None}  # MINISERVE_DEFAULT_GENERATION_METHOD
 
 
 def test_submit_messages_with_system_and_prefix_defaults(make_app, store):

@@ -57,7 +57,7 @@ def test_plain_completion_runs_a_chat_job_with_the_stored_request_shape(client, 
 
 def test_defaults_are_greedy_and_the_settings_method(make_app, store, celery):
     worker_says(store, celery, "ok")
-    client = make_app(chat_generation_method="prefix_cache", default_max_new_tokens=9).test_client()
+    client = make_app(default_generation_method="prefix_cache", default_max_new_tokens=9).test_client()
     response = chat(client, max_tokens=3, max_completion_tokens=4)
     job = store.get(response.headers["X-Job-Id"])
     assert job.request["method"] == "prefix_cache"

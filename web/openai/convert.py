@@ -105,7 +105,7 @@ def chat_job(body: ChatCompletionRequest) -> ChatJob:
     if hint:
         messages.append({"role": "system", "content": hint})
     request = {"messages": messages, "prefix": None, "sampling": _sampling(body),
-               "method": body.generation_method or ctx().settings.chat_generation_method,
+               "method": body.generation_method or ctx().settings.default_generation_method,
                "tools": [t.model_dump(exclude_none=True) for t in body.tools] if tools else None,
                "max_steps": None}
     include_usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -109,7 +109,7 @@ class ChatCompletionRequest(Lenient):
     n: Annotated[Literal[1] | None, _exact_type(int)] = Field(default=None, description="only one choice is generated")
     logprobs: Annotated[Literal[False] | None, _exact_type(bool)] = Field(default=None, description="not supported")
     generation_method: GenerationMethod | None = Field(
-        default=None, description="MiniServe extension; default MINISERVE_CHAT_GENERATION_METHOD")
+        default=None, description="MiniServe extension; default MINISERVE_DEFAULT_GENERATION_METHOD (paged)")
     top_k: json_int(ge=0, le=1000) | None = Field(default=None, description="MiniServe extension; 0 = off")
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0,
                                              description="MiniServe extension; null = the model's default")
