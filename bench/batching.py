@@ -8,14 +8,17 @@ For each concurrency N (default 1, 2, 4, 8, 16) the first N prompts run
 * ``hf_generate_batch``: ``model.generate_batch`` on the same prompt ids.
 Reported: aggregate tokens/s (generated tokens / wall time, prefill included), p50/p90
 time to first token, and ratios.  Modes are interleaved (rotating order per N) after a
-warmup.  Greedy, the model's repetition penalty.  This measures the engine in process;
-``--queue`` numbers through Celery come from the worker integration (see docs/batching.md).
+warmup.  Greedy, the model's repetition penalty.  With ``--queue`` a fourth mode,
+``queue``, sends the same N jobs at once through the real stack (web -> Redis -> one Celery
+worker process with a threads pool feeding the paged scheduler -> Redis -> SSE; see
+:mod:`bench.queue_batching`), with TTFT as each client saw it.
 
-    flock /tmp/miniserve-heavy.lock python -m bench.batching [--concurrency 1 2 4 8 16]
+    flock /tmp/miniserve-heavy.lock python -m bench.batching [--concurrency 1 2 4 8 16] [--queue]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from pathlib import Path
 
@@ -83,6 +86,11 @@ def run_hf(engine: Engine, texts: list[str], new_tokens: int) -> dict:
     return summarize(wall, tokens, ttfts)
 
 
+def run_queue(runner, texts: list[str], new_tokens: int) -> dict:
+    out = runner.run(texts, new_tokens)
+    return summarize(out["wall_s"], out["tokens"], out["ttfts"])
+
+
 def summarize(wall: float, tokens: list[int], ttfts: list[float]) -> dict:
     return {"wall_s": wall, "tokens": sum(tokens), "tok_per_s": sum(tokens) / wall,
             "ttft_p50_s": p50(ttfts), "ttft_p90_s": pct(ttfts, 90)}
@@ -94,6 +102,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--no-hf", action="store_true", help="skip transformers generate_batch")
     parser.add_argument("--no-sequential", action="store_true")
+    parser.add_argument("--queue", action="store_true", help="also run the jobs through the queue")
     parser.add_argument("--output", default=str(RESULTS / "batching.csv"))
     args = parser.parse_args()
     settings = load_settings(max_batch=max(args.concurrency),
@@ -106,6 +115,12 @@ def main() -> None:
         modes["sequential"] = lambda t: run_sequential(engine, t, args.new_tokens)
     if not args.no_hf:
         modes["hf_generate_batch"] = lambda t: run_hf(engine, t, args.new_tokens)
+    stack = contextlib.ExitStack()
+    if args.queue:
+        from bench.queue_batching import QueueBatchRunner
+
+        runner = stack.enter_context(QueueBatchRunner(max_batch=max(args.concurrency)))
+        modes["queue"] = lambda t: run_queue(runner, t, args.new_tokens)
     for fn in modes.values():                      # warmup
         fn(prompts(2))
     rows = []
@@ -127,6 +142,7 @@ def main() -> None:
         hf = [r for r in rows if r["mode"] == "hf_generate_batch" and r["concurrency"] == row["concurrency"]]
         row["x_hf"] = round(row["tok_per_s"] / hf[0]["tok_per_s"], 2) if hf else ""
     batch.close()
+    stack.close()
     print(machine_line(engine.loaded.dtype), f"model {engine.loaded.name},",
           f"{args.new_tokens} new tokens per job, greedy")
     print_table(rows)
