@@ -136,11 +136,7 @@ def main() -> None:
                          "ttft_p90_s": round(m["ttft_p90_s"], 3)})
         print(f"N={n}: " + ", ".join(f"{k} {v['tok_per_s']:.1f} tok/s" for k, v in measured.items()),
               flush=True)
-    single = next(r["tok_per_s"] for r in rows if r["mode"] == "batched" and r["concurrency"] == min(args.concurrency))
-    for row in rows:
-        row["x_single_job"] = round(row["tok_per_s"] / single, 2)
-        hf = [r for r in rows if r["mode"] == "hf_generate_batch" and r["concurrency"] == row["concurrency"]]
-        row["x_hf"] = round(row["tok_per_s"] / hf[0]["tok_per_s"], 2) if hf else ""
+    add_ratios(rows)
     batch.close()
     stack.close()
     print(machine_line(engine.loaded.dtype), f"model {engine.loaded.name},",
@@ -149,6 +145,18 @@ def main() -> None:
     path = write_csv(Path(args.output), rows)
     plot(rows, path.with_suffix(".png"))
     print(f"wrote {path}, {path.with_suffix('.png')}")
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """x_single_job: against the same mode with the fewest jobs; x_hf: against transformers'
+    continuous batching at the same concurrency."""
+    lowest = min(r["concurrency"] for r in rows)
+    for row in rows:
+        single = next(r["tok_per_s"] for r in rows
+                      if r["mode"] == row["mode"] and r["concurrency"] == lowest)
+        row["x_single_job"] = round(row["tok_per_s"] / single, 2)
+        hf = [r for r in rows if r["mode"] == "hf_generate_batch" and r["concurrency"] == row["concurrency"]]
+        row["x_hf"] = round(row["tok_per_s"] / hf[0]["tok_per_s"], 2) if hf else ""
 
 
 def plot(rows, path) -> None:
