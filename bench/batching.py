@@ -8,21 +8,22 @@ For each concurrency N (default 1, 2, 4, 8, 16) the first N prompts run
 * ``hf_generate_batch``: ``model.generate_batch`` on the same prompt ids.
 Reported: aggregate tokens/s (generated tokens / wall time, prefill included), p50/p90
 time to first token, and ratios.  Modes are interleaved (rotating order per N) after a
-warmup.  Greedy, the model's repetition penalty.  This measures the engine in process;
-``--queue`` numbers through Celery come from the worker integration (see docs/batching.md).
+warmup.  Greedy, the model's repetition penalty.  A fourth mode (skip it with
+``--no-queue``), ``queue``, sends the same N jobs at once through the real stack (web -> Redis -> one Celery
+worker process with a threads pool feeding the paged scheduler -> Redis -> SSE; see
+:mod:`bench.queue_batching`), with TTFT as each client saw it.
 
-    flock /tmp/miniserve-heavy.lock python -m bench.batching [--concurrency 1 2 4 8 16]
+    flock /tmp/miniserve-heavy.lock python -m bench.batching [--concurrency 1 2 4 8 16] [--no-queue]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
-from contextlib import ExitStack
 from pathlib import Path
 
 import torch
 
-from bench.queue_batching import QueueBatchRunner
 from bench.paged_common import RESULTS, machine_line, p50, pct, print_table, pyplot, write_csv
 from core.settings import load_settings
 from engine.batching import BatchEngine
@@ -85,6 +86,11 @@ def run_hf(engine: Engine, texts: list[str], new_tokens: int) -> dict:
     return summarize(wall, tokens, ttfts)
 
 
+def run_queue(runner, texts: list[str], new_tokens: int) -> dict:
+    out = runner.run(texts, new_tokens)
+    return summarize(out["wall_s"], out["tokens"], out["ttfts"])
+
+
 def summarize(wall: float, tokens: list[int], ttfts: list[float]) -> dict:
     return {"wall_s": wall, "tokens": sum(tokens), "tok_per_s": sum(tokens) / wall,
             "ttft_p50_s": p50(ttfts), "ttft_p90_s": pct(ttfts, 90)}
@@ -110,44 +116,31 @@ def main() -> None:
         modes["sequential"] = lambda t: run_sequential(engine, t, args.new_tokens)
     if not args.no_hf:
         modes["hf_generate_batch"] = lambda t: run_hf(engine, t, args.new_tokens)
-    with ExitStack() as closing:
-        if not args.no_queue:
-            runner = closing.enter_context(QueueBatchRunner(model=settings.model, max_batch=max(args.concurrency)))
-            modes["queue"] = lambda t: run_queue(runner, t, args.new_tokens)
-        rows = measure(modes, args)
-    finish(rows, args, batch, engine)
+    stack = contextlib.ExitStack()
+    if not args.no_queue:
+        from bench.queue_batching import QueueBatchRunner
 
-
-def run_queue(runner: QueueBatchRunner, texts: list[str], new_tokens: int) -> dict:
-    out = runner.run(texts, new_tokens)
-    return summarize(out["wall_s"], out["tokens"], out["ttfts"])
-
-
-def measure(modes: dict, args) -> list[dict]:
-    for fn in modes.values():                      # warmup
-        fn(prompts(2))
-    rows = []
-    for index, n in enumerate(args.concurrency):
-        names = list(modes)
-        names = names[index % len(names):] + names[:index % len(names)]
-        measured = {name: modes[name](prompts(n)) for name in names}
-        for name in modes:
-            m = measured[name]
-            rows.append({"concurrency": n, "mode": name, "tokens": m["tokens"],
-                         "wall_s": round(m["wall_s"], 3), "tok_per_s": round(m["tok_per_s"], 2),
-                         "ttft_p50_s": round(m["ttft_p50_s"], 3),
-                         "ttft_p90_s": round(m["ttft_p90_s"], 3)})
-        print(f"N={n}: " + ", ".join(f"{k} {v['tok_per_s']:.1f} tok/s" for k, v in measured.items()),
-              flush=True)
-    return rows
-
-
-def finish(rows: list[dict], args, batch: BatchEngine, engine: Engine) -> None:
-    single = next(r["tok_per_s"] for r in rows if r["mode"] == "batched" and r["concurrency"] == min(args.concurrency))
-    for row in rows:
-        row["x_single_job"] = round(row["tok_per_s"] / single, 2)
-        hf = [r for r in rows if r["mode"] == "hf_generate_batch" and r["concurrency"] == row["concurrency"]]
-        row["x_hf"] = round(row["tok_per_s"] / hf[0]["tok_per_s"], 2) if hf else ""
+        runner = stack.enter_context(QueueBatchRunner(model=settings.model, max_batch=max(args.concurrency)))
+        modes["queue"] = lambda t: run_queue(runner, t, args.new_tokens)
+    try:
+        for fn in modes.values():                      # warmup
+            fn(prompts(2))
+        rows = []
+        for index, n in enumerate(args.concurrency):
+            names = list(modes)
+            names = names[index % len(names):] + names[:index % len(names)]
+            measured = {name: modes[name](prompts(n)) for name in names}
+            for name in modes:
+                m = measured[name]
+                rows.append({"concurrency": n, "mode": name, "tokens": m["tokens"],
+                             "wall_s": round(m["wall_s"], 3), "tok_per_s": round(m["tok_per_s"], 2),
+                             "ttft_p50_s": round(m["ttft_p50_s"], 3),
+                             "ttft_p90_s": round(m["ttft_p90_s"], 3)})
+            print(f"N={n}: " + ", ".join(f"{k} {v['tok_per_s']:.1f} tok/s" for k, v in measured.items()),
+                  flush=True)
+    finally:
+        stack.close()
+    add_ratios(rows)
     batch.close()
     print(machine_line(engine.loaded.dtype), f"model {engine.loaded.name},",
           f"{args.new_tokens} new tokens per job, greedy")
@@ -155,6 +148,18 @@ def finish(rows: list[dict], args, batch: BatchEngine, engine: Engine) -> None:
     path = write_csv(Path(args.output), rows)
     plot(rows, path.with_suffix(".png"))
     print(f"wrote {path}, {path.with_suffix('.png')}")
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """x_single_job: against the same mode with the fewest jobs; x_hf: against transformers'
+    continuous batching at the same concurrency."""
+    lowest = min(r["concurrency"] for r in rows)
+    for row in rows:
+        single = next(r["tok_per_s"] for r in rows
+                      if r["mode"] == row["mode"] and r["concurrency"] == lowest)
+        row["x_single_job"] = round(row["tok_per_s"] / single, 2)
+        hf = [r for r in rows if r["mode"] == "hf_generate_batch" and r["concurrency"] == row["concurrency"]]
+        row["x_hf"] = round(row["tok_per_s"] / hf[0]["tok_per_s"], 2) if hf else ""
 
 
 def plot(rows, path) -> None:

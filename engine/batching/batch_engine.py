@@ -89,8 +89,7 @@ class BatchEngine:
         """Stop the loop thread (sequences still queued are left unfinished)."""
         self._closing.set()
         if self._service is not None:
-            with self.service.work:
-                self.service.work.notify_all()
+            self.service.wakeup.set()
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -126,11 +125,10 @@ class BatchEngine:
     def _loop(self) -> None:
         service = self.service
         while not self._closing.is_set():
-            with service.work:
-                while not service.scheduler.has_work and not self._closing.is_set():
-                    service.work.wait(timeout=1.0)
-            if self._closing.is_set():
-                return
+            if not service.scheduler.has_work:
+                service.wakeup.wait(timeout=1.0)
+                service.wakeup.clear()
+                continue
             try:
                 service.step()
             except Exception as exc:  # noqa: BLE001 - never let the loop die silently

@@ -14,8 +14,9 @@ Each :meth:`Scheduler.step`
    together), samples a token for each sequence that reached its end, and feeds it to the
    sequence's run (streaming text, stop strings, max tokens, cancellation).
 A sequence that finishes, fails or is cancelled gives back its blocks and leaves; the others
-carry on untouched.  Not thread-safe: :class:`engine.batching.service.PagedService` holds
-the lock.
+carry on untouched.  Only :meth:`Scheduler.submit` is thread-safe (an inbox drained at the
+start of each step, so a new request never waits for a running forward to hand over a
+lock); everything else runs under :class:`engine.batching.service.PagedService`'s lock.
 """
 from __future__ import annotations
 
@@ -57,20 +58,24 @@ class Scheduler:
         self.max_batched_tokens = max_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.inbox: deque[Sequence] = deque()   # deque.append/popleft are atomic
         self.stats = StepStats()
 
     # ------------------------------------------------------------------ queue
-    def add(self, seq: Sequence) -> None:
+    def submit(self, seq: Sequence) -> None:
+        """Thread-safe: the sequence joins the waiting queue at the next step."""
         seq.status = WAITING
-        self.waiting.append(seq)
+        self.inbox.append(seq)
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.inbox or self.waiting or self.running)
 
     # ------------------------------------------------------------------ one step
     def step(self) -> int:
         """Advance every scheduled sequence by one forward; returns tokens computed (0: idle)."""
+        while self.inbox:
+            self.waiting.append(self.inbox.popleft())
         self._drop_cancelled()
         plan = self._schedule()
         if not plan:

@@ -47,8 +47,8 @@ class PagedService:
         self.scheduler = Scheduler(self.runner, self.pool, self.blocks,
                                    max_batch=settings.max_batch,
                                    max_batched_tokens=settings.max_batched_tokens)
-        self.lock = threading.RLock()
-        self.work = threading.Condition(self.lock)   # signalled when a sequence is added
+        self.lock = threading.RLock()                 # held for each step
+        self.wakeup = threading.Event()               # set when a sequence is added
         self._ids = itertools.count(1)
         log_event(logger, "paged_pool_ready", num_blocks=blocks,
                   block_size=settings.kv_block_size, pool_mib=round(self.pool.nbytes / 2**20, 1))
@@ -60,9 +60,9 @@ class PagedService:
                         sampling=sampling, sampler=sampler, on_finish=on_finish)
 
     def add(self, seq: Sequence) -> None:
-        with self.work:
-            self.scheduler.add(seq)
-            self.work.notify_all()
+        """Thread-safe and never blocks on a running step."""
+        self.scheduler.submit(seq)
+        self.wakeup.set()
 
     def step(self) -> int:
         with self.lock:
