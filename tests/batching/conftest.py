@@ -1,26 +1,2 @@
-"""Fixtures: an Engine on the session's tiny model with a small-block paged pool."""
-from __future__ import annotations
-
-import pytest
-
-from core.settings import load_settings
-from tests.tiny_model import tiny_model_dir  # noqa: F401  (fixture)
-
-
-@pytest.fixture(scope="session")
-def paged_engine(tiny_model_dir):  # noqa: F811
-    from engine.engine import Engine
-
-    return Engine(load_settings(model=str(tiny_model_dir), dtype="float32", device="cpu",
-                                kv_block_size=4, kv_num_blocks=512, max_batch=8,
-                                max_batched_tokens=64))
-
-
-@pytest.fixture(scope="session")
-def real_engine():
-    """The bundled default model in bf16, loaded once per session (slow tests only)."""
-    from engine.engine import Engine
-
-    engine = Engine(load_settings(model="default", device="cpu", dtype="bfloat16"))
-    engine.loaded  # noqa: B018 - load now, outside the timed tests
-    return engine
+"""The paged tests' fixtures: a small-block paged engine on the tiny model, the real model."""
+from tests.paged.conftest import paged_engine, real_engine, tiny_model_dir  # noqa: F401  (fixtures)

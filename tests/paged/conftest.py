@@ -1,9 +1,11 @@
-"""Fixtures: an Engine on the session's tiny model with a small-block paged pool."""
+"""Fixtures: an Engine on the session's tiny model with a small-block paged pool (and the
+real default model, shared with the engine tests)."""
 from __future__ import annotations
 
 import pytest
 
 from core.settings import load_settings
+from tests.engine.conftest import real_engine  # noqa: F401  (fixture: the default model, loaded once)
 from tests.tiny_model import tiny_model_dir  # noqa: F401  (fixture)
 
 
@@ -14,13 +16,3 @@ def paged_engine(tiny_model_dir):  # noqa: F811
     return Engine(load_settings(model=str(tiny_model_dir), dtype="float32", device="cpu",
                                 kv_block_size=4, kv_num_blocks=512, max_batch=8,
                                 max_batched_tokens=64))
-
-
-@pytest.fixture(scope="session")
-def real_engine():
-    """The bundled default model in bf16, loaded once per session (slow tests only)."""
-    from engine.engine import Engine
-
-    engine = Engine(load_settings(model="default", device="cpu", dtype="bfloat16"))
-    engine.loaded  # noqa: B018 - load now, outside the timed tests
-    return engine
