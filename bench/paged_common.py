@@ -1,14 +1,14 @@
 """Small helpers shared by the paged/batching benchmarks: machine line, CSV, p50, plots."""
 from __future__ import annotations
 
-import csv
 import os
 import platform
-import statistics
 from pathlib import Path
 from typing import Iterable, Mapping
 
 import torch
+
+from bench.stats import percentile, write_csv  # noqa: F401  (re-exported for the paged benches)
 
 RESULTS = Path("results")
 
@@ -31,21 +31,11 @@ def machine_line(dtype: object = "") -> str:
 
 def pct(values: Iterable[float], q: float) -> float:
     """The q-th percentile (linear interpolation), e.g. ``pct(x, 90)``."""
-    import numpy
-    return float(numpy.percentile(list(values), q))
+    return percentile(list(values), q)
 
 
 def p50(values: Iterable[float]) -> float:
-    return statistics.median(list(values))
-
-
-def write_csv(path: Path, rows: list[Mapping[str, object]]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0].keys()))
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
+    return percentile(list(values), 50)
 
 
 def print_table(rows: list[Mapping[str, object]]) -> None:
