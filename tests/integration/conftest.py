@@ -59,9 +59,14 @@ def shared_stack(redis_proc, tiny_model) -> Stack:
     return _clean_stack(redis_proc, tiny_model)
 
 
+def stack_store(stack: Stack) -> JobStore:
+    """A job store on the stack's Redis, as the tests read it."""
+    return JobStore(redis.Redis.from_url(stack.redis_url, decode_responses=True), ttl_s=3600)
+
+
 @pytest.fixture
 def store(stack) -> JobStore:
-    return JobStore(redis.Redis.from_url(stack.redis_url, decode_responses=True), ttl_s=3600)
+    return stack_store(stack)
 
 
 @pytest.fixture
@@ -101,7 +106,7 @@ def worker(stack, store):
 
 @pytest.fixture(scope="module")
 def shared_store(shared_stack) -> JobStore:
-    return JobStore(redis.Redis.from_url(shared_stack.redis_url, decode_responses=True), ttl_s=3600)
+    return stack_store(shared_stack)
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +170,6 @@ def started_web(stack: Stack, **env: str):
 
 @pytest.fixture(scope="module")
 def web(shared_stack):
-    """The real web server (gunicorn, ``python -m web``) on a free port."""
     proc, base_url = started_web(shared_stack)
     yield base_url
     proc.stop()

@@ -13,7 +13,7 @@ from bench.stack import Process, Stack, free_port, start_redis
 from core.jobs import JobStore
 from tests.integration.conftest import (  # noqa: F401 - fixtures, re-exported for this folder
     WORKER_ENV, celery_client, redis_proc, shared_stack, shared_store, shared_worker, stack, store,
-    tiny_model, worker,
+    stack_store, tiny_model, worker,
 )
 
 
@@ -60,4 +60,4 @@ def own_stack(restartable_redis, tiny_model) -> Stack:
 
 @pytest.fixture(scope="module")
 def own_store(own_stack) -> JobStore:
-    return JobStore(redis.Redis.from_url(own_stack.redis_url, decode_responses=True), ttl_s=3600)
+    return stack_store(own_stack)
