@@ -271,6 +271,8 @@ class EngineLoop:
         scheduler = self._paged.scheduler if self._paged is not None else None
         busy = bool(self._solo) or (scheduler is not None and scheduler.has_work)
         self._drain(block=not busy)
+        if self._closing.is_set():
+            return
         if self._solo:
             self._run_solo(self._solo.popleft())
         if self._paged is not None and self._paged.scheduler.has_work:
