@@ -3,7 +3,6 @@ import pytest
 
 import threading
 
-from engine.loop import EngineLoop
 from engine.types import GenerationRequest, SamplingParams
 
 
@@ -19,7 +18,7 @@ def test_real_mixed_batch_equals_solo(real_engine):
              "for many requests at once on one model.", "2 + 2 = ?"]
     extra = [{}, {"max_new_tokens": 6}, {}, {"max_new_tokens": 9}]
     solo = [real_engine.generate(req(t, **e)) for t, e in zip(texts, extra)]
-    loop = EngineLoop(real_engine)
+    loop = real_engine.loop
     stop = solo[0].text[5:8]
     extra[0] = {"stop": (stop,)}
     cancel_after: list[str] = []
@@ -30,8 +29,7 @@ def test_real_mixed_batch_equals_solo(real_engine):
     consumer.start()
     results[:3] = [h.result(timeout=120) for h in handles[:3]]
     consumer.join(120)
-    stats = loop.stats()["paged"]
-    loop.close()
+    stats = loop.call(loop.stats)["paged"]
     assert results[0].finish_reason == "stop" and solo[0].text.startswith(results[0].text)
     for want, got in zip(solo[1:3], results[1:3]):
         assert got.token_ids == want.token_ids
