@@ -34,19 +34,19 @@ class WorkerGenerator:
         ctx = self.ctx
         if ctx is None:
             return self.rt.engine.generate(request, on_text=on_text, should_cancel=should_cancel)
-        ctx.pause_clock()
         handle = self.rt.engine.loop.submit(request, timeout_s=ctx.time_left(),
                                             should_cancel=should_cancel)
-        waited = not handle.started.wait(WAITING_AFTER_S)
-        if waited:
-            ctx.emit(WAITING, {"waiting": True, "method": request.method})
-
-        def started(at: float) -> None:
-            ctx.resume_clock(at)
-            if waited:
-                ctx.emit(WAITING, {"waiting": False, "method": request.method})
-
+        ctx.pause_clock()                    # prompt rendering counted; the queue wait is not
         try:
+            waited = not handle.started.wait(WAITING_AFTER_S)
+            if waited:
+                ctx.emit(WAITING, {"waiting": True, "method": request.method})
+
+            def started(at: float) -> None:
+                ctx.resume_clock(at)
+                if waited:
+                    ctx.emit(WAITING, {"waiting": False, "method": request.method})
+
             result = handle.stream(on_text, should_cancel, on_start=started)
         finally:
             ctx.resume_clock()
