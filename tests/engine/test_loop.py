@@ -150,7 +150,8 @@ def test_non_batched_jobs_interleave_with_a_batched_job(engine):
     loop = engine.loop
     stamps: list[float] = []
     long_job = loop.submit(_req(text="a long batched answer", max_new_tokens=60))
-    consumer = threading.Thread(target=lambda: long_job.stream(on_text=lambda p: stamps.append(time.monotonic())))
+    consumer = threading.Thread(
+        target=lambda: long_job.stream(on_text=lambda p: stamps.append(time.monotonic())))
     consumer.start()
     while not stamps:
         time.sleep(0.001)
