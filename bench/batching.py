@@ -2,7 +2,7 @@
 transformers' own continuous batching (``generate_batch``), same prompts, same run.
 
 For each concurrency N (default 1, 2, 4, 8, 16) the first N prompts run
-* ``batched``: all N submitted at once to :class:`engine.batching.BatchEngine` (one loop,
+* ``batched``: all N submitted at once to :class:`engine.loop.EngineLoop` (one loop,
   one batched forward per step over the paged KV cache);
 * ``sequential``: the same N jobs one after another through the ``paged`` method;
 * ``hf_generate_batch``: ``model.generate_batch`` on the same prompt ids.
@@ -26,7 +26,7 @@ import torch
 
 from bench.paged_common import RESULTS, machine_line, p50, pct, print_table, pyplot, write_csv
 from core.settings import load_settings
-from engine.batching import BatchEngine
+from engine.loop import EngineLoop
 from engine.engine import Engine
 from engine.types import GenerationRequest, SamplingParams
 
@@ -46,7 +46,7 @@ def request(text: str, new_tokens: int) -> GenerationRequest:
                              sampling=SamplingParams(max_new_tokens=new_tokens))
 
 
-def run_batched(batch: BatchEngine, texts: list[str], new_tokens: int) -> dict:
+def run_batched(batch: EngineLoop, texts: list[str], new_tokens: int) -> dict:
     start = time.perf_counter()
     futures = [batch.submit(request(t, new_tokens)) for t in texts]
     results = [f.result() for f in futures]
@@ -109,8 +109,8 @@ def main() -> None:
     settings = load_settings(max_batch=max(args.concurrency),
                              max_batched_tokens=max(512, 64 * max(args.concurrency)))
     engine = Engine(settings).load()
-    batch = BatchEngine(engine)
-    batch.service.blocks.prefix_sharing = False   # every job computes its whole prompt
+    batch = engine.loop
+    batch.call(lambda: setattr(batch.paged.blocks, "prefix_sharing", False))  # whole prompts
     modes = {"batched": lambda t: run_batched(batch, t, args.new_tokens)}
     if not args.no_sequential:
         modes["sequential"] = lambda t: run_sequential(engine, t, args.new_tokens)

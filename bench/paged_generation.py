@@ -20,9 +20,10 @@ from pathlib import Path
 
 from bench.paged_common import RESULTS, machine_line, p50, print_table, pyplot, write_csv
 from core.settings import load_settings
-from engine.batching import BatchEngine, PagedService
+from engine.batching import PagedService
 from engine.engine import Engine
 from engine.handwritten import forward_for
+from engine.loop import EngineLoop
 from engine.paged import BlockManager
 from engine.types import GenerationRequest, SamplingParams
 
@@ -84,7 +85,7 @@ def memory(engine: Engine, counts: list[int], block_size: int) -> tuple[list[dic
     prompts = [engine.prompt(req(QUESTIONS[i % len(QUESTIONS)], "paged", 1, system)).ids
                for i in range(max(counts))]
     system_tokens = engine.prompt(req("x", "paged", 1, system)).prefix_len
-    g = forward_for(engine).config
+    g = engine.loop.call(lambda: forward_for(engine)).config
     bytes_per_token = 2 * g.num_layers * g.num_kv_heads * g.head_dim * engine.loaded.dtype.itemsize
     rows = []
     for n in counts:
@@ -106,8 +107,9 @@ def real_sharing(engine: Engine, n: int, new_tokens: int) -> list[dict]:
     system = system_prompt(engine.loaded.tokenizer)
     rows = []
     for sharing in (False, True):
-        service = PagedService(forward_for(engine), engine.settings, prefix_sharing=sharing)
-        batch = BatchEngine(engine, service)
+        forward = engine.loop.call(lambda: forward_for(engine))
+        service = PagedService(forward, engine.settings, prefix_sharing=sharing)
+        batch = EngineLoop(engine, service)
         start = time.perf_counter()
         first = batch.submit(req(QUESTIONS[0], "paged", new_tokens, system)).result()
         rest = [batch.submit(req(QUESTIONS[i], "paged", new_tokens, system)) for i in range(1, n)]

@@ -13,6 +13,9 @@ ALL_STATES = (QUEUED, RUNNING, *TERMINAL_STATES)
 
 # Event types. Exactly one terminal event (done | error | cancelled | timeout) ends a job.
 STATE, TOKEN, TOOL_STEP, STATS = "state", "token", "tool_step", "stats"
+# A running job's request waits for the worker's engine loop ({"waiting": true}), then starts
+# ({"waiting": false}); sent only when the wait is noticeable. Its time limit pauses meanwhile.
+WAITING = "waiting"
 DONE, ERROR = "done", "error"
 TERMINAL_EVENT_FOR_STATE = {SUCCEEDED: DONE, FAILED: ERROR, CANCELLED: CANCELLED, TIMEOUT: TIMEOUT}
 TERMINAL_EVENTS = tuple(TERMINAL_EVENT_FOR_STATE.values())

@@ -1,7 +1,8 @@
-"""The table of generation methods an :class:`~engine.engine.Engine` offers by default.
+"""The table of non-batched generation methods an :class:`~engine.engine.Engine` offers.
 
 Each runner has the signature ``runner(engine, prompt, run, request, repetition_penalty) ->
-cached_tokens``: it produces tokens into ``run`` until ``run.accept`` says stop.
+cached_tokens``: it produces tokens into ``run`` until ``run.accept`` says stop. The loop
+runs them one at a time; ``paged`` is not here: it is the loop's own batched path.
 """
 from __future__ import annotations
 
@@ -20,14 +21,7 @@ def run_official(engine: Any, prompt: Prompt, run: GenerationRun, request: Gener
     return 0
 
 
-def run_paged(engine: Any, prompt: Prompt, run: GenerationRun, request: GenerationRequest,
-              penalty: float) -> int:
-    from engine.batching.service import run_paged as paged
-
-    return paged(engine, prompt, run, request, penalty)
-
-
 def builtin_methods() -> dict[str, Any]:
     from engine.handwritten import handwritten_methods
 
-    return {"official": run_official, **handwritten_methods(), "paged": run_paged}
+    return {"official": run_official, **handwritten_methods()}

@@ -12,6 +12,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from engine.run import GenerationRun
+from engine.sampling import safe_penalty, safe_temperature
 from engine.types import SamplingParams
 
 
@@ -30,12 +31,14 @@ def generate_kwargs(sampling: SamplingParams, repetition_penalty: float, eos_ids
                     pad_id: int | None) -> dict[str, Any]:
     """This request's settings as ``generate`` keyword arguments; everything else (and anything
     not passed) comes from the model's own generation config, as with a plain ``generate``."""
-    kwargs: dict[str, Any] = {"max_new_tokens": sampling.max_new_tokens, "repetition_penalty": repetition_penalty,
+    kwargs: dict[str, Any] = {"max_new_tokens": sampling.max_new_tokens,
+                              "repetition_penalty": safe_penalty(repetition_penalty),
                               "eos_token_id": eos_ids, "pad_token_id": eos_ids[0] if pad_id is None else pad_id}
     if sampling.greedy:
         kwargs["do_sample"] = False
     else:
-        kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
+        kwargs.update(do_sample=True, temperature=safe_temperature(sampling.temperature),
+                      top_p=sampling.top_p, top_k=sampling.top_k)
     return kwargs
 
 

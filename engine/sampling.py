@@ -8,6 +8,11 @@ whole id list each step; the values are the same as ``RepetitionPenaltyLogitsPro
 
 Each request samples from its own ``torch.Generator`` seeded from ``seed``, so a seed
 reproduces a sample regardless of what else the process did.
+
+Robust to extreme values: ``temperature`` and ``repetition_penalty`` are clamped to at least
+:data:`MIN_TEMPERATURE` / :data:`MIN_PENALTY` (the web accepts only ``>= 0.01`` anyway, see
+docs/api.md), and scores that still overflow fall back to the greedy choice, so sampling
+never hands ``torch.multinomial`` an inf or NaN.
 """
 from __future__ import annotations
 
@@ -16,6 +21,18 @@ from typing import Sequence
 import torch
 
 from engine.types import SamplingParams
+
+# Below these, float32 logits divided by the value overflow; the choice is greedy by then anyway.
+MIN_TEMPERATURE = 1e-4
+MIN_PENALTY = 1e-4
+
+
+def safe_temperature(temperature: float) -> float:
+    return max(float(temperature), MIN_TEMPERATURE)
+
+
+def safe_penalty(penalty: float) -> float:
+    return max(float(penalty), MIN_PENALTY)
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
@@ -52,7 +69,7 @@ class Sampler:
     def __init__(self, params: SamplingParams, repetition_penalty: float, vocab_size: int,
                  prompt_ids: Sequence[int], device: torch.device | str = "cpu") -> None:
         self.params = params
-        self.penalty = float(repetition_penalty)
+        self.penalty = safe_penalty(repetition_penalty)
         self.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
         if prompt_ids:
             self.seen[torch.tensor(list(prompt_ids), dtype=torch.long, device=device)] = True
@@ -72,7 +89,7 @@ class Sampler:
         scores = apply_repetition_penalty(logits.float(), self.seen, self.penalty)
         if self.params.greedy:
             return scores
-        scores = scores / self.params.temperature
+        scores = scores / safe_temperature(self.params.temperature)
         scores = top_k_mask(scores, self.params.top_k)
         return top_p_mask(scores, self.params.top_p)
 
@@ -82,7 +99,14 @@ class Sampler:
         if self.params.greedy:
             token = int(torch.argmax(scores))
         else:
-            probs = torch.softmax(scores, dim=-1)
-            token = int(torch.multinomial(probs, 1, generator=self.generator))
+            token = self._sample(scores)
         self.observe(token)
         return token
+
+    def _sample(self, scores: torch.Tensor) -> int:
+        """Draw from ``softmax(scores)``; greedy when the scores overflowed (inf/NaN)."""
+        if bool(torch.isnan(scores).any()) or bool(torch.isposinf(scores).any()):
+            finite = torch.nan_to_num(scores, nan=float("-inf"))
+            return int(torch.argmax(finite))
+        probs = torch.softmax(scores, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=self.generator))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from core.events import ALL_STATES
 from core.jobs import JOB_TYPES
@@ -22,6 +22,8 @@ Role = Literal["system", "user", "assistant", "tool"]
 MAX_STOP_STRINGS = 8
 MAX_AGENT_STEPS = 20
 StopString = Annotated[str, Field(min_length=1)]
+# Below these, float32 scores overflow (inf/NaN); the engine clamps too (engine/sampling.py).
+MIN_TEMPERATURE = MIN_REPETITION_PENALTY = 0.01
 
 
 def _integral_float_to_int(value: Any) -> Any:
@@ -57,16 +59,24 @@ class SamplingFields(Strict):
 
     max_new_tokens: json_int(ge=1) | None = Field(
         default=None, description="capped by MINISERVE_MAX_NEW_TOKENS_CAP")
-    temperature: float = Field(default=0.0, ge=0.0, le=2.0, description="0 = greedy")
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0,
+                               description=f"0 = greedy, else {MIN_TEMPERATURE}..2")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: json_int(ge=0, le=1000) = Field(default=0, description="0 = off")
-    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = Field(
+    repetition_penalty: Annotated[float, Field(ge=MIN_REPETITION_PENALTY, le=10.0)] | None = Field(
         default=None, description="null = the model's default")
     seed: json_int(ge=0, le=2**63 - 1) | None = None
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = Field(
         default=None, description=f"a stop string or up to {MAX_STOP_STRINGS} of them")
     generation_method: GenerationMethod | None = Field(
         default=None, description="null = the service default, MINISERVE_DEFAULT_GENERATION_METHOD (paged)")
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature_range(cls, value: float) -> float:
+        if 0.0 < value < MIN_TEMPERATURE:
+            raise ValueError(f"must be 0 (greedy) or at least {MIN_TEMPERATURE}")
+        return value
 
 
 class JobSubmit(SamplingFields):

@@ -22,7 +22,7 @@ def generation_methods(ctx: JobContext) -> dict[str, Any]:
     rt = runtime()
     base = generation_request_from(ctx.record.request, rt.settings.default_max_new_tokens)
     base = replace(base, sampling=replace(base.sampling, temperature=0.0, seed=None, stop=()))
-    generator, rows = WorkerGenerator(rt), []
+    generator, rows = WorkerGenerator(rt, ctx), []
     methods = rt.engine.methods
     for index, method in enumerate(methods):
         if ctx.should_cancel():
@@ -49,7 +49,7 @@ def agent_eval(ctx: JobContext) -> dict[str, Any]:
     stored = ctx.record.request
     cases = load_cases(categories=stored.get("categories") or None, limit=stored.get("limit"))
     method = BATCHED_METHOD if rt.batching else "custom_cache"
-    model = EngineChatModel(WorkerGenerator(rt), method=method, should_cancel=ctx.should_cancel)
+    model = EngineChatModel(WorkerGenerator(rt, ctx), method=method, should_cancel=ctx.should_cancel)
     records = []
     for index, case in enumerate(cases):
         if ctx.should_cancel():

@@ -47,6 +47,7 @@ class JobContext:
     deadline: float
     stopped_reason: str | None = None  # "cancelled" | "timeout" | "superseded"
     _last_poll: float = 0.0
+    _paused_at: float | None = None    # the clock is paused while waiting for the engine loop
 
     @property
     def job_id(self) -> str:
@@ -60,12 +61,27 @@ class JobContext:
         if text:
             self.emit(TOKEN, {"text": text})
 
+    def pause_clock(self) -> None:
+        """Stop counting the time limit (a request now waits for the engine loop)."""
+        if self._paused_at is None:
+            self._paused_at = time.monotonic()
+
+    def resume_clock(self, at: float | None = None) -> None:
+        """Count again from ``at`` (when the loop started the request): the wait is not charged."""
+        if self._paused_at is not None:
+            self.deadline += max(0.0, (time.monotonic() if at is None else at) - self._paused_at)
+            self._paused_at = None
+
+    def time_left(self) -> float:
+        now = self._paused_at if self._paused_at is not None else time.monotonic()
+        return max(0.0, self.deadline - now)
+
     def should_cancel(self) -> bool:
         """Polled between tokens: cancel flag (throttled), time limit, superseded attempt."""
         if self.stopped_reason:
             return True
         now = time.monotonic()
-        if now >= self.deadline:
+        if self._paused_at is None and now >= self.deadline:
             self.stopped_reason = "timeout"
         elif now - self._last_poll >= CANCEL_POLL_S:
             self._last_poll = now

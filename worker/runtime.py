@@ -38,14 +38,12 @@ class WorkerRuntime:
     current_jobs: set[str] = field(default_factory=set)
     _engine: Any = None
     _engine_lock: threading.Lock = field(default_factory=threading.Lock)
-    # Serialises the methods that use the engine's single-request state (everything but
-    # ``paged``, whose scheduler batches concurrent requests itself).
-    exclusive: threading.Lock = field(default_factory=threading.Lock)
     _pid: int = field(default_factory=os.getpid)
 
     @property
     def engine(self):
-        """The process's engine, loaded on first use (imports torch only here)."""
+        """The process's engine, loaded on first use (imports torch only here). Its loop thread
+        owns every cache; job threads reach it only through ``engine.loop.submit``."""
         if self._engine is None:
             with self._engine_lock:
                 if self._engine is None:
@@ -80,7 +78,7 @@ class WorkerRuntime:
         }
         if self._engine is not None:
             info.update(self._engine.info())
-            info["cache_stats"] = self._engine.stats()
+            info["cache_stats"] = self._engine.stats()   # the loop's published snapshot
         return info
 
     def start_heartbeat(self) -> None:
@@ -89,11 +87,15 @@ class WorkerRuntime:
 
     def _heartbeat_loop(self) -> None:
         while True:
-            try:
-                write_heartbeat(self.store.client, self.name, self.describe(), ttl_s=int(HEARTBEAT_S * 3))
-            except redis.RedisError as exc:
-                log_event(logger, "heartbeat_failed", level=logging.WARNING, error=type(exc).__name__)
+            self.beat()
             time.sleep(HEARTBEAT_S)
+
+    def beat(self) -> None:
+        """One heartbeat; any failure is logged and the next beat tries again."""
+        try:
+            write_heartbeat(self.store.client, self.name, self.describe(), ttl_s=int(HEARTBEAT_S * 3))
+        except Exception as exc:  # noqa: BLE001 - the heartbeat thread must never die
+            log_event(logger, "heartbeat_failed", level=logging.WARNING, error=type(exc).__name__)
 
 
 def make_store(settings: Settings) -> JobStore:

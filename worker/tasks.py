@@ -2,37 +2,64 @@
 number; the job's request lives in Redis, not in the message."""
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Any
 
 from core import tasks as names
-from core.events import TOOL_STEP
-from engine.types import GenerationRequest, GenerationResult
+from core.events import TOOL_STEP, WAITING
+from engine.types import CancelCheck, GenerationRequest, GenerationResult, TextCallback
 from worker.app import app
 from worker.job_runner import JobContext, JobFailed, run_job
 from worker.requests import generation_request_from
 from worker.runtime import WorkerRuntime, runtime
 
 BATCHED_METHOD = "paged"
+WAITING_AFTER_S = 0.1  # a request not started by then gets a ``waiting`` event
 
 
 class WorkerGenerator:
-    """The engine as seen by one job: ``paged`` requests join the shared batch, the other
-    methods take the process's exclusive lock (they hold single-request state)."""
+    """The engine as seen by one job: every request goes to the process's engine loop
+    (``paged`` joins the shared batch, the other methods run one at a time between steps).
+    Text and cancel checks run here, in the job thread; the loop never waits on Redis.
 
-    def __init__(self, rt: WorkerRuntime) -> None:
+    With a ``ctx``, the job's time limit pauses while the request waits for the loop, the
+    loop gets the time left as the request's deadline, and a wait longer than
+    ``WAITING_AFTER_S`` is told to the client as ``waiting`` events (true, then false)."""
+
+    def __init__(self, rt: WorkerRuntime, ctx: JobContext | None = None) -> None:
         self.rt = rt
+        self.ctx = ctx
 
-    def generate(self, request: GenerationRequest, on_text=None, should_cancel=None) -> GenerationResult:
-        guard = nullcontext() if request.method == BATCHED_METHOD else self.rt.exclusive
-        with guard:
+    def generate(self, request: GenerationRequest, on_text: TextCallback | None = None,
+                 should_cancel: CancelCheck | None = None) -> GenerationResult:
+        ctx = self.ctx
+        if ctx is None:
             return self.rt.engine.generate(request, on_text=on_text, should_cancel=should_cancel)
+        handle = self.rt.engine.loop.submit(request, timeout_s=ctx.time_left(),
+                                            should_cancel=should_cancel)
+        ctx.pause_clock()                    # prompt rendering counted; the queue wait is not
+        try:
+            waited = not handle.started.wait(WAITING_AFTER_S)
+            if waited:
+                ctx.emit(WAITING, {"waiting": True, "method": request.method})
+
+            def started(at: float) -> None:
+                ctx.resume_clock(at)
+                if waited:
+                    ctx.emit(WAITING, {"waiting": False, "method": request.method})
+
+            result = handle.stream(on_text, should_cancel, on_start=started)
+        finally:
+            ctx.resume_clock()
+        if handle.timed_out and not ctx.stopped_reason:
+            ctx.stopped_reason = "timeout"
+        return result
 
 
 def run_generation(ctx: JobContext) -> dict[str, Any]:
     rt = runtime()
     request = generation_request_from(ctx.record.request, rt.settings.default_max_new_tokens)
-    result = WorkerGenerator(rt).generate(request, on_text=ctx.on_text, should_cancel=ctx.should_cancel)
+    result = WorkerGenerator(rt, ctx).generate(request, on_text=ctx.on_text,
+                                               should_cancel=ctx.should_cancel)
     return result.to_dict()
 
 
@@ -44,7 +71,7 @@ def run_agent(ctx: JobContext) -> dict[str, Any]:
     rt = runtime()
     stored = ctx.record.request
     prompt = next(m["content"] for m in reversed(stored["messages"]) if m["role"] == "user")
-    model = EngineChatModel(WorkerGenerator(rt), method=stored.get("method") or BATCHED_METHOD,
+    model = EngineChatModel(WorkerGenerator(rt, ctx), method=stored.get("method") or BATCHED_METHOD,
                             should_cancel=ctx.should_cancel)
     runner = AgentRunner(model, create_default_registry())
     result = runner.run(prompt, max_steps=stored.get("max_steps"),

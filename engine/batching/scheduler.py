@@ -14,13 +14,14 @@ Each :meth:`Scheduler.step`
    together), samples a token for each sequence that reached its end, and feeds it to the
    sequence's run (streaming text, stop strings, max tokens, cancellation).
 A sequence that finishes, fails or is cancelled gives back its blocks and leaves; the others
-carry on untouched.  Only :meth:`Scheduler.submit` is thread-safe (an inbox drained at the
-start of each step, so a new request never waits for a running forward to hand over a
-lock); everything else runs under :class:`engine.batching.service.PagedService`'s lock.
+carry on untouched.  Not thread-safe by design: one thread (the engine loop,
+:mod:`engine.loop`) owns a scheduler. The first :meth:`step` records that thread, and a step
+from any other thread raises (cheap guard against reintroducing shared driving).
 """
 from __future__ import annotations
 
 import logging
+import threading
 from collections import deque
 from dataclasses import dataclass
 
@@ -58,24 +59,30 @@ class Scheduler:
         self.max_batched_tokens = max_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.inbox: deque[Sequence] = deque()   # deque.append/popleft are atomic
         self.stats = StepStats()
+        self.owner: int | None = None   # ident of the one thread that steps this scheduler
 
     # ------------------------------------------------------------------ queue
     def submit(self, seq: Sequence) -> None:
-        """Thread-safe: the sequence joins the waiting queue at the next step."""
+        """The sequence joins the waiting queue (owner thread only)."""
         seq.status = WAITING
-        self.inbox.append(seq)
+        self.waiting.append(seq)
 
     @property
     def has_work(self) -> bool:
-        return bool(self.inbox or self.waiting or self.running)
+        return bool(self.waiting or self.running)
+
+    def _check_owner(self) -> None:
+        me = threading.get_ident()
+        if self.owner is None:
+            self.owner = me
+        elif self.owner != me:
+            raise RuntimeError("Scheduler.step called from a second thread")
 
     # ------------------------------------------------------------------ one step
     def step(self) -> int:
         """Advance every scheduled sequence by one forward; returns tokens computed (0: idle)."""
-        while self.inbox:
-            self.waiting.append(self.inbox.popleft())
+        self._check_owner()
         self._drop_cancelled()
         plan = self._schedule()
         if not plan:
@@ -202,8 +209,13 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        seq.error = error        # before FINISHED: a reader seeing FINISHED also sees the error
         seq.status = FINISHED
-        seq.error = error
         self.stats.finished += 1
         if seq.on_finish is not None:
             seq.on_finish(seq)
+
+    def abort_all(self, error: BaseException) -> None:
+        """Finish every sequence with ``error`` (the owner is shutting down)."""
+        for seq in [*self.running, *self.waiting]:
+            self._finish(seq, error=error)

@@ -1,9 +1,8 @@
 """One request inside the scheduler: its tokens, progress through the KV cache, and its run."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
@@ -33,7 +32,6 @@ class Sequence:
     status: str = WAITING
     preemptions: int = 0
     error: BaseException | None = None
-    arrived: float = field(default_factory=time.perf_counter)
 
     def __post_init__(self) -> None:
         if not self.tokens:
@@ -56,8 +54,3 @@ class Sequence:
     def next_token(self, logits: torch.Tensor) -> int:
         """Pick the next id with this sequence's own sampler (penalty, seed, top-k/p)."""
         return self.sampler(logits)
-
-    def info(self) -> dict[str, Any]:
-        return {"seq_id": self.seq_id, "status": self.status, "prompt_tokens": len(self.prompt_ids),
-                "generated": len(self.tokens) - len(self.prompt_ids),
-                "num_computed": self.num_computed, "preemptions": self.preemptions}

@@ -1,17 +1,13 @@
-"""The paged KV cache and its scheduler for one loaded model, shared by every caller.
+"""The paged KV cache and its scheduler for one loaded model.
 
-One :class:`PagedService` per engine (``engine.state("paged", ...)``): it owns the block
-pool (sized from settings), the block manager and the scheduler, behind one lock.  Any
-thread may drive it: :meth:`run_to_completion` steps the scheduler until *its* sequence is
-done (the ``paged`` generation method), and :class:`engine.batching.BatchEngine`'s loop
-thread steps it for submitted requests.  Every step advances every scheduled sequence,
-whoever drives, so requests from both paths share batches.
+One :class:`PagedService` per engine loop (:attr:`engine.loop.EngineLoop.paged`, built on the
+loop thread): the block pool (sized from settings), the block manager and the scheduler.
+Only the loop thread calls it (no lock): every :meth:`step` advances every scheduled sequence.
 """
 from __future__ import annotations
 
 import itertools
 import logging
-import threading
 from typing import Any, Callable
 
 from core.logs import log_event
@@ -47,8 +43,6 @@ class PagedService:
         self.scheduler = Scheduler(self.runner, self.pool, self.blocks,
                                    max_batch=settings.max_batch,
                                    max_batched_tokens=settings.max_batched_tokens)
-        self.lock = threading.RLock()                 # held for each step
-        self.wakeup = threading.Event()               # set when a sequence is added
         self._ids = itertools.count(1)
         log_event(logger, "paged_pool_ready", num_blocks=blocks,
                   block_size=settings.kv_block_size, pool_mib=round(self.pool.nbytes / 2**20, 1))
@@ -60,48 +54,21 @@ class PagedService:
                         sampling=sampling, sampler=sampler, on_finish=on_finish)
 
     def add(self, seq: Sequence) -> None:
-        """Thread-safe and never blocks on a running step."""
         self.scheduler.submit(seq)
-        self.wakeup.set()
 
     def step(self) -> int:
-        with self.lock:
-            return self.scheduler.step()
+        return self.scheduler.step()
 
-    def run_to_completion(self, seq: Sequence) -> Sequence:
-        """Add ``seq`` and drive the scheduler until it is finished (other sequences in the
-        scheduler advance too). Raises the sequence's error, if any."""
-        self.add(seq)
-        while not seq.finished:
-            with self.lock:
-                if not seq.finished:
-                    self.scheduler.step()
-        if seq.error is not None:
-            raise seq.error
-        return seq
+    def abort_all(self, error: BaseException) -> None:
+        """End every queued or running sequence with ``error`` (the loop is closing)."""
+        self.scheduler.abort_all(error)
 
     def stats(self) -> dict[str, Any]:
         """For logs and the monitor: queue sizes, batch figures and block usage."""
-        with self.lock:
-            s = self.scheduler.stats
-            return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
+        s = self.scheduler.stats
+        return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
                     "batch_size": s.last_batch_size, "max_batch_size": s.max_batch_size,
-                    "steps": s.steps, "tokens_computed": s.tokens, "tokens_sampled": s.sampled,
-                    "preemptions": s.preemptions, "finished": s.finished,
-                    "blocks": self.blocks.stats().to_dict()}
+                "steps": s.steps, "tokens_computed": s.tokens, "tokens_sampled": s.sampled,
+                "preemptions": s.preemptions, "finished": s.finished,
+                "blocks": self.blocks.stats().to_dict()}
 
-
-def run_paged(engine: Any, prompt: Any, run: GenerationRun, request: Any, penalty: float) -> int:
-    """The ``paged`` generation method (engine method-table signature): one sequence through
-    the shared paged scheduler. Returns the prompt tokens found in the block cache."""
-    service = paged_service(engine)
-    seq = service.new_sequence(prompt.ids, run, request.sampling, penalty)
-    service.run_to_completion(seq)
-    return seq.cached_tokens or 0
-
-
-def paged_service(engine: Any) -> PagedService:
-    """The engine's one paged service, over the engine's one hand-written forward."""
-    from engine.handwritten import forward_for
-
-    return engine.state("paged", lambda: PagedService(forward_for(engine), engine.settings))

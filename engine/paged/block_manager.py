@@ -248,11 +248,6 @@ class BlockManager:
                 else:
                     self._cached[block_id] = None
 
-    def clear_cache(self) -> None:
-        """Forget every cached (unreferenced) block."""
-        while self._cached:
-            self._evict()
-
     # ----------------------------------------------------------------- internals
     def _take(self, block_id: int) -> None:
         block = self._blocks[block_id]

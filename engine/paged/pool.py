@@ -27,14 +27,6 @@ class KVGeometry:
     num_kv_heads: int
     head_dim: int
 
-    @classmethod
-    def from_config(cls, config) -> "KVGeometry":
-        """Read a transformers Qwen2-style config (head_dim defaults to hidden/heads)."""
-        heads = config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        return cls(config.num_hidden_layers, kv_heads, head_dim)
-
     def bytes_per_token(self, dtype: torch.dtype) -> int:
         """K plus V for every layer of one token."""
         elem = torch.empty((), dtype=dtype).element_size()

@@ -4,8 +4,9 @@ from __future__ import annotations
 import threading
 
 from core.settings import load_settings
-from engine.batching import BatchEngine, PagedService
+from engine.batching import PagedService
 from engine.handwritten import forward_for
+from engine.loop import EngineLoop
 from engine.run import GenerationRun
 from engine.types import GenerationRequest, SamplingParams
 
@@ -20,6 +21,12 @@ def request(text: str, method: str = "paged", **sampling) -> GenerationRequest:
     params = SamplingParams(**{"max_new_tokens": 20, **sampling})
     return GenerationRequest(messages=[{"role": "user", "content": text}], sampling=params,
                              method=method)
+
+
+def _forward(engine):
+    """The engine's forward, fetched on its loop thread (it owns engine state); a second
+    loop over it only reads the weights."""
+    return engine.loop.call(lambda: forward_for(engine))
 
 
 class Collector:
@@ -38,7 +45,7 @@ class Collector:
 
 def test_mixed_batch_equals_solo_runs(paged_engine):
     plans = [(QUESTIONS[0], {}, None), (QUESTIONS[1], {"max_new_tokens": 7}, None),
-             (QUESTIONS[2], {}, 3), (QUESTIONS[3], {"max_new_tokens": 12}, None),
+             (QUESTIONS[2], {"max_new_tokens": 120}, 3), (QUESTIONS[3], {"max_new_tokens": 12}, None),
              (QUESTIONS[4], {}, None), (QUESTIONS[5], {"max_new_tokens": 30}, None)]
     # a stop string taken from the solo output of plan 4
     probe = paged_engine.generate(request(QUESTIONS[4], "official"))
@@ -49,22 +56,36 @@ def test_mixed_batch_equals_solo_runs(paged_engine):
         col = Collector(cancel_after)
         solo.append((paged_engine.generate(request(text, **sampling), col.on_text,
                                            col.should_cancel), col))
-    batch = BatchEngine(paged_engine)
-    service = batch.service
-    before = service.scheduler.stats.max_batch_size
-    futures, collectors = [], []
-    with service.lock:  # submit everything before the loop takes its first step
-        for text, sampling, cancel_after in plans:
-            col = Collector(cancel_after)
-            collectors.append(col)
-            futures.append(batch.submit(request(text, **sampling), col.on_text, col.should_cancel))
-    results = [f.result(timeout=60) for f in futures]
-    batch.close()
-    assert service.scheduler.stats.max_batch_size >= max(before, len(plans))
+    service = PagedService(_forward(paged_engine), paged_engine.settings)
+    loop = EngineLoop(paged_engine, service)
+    gate = threading.Event()
+    loop.post(gate.wait)                         # hold the loop: every request joins step 1
+    handles, collectors = [], []
+    for text, sampling, cancel_after in plans:
+        col = Collector(cancel_after)
+        collectors.append(col)
+        handles.append(loop.submit(request(text, **sampling)))
+    gate.set()
+    results = [None] * len(plans)
+
+    def consume(i):
+        results[i] = handles[i].stream(collectors[i].on_text, collectors[i].should_cancel)
+
+    threads = [threading.Thread(target=consume, args=(i,)) for i in range(len(plans))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    loop.close()
+    assert service.scheduler.stats.max_batch_size >= len(plans)
     for (want, want_col), got, col in zip(solo, results, collectors):
+        assert "".join(col.pieces) == got.text            # streamed == result
+        if col.cancel_after is not None:   # a cancel reaches the loop a token or two later
+            n = min(len(got.token_ids), len(want.token_ids))
+            assert got.token_ids[:n] == want.token_ids[:n] and len(col.pieces) >= col.cancel_after
+            continue
         assert got.token_ids == want.token_ids
         assert got.text == want.text and got.finish_reason == want.finish_reason
-        assert "".join(col.pieces) == got.text            # streamed == result
     reasons = [r.finish_reason for r in results]
     assert reasons[2] == "cancelled" and reasons[4] == "stop" and reasons[1] == "length"
     official = paged_engine.generate(request(QUESTIONS[3], "official", max_new_tokens=12))
@@ -73,7 +94,7 @@ def test_mixed_batch_equals_solo_runs(paged_engine):
 
 
 def _solo(engine, prompt_ids, max_new):
-    service = PagedService(forward_for(engine), load_settings(
+    service = PagedService(_forward(engine), load_settings(
         kv_block_size=4, kv_num_blocks=256, max_batch=1, max_batched_tokens=512))
     return _run(engine, service, [prompt_ids], max_new)[0]
 
@@ -102,7 +123,7 @@ def _run(engine, service, prompts, max_new):
 
 def test_preemption_under_a_tiny_pool_keeps_outputs(paged_engine):
     prompts = [[5 + i, 17, 9, 44, 2, 91, 7, 7, 12, 5 + 2 * i] for i in range(4)]
-    service = PagedService(forward_for(paged_engine), load_settings(
+    service = PagedService(_forward(paged_engine), load_settings(
         kv_block_size=4, kv_num_blocks=16, max_batch=4, max_batched_tokens=64),
         prefix_sharing=False)
     batched = _run(paged_engine, service, prompts, max_new=22)   # 4 x 32 tokens > 64 slots
@@ -115,35 +136,35 @@ def test_preemption_under_a_tiny_pool_keeps_outputs(paged_engine):
 
 
 def test_request_larger_than_the_pool_fails_alone(paged_engine):
-    service = PagedService(forward_for(paged_engine), load_settings(
+    service = PagedService(_forward(paged_engine), load_settings(
         kv_block_size=4, kv_num_blocks=4, max_batch=4, max_batched_tokens=64))
-    batch = BatchEngine(paged_engine, service)
-    big = batch.submit(request(QUESTIONS[3]))              # prompt > 16 tokens
+    loop = EngineLoop(paged_engine, service)
+    big = loop.submit(request(QUESTIONS[3]))               # prompt > 16 tokens
     try:
         big.result(timeout=30)
         raise AssertionError("expected KVPoolExhausted")
     except Exception as exc:  # noqa: BLE001
         assert type(exc).__name__ == "KVPoolExhausted"
-    batch.close()
+    loop.close()
 
 
 def test_concurrent_submitters_from_threads(paged_engine):
-    batch = BatchEngine(paged_engine)
+    loop = paged_engine.loop
     results: dict[int, object] = {}
 
     def job(i: int) -> None:
-        results[i] = batch.generate(request(QUESTIONS[i % len(QUESTIONS)], max_new_tokens=8))
+        results[i] = loop.generate(request(QUESTIONS[i % len(QUESTIONS)], max_new_tokens=8))
 
     threads = [threading.Thread(target=job, args=(i,)) for i in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
-    batch.close()
+    stats = loop.call(loop.stats)            # published after the last step
     assert len(results) == 8
     for i, res in results.items():
         solo = paged_engine.generate(request(QUESTIONS[i % len(QUESTIONS)], "official",
                                              max_new_tokens=8))
         assert res.token_ids == solo.token_ids
-    stats = batch.stats()
-    assert stats["running"] == 0 and stats["waiting"] == 0 and stats["blocks"]["blocks_used"] == 0
+    paged = stats["paged"]
+    assert paged["running"] == 0 and paged["waiting"] == 0 and paged["blocks"]["blocks_used"] == 0

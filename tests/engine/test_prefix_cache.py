@@ -48,9 +48,9 @@ def test_engine_prefix_cache_hit_never_mutates_the_entry_and_budget_applies(tiny
                                                  method="prefix_cache", sampling=SamplingParams(max_new_tokens=12)))
 
     first = run("system A")
-    store = engine.state("prefix_cache", lambda: None)
+    store = engine.loop.call(lambda: engine.state("prefix_cache", lambda: None))
     (key,) = store.keys()
-    entry = store.get(key)
+    entry = engine.loop.call(lambda: store.get(key))
     snapshot = (entry.keys.clone(), entry.values.clone())
     second = run("system A", "another question")
     third = run("system A")

@@ -54,3 +54,33 @@ def test_seed_reproduces_samples_and_temperature_spreads_them():
     greedy = [int(torch.argmax(_logits(i))) for i in range(20)]
     assert draw(SamplingParams(temperature=0.01, seed=1)) == greedy
     assert draw(SamplingParams(temperature=1.0, top_k=1, seed=1)) == greedy
+
+
+EXTREMES = [dict(temperature=1e-300), dict(temperature=1.0, repetition_penalty=1e-308),
+            dict(temperature=1e-300, repetition_penalty=1e-308, top_p=0.5, top_k=3),
+            dict(temperature=2.0, repetition_penalty=10.0)]
+
+
+def test_sampler_survives_extreme_values():
+    """Tiny temperatures or penalties overflow float32 scores; the sampler still picks a token."""
+    for case in EXTREMES:
+        penalty = case.pop("repetition_penalty", 1.0)
+        params = SamplingParams(seed=3, **case)
+        sampler = Sampler(params, penalty, VOCAB, prompt_ids=[1, 2, 3, 4])
+        for seed in range(3):
+            token = sampler(_logits(seed) * 1e3)
+            assert 0 <= token < VOCAB
+    inf_logits = _logits().clone()
+    inf_logits[5] = float("inf")
+    assert Sampler(SamplingParams(temperature=1.0, seed=1), 1.0, VOCAB, [])(inf_logits) == 5
+
+
+def test_every_method_returns_tokens_at_sampling_extremes(tiny_engine):
+    from engine.types import GenerationRequest
+
+    for method in ("official", "custom_cache", "paged"):
+        for case in ([dict(temperature=1e-300), dict(temperature=1.0, repetition_penalty=1e-308)]):
+            request = GenerationRequest(messages=[{"role": "user", "content": "hi"}], method=method,
+                                        sampling=SamplingParams(max_new_tokens=4, seed=1, **case))
+            result = tiny_engine.generate(request)
+            assert result.usage.completion_tokens >= 1, (method, case)

@@ -54,8 +54,7 @@ def test_cancel_midway_frees_blocks(paged_engine):
     result = paged_engine.generate(request(QUESTIONS[0], "paged"), on_text=pieces.append,
                                    should_cancel=lambda: len(pieces) >= 2)
     assert result.finish_reason == "cancelled"
-    from engine.batching.service import paged_service
-    stats = paged_service(paged_engine).blocks.stats()
+    stats = paged_engine.loop.call(lambda: paged_engine.loop.paged.blocks.stats())
     assert stats.blocks_used == 0 and stats.sequences == 0
 
 

@@ -56,6 +56,8 @@ def test_agent_job_goes_to_agent_queue(client, celery, store):
     ({"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "prompt"),
     ({"prompt": "a", "max_tokens": 5}, "max_tokens"),
     ({"prompt": "a", "temperature": -1}, "temperature"),
+    ({"prompt": "a", "temperature": 1e-300}, "temperature"),
+    ({"prompt": "a", "temperature": 1, "repetition_penalty": 1e-308}, "repetition_penalty"),
     ({"prompt": "a", "top_p": 0}, "top_p"),
     ({"prompt": "a", "max_new_tokens": 0}, "max_new_tokens"),
     ({"prompt": "a", "max_new_tokens": 999999}, "max_new_tokens"),

@@ -1,0 +1,353 @@
+"""``EngineLoop``: the one thread per process that owns the model, the scheduler and every KV cache.
+
+In the style of nano-vllm's ``LLMEngine.step()`` loop and vLLM's engine core. Any thread
+*submits* a request and gets a :class:`RequestHandle`; only the loop thread ever touches
+engine state (paged pool, block manager, scheduler, contiguous caches, prefix LRU), so no
+lock guards it and nothing is built twice.  Each turn of the loop
+
+1. drains its inbox: ``paged`` requests join the scheduler, the other methods queue up;
+2. runs ONE non-batched request to completion (``official``, ``no_cache``, ``custom_cache``,
+   ``prefix_cache``: their state is single-request, and ``official`` is transformers'
+   ``generate``, which cannot be paused between tokens), one per turn, so batched
+   sequences advance between two of them;
+3. takes ONE batched step of the paged scheduler (every running sequence advances);
+4. publishes a stats snapshot (a plain dict swapped in whole) for the heartbeat.
+
+Outputs go back through each handle's queue (text pieces, then one result or one error),
+so the submitter does all its I/O (Redis events, cancel-flag polls, leases) in its own
+thread, never inside a step.  Cancellation and the deadline reach the loop as thread-safe
+flags it reads between tokens; a request's deadline counts from when the loop starts it.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from typing import Any, Callable
+
+from core.logs import log_event
+from engine.run import GenerationRun
+from engine.types import CancelCheck, GenerationRequest, GenerationResult, TextCallback
+
+logger = logging.getLogger("miniserve.engine.loop")
+BATCHED_METHOD = "paged"
+TEXT, RESULT, ERROR = "text", "result", "error"
+IDLE_WAIT_S = 1.0
+
+
+class LoopClosedError(RuntimeError):
+    """The request was submitted to (or left in) a loop that has been closed."""
+
+
+class RequestHandle:
+    """One submitted request, as its submitter sees it. Every method is thread-safe.
+
+    Consume with :meth:`stream` (text pieces to ``on_text`` in the *calling* thread, then the
+    result) or just :meth:`result`; stop it with :meth:`cancel`.
+    """
+
+    def __init__(self, request_id: int, request: GenerationRequest, timeout_s: float | None) -> None:
+        self.id = request_id
+        self.request = request
+        self.timeout_s = timeout_s
+        self.outputs: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self.future: Future[GenerationResult] = Future()
+        self.started = threading.Event()      # set when the loop picks the request up
+        self.started_at: float | None = None  # time.monotonic() of that moment
+        self.timed_out = False                # the loop stopped it at its deadline
+        self._cancel = threading.Event()
+
+    # -- submitter side ----------------------------------------------------------------------
+    @property
+    def waiting(self) -> bool:
+        """Submitted but not yet started by the loop (queued behind other work)."""
+        return not self.started.is_set()
+
+    def cancel(self) -> None:
+        """Ask the loop to stop this request at its next token (its result says ``cancelled``)."""
+        self._cancel.set()
+
+    def result(self, timeout: float | None = None) -> GenerationResult:
+        """Block until the request ends (discarding streamed text); raises its error."""
+        return self.future.result(timeout)
+
+    def stream(self, on_text: TextCallback | None = None, should_cancel: CancelCheck | None = None,
+               on_start: Callable[[float], None] | None = None, poll_s: float = 0.05) -> GenerationResult:
+        """Consume this request's outputs in the calling thread; returns the result.
+
+        ``on_text`` gets each piece in order; ``should_cancel`` is polled after each piece and
+        at least every ``poll_s`` (True cancels); ``on_start(started_at)`` is called once when
+        the loop starts the request. A callback that raises cancels the request, then raises.
+        """
+        notified = False
+        try:
+            while True:
+                try:
+                    kind, value = self.outputs.get(timeout=poll_s)
+                except queue.Empty:
+                    kind, value = None, None
+                if not notified and self.started.is_set():
+                    notified = True
+                    if on_start is not None:
+                        on_start(self.started_at or time.monotonic())
+                if kind == TEXT and on_text is not None:
+                    on_text(value)
+                elif kind == RESULT:
+                    return value
+                elif kind == ERROR:
+                    raise value
+                if should_cancel is not None and not self._cancel.is_set() and should_cancel():
+                    self.cancel()
+        except BaseException:
+            self.cancel()
+            raise
+
+    # -- loop side ---------------------------------------------------------------------------
+    def begin(self) -> None:
+        self.started_at = time.monotonic()
+        self.started.set()
+
+    def stop_requested(self) -> bool:
+        """Read by the loop between tokens: no Redis, no locks."""
+        if self._cancel.is_set():
+            return True
+        if (self.timeout_s is not None and self.started_at is not None
+                and time.monotonic() - self.started_at >= self.timeout_s):
+            self.timed_out = True
+            return True
+        return False
+
+    def push_text(self, piece: str) -> None:
+        self.outputs.put((TEXT, piece))
+
+    def resolve(self, result: GenerationResult | None, error: BaseException | None = None) -> None:
+        if self.future.done():
+            return
+        if error is not None:
+            self.outputs.put((ERROR, error))
+            self.future.set_exception(error)
+        else:
+            self.outputs.put((RESULT, result))
+            self.future.set_result(result)
+
+
+class _Job:
+    """A request as the loop holds it: its handle, rendered prompt and run."""
+
+    def __init__(self, handle: RequestHandle, prompt: Any, run: GenerationRun, penalty: float) -> None:
+        self.handle, self.prompt, self.run, self.penalty = handle, prompt, run, penalty
+
+
+class _Call:
+    """A function to run on the loop thread (see :meth:`EngineLoop.call`)."""
+
+    def __init__(self, fn: Callable[[], Any], future: Future) -> None:
+        self.fn, self.future = fn, future
+
+    def run(self) -> None:
+        try:
+            self.future.set_result(self.fn())
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            self.future.set_exception(exc)
+
+
+class EngineLoop:
+    """The owner thread of one :class:`~engine.engine.Engine`'s state (see the module doc).
+
+    ``paged`` may be a ready :class:`~engine.batching.service.PagedService` (benchmarks
+    compare pool settings in extra loops over one engine; such a loop must be given one);
+    by default (``engine.loop``) the loop builds the engine's one service on its own
+    thread, on first use.
+    """
+
+    def __init__(self, engine: Any, paged: Any = None) -> None:
+        self.engine = engine
+        self._paged = paged
+        self._inbox: queue.SimpleQueue[_Job | _Call | None] = queue.SimpleQueue()
+        self._solo: deque[_Job] = deque()
+        self._ids = itertools.count(1)
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._closing = threading.Event()
+        self.owner: int | None = None          # the loop thread's ident, once started
+        self.submitted = 0
+        self.snapshot: dict[str, Any] = {"loop": {"solo_waiting": 0}}
+
+    # -- public ------------------------------------------------------------------------------
+    def submit(self, request: GenerationRequest, timeout_s: float | None = None,
+               should_cancel: CancelCheck | None = None) -> RequestHandle:
+        """Queue one request; returns at once. Bad requests (unknown method, prompt errors)
+        raise here, in the caller. ``timeout_s`` counts from when the loop starts it;
+        ``should_cancel`` is checked once before queuing (an already-cancelled request never
+        produces a token); later cancels go through :meth:`RequestHandle.cancel`."""
+        if self._closing.is_set():
+            raise LoopClosedError("the engine loop is closed")
+        self.engine.check_method(request.method)
+        handle = RequestHandle(next(self._ids), request, timeout_s)
+        prompt, run, penalty = self.engine.new_run(request, handle.push_text, handle.stop_requested)
+        self.submitted += 1
+        if should_cancel is not None and should_cancel():
+            handle.cancel()
+        if request.sampling.max_new_tokens <= 0:
+            handle.begin()
+            handle.resolve(run.result(prompt_tokens=len(prompt.ids)))
+            return handle
+        self._ensure_thread()
+        self._inbox.put(_Job(handle, prompt, run, penalty))
+        return handle
+
+    def generate(self, request: GenerationRequest, on_text: TextCallback | None = None,
+                 should_cancel: CancelCheck | None = None) -> GenerationResult:
+        """Blocking submit + stream (the ``TextGenerator`` protocol), from any thread."""
+        return self.submit(request, should_cancel=should_cancel).stream(on_text, should_cancel)
+
+    def post(self, fn: Callable[[], Any]) -> "Future[Any]":
+        """Queue ``fn()`` to run on the loop thread between steps, in submission order."""
+        future: Future[Any] = Future()
+        self._ensure_thread()
+        self._inbox.put(_Call(fn, future))
+        return future
+
+    def call(self, fn: Callable[[], Any], timeout: float | None = None) -> Any:
+        """Run ``fn()`` on the loop thread and return its value (tests and benchmarks use it
+        to read or reset engine state without racing the loop)."""
+        return self.post(fn).result(timeout)
+
+    @property
+    def paged(self) -> Any:
+        """The paged service (built on first use). Loop thread only, or before it starts."""
+        self.check_owner()
+        if self._paged is None:
+            from engine.batching.service import PagedService
+            from engine.handwritten import forward_for
+
+            self._paged = PagedService(forward_for(self.engine), self.engine.settings)
+        return self._paged
+
+    def stats(self) -> dict[str, Any]:
+        """The last snapshot the loop published (safe from any thread: it is replaced whole,
+        never mutated): the engine's cache counters, ``paged`` scheduler figures, ``loop``."""
+        snap = dict(self.snapshot)
+        alive = bool(self._thread and self._thread.is_alive())
+        snap["loop"] = {**snap.get("loop", {}), "submitted": self.submitted, "alive": alive}
+        return snap
+
+    def check_owner(self) -> None:
+        """Raise if a thread other than the loop touches engine state while the loop runs."""
+        if (self.owner is not None and threading.get_ident() != self.owner
+                and self._thread is not None and self._thread.is_alive()):
+            raise RuntimeError("engine state touched outside the engine loop thread")
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the loop; requests still queued or running end with :class:`LoopClosedError`."""
+        self._closing.set()
+        self._inbox.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # -- the loop ----------------------------------------------------------------------------
+    def _ensure_thread(self) -> None:
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._main, name="miniserve-engine-loop",
+                                                daemon=True)
+                self._thread.start()
+
+    def _main(self) -> None:
+        self.owner = threading.get_ident()
+        while not self._closing.is_set():
+            try:
+                self._turn()
+            except Exception as exc:  # noqa: BLE001 - the loop must never die silently
+                log_event(logger, "engine_loop_error", level=logging.ERROR, error=type(exc).__name__)
+                time.sleep(0.01)
+        self._abandon()
+
+    def _turn(self) -> None:
+        scheduler = self._paged.scheduler if self._paged is not None else None
+        busy = bool(self._solo) or (scheduler is not None and scheduler.has_work)
+        self._drain(block=not busy)
+        if self._closing.is_set():
+            return
+        if self._solo:
+            self._run_solo(self._solo.popleft())
+        if self._paged is not None and self._paged.scheduler.has_work:
+            self._paged.step()
+        self._publish()
+
+    def _drain(self, block: bool) -> None:
+        try:
+            job = self._inbox.get(timeout=IDLE_WAIT_S) if block else self._inbox.get_nowait()
+            while True:
+                if job is not None:
+                    self._accept(job)
+                job = self._inbox.get_nowait()
+        except queue.Empty:
+            return
+
+    def _accept(self, job: _Job | _Call) -> None:
+        if isinstance(job, _Call):
+            job.run()
+            return
+        if job.handle.request.method != BATCHED_METHOD:
+            self._solo.append(job)
+            return
+        try:
+            service = self.paged
+            seq = service.new_sequence(job.prompt.ids, job.run, job.handle.request.sampling,
+                                       job.penalty, on_finish=lambda s, job=job: self._finish_seq(job, s))
+        except Exception as exc:  # noqa: BLE001 - e.g. the pool cannot be built: fail this one
+            job.handle.resolve(None, exc)
+            return
+        job.handle.begin()
+        service.add(seq)
+
+    def _run_solo(self, job: _Job) -> None:
+        job.handle.begin()
+        try:
+            result = self.engine.run_solo(job.prompt, job.run, job.handle.request, job.penalty)
+        except Exception as exc:  # noqa: BLE001 - fails this request only
+            log_event(logger, "generation_failed", request_id=job.handle.id,
+                      method=job.handle.request.method, error=type(exc).__name__)
+            job.handle.resolve(None, exc)
+            return
+        job.handle.resolve(result)
+
+    def _finish_seq(self, job: _Job, seq: Any) -> None:
+        if seq.error is not None:
+            log_event(logger, "generation_failed", request_id=job.handle.id, method=BATCHED_METHOD,
+                      error=type(seq.error).__name__)
+            job.handle.resolve(None, seq.error)
+            return
+        result = seq.run.result(prompt_tokens=len(seq.prompt_ids), cached_tokens=seq.cached_tokens or 0)
+        self.engine.log_done(result, preemptions=seq.preemptions)
+        job.handle.resolve(result)
+
+    def _publish(self) -> None:
+        snap: dict[str, Any] = self.engine.local_stats()
+        if self._paged is not None:
+            snap[BATCHED_METHOD] = self._paged.stats()
+        snap["loop"] = {"solo_waiting": len(self._solo)}
+        self.snapshot = snap
+
+    def _abandon(self) -> None:
+        error = LoopClosedError("the engine loop was closed")
+        pending = list(self._solo)
+        try:
+            while True:
+                job = self._inbox.get_nowait()
+                if job is not None:
+                    pending.append(job)
+        except queue.Empty:
+            pass
+        for job in pending:
+            if isinstance(job, _Call):
+                job.future.set_exception(error)
+            else:
+                job.handle.resolve(None, error)
+        if self._paged is not None:
+            self._paged.abort_all(error)

@@ -1,0 +1,208 @@
+"""The engine loop: one owner thread for all engine state; job threads only submit and consume."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from core.settings import load_settings
+from engine.batching.scheduler import Scheduler
+from engine.batching.sequence import FINISHED, Sequence
+from engine.engine import Engine
+from engine.loop import EngineLoop
+from engine.types import GenerationRequest, SamplingParams
+
+USER = [{"role": "user", "content": "你好 world, compute 12 * 3 please"}]
+
+
+def _req(method="paged", text=None, **sampling):
+    sampling.setdefault("max_new_tokens", 12)
+    messages = [{"role": "user", "content": text}] if text else USER
+    return GenerationRequest(messages=messages, method=method, sampling=SamplingParams(**sampling))
+
+
+@pytest.fixture
+def engine(tiny_model_dir):
+    """A fresh engine per test (a cold loop, its own caches), on the session's tiny model."""
+    eng = Engine(load_settings(model=str(tiny_model_dir), dtype="float32", device="cpu",
+                               kv_block_size=4, kv_num_blocks=512, max_batch=8,
+                               max_batched_tokens=64))
+    yield eng
+    eng.close()
+
+
+def _run_threads(targets):
+    threads = [threading.Thread(target=t) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+
+
+def test_only_the_loop_thread_touches_engine_state(engine, monkeypatch):
+    seen: set[int] = set()
+    step, solo = Scheduler.step, Engine.run_solo
+    monkeypatch.setattr(Scheduler, "step", lambda self: (seen.add(threading.get_ident()), step(self))[1])
+    monkeypatch.setattr(Engine, "run_solo",
+                        lambda self, *a: (seen.add(threading.get_ident()), solo(self, *a))[1])
+    methods = ["paged", "custom_cache", "paged", "official", "prefix_cache", "paged", "no_cache", "paged"]
+    results = {}
+    _run_threads([lambda i=i, m=m: results.__setitem__(i, engine.generate(_req(m)))
+                  for i, m in enumerate(methods)])
+    assert len(results) == len(methods)
+    assert seen == {engine.loop.owner} and engine.loop.owner != threading.get_ident()
+    with pytest.raises(RuntimeError, match="loop thread"):
+        engine.state("forward", lambda: None)          # from the test thread, while the loop runs
+    with pytest.raises(RuntimeError, match="second thread"):
+        engine.loop.call(lambda: engine.loop.paged).step()
+
+
+def test_cold_engine_hit_by_8_threads_builds_one_paged_pool(engine, monkeypatch):
+    from engine.batching import service
+
+    built = []
+    init = service.PagedService.__init__
+    monkeypatch.setattr(service.PagedService, "__init__",
+                        lambda self, *a, **k: (built.append(1), init(self, *a, **k))[1])
+    barrier = threading.Barrier(8)
+
+    def job(i):
+        barrier.wait()
+        engine.generate(_req(text=f"question {i}", max_new_tokens=4))
+
+    _run_threads([lambda i=i: job(i) for i in range(8)])
+    assert len(built) == 1
+    stats = engine.loop.call(engine.stats)
+    assert stats["paged"]["finished"] == 8 and stats["paged"]["blocks"]["blocks_used"] == 0
+
+
+def test_a_failed_sequence_is_an_error_never_a_success(engine, monkeypatch):
+    boom = RuntimeError("injected sampling failure")
+    next_token = Sequence.next_token
+
+    def failing(self, logits):
+        if self.sampling.max_new_tokens == 13 and len(self.tokens) > len(self.prompt_ids) + 2:
+            raise boom
+        return next_token(self, logits)
+
+    monkeypatch.setattr(Sequence, "next_token", failing)
+    loop = engine.loop
+    ok, bad = loop.submit(_req(max_new_tokens=12)), loop.submit(_req(max_new_tokens=13))
+    with pytest.raises(RuntimeError, match="injected"):
+        bad.stream(on_text=lambda piece: None)
+    with pytest.raises(RuntimeError, match="injected"):
+        bad.result(timeout=5)
+    assert ok.result(timeout=30).finish_reason in ("length", "stop")
+
+
+def test_finish_sets_the_error_before_finished():
+    """A reader that sees FINISHED must also see the error (the order matters across threads)."""
+    observed = []
+
+    class Watched(Sequence):
+        def __setattr__(self, name, value):
+            if name == "status" and value == FINISHED:
+                observed.append(self.error)
+            super().__setattr__(name, value)
+
+    class Blocks:
+        def __contains__(self, seq_id):
+            return False
+
+    sched = Scheduler.__new__(Scheduler)
+    sched.blocks, sched.running, sched.waiting = Blocks(), [], []
+    from engine.batching.scheduler import StepStats
+    sched.stats = StepStats()
+    seq = Watched(seq_id=1, prompt_ids=[1], run=None, sampling=SamplingParams(), sampler=None)
+    sched._finish(seq, error=ValueError("x"))
+    assert isinstance(observed[0], ValueError)
+
+
+def test_a_stalled_consumer_does_not_stop_other_sequences(engine):
+    """One job thread blocks in on_text (a Redis stall): the others keep streaming."""
+    loop = engine.loop
+    stalled, other = loop.submit(_req(text="stalled", max_new_tokens=20)), loop.submit(
+        _req(text="other one", max_new_tokens=20))
+    release, entered = threading.Event(), threading.Event()
+    stalled_pieces: list[str] = []
+
+    def stall(piece):
+        entered.set()
+        release.wait(30)
+        stalled_pieces.append(piece)
+
+    consumer = threading.Thread(target=lambda: stalled.stream(on_text=stall))
+    consumer.start()
+    assert entered.wait(30)
+    other_pieces: list[str] = []
+    other_result = other.stream(on_text=other_pieces.append)     # finishes while the first stalls
+    assert release.is_set() is False and other_result.usage.completion_tokens >= 1
+    assert "".join(other_pieces) == other_result.text
+    assert stalled.future.done()          # the loop finished it too; its outputs wait in the queue
+    release.set()
+    consumer.join(30)
+    assert "".join(stalled_pieces) == stalled.result().text
+
+
+def test_non_batched_jobs_interleave_with_a_batched_job(engine):
+    loop = engine.loop
+    stamps: list[float] = []
+    long_job = loop.submit(_req(text="a long batched answer", max_new_tokens=60))
+    consumer = threading.Thread(
+        target=lambda: long_job.stream(on_text=lambda p: stamps.append(time.monotonic())))
+    consumer.start()
+    while not stamps:
+        time.sleep(0.001)
+    solos = [loop.submit(_req(method)) for method in ("custom_cache", "official", "no_cache")]
+    for handle in solos:
+        assert handle.result(timeout=30).finish_reason in ("length", "stop")
+    done_at = time.monotonic()
+    consumer.join(30)
+    result = long_job.result()
+    assert result.finish_reason in ("length", "stop")
+    if result.finish_reason == "length":          # it was still running when the solos ended
+        assert any(t > done_at for t in stamps)
+    assert min(h.started_at for h in solos) < max(stamps)
+
+
+def test_the_deadline_counts_from_when_the_loop_starts_the_request(engine):
+    loop = engine.loop
+    gate = threading.Event()
+    loop.post(gate.wait)                                    # the loop is busy for 0.6 s
+    handle = loop.submit(_req("custom_cache", max_new_tokens=6), timeout_s=0.5)
+    assert handle.waiting
+    time.sleep(0.6)
+    assert handle.waiting                                   # still queued: no clock yet
+    gate.set()
+    result = handle.result(timeout=30)
+    assert not handle.timed_out and result.finish_reason in ("length", "stop")
+    late = loop.submit(_req("custom_cache", max_new_tokens=6), timeout_s=0.0)
+    assert late.result(timeout=30).finish_reason == "cancelled" and late.timed_out
+
+
+def test_cancel_reaches_the_loop_as_a_flag(engine):
+    handle = engine.loop.submit(_req(max_new_tokens=200))
+    pieces: list[str] = []
+    result = handle.stream(on_text=pieces.append, should_cancel=lambda: len(pieces) >= 2)
+    assert result.finish_reason in ("cancelled", "stop")
+    stats = engine.loop.call(engine.stats)
+    assert stats["paged"]["running"] == 0 and stats["paged"]["blocks"]["blocks_used"] == 0
+
+
+def test_closing_the_loop_ends_queued_requests_with_an_error(engine):
+    from engine.loop import LoopClosedError
+
+    loop = EngineLoop(engine, paged=None)
+    gate = threading.Event()
+    loop.post(gate.wait)
+    handle = loop.submit(_req("custom_cache"))
+    closer = threading.Thread(target=loop.close)
+    closer.start()
+    gate.set()
+    closer.join(10)
+    with pytest.raises(LoopClosedError):
+        handle.result(timeout=5)
+    with pytest.raises(LoopClosedError):
+        loop.submit(_req("custom_cache"))

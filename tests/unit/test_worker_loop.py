@@ -1,0 +1,94 @@
+"""Job threads and the engine loop (fakeredis job store, tiny model): the time limit counts
+from when the loop starts a request, waits are reported, and the heartbeat never dies."""
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import fakeredis
+import pytest
+
+from core.events import TOKEN, WAITING
+from core.jobs import JobStore
+from core.settings import load_settings
+from core.workers import list_workers
+from engine.types import GenerationRequest, SamplingParams
+from tests.tiny_model import tiny_model_dir  # noqa: F401  (fixture)
+from worker.job_runner import JobContext
+from worker.runtime import WorkerRuntime
+from worker.tasks import WorkerGenerator
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):  # noqa: F811
+    from engine.engine import Engine
+
+    eng = Engine(load_settings(model=str(tiny_model_dir), dtype="float32", device="cpu"))
+    yield eng
+    eng.close()
+
+
+@pytest.fixture
+def store():
+    return JobStore(fakeredis.FakeRedis(decode_responses=True), ttl_s=60)
+
+
+def _context(store, limit_s):
+    job = store.create("generate", "generation", {})
+    started = store.start_attempt(job.id, "w1", lease_s=30)
+    return JobContext(store, store.get(job.id), started.attempt, deadline=time.monotonic() + limit_s)
+
+
+def _req(method="custom_cache", tokens=6):
+    return GenerationRequest(messages=[{"role": "user", "content": "hello"}], method=method,
+                             sampling=SamplingParams(max_new_tokens=tokens))
+
+
+def _events(store, job_id):
+    return [(e.type, e.data) for e in store.events(job_id)]
+
+
+def test_waiting_for_the_loop_does_not_start_the_time_limit(engine, store):
+    engine.generate(_req())                           # warm: model loaded, forward built
+    ctx = _context(store, limit_s=2.0)
+    gate = threading.Event()
+    engine.loop.post(gate.wait)                       # another request holds the loop for 2.5 s
+    threading.Timer(2.5, gate.set).start()
+    generator = WorkerGenerator(SimpleNamespace(engine=engine), ctx)
+    result = generator.generate(_req(), on_text=ctx.on_text, should_cancel=ctx.should_cancel)
+    assert ctx.stopped_reason is None and result.finish_reason in ("length", "stop")
+    events = _events(store, ctx.job_id)
+    waits = [data["waiting"] for kind, data in events if kind == WAITING]
+    assert waits == [True, False]
+    assert "".join(data["text"] for kind, data in events if kind == TOKEN) == result.text
+    assert ctx.time_left() > 0.1                       # the 2.5 s wait was not charged
+
+
+def test_the_time_limit_still_ends_a_running_request(engine, store):
+    ctx = _context(store, limit_s=0.0)
+    generator = WorkerGenerator(SimpleNamespace(engine=engine), ctx)
+    result = generator.generate(_req(tokens=200), on_text=ctx.on_text, should_cancel=ctx.should_cancel)
+    assert ctx.stopped_reason == "timeout" and result.finish_reason == "cancelled"
+
+
+def test_heartbeat_survives_a_failing_stats_call(store):
+    class FlakyEngine:
+        broken = True
+
+        def info(self):
+            return {"model": "tiny"}
+
+        def stats(self):
+            if self.broken:
+                raise RuntimeError("stats raced a new state")
+            return {"requests": 1}
+
+    rt = WorkerRuntime(settings=load_settings(), store=store, name="w-test")
+    rt._engine = FlakyEngine()
+    rt.beat()                                            # logged, not raised
+    assert list_workers(store.client, max_age_s=60) == []
+    rt._engine.broken = False
+    rt.beat()
+    (worker,) = list_workers(store.client, max_age_s=60)
+    assert worker["info"]["cache_stats"] == {"requests": 1}
