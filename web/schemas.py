@@ -60,7 +60,7 @@ class SamplingFields(Strict):
     max_new_tokens: json_int(ge=1) | None = Field(
         default=None, description="capped by MINISERVE_MAX_NEW_TOKENS_CAP")
     temperature: float = Field(default=0.0, ge=0.0, le=2.0,
-                               description=f"0 = greedy, else {MIN_TEMPERATURE}..2")
+                               description=f"0 = greedy; below {MIN_TEMPERATURE} also greedy")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: json_int(ge=0, le=1000) = Field(default=0, description="0 = off")
     repetition_penalty: Annotated[float, Field(ge=MIN_REPETITION_PENALTY, le=10.0)] | None = Field(
@@ -74,9 +74,9 @@ class SamplingFields(Strict):
     @field_validator("temperature")
     @classmethod
     def _temperature_range(cls, value: float) -> float:
-        if 0.0 < value < MIN_TEMPERATURE:
-            raise ValueError(f"must be 0 (greedy) or at least {MIN_TEMPERATURE}")
-        return value
+        """Temperatures this small would overflow the scaled scores; they mean greedy anyway,
+        and the schema (0..2) cannot express a gap, so they are stored as 0."""
+        return 0.0 if value < MIN_TEMPERATURE else value
 
 
 class JobSubmit(SamplingFields):
