@@ -93,9 +93,20 @@ def from_agent_body(body: AgentBody) -> Submission:
 
 def _check_prompt(sub: Submission) -> None:
     texts = [m["content"] for m in sub.request["messages"]]
+    if sub.job_type == "agent":
+        _check_agent_chars(sum(len(text) for text in texts), sub.input_field)
     if sub.request["prefix"]:
         texts.append(sub.request["prefix"])
     ctx().budget.check(texts, sub.request["sampling"]["max_new_tokens"], sub.input_field)
+
+
+def _check_agent_chars(chars: int, field_name: str) -> None:
+    """Agent prompts are capped in characters before any token is counted: a long run of one
+    character is few tokens but still has to be read by the agent's prompt analysis."""
+    limit = ctx().settings.agent_max_prompt_chars
+    if chars > limit:
+        raise ApiError(422, "prompt_too_long", f"{field_name}: {chars} characters, more than the agent "
+                       f"limit of {limit} (MINISERVE_AGENT_MAX_PROMPT_CHARS)", field=field_name)
 
 
 def _check_queue_depth(queue: str) -> None:
