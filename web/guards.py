@@ -1,5 +1,6 @@
 """Checks that run before any route: API keys, per-key rate limits, and the body's
-size, content type and JSON syntax (so routes only ever see a parsed JSON body).
+size, content type, JSON syntax and nesting depth (so routes only ever see a parsed JSON
+body that nothing downstream can overflow the stack on).
 
 Public without a key: ``/healthz`` and the documentation (``/``, ``/docs``,
 ``/openapi.json``, Swagger UI assets under ``/swagger``): they describe the API and hold
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import math
 import time
 
@@ -18,6 +18,7 @@ from flask import Flask, current_app, g, request
 from core import keys
 from web.context import ctx
 from web.errors import ApiError
+from web.json_depth import JsonTooDeep, loads_bounded
 
 PUBLIC_PATHS = frozenset({"/", "/healthz", "/docs", "/openapi.json"})
 PUBLIC_PREFIXES = ("/swagger/", "/swagger", "/static/")
@@ -88,7 +89,10 @@ def _check_body() -> None:
         raise ApiError(415, "unsupported_media_type", "send the body as 'Content-Type: application/json'")
     data = request.get_data(cache=True)  # MAX_CONTENT_LENGTH also stops chunked bodies (413)
     try:
-        json.loads(data)
+        loads_bounded(data)
+    except JsonTooDeep as exc:
+        raise ApiError(400, "json_too_deep", f"body: {exc}",
+                       field="body") from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise ApiError(400, "malformed_json", f"the body is not valid JSON: {exc}") from None
 

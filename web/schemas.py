@@ -134,7 +134,7 @@ class JobListQuery(BaseModel):
 
 class EventsQuery(BaseModel):
     after: int | None = Field(default=None, ge=0, description="replay events with seq > after "
-                              "(the Last-Event-ID header does the same)")
+                              "(the Last-Event-ID header does the same); above 2^63-1: 400 bad_last_event_id")
 
 
 class SubmitHeaders(BaseModel):
