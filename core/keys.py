@@ -6,6 +6,7 @@ from __future__ import annotations
 
 JOBS_INDEX = "jobs:index"  # sorted set: job id -> created_at
 LEASES = "jobs:leases"  # sorted set: running job id -> lease deadline (unix seconds)
+UNDISPATCHED = "jobs:undispatched"  # sorted set: queued job id -> when its task message was due
 WORKERS_INDEX = "workers:index"  # sorted set: worker name -> last heartbeat
 QUEUES = ("generation", "agent", "bench")  # Celery queue names (kombu keeps each as a Redis list)
 

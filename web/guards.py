@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import math
-import time
 
 from flask import Flask, current_app, g, request
 
-from core import keys
+from core.limits import over_rate_limit
 from web.context import ctx
 from web.errors import ApiError
 from web.json_depth import JsonTooDeep, loads_bounded
@@ -62,15 +60,8 @@ def _rate_limit() -> None:
     limit = ctx().settings.rate_limit_per_minute
     if limit <= 0:
         return
-    now = time.time()
-    window = int(now // 60)
-    counter = keys.rate_key(g.rate_id, window)
-    pipe = ctx().store.client.pipeline(transaction=True)
-    pipe.incr(counter)
-    pipe.expire(counter, 120)
-    count = pipe.execute()[0]
-    if count > limit:
-        retry = max(1, math.ceil((window + 1) * 60 - now))
+    retry = over_rate_limit(ctx().store.client, g.rate_id, limit)
+    if retry is not None:
         raise ApiError(429, "rate_limited", f"more than {limit} requests per minute for this key",
                        retry_after=retry)
 

@@ -107,10 +107,13 @@ class LeaseKeeper:
         self._stop.set()
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.lease_s / 4):
+        wait = self.lease_s / 4
+        while not self._stop.wait(wait):
             try:
                 self.store.renew_lease(self.job_id, self.lease_s)
+                wait = self.lease_s / 4
             except Exception as exc:  # noqa: BLE001 - a renewal failure must not kill the job
+                wait = min(1.0, self.lease_s / 4)  # renew as soon as Redis is back (reaper grace: one lease)
                 log_event(logger, "lease_renew_failed", level=logging.WARNING,
                           job_id=self.job_id, error=type(exc).__name__)
 
