@@ -22,6 +22,7 @@ from core.events import (
     TERMINAL_STATES,
     Event,
 )
+from core.payloads import event_summary, stored_payload
 
 JOB_TYPES = ("generate", "agent", "chat", "bench")
 
@@ -274,23 +275,27 @@ class JobStore:
             args=[event_type, attempt, repr(ts), data_json, _event_body(event_type, attempt, ts, data_json), self.ttl_s],
         ))
 
-    def finish(self, job_id: str, state: str, payload: dict[str, Any], attempt: int | None = None) -> int:
+    def finish(self, job_id: str, state: str, payload: dict[str, Any], attempt: int | None = None,
+               keep_token_ids: bool = False) -> int:
         """Move the job to a terminal ``state`` with its one terminal event.
 
-        ``payload`` is the result (succeeded) or the error (otherwise); it is also the
-        terminal event's data. Returns the event's seq, or 0 when the job had already ended
-        (or ``attempt`` is stale): the caller lost the race and must not report again.
+        ``payload`` is the result (succeeded) or the error (otherwise), stored in the job's
+        hash (without ``token_ids`` unless ``keep_token_ids``); the terminal event carries a
+        summary of it (:mod:`core.payloads`). Returns the event's seq, or 0 when the job had
+        already ended (or ``attempt`` is stale): the caller lost the race and must not report again.
         """
         if state not in TERMINAL_STATES:
             raise ValueError(f"not a terminal state: {state}")
         ts = time.time()
         event_type = TERMINAL_EVENT_FOR_STATE[state]
-        data_json = json.dumps(payload, ensure_ascii=False)
+        stored = stored_payload(payload, keep_token_ids)
+        data_json = json.dumps(stored, ensure_ascii=False)
+        summary_json = json.dumps(event_summary(stored), ensure_ascii=False)
         field_name = "result" if state == "succeeded" else "error"
         return int(self._scripts["FINISH"](
             keys=self._job_keys(job_id) + [keys.LEASES],
             args=[job_id, state, event_type, "" if attempt is None else attempt, repr(ts), data_json,
-                  self.ttl_s, field_name],
+                  self.ttl_s, field_name, summary_json],
         ))
 
     def renew_lease(self, job_id: str, lease_s: int) -> None:

@@ -81,10 +81,15 @@ return redis.call('HINCRBY', KEYS[1], 'dispatch', 1)
 # KEYS: job, events, channel, leases, undispatched. ARGV: job_id, worker, ts, lease_deadline, ttl, dispatch.
 # Returns {attempt, seq}; {0, 0} when the job already ended or the message is stale (its
 # dispatch number is not the job's current one: the job was re-sent after a lease expired);
+# {0, -1} when an attempt is already running: a message re-delivered by the broker (kombu
+# restores unacked messages on a lost connection; Celery re-delivers a dead pool child's)
+# never starts a second, concurrent attempt. A running job gets a new attempt only through
+# REQUEUE, when the reaper judged its lease expired (fairly: see worker/reaper.py).
 # {-1, seq} when the attempt budget is spent and the job was failed instead (poison message).
 START_ATTEMPT = _APPEND + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state or is_terminal(state) then return {0, 0} end
+if state == 'running' then return {0, -1} end
 if (redis.call('HGET', KEYS[1], 'dispatch') or '0') ~= ARGV[6] then return {0, 0} end
 redis.call('ZREM', KEYS[5], ARGV[1])  -- its message arrived: nothing left to sweep
 local attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
@@ -109,7 +114,8 @@ return {attempt, seq}
 """
 
 # KEYS: job, events, channel, leases. ARGV: job_id, state, type, attempt ('' = any), ts,
-#   data, ttl, field name ('result' | 'error').
+#   data (kept in the hash), ttl, field name ('result' | 'error'), event data (a summary of
+#   data: core/payloads.py; the full result is stored once, in the hash).
 # Returns seq of the terminal event, or 0 when the job had already ended / attempt is stale.
 FINISH = _APPEND + """
 local state = redis.call('HGET', KEYS[1], 'state')
@@ -119,8 +125,8 @@ if ARGV[4] ~= '' and attempt ~= ARGV[4] then return 0 end
 redis.call('HSET', KEYS[1], 'state', ARGV[2], 'finished_at', ARGV[5], ARGV[8], ARGV[6])
 redis.call('ZREM', KEYS[4], ARGV[1])
 local ttl = tonumber(ARGV[7])
-local body = '"type": "' .. ARGV[3] .. '", "attempt": ' .. attempt .. ', "ts": ' .. ARGV[5] .. ', "data": ' .. ARGV[6] .. '}'
-local seq = append(KEYS[1], KEYS[2], KEYS[3], ARGV[3], attempt, ARGV[5], ARGV[6], body, ttl)
+local body = '"type": "' .. ARGV[3] .. '", "attempt": ' .. attempt .. ', "ts": ' .. ARGV[5] .. ', "data": ' .. ARGV[9] .. '}'
+local seq = append(KEYS[1], KEYS[2], KEYS[3], ARGV[3], attempt, ARGV[5], ARGV[9], body, ttl)
 redis.call('EXPIRE', KEYS[1], ttl)
 return seq
 """

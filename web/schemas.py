@@ -70,6 +70,7 @@ class SamplingFields(Strict):
         default=None, description=f"a stop string or up to {MAX_STOP_STRINGS} of them")
     generation_method: GenerationMethod | None = Field(
         default=None, description="null = the service default, MINISERVE_DEFAULT_GENERATION_METHOD (paged)")
+    return_token_ids: bool = Field(default=False, description="keep the generated token ids in the result")
 
     @field_validator("temperature")
     @classmethod

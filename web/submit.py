@@ -9,6 +9,8 @@ The stored request is a plain dict the worker turns into ``engine.types.Generati
      "sampling": {"max_new_tokens": 128, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
                   "repetition_penalty": None, "seed": None, "stop": []},
      "method": "official", "tools": None, "max_steps": None}
+
+plus ``"return_token_ids": true`` when the body asked to keep the token ids in the result.
 """
 from __future__ import annotations
 
@@ -57,9 +59,12 @@ def _sampling(body: SamplingFields | AgentBody) -> dict[str, Any]:
 
 
 def _request(messages: list[dict[str, str]], prefix: str | None, sampling: dict[str, Any],
-             method: str, max_steps: int | None) -> dict[str, Any]:
-    return {"messages": messages, "prefix": prefix, "sampling": sampling, "method": method,
-            "tools": None, "max_steps": max_steps}
+             method: str, max_steps: int | None, token_ids: bool = False) -> dict[str, Any]:
+    request = {"messages": messages, "prefix": prefix, "sampling": sampling, "method": method,
+               "tools": None, "max_steps": max_steps}
+    if token_ids:
+        request["return_token_ids"] = True  # the worker keeps them in the stored result
+    return request
 
 
 def _method(body: SamplingFields) -> str:
@@ -76,14 +81,14 @@ def from_job_body(body: JobSubmit) -> Submission:
     if body.system is not None:
         messages.insert(0, {"role": "system", "content": body.system})
     max_steps = (body.max_steps or 3) if body.type == "agent" else None
-    request = _request(messages, body.prefix, _sampling(body), _method(body), max_steps)
+    request = _request(messages, body.prefix, _sampling(body), _method(body), max_steps, body.return_token_ids)
     return Submission(body.type, request, field_name)
 
 
 def from_generate_body(body: GenerateBody) -> Submission:
     messages = [{"role": "user", "content": body.prompt}]
-    return Submission("generate", _request(messages, body.prefix, _sampling(body), _method(body), None),
-                      "prompt")
+    request = _request(messages, body.prefix, _sampling(body), _method(body), None, body.return_token_ids)
+    return Submission("generate", request, "prompt")
 
 
 def from_agent_body(body: AgentBody) -> Submission:

@@ -11,7 +11,10 @@ from celery.utils.log import LoggingProxy, get_logger
 from core.logs import configure_logging
 from core.settings import get_settings
 from core.workers import remove_worker
+from worker import broker_patch
 from worker import runtime as rt_module
+
+broker_patch.install()  # a worker must survive Redis going away mid-task (see the module)
 
 
 @setup_logging.connect

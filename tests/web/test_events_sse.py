@@ -26,7 +26,9 @@ def test_replay_after_the_job_finished_gives_every_event_in_order(client, store)
     assert [int(f["id"]) for f in frames] == [1, 2, 3, 4, 5]
     assert all(f["data"]["seq"] == int(f["id"]) and f["data"]["type"] == f["event"] for f in frames)
     text = "".join(f["data"]["data"]["text"] for f in frames if f["event"] == "token")
-    assert text == frames[-1]["data"]["data"]["text"] == "Hello wörld"
+    assert text == client.get(f"/jobs/{job_id}").get_json()["result"]["text"] == "Hello wörld"
+    done = frames[-1]["data"]["data"]  # a summary: the full result is stored once, in the job
+    assert done["result"] == "job" and "text" not in done and done["usage"]["completion_tokens"] == 3
     assert frames[0]["data"]["attempt"] == 1
 
 

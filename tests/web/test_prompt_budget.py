@@ -10,7 +10,8 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 
 from core import keys
-from web.prompt_budget import DEFAULT_MODEL_FOLDER, PER_MESSAGE_TOKENS, TEMPLATE_TOKENS, PromptBudget
+from core.model_source import DEFAULT_MODEL_NAME as DEFAULT_MODEL_FOLDER
+from web.prompt_budget import PER_MESSAGE_TOKENS, TEMPLATE_TOKENS, PromptBudget
 
 CONTEXT = 100
 
