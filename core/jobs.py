@@ -177,8 +177,12 @@ class JobStore:
 
     # ---- dispatch: every queued job has a task message, or the sweeper sends one ---------
     def mark_dispatched(self, job_id: str) -> None:
-        """The job's task message was sent: nothing for the sweeper to do."""
-        self.client.zrem(keys.UNDISPATCHED, job_id)
+        """The job's task message was sent; it is *pending* until an attempt starts
+        (:mod:`core.deliveries` finds messages stranded on the way)."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.zrem(keys.UNDISPATCHED, job_id)
+        pipe.zadd(keys.PENDING, {job_id: time.time()})
+        pipe.execute()
 
     def undispatched(self, older_than_s: float, now: float | None = None, limit: int = 100) -> list[str]:
         """Queued jobs whose task message was not confirmed sent within ``older_than_s``."""
@@ -187,7 +191,9 @@ class JobStore:
 
     def sweep_undispatched(self, job_id: str, max_redispatches: int) -> int:
         """New dispatch number to re-send the job with; -1 when it was failed instead
-        (``enqueue_failed``, past ``max_redispatches``); 0 when it needs nothing."""
+        (``enqueue_failed``, past ``max_redispatches``); 0 when it needs nothing. The job
+        counts as undispatched (and no longer pending) until the re-send is confirmed."""
+        self.client.zrem(keys.PENDING, job_id)
         return int(self._scripts["SWEEP_UNDISPATCHED"](
             keys=self._job_keys(job_id) + [keys.UNDISPATCHED],
             args=[job_id, repr(time.time()), self.ttl_s, max_redispatches]))
@@ -260,7 +266,7 @@ class JobStore:
     def start_attempt(self, job_id: str, worker: str, lease_s: int, dispatch: int = 0) -> StartedAttempt:
         now = time.time()
         attempt, seq = self._scripts["START_ATTEMPT"](
-            keys=self._job_keys(job_id) + [keys.LEASES, keys.UNDISPATCHED],
+            keys=self._job_keys(job_id) + [keys.LEASES, keys.UNDISPATCHED, keys.PENDING],
             args=[job_id, worker, repr(now), repr(now + lease_s), self.ttl_s, dispatch],
         )
         return StartedAttempt(int(attempt), int(seq))

@@ -78,7 +78,7 @@ redis.call('ZADD', KEYS[4], ts, ARGV[1])
 return redis.call('HINCRBY', KEYS[1], 'dispatch', 1)
 """
 
-# KEYS: job, events, channel, leases, undispatched. ARGV: job_id, worker, ts, lease_deadline, ttl, dispatch.
+# KEYS: job, events, channel, leases, undispatched, pending. ARGV: job_id, worker, ts, lease_deadline, ttl, dispatch.
 # Returns {attempt, seq}; {0, 0} when the job already ended or the message is stale (its
 # dispatch number is not the job's current one: the job was re-sent after a lease expired);
 # {0, -1} when an attempt is already running: a message re-delivered by the broker (kombu
@@ -92,6 +92,7 @@ if not state or is_terminal(state) then return {0, 0} end
 if state == 'running' then return {0, -1} end
 if (redis.call('HGET', KEYS[1], 'dispatch') or '0') ~= ARGV[6] then return {0, 0} end
 redis.call('ZREM', KEYS[5], ARGV[1])  -- its message arrived: nothing left to sweep
+redis.call('ZREM', KEYS[6], ARGV[1])
 local attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
 local max_attempts = tonumber(redis.call('HGET', KEYS[1], 'max_attempts'))
 local ts = ARGV[3]

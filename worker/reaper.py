@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from celery import Celery
 
 from core import tasks as names
+from core.deliveries import stranded_jobs
 from core.jobs import JobNotFound, JobStore
 from core.logs import log_event
 
@@ -105,9 +106,12 @@ def reap_once(store: JobStore, celery_app: Celery) -> list[str]:
 
 
 def sweep_once(store: JobStore, celery_app: Celery, older_than_s: float, max_redispatches: int) -> list[str]:
-    """Re-send (or, past the budget, fail) queued jobs whose task message was never confirmed."""
+    """Re-send (or, past the budget, fail) queued jobs whose task message was never confirmed
+    sent, or was stranded on its way to a worker (:mod:`core.deliveries`)."""
     redispatched = []
-    for job_id in store.undispatched(older_than_s):
+    unsent = store.undispatched(older_than_s)
+    stranded = stranded_jobs(store, 2 * older_than_s)
+    for job_id in unsent + [j for j in stranded if j not in unsent]:
         dispatch = store.sweep_undispatched(job_id, max_redispatches)
         if dispatch == 0:
             continue
@@ -118,7 +122,7 @@ def sweep_once(store: JobStore, celery_app: Celery, older_than_s: float, max_red
         record = store.get(job_id)
         _send(store, celery_app, record.type, record.queue, job_id, dispatch)
         log_event(logger, "job_redispatched", level=logging.WARNING, job_id=job_id, dispatch=dispatch,
-                  reason="task message never confirmed sent")
+                  reason="task message stranded" if job_id in stranded else "task message never confirmed sent")
         redispatched.append(job_id)
     return redispatched
 

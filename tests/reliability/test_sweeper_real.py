@@ -24,3 +24,20 @@ def test_a_job_created_without_its_message_is_re_sent_and_runs_once(store, worke
     log = worker.log()
     assert '"job_redispatched"' in log and job.id in log
     assert sum(1 for line in log.splitlines() if '"job_started"' in line and job.id in line) == 1
+
+
+def test_a_message_lost_on_its_way_to_a_worker_is_re_sent(stack, store, celery_client):
+    """A worker that popped a message and died before kombu recorded it as unacked (two
+    steps in kombu): the message is gone. Simulated by popping it ourselves, then starting
+    a worker: its sweeper sees the pending job's message nowhere and re-sends it."""
+    from tests.integration.conftest import _started_worker, submit
+
+    job = submit(store, celery_client, gen_request(max_new_tokens=8))
+    assert store.client.lpop("generation") is not None  # the "dead worker" took it
+    worker = _started_worker(stack, store)
+    try:
+        record = wait_terminal(store, job.id, 60)
+        assert record.state == SUCCEEDED and record.attempt == 1 and record.dispatch == 1
+        assert '"task message stranded"' in worker.log()
+    finally:
+        worker.stop()
