@@ -82,6 +82,9 @@ class Settings(BaseSettings):
     soft_time_limit_s: PositiveInt = 600
     hard_time_limit_s: PositiveInt = 660
     lease_s: PositiveInt = 120
+    # A worker's Redis client retries a lost connection this long before a job gives up on
+    # its attempt (the job's lease then expires and the reaper re-queues it).
+    worker_redis_retry_s: PositiveInt = 60
     max_attempts: PositiveInt = 3
     job_ttl_s: PositiveInt = 7 * 24 * 3600
 
