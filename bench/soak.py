@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as futures
 import random
+import sys
 import tempfile
 import threading
 import time
@@ -43,6 +44,7 @@ from bench.client import iter_sse
 from bench.load import tiny_model
 from bench.stack import Process, Stack, free_port, start_redis, wait_until
 from bench.soak_report import attempt_intervals, check_jobs, concurrent_attempts, plot, summarize
+from bench.job_bytes import cpu_model
 from bench.stats import machine_info, write_json
 from core.events import TERMINAL_EVENTS
 from core.jobs import JobStore
@@ -324,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
         soak_stack.stop_all()
     summary = summarize(args, soak.tally, jobs, overlaps, seconds, faults_done)
     summary["machine"] = machine_info()
+    summary["cpu"] = cpu_model()
+    summary["command"] = "python -m bench.soak " + " ".join(argv if argv is not None else sys.argv[1:])
     summary["logs"] = str(folder)
     out = Path(args.output)
     write_json(out.with_suffix(".json"), summary)
