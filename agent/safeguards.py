@@ -23,6 +23,12 @@ arithmetic expression we know what must be computed, so:
 With several expressions in the prompt nothing is overridden: the model's arguments are
 kept. Every correction is recorded in the trace so evaluation can separate what the model
 chose (``model_tool_name``) from what ran (``tool_name``).
+
+The analysis runs in time linear in the prompt (a hostile 1 MB prompt takes milliseconds,
+and it runs in the worker beside other jobs): candidate runs are found by one regex with no
+backtracking, at most :data:`MAX_RUNS` are looked at and :data:`MAX_CANDIDATES` parsed, at most
+:data:`MAX_EXPRESSIONS` expressions are kept (the safeguards act only on one), and a
+candidate longer than the calculator accepts is never an expression.
 """
 from __future__ import annotations
 
@@ -30,7 +36,7 @@ import re
 from dataclasses import dataclass, field
 
 from agent.parsing import ToolCall
-from tools.calculator import is_arithmetic, normalize_expression
+from tools.calculator import MAX_CHARS, is_arithmetic, normalize_expression
 from tools.text import tokenize
 
 CALCULATOR = "calculator"
@@ -43,7 +49,21 @@ QUERY_FROM_PROMPT = "query_from_prompt"
 RETRIEVE = "retrieve_note"
 
 _OPEN, _CLOSE = "(（", ")）"
-_CANDIDATE_RE = re.compile(r"[0-9.(（+\-−][0-9.\s+\-−*/%()×÷^（）]*[0-9)）]")
+# A run of characters an expression may contain. A candidate is the part of a run from its
+# first possible start to its last possible end (what ``[start][run]*[end]`` would match,
+# found without that pattern's quadratic backtracking on e.g. 32,000 dashes).
+# Only runs holding a digit and an operator match; the lookaheads run once per run start
+# (``(?<!...)``), so the scan stays linear and blank or digit-free runs cost no Python work.
+_RUN_CHARS = r"[0-9.\s+\-−*/%()×÷^（）]"
+_RUN_RE = re.compile(rf"(?<!{_RUN_CHARS})(?={_RUN_CHARS}*?[0-9])(?={_RUN_CHARS}*?[+\-−*/%×÷^]){_RUN_CHARS}+")
+_STARTS = frozenset("0123456789.(（+-−")
+_ENDS = frozenset("0123456789)）")
+_OPERATORS = frozenset("+-−*/%×÷^")
+MAX_RUNS = 4096           # runs with a digit and an operator looked at per prompt
+MAX_CANDIDATES = 256      # candidate runs parsed per prompt
+MAX_EXPRESSIONS = 16      # expressions kept (more than one already disables the overrides)
+MAX_BALANCE_STEPS = 8     # stray brackets dropped from a candidate's ends
+MAX_CANDIDATE_CHARS = MAX_CHARS + MAX_BALANCE_STEPS  # longer: the calculator refuses it anyway
 _INTENT_RE = re.compile(
     r"计算|算一下|算算|算出|等于|多少|求值|得数|结果|乘以|除以|加上|减去|"
     r"\b(calculate|compute|evaluate|calc|solve|what\s+is|what's|how\s+much|result|equals?|value)\b|=|的值",
@@ -51,8 +71,12 @@ _INTENT_RE = re.compile(
 _QUESTION_RE = re.compile(
     r"什么|如何|怎么|为什么|为何|解释|介绍|讲讲|作用|原理|区别|好处|意思|笔记|查|检索|搜索|"
     r"\b(what|how|why|explain|describe|tell\s+me\s+about|search|look\s+up|notes?|difference)\b", re.I)
-_NOTES_RE = re.compile(r"笔记|知识库|\b(search|look\s+up|check)\b.*\bnotes?\b|\bnotes?\b.*\b(search|look\s+up)\b",
-                       re.I)
+# "search ... notes" / "notes ... search" on one line, tested in two linear passes (the
+# single pattern ``A.*B`` restarts its scan at every A: quadratic on "search " * 100000).
+_NOTES_WORD_RE = re.compile(r"笔记|知识库")
+_SEARCH_RE = re.compile(r"\b(search|look\s+up|check)\b", re.I)
+_SEARCH_AFTER_NOTES_RE = re.compile(r"\b(search|look\s+up)\b", re.I)
+_NOTE_RE = re.compile(r"\bnotes?\b", re.I)
 
 
 @dataclass(frozen=True)
@@ -82,20 +106,55 @@ def analyze_prompt(prompt: str) -> PromptFacts:
     expressions = tuple(find_expressions(prompt))
     return PromptFacts(expressions, bool(expressions) and _has_intent(prompt, expressions),
                        not expressions and bool(_QUESTION_RE.search(prompt)),
-                       not expressions and bool(_NOTES_RE.search(prompt)))
+                       not expressions and _asks_for_notes(prompt))
 
 
 def find_expressions(text: str) -> list[str]:
     """Arithmetic expressions written in ``text`` (digits and operators, ≥ one operator)."""
     found: list[str] = []
-    for match in _CANDIDATE_RE.finditer(text):
-        start, end = match.span()
-        if _glued_to_word(text, start, end):
+    seen: set[str] = set()
+    for start, end in _candidates(text):
+        if len(seen) >= MAX_CANDIDATES or len(found) >= MAX_EXPRESSIONS:
+            break
+        raw = text[start:end]
+        if raw in seen or _glued_to_word(text, start, end):
             continue
-        expr = _balance(match.group().strip())
-        if expr and is_arithmetic(expr) and expr not in found:
+        seen.add(raw)
+        expr = _balance(raw.strip())
+        if expr and expr not in found and is_arithmetic(expr):
             found.append(expr)
     return found
+
+
+def _candidates(text: str):
+    """Spans (start, end) of candidate expressions, in order; one linear pass."""
+    for count, run in enumerate(_RUN_RE.finditer(text)):
+        if count >= MAX_RUNS:
+            return
+        begin, stop = run.span()
+        first = min((i for i in (text.find(c, begin, stop) for c in _STARTS) if i >= 0), default=stop)
+        last = max(text.rfind(c, first, stop) for c in _ENDS)
+        if last <= first or last - first >= MAX_CANDIDATE_CHARS:
+            continue
+        if any(ch in _OPERATORS for ch in text[first:last + 1]):
+            yield first, last + 1
+
+
+def _asks_for_notes(prompt: str) -> bool:
+    return bool(_NOTES_WORD_RE.search(prompt)) or _in_order(prompt, _SEARCH_RE, _NOTE_RE) \
+        or _in_order(prompt, _NOTE_RE, _SEARCH_AFTER_NOTES_RE)
+
+
+def _in_order(text: str, first: re.Pattern, then: re.Pattern) -> bool:
+    """``first`` then ``then`` on one line (as ``first.*then`` matches), each line searched once."""
+    pos = 0
+    while (found := first.search(text, pos)) is not None:
+        eol = text.find("\n", found.end())
+        eol = len(text) if eol < 0 else eol
+        if then.search(text, found.end(), eol):
+            return True
+        pos = eol + 1
+    return False
 
 
 def guard_call(call: ToolCall, facts: PromptFacts) -> Decision:
@@ -160,8 +219,9 @@ def _glued_to_word(text: str, start: int, end: int) -> bool:
 def _balance(expr: str) -> str:
     """Drop brackets that the surrounding sentence opened or closed, e.g. ``(2+3) * 4)``."""
     expr = expr.strip()
-    changed = True
-    while expr and changed:
+    changed, steps = True, 0
+    while expr and changed and steps < MAX_BALANCE_STEPS:
+        steps += 1
         changed = False
         depth, lowest = 0, 0
         for ch in expr:

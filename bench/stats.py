@@ -1,13 +1,12 @@
 """Small statistics and output helpers shared by the benchmarks."""
 from __future__ import annotations
 
-import csv
-import json
 import os
 import platform
 import statistics
-from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
+
+from core.results import write_csv, write_json  # noqa: F401 - re-exported for the benchmarks
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -35,27 +34,6 @@ def machine_info() -> dict[str, Any]:
 
         info.update(torch=torch.__version__, torch_threads=torch.get_num_threads())
     return info
-
-
-def write_csv(path: str | Path, rows: Iterable[dict[str, Any]]) -> Path:
-    rows = list(rows)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fields: list[str] = []
-    for row in rows:
-        fields += [k for k in row if k not in fields]
-    with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
-
-
-def write_json(path: str | Path, payload: Any) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2, ensure_ascii=False, default=str))
-    return path
 
 
 def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:

@@ -22,6 +22,7 @@ from core.events import (
     TERMINAL_STATES,
     Event,
 )
+from core.payloads import event_summary, stored_payload
 
 JOB_TYPES = ("generate", "agent", "chat", "bench")
 
@@ -119,21 +120,83 @@ class JobStore:
     _scripts: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        for name in ("APPEND_EVENT", "START_ATTEMPT", "FINISH", "REQUEUE"):
+        for name in ("CREATE", "SWEEP_UNDISPATCHED", "APPEND_EVENT", "START_ATTEMPT", "FINISH", "REQUEUE"):
             self._scripts[name] = self.client.register_script(getattr(scripts, name))
 
     # ---- creating and reading ----------------------------------------------------------
     def create(self, job_type: str, queue: str, request: dict[str, Any], *, owner: str = "",
                max_attempts: int = 3, job_id: str | None = None) -> JobRecord:
-        record = JobRecord(id=job_id or new_job_id(), type=job_type, state=QUEUED, queue=queue,
-                           created_at=time.time(), request=request, owner=owner,
-                           max_attempts=max_attempts)
-        pipe = self.client.pipeline(transaction=True)
-        pipe.hset(keys.job_key(record.id), mapping=record.to_redis())
-        pipe.expire(keys.job_key(record.id), self.ttl_s)
-        pipe.zadd(keys.JOBS_INDEX, {record.id: record.created_at})
-        pipe.execute()
+        """Store a new ``queued`` job. It counts as *undispatched* until :meth:`mark_dispatched`
+        confirms its task message was sent (the reaper re-sends it otherwise)."""
+        record = self._new_record(job_type, queue, request, owner, max_attempts, job_id)
+        self._create(record, [], "")
         return record
+
+    def create_idempotent(self, job_type: str, queue: str, request: dict[str, Any], *, idempotency_key: str,
+                          owner: str = "", max_attempts: int = 3) -> tuple[JobRecord, bool]:
+        """Like :meth:`create`, with the client's ``Idempotency-Key`` set in the same atomic
+        step; returns (job, replayed): an earlier submission's job when the key names one."""
+        idem = keys.idempotency_key(owner or "-", idempotency_key)
+        record = self._new_record(job_type, queue, request, owner, max_attempts, None)
+        while True:
+            seen = self.client.get(idem) or ""
+            earlier = self._existing(seen, owner)
+            if earlier is not None:
+                return earlier, True
+            winner = self._create(record, [idem], seen)
+            if winner == record.id:
+                return record, False
+            # another request with the same key won the race between our GET and the script
+
+    def idempotent_job(self, idempotency_key: str, owner: str = "") -> JobRecord | None:
+        """The job an earlier submission with this key created, if it still exists."""
+        return self._existing(self.client.get(keys.idempotency_key(owner or "-", idempotency_key)) or "", owner)
+
+    def forget_idempotency(self, idempotency_key: str, owner: str = "") -> None:
+        self.client.delete(keys.idempotency_key(owner or "-", idempotency_key))
+
+    def _existing(self, job_id: str, owner: str) -> JobRecord | None:
+        if not job_id:
+            return None
+        try:
+            return self.get(job_id, owner=owner)
+        except JobNotFound:  # the job expired (or the key is stale): the key may be taken over
+            return None
+
+    @staticmethod
+    def _new_record(job_type: str, queue: str, request: dict[str, Any], owner: str, max_attempts: int,
+                    job_id: str | None) -> JobRecord:
+        return JobRecord(id=job_id or new_job_id(), type=job_type, state=QUEUED, queue=queue,
+                         created_at=time.time(), request=request, owner=owner, max_attempts=max_attempts)
+
+    def _create(self, record: JobRecord, idem: list[str], seen: str) -> str:
+        fields = [item for pair in record.to_redis().items() for item in pair]
+        return str(self._scripts["CREATE"](
+            keys=[keys.job_key(record.id), keys.JOBS_INDEX, keys.UNDISPATCHED, *idem],
+            args=[record.id, repr(record.created_at), self.ttl_s, seen, *fields]))
+
+    # ---- dispatch: every queued job has a task message, or the sweeper sends one ---------
+    def mark_dispatched(self, job_id: str) -> None:
+        """The job's task message was sent; it is *pending* until an attempt starts
+        (:mod:`core.deliveries` finds messages stranded on the way)."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.zrem(keys.UNDISPATCHED, job_id)
+        pipe.zadd(keys.PENDING, {job_id: time.time()})
+        pipe.execute()
+
+    def undispatched(self, older_than_s: float, now: float | None = None, limit: int = 100) -> list[str]:
+        """Queued jobs whose task message was not confirmed sent within ``older_than_s``."""
+        cutoff = (time.time() if now is None else now) - older_than_s
+        return list(self.client.zrangebyscore(keys.UNDISPATCHED, "-inf", cutoff, start=0, num=limit))
+
+    def sweep_undispatched(self, job_id: str, max_redispatches: int) -> int:
+        """New dispatch number to re-send the job with; -1 when it was failed instead
+        (``enqueue_failed``, past ``max_redispatches``); 0 when it needs nothing. The job
+        counts as undispatched (and no longer pending) until the re-send is confirmed."""
+        self.client.zrem(keys.PENDING, job_id)
+        return int(self._scripts["SWEEP_UNDISPATCHED"](
+            keys=self._job_keys(job_id) + [keys.UNDISPATCHED],
+            args=[job_id, repr(time.time()), self.ttl_s, max_redispatches]))
 
     def get(self, job_id: str, owner: str | None = None) -> JobRecord:
         """The job, or :class:`JobNotFound`; with ``owner`` given, other owners' jobs are hidden."""
@@ -203,7 +266,7 @@ class JobStore:
     def start_attempt(self, job_id: str, worker: str, lease_s: int, dispatch: int = 0) -> StartedAttempt:
         now = time.time()
         attempt, seq = self._scripts["START_ATTEMPT"](
-            keys=self._job_keys(job_id) + [keys.LEASES],
+            keys=self._job_keys(job_id) + [keys.LEASES, keys.UNDISPATCHED, keys.PENDING],
             args=[job_id, worker, repr(now), repr(now + lease_s), self.ttl_s, dispatch],
         )
         return StartedAttempt(int(attempt), int(seq))
@@ -218,23 +281,27 @@ class JobStore:
             args=[event_type, attempt, repr(ts), data_json, _event_body(event_type, attempt, ts, data_json), self.ttl_s],
         ))
 
-    def finish(self, job_id: str, state: str, payload: dict[str, Any], attempt: int | None = None) -> int:
+    def finish(self, job_id: str, state: str, payload: dict[str, Any], attempt: int | None = None,
+               keep_token_ids: bool = False) -> int:
         """Move the job to a terminal ``state`` with its one terminal event.
 
-        ``payload`` is the result (succeeded) or the error (otherwise); it is also the
-        terminal event's data. Returns the event's seq, or 0 when the job had already ended
-        (or ``attempt`` is stale): the caller lost the race and must not report again.
+        ``payload`` is the result (succeeded) or the error (otherwise), stored in the job's
+        hash (without ``token_ids`` unless ``keep_token_ids``); the terminal event carries a
+        summary of it (:mod:`core.payloads`). Returns the event's seq, or 0 when the job had
+        already ended (or ``attempt`` is stale): the caller lost the race and must not report again.
         """
         if state not in TERMINAL_STATES:
             raise ValueError(f"not a terminal state: {state}")
         ts = time.time()
         event_type = TERMINAL_EVENT_FOR_STATE[state]
-        data_json = json.dumps(payload, ensure_ascii=False)
+        stored = stored_payload(payload, keep_token_ids)
+        data_json = json.dumps(stored, ensure_ascii=False)
+        summary_json = json.dumps(event_summary(stored), ensure_ascii=False)
         field_name = "result" if state == "succeeded" else "error"
         return int(self._scripts["FINISH"](
             keys=self._job_keys(job_id) + [keys.LEASES],
             args=[job_id, state, event_type, "" if attempt is None else attempt, repr(ts), data_json,
-                  self.ttl_s, field_name],
+                  self.ttl_s, field_name, summary_json],
         ))
 
     def renew_lease(self, job_id: str, lease_s: int) -> None:
@@ -256,7 +323,7 @@ class JobStore:
         """Put a running job whose lease expired back to ``queued``; returns the new dispatch
         number to re-send the task with, or 0 when the job was no longer running that attempt."""
         return int(self._scripts["REQUEUE"](
-            keys=self._job_keys(job_id) + [keys.LEASES],
+            keys=self._job_keys(job_id) + [keys.LEASES, keys.UNDISPATCHED],
             args=[job_id, attempt, repr(time.time()), self.ttl_s],
         ))
 
@@ -299,6 +366,10 @@ class JobStore:
     @staticmethod
     def _job_keys(job_id: str) -> list[str]:
         return [keys.job_key(job_id), keys.events_key(job_id), keys.live_channel(job_id)]
+
+    def ping(self) -> bool:
+        """Redis answers (raises redis' ConnectionError / TimeoutError when it does not)."""
+        return bool(self.client.ping())
 
     def queue_depths(self) -> dict[str, int]:
         pipe = self.client.pipeline(transaction=False)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 JOBS_INDEX = "jobs:index"  # sorted set: job id -> created_at
 LEASES = "jobs:leases"  # sorted set: running job id -> lease deadline (unix seconds)
+UNDISPATCHED = "jobs:undispatched"  # sorted set: queued job id -> when its task message was due
+PENDING = "jobs:pending"  # sorted set: job id -> when its message was confirmed sent, until it starts
 WORKERS_INDEX = "workers:index"  # sorted set: worker name -> last heartbeat
 QUEUES = ("generation", "agent", "bench")  # Celery queue names (kombu keeps each as a Redis list)
 
@@ -43,6 +45,13 @@ def rate_key(owner: str, window: int) -> str:
 def worker_key(name: str) -> str:
     """Hash with a worker's self-description and cache statistics (expires without heartbeats)."""
     return f"worker:{name}"
+
+
+# Kombu's Redis transport keeps every delivered, not yet acknowledged message here (its
+# default names): ``unacked`` maps a delivery tag to [message, exchange, routing key],
+# ``unacked_index`` scores each tag with its delivery time. Read by the sweeper.
+KOMBU_UNACKED = "unacked"
+KOMBU_UNACKED_INDEX = "unacked_index"
 
 
 def queue_key(queue: str) -> str:

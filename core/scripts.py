@@ -33,14 +33,66 @@ if redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[2] then return -3 end
 return append(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
 """
 
-# KEYS: job, events, channel, leases. ARGV: job_id, worker, ts, lease_deadline, ttl, dispatch.
+# KEYS: job, index, undispatched[, idempotency]. ARGV: job_id, created_at, ttl,
+#   idempotency value the caller saw ('' = none), then the record's field/value pairs.
+# Creates the job and (with a 4th key) points the Idempotency-Key at it in one step, so a
+# crash can never leave a key naming a job that does not exist. The job waits in
+# ``undispatched`` until its task message is confirmed sent (see SWEEP_UNDISPATCHED).
+# Returns the job id; with a key that another request set meanwhile, that request's job id.
+CREATE = """
+if KEYS[4] then
+  local current = redis.call('GET', KEYS[4]) or ''
+  if current ~= ARGV[4] then return current end
+  redis.call('SET', KEYS[4], ARGV[1], 'EX', ARGV[3])
+end
+redis.call('HSET', KEYS[1], unpack(ARGV, 5))
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
+return ARGV[1]
+"""
+
+# KEYS: job, events, channel, undispatched. ARGV: job_id, ts, ttl, max_redispatches.
+# A job still ``queued`` whose task message was never confirmed sent (the web or a reaper
+# died between creating it and sending its task): bump its dispatch number (so a message
+# that did go out after all is stale) and return it for a re-send; past the budget, fail
+# the job ``enqueue_failed`` (-1). 0: nothing to do (the job started, ended or expired).
+SWEEP_UNDISPATCHED = _APPEND + """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state ~= 'queued' then
+  redis.call('ZREM', KEYS[4], ARGV[1])
+  return 0
+end
+local ts = ARGV[2]
+local attempt = redis.call('HGET', KEYS[1], 'attempt') or '0'
+if redis.call('HINCRBY', KEYS[1], 'redispatches', 1) > tonumber(ARGV[4]) then
+  local err = cjson.encode({code = 'enqueue_failed', message = 'the task message could not be sent'})
+  redis.call('HSET', KEYS[1], 'state', 'failed', 'finished_at', ts, 'error', err)
+  redis.call('ZREM', KEYS[4], ARGV[1])
+  local body = '"type": "error", "attempt": ' .. attempt .. ', "ts": ' .. ts .. ', "data": ' .. err .. '}'
+  append(KEYS[1], KEYS[2], KEYS[3], 'error', attempt, ts, err, body, ARGV[3])
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
+  return -1
+end
+redis.call('ZADD', KEYS[4], ts, ARGV[1])
+return redis.call('HINCRBY', KEYS[1], 'dispatch', 1)
+"""
+
+# KEYS: job, events, channel, leases, undispatched, pending. ARGV: job_id, worker, ts, lease_deadline, ttl, dispatch.
 # Returns {attempt, seq}; {0, 0} when the job already ended or the message is stale (its
 # dispatch number is not the job's current one: the job was re-sent after a lease expired);
+# {0, -1} when an attempt is already running: a message re-delivered by the broker (kombu
+# restores unacked messages on a lost connection; Celery re-delivers a dead pool child's)
+# never starts a second, concurrent attempt. A running job gets a new attempt only through
+# REQUEUE, when the reaper judged its lease expired (fairly: see worker/reaper.py).
 # {-1, seq} when the attempt budget is spent and the job was failed instead (poison message).
 START_ATTEMPT = _APPEND + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state or is_terminal(state) then return {0, 0} end
+if state == 'running' then return {0, -1} end
 if (redis.call('HGET', KEYS[1], 'dispatch') or '0') ~= ARGV[6] then return {0, 0} end
+redis.call('ZREM', KEYS[5], ARGV[1])  -- its message arrived: nothing left to sweep
+redis.call('ZREM', KEYS[6], ARGV[1])
 local attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
 local max_attempts = tonumber(redis.call('HGET', KEYS[1], 'max_attempts'))
 local ts = ARGV[3]
@@ -63,7 +115,8 @@ return {attempt, seq}
 """
 
 # KEYS: job, events, channel, leases. ARGV: job_id, state, type, attempt ('' = any), ts,
-#   data, ttl, field name ('result' | 'error').
+#   data (kept in the hash), ttl, field name ('result' | 'error'), event data (a summary of
+#   data: core/payloads.py; the full result is stored once, in the hash).
 # Returns seq of the terminal event, or 0 when the job had already ended / attempt is stale.
 FINISH = _APPEND + """
 local state = redis.call('HGET', KEYS[1], 'state')
@@ -73,16 +126,17 @@ if ARGV[4] ~= '' and attempt ~= ARGV[4] then return 0 end
 redis.call('HSET', KEYS[1], 'state', ARGV[2], 'finished_at', ARGV[5], ARGV[8], ARGV[6])
 redis.call('ZREM', KEYS[4], ARGV[1])
 local ttl = tonumber(ARGV[7])
-local body = '"type": "' .. ARGV[3] .. '", "attempt": ' .. attempt .. ', "ts": ' .. ARGV[5] .. ', "data": ' .. ARGV[6] .. '}'
-local seq = append(KEYS[1], KEYS[2], KEYS[3], ARGV[3], attempt, ARGV[5], ARGV[6], body, ttl)
+local body = '"type": "' .. ARGV[3] .. '", "attempt": ' .. attempt .. ', "ts": ' .. ARGV[5] .. ', "data": ' .. ARGV[9] .. '}'
+local seq = append(KEYS[1], KEYS[2], KEYS[3], ARGV[3], attempt, ARGV[5], ARGV[9], body, ttl)
 redis.call('EXPIRE', KEYS[1], ttl)
 return seq
 """
 
-# KEYS: job, events, channel, leases. ARGV: job_id, attempt, ts, ttl.
+# KEYS: job, events, channel, leases, undispatched. ARGV: job_id, attempt, ts, ttl.
 # Puts a running job whose lease expired back to queued and bumps its dispatch number, so
 # the dead attempt's message, if the broker ever re-delivers it, is recognised as stale.
-# Returns the new dispatch number (the caller re-sends the task with it), or 0.
+# Returns the new dispatch number (the caller re-sends the task with it), or 0. Until the
+# caller confirms the re-send, the job waits in ``undispatched``.
 REQUEUE = _APPEND + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state ~= 'running' or redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[2] then
@@ -93,6 +147,7 @@ redis.call('HSET', KEYS[1], 'state', 'queued')
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 local dispatch = redis.call('HINCRBY', KEYS[1], 'dispatch', 1)
 redis.call('ZREM', KEYS[4], ARGV[1])
+redis.call('ZADD', KEYS[5], ARGV[3], ARGV[1])
 local data = '{"state": "queued", "reason": "lease_expired"}'
 local body = '"type": "state", "attempt": ' .. ARGV[2] .. ', "ts": ' .. ARGV[3] .. ', "data": ' .. data .. '}'
 append(KEYS[1], KEYS[2], KEYS[3], 'state', ARGV[2], ARGV[3], data, body, ARGV[4])

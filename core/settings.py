@@ -59,6 +59,12 @@ class Settings(BaseSettings):
     default_generation_method: Literal[GENERATION_METHODS] = "paged"  # type: ignore[valid-type]
     max_new_tokens_cap: PositiveInt = 2048
     max_prompt_chars: PositiveInt = 100_000
+    # Text chunks produced within this many ms of the last token event join the next one
+    # (core/coalesce.py): fewer stream entries per job. 0 = one event per chunk.
+    token_event_interval_ms: int = Field(default=100, ge=0, le=5000)
+    # Agent prompts are also capped in characters: the tokenizer packs long runs (1 MB of
+    # dashes) into few tokens, and the agent's prompt analysis and retrieval read every char.
+    agent_max_prompt_chars: PositiveInt = 32_000
 
     # Caches.
     prefix_cache_max_entries: PositiveInt = 8
@@ -76,6 +82,9 @@ class Settings(BaseSettings):
     soft_time_limit_s: PositiveInt = 600
     hard_time_limit_s: PositiveInt = 660
     lease_s: PositiveInt = 120
+    # A worker's Redis client retries a lost connection this long before a job gives up on
+    # its attempt (the job's lease then expires and the reaper re-queues it).
+    worker_redis_retry_s: PositiveInt = 60
     max_attempts: PositiveInt = 3
     job_ttl_s: PositiveInt = 7 * 24 * 3600
 

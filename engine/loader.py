@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from core.logs import log_event
+from core.model_source import local_model_dir, names_a_folder, served_model_name
 from core.settings import DEFAULT_MODEL, Settings
 
 logger = logging.getLogger("miniserve.engine.loader")
@@ -77,18 +78,19 @@ def resolve_dtype(choice: str, device: Any) -> Any:
 
 def resolve_model_path(settings: Settings) -> tuple[str, str]:
     """(display name, what from_pretrained gets): the prepared default folder, a folder or an id."""
+    name = served_model_name(settings)
     if settings.model == DEFAULT_MODEL:
-        from engine.prepare_default import DEFAULT_MODEL_NAME, prepare_default_model
+        from engine.prepare_default import prepare_default_model
 
-        return DEFAULT_MODEL_NAME, str(prepare_default_model(settings))
-    folder = Path(settings.model).expanduser()
-    if folder.is_dir():
+        return name, str(prepare_default_model(settings))
+    folder = local_model_dir(settings)
+    if folder is not None:
         if not (folder / "config.json").is_file():
             raise ModelLoadError(f"MINISERVE_MODEL folder {folder} has no config.json")
-        return folder.name, str(folder)
-    if folder.is_absolute() or settings.model.startswith("."):
-        raise ModelLoadError(f"MINISERVE_MODEL folder {folder} does not exist")
-    return settings.model, settings.model  # a Hugging Face hub id
+        return name, str(folder)
+    if names_a_folder(settings):
+        raise ModelLoadError(f"MINISERVE_MODEL folder {Path(settings.model).expanduser()} does not exist")
+    return name, settings.model  # a Hugging Face hub id
 
 
 def apply_threads(settings: Settings) -> None:

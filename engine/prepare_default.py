@@ -24,11 +24,12 @@ import time
 from pathlib import Path
 
 from core.logs import log_event
+from core.model_source import DEFAULT_MODEL_NAME
+from core.model_source import default_model_dir as _default_dir
 from core.settings import Settings, get_settings
 
 logger = logging.getLogger("miniserve.engine.prepare")
 
-DEFAULT_MODEL_NAME = "qwen2.5-coder-0.5b-instruct"
 GGUF_NAME = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 GGUF_SIZE = 491_400_064
 GGUF_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
@@ -57,8 +58,8 @@ class DefaultModelError(RuntimeError):
 
 
 def default_model_dir(settings: Settings) -> Path:
-    """Where the prepared default model lives."""
-    return Path(settings.cache_dir) / "models" / DEFAULT_MODEL_NAME
+    """Where the prepared default model lives (:mod:`core.model_source` decides)."""
+    return _default_dir(settings.cache_dir)
 
 
 def is_prepared(folder: Path) -> bool:

@@ -1,5 +1,6 @@
 """Checks that run before any route: API keys, per-key rate limits, and the body's
-size, content type and JSON syntax (so routes only ever see a parsed JSON body).
+size, content type, JSON syntax and nesting depth (so routes only ever see a parsed JSON
+body that nothing downstream can overflow the stack on).
 
 Public without a key: ``/healthz`` and the documentation (``/``, ``/docs``,
 ``/openapi.json``, Swagger UI assets under ``/swagger``): they describe the API and hold
@@ -9,15 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
-import math
-import time
 
 from flask import Flask, current_app, g, request
 
-from core import keys
+from core.limits import over_rate_limit
 from web.context import ctx
 from web.errors import ApiError
+from web.json_depth import JsonTooDeep, loads_bounded
 
 PUBLIC_PATHS = frozenset({"/", "/healthz", "/docs", "/openapi.json"})
 PUBLIC_PREFIXES = ("/swagger/", "/swagger", "/static/")
@@ -61,15 +60,8 @@ def _rate_limit() -> None:
     limit = ctx().settings.rate_limit_per_minute
     if limit <= 0:
         return
-    now = time.time()
-    window = int(now // 60)
-    counter = keys.rate_key(g.rate_id, window)
-    pipe = ctx().store.client.pipeline(transaction=True)
-    pipe.incr(counter)
-    pipe.expire(counter, 120)
-    count = pipe.execute()[0]
-    if count > limit:
-        retry = max(1, math.ceil((window + 1) * 60 - now))
+    retry = over_rate_limit(ctx().store.client, g.rate_id, limit)
+    if retry is not None:
         raise ApiError(429, "rate_limited", f"more than {limit} requests per minute for this key",
                        retry_after=retry)
 
@@ -88,7 +80,10 @@ def _check_body() -> None:
         raise ApiError(415, "unsupported_media_type", "send the body as 'Content-Type: application/json'")
     data = request.get_data(cache=True)  # MAX_CONTENT_LENGTH also stops chunked bodies (413)
     try:
-        json.loads(data)
+        loads_bounded(data)
+    except JsonTooDeep as exc:
+        raise ApiError(400, "json_too_deep", f"body: {exc}",
+                       field="body") from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise ApiError(400, "malformed_json", f"the body is not valid JSON: {exc}") from None
 

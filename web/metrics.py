@@ -2,7 +2,7 @@
 
 A collector on the app's own ``CollectorRegistry`` reads everything when scraped: job
 totals and latency histograms (folded in from finished jobs, see
-:mod:`web.metrics_totals`), queue depths, jobs waiting and running, workers online and
+:mod:`core.metrics_totals`), queue depths, jobs waiting and running, workers online and
 each worker's cache counters from its heartbeat. Nothing is counted in the web process,
 so any gunicorn process answers the same numbers.
 """
@@ -20,7 +20,7 @@ from core.jobs import JobStore
 from core.settings import Settings
 from core.workers import list_workers
 from web.context import EXTENSION_KEY
-from web.metrics_totals import HISTOGRAMS, fold, read_totals
+from core.metrics_totals import HISTOGRAMS, fold, read_totals
 from web.routes_jobs import GUARD_ERRORS
 
 api = APIBlueprint("metrics", __name__, abp_tags=[Tag(name="system", description="service status")])

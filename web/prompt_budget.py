@@ -17,21 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.settings import DEFAULT_MODEL, Settings
+from core.model_source import local_model_dir
+from core.settings import Settings
 from web.errors import ApiError
 
-DEFAULT_MODEL_FOLDER = "qwen2.5-coder-0.5b-instruct"
 PER_MESSAGE_TOKENS = 8
 TEMPLATE_TOKENS = 48
 FALLBACK_CONTEXT = 32_768
-
-
-def model_folder(settings: Settings) -> Path | None:
-    """Where the served model's files are, when they are on this machine."""
-    if settings.model == DEFAULT_MODEL:
-        return settings.cache_dir / "models" / DEFAULT_MODEL_FOLDER
-    folder = Path(settings.model).expanduser()
-    return folder if folder.is_dir() else None
 
 
 @dataclass
@@ -47,7 +39,7 @@ class PromptBudget:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "PromptBudget":
-        return cls(model_folder(settings), settings.max_prompt_chars)
+        return cls(local_model_dir(settings), settings.max_prompt_chars)
 
     def _load(self) -> None:
         with self._lock:

@@ -74,7 +74,7 @@ def accepted(job: JobRecord, replayed: bool = False):
 
 
 @api.post("/jobs", summary="Submit a generation or agent job",
-          responses={202: JobAccepted, 409: ErrorResponse, **BODY_ERRORS, **GUARD_ERRORS})
+          responses={202: JobAccepted, **BODY_ERRORS, **GUARD_ERRORS})
 def create_job(body: JobSubmit, header: SubmitHeaders):
     """Validates, checks limits, stores the job and sends its task by name; 202 at once."""
     outcome = submit(from_job_body(body), header.idempotency_key)

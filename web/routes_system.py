@@ -19,7 +19,7 @@ def healthz():
     """200 while Redis answers (``status`` says whether any worker sent a heartbeat
     recently); 503 when Redis does not."""
     try:
-        ctx().store.client.ping()
+        ctx().store.ping()
         workers = list_workers(ctx().store.client, ctx().settings.worker_max_age_s)
     except (redis.ConnectionError, redis.TimeoutError):
         response = jsonify({"status": "redis_unavailable", "redis": False, "workers": 0})

@@ -70,6 +70,7 @@ class SamplingFields(Strict):
         default=None, description=f"a stop string or up to {MAX_STOP_STRINGS} of them")
     generation_method: GenerationMethod | None = Field(
         default=None, description="null = the service default, MINISERVE_DEFAULT_GENERATION_METHOD (paged)")
+    return_token_ids: bool = Field(default=False, description="keep the generated token ids in the result")
 
     @field_validator("temperature")
     @classmethod
@@ -134,7 +135,7 @@ class JobListQuery(BaseModel):
 
 class EventsQuery(BaseModel):
     after: int | None = Field(default=None, ge=0, description="replay events with seq > after "
-                              "(the Last-Event-ID header does the same)")
+                              "(the Last-Event-ID header does the same); above 2^63-1: 400 bad_last_event_id")
 
 
 class SubmitHeaders(BaseModel):

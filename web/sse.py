@@ -21,6 +21,7 @@ from web.errors import ApiError
 
 logger = logging.getLogger("miniserve.web.sse")
 RETRY_MS = 2000
+MAX_EVENT_SEQ = 2**63 - 1  # the largest seq a Last-Event-ID / ?after= may name
 
 
 def format_event(event: Event) -> str:
@@ -28,15 +29,21 @@ def format_event(event: Event) -> str:
 
 
 def resume_point(after: int | None) -> int:
-    """``?after=`` wins over the ``Last-Event-ID`` header; both mean "events with seq > n"."""
+    """``?after=`` wins over the ``Last-Event-ID`` header; both mean "events with seq > n".
+
+    A seq is at most :data:`MAX_EVENT_SEQ` (Redis stream ids are 64-bit): anything larger
+    is a 400 here, checked before the stream starts, for running and finished jobs alike
+    (Redis would refuse the id mid-stream and the connection would just drop)."""
     if after is not None:
+        if after > MAX_EVENT_SEQ:
+            raise ApiError(400, "bad_last_event_id", f"after: at most {MAX_EVENT_SEQ}", field="after")
         return after
     header = request.headers.get("Last-Event-ID", "").strip()
     if not header:
         return 0
-    if not header.isdigit():
-        raise ApiError(400, "bad_last_event_id", "Last-Event-ID must be an event seq (a non-negative integer)",
-                       field="Last-Event-ID")
+    if not header.isdigit() or not header.isascii() or len(header) > 19 or int(header) > MAX_EVENT_SEQ:
+        raise ApiError(400, "bad_last_event_id", "Last-Event-ID must be an event seq (an integer from 0 "
+                       f"to {MAX_EVENT_SEQ})", field="Last-Event-ID")
     return int(header)
 
 

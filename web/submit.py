@@ -9,22 +9,25 @@ The stored request is a plain dict the worker turns into ``engine.types.Generati
      "sampling": {"max_new_tokens": 128, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
                   "repetition_penalty": None, "seed": None, "stop": []},
      "method": "official", "tools": None, "max_steps": None}
+
+plus ``"return_token_ids": true`` when the body asked to keep the token ids in the result.
 """
 from __future__ import annotations
 
-import time
+import logging
 from dataclasses import dataclass
 from typing import Any
 
-from core import keys, tasks
+from core import tasks
 from core.events import FAILED
-from core.jobs import JobNotFound, JobRecord, new_job_id
+from core.jobs import JobRecord
+from core.logs import log_event
 from web.context import ctx, note_job, request_owner
 from web.errors import ApiError
 from web.schemas import AgentBody, GenerateBody, JobSubmit, SamplingFields
 
+logger = logging.getLogger("miniserve.web.submit")
 QUEUE_FULL_RETRY_AFTER_S = 5
-IDEMPOTENT_WAIT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -56,9 +59,12 @@ def _sampling(body: SamplingFields | AgentBody) -> dict[str, Any]:
 
 
 def _request(messages: list[dict[str, str]], prefix: str | None, sampling: dict[str, Any],
-             method: str, max_steps: int | None) -> dict[str, Any]:
-    return {"messages": messages, "prefix": prefix, "sampling": sampling, "method": method,
-            "tools": None, "max_steps": max_steps}
+             method: str, max_steps: int | None, token_ids: bool = False) -> dict[str, Any]:
+    request = {"messages": messages, "prefix": prefix, "sampling": sampling, "method": method,
+               "tools": None, "max_steps": max_steps}
+    if token_ids:
+        request["return_token_ids"] = True  # the worker keeps them in the stored result
+    return request
 
 
 def _method(body: SamplingFields) -> str:
@@ -75,14 +81,14 @@ def from_job_body(body: JobSubmit) -> Submission:
     if body.system is not None:
         messages.insert(0, {"role": "system", "content": body.system})
     max_steps = (body.max_steps or 3) if body.type == "agent" else None
-    request = _request(messages, body.prefix, _sampling(body), _method(body), max_steps)
+    request = _request(messages, body.prefix, _sampling(body), _method(body), max_steps, body.return_token_ids)
     return Submission(body.type, request, field_name)
 
 
 def from_generate_body(body: GenerateBody) -> Submission:
     messages = [{"role": "user", "content": body.prompt}]
-    return Submission("generate", _request(messages, body.prefix, _sampling(body), _method(body), None),
-                      "prompt")
+    request = _request(messages, body.prefix, _sampling(body), _method(body), None, body.return_token_ids)
+    return Submission("generate", request, "prompt")
 
 
 def from_agent_body(body: AgentBody) -> Submission:
@@ -93,9 +99,20 @@ def from_agent_body(body: AgentBody) -> Submission:
 
 def _check_prompt(sub: Submission) -> None:
     texts = [m["content"] for m in sub.request["messages"]]
+    if sub.job_type == "agent":
+        _check_agent_chars(sum(len(text) for text in texts), sub.input_field)
     if sub.request["prefix"]:
         texts.append(sub.request["prefix"])
     ctx().budget.check(texts, sub.request["sampling"]["max_new_tokens"], sub.input_field)
+
+
+def _check_agent_chars(chars: int, field_name: str) -> None:
+    """Agent prompts are capped in characters before any token is counted: a long run of one
+    character is few tokens but still has to be read by the agent's prompt analysis."""
+    limit = ctx().settings.agent_max_prompt_chars
+    if chars > limit:
+        raise ApiError(422, "prompt_too_long", f"{field_name}: {chars} characters, more than the agent "
+                       f"limit of {limit} (MINISERVE_AGENT_MAX_PROMPT_CHARS)", field=field_name)
 
 
 def _check_queue_depth(queue: str) -> None:
@@ -108,65 +125,56 @@ def _check_queue_depth(queue: str) -> None:
                        retry_after=QUEUE_FULL_RETRY_AFTER_S)
 
 
-def _replayed_job(idem_key: str, owner: str | None) -> JobRecord | None:
-    """The job an earlier submission with this key created (waits briefly if it is being created)."""
-    deadline = time.monotonic() + IDEMPOTENT_WAIT_S
-    while True:
-        job_id = ctx().store.client.get(idem_key)
-        if job_id is None:
-            return None  # the key expired between SET NX and GET: treat as new
-        try:
-            return ctx().store.get(job_id, owner=owner)
-        except JobNotFound:
-            if time.monotonic() > deadline:
-                raise ApiError(409, "idempotency_conflict", "a submission with this Idempotency-Key "
-                               "is still being created; retry", retry_after=1) from None
-            time.sleep(0.05)
-
-
 def submit(sub: Submission, idempotency_key: str | None = None) -> Submitted:
-    """Check, create and enqueue; with an ``Idempotency-Key`` a retry gets the first job back."""
+    """Check, create and enqueue; with an ``Idempotency-Key`` a retry gets the first job back.
+
+    The job (and its key) are created in one atomic step, then its task is sent, then the
+    send is confirmed (:meth:`JobStore.mark_dispatched`). A crash in between leaves a queued
+    job without a confirmed message: the workers' sweeper re-sends it (``worker/reaper.py``)."""
     _check_prompt(sub)
     queue = tasks.QUEUE_FOR_JOB_TYPE[sub.job_type]
-    owner = request_owner()
+    owner = request_owner() or ""
     store, settings = ctx().store, ctx().settings
-    job_id, idem_key = new_job_id(), None
+    if idempotency_key and (earlier := store.idempotent_job(idempotency_key, owner)) is not None:
+        return _replayed(earlier)
+    _check_queue_depth(queue)
     if idempotency_key:
-        idem_key = keys.idempotency_key(owner or "-", idempotency_key)
-        while not store.client.set(idem_key, job_id, nx=True, ex=settings.job_ttl_s):
-            earlier = _replayed_job(idem_key, owner)
-            if earlier is not None:
-                note_job(earlier.id)
-                return Submitted(earlier, replayed=True)
-    try:
-        _check_queue_depth(queue)
-        job = store.create(sub.job_type, queue, sub.request, owner=owner or "",
-                           max_attempts=settings.max_attempts, job_id=job_id)
-    except Exception:
-        if idem_key:
-            _forget(idem_key)
-        raise
+        job, replayed = store.create_idempotent(sub.job_type, queue, sub.request, idempotency_key=idempotency_key,
+                                                owner=owner, max_attempts=settings.max_attempts)
+        if replayed:
+            return _replayed(job)
+    else:
+        job = store.create(sub.job_type, queue, sub.request, owner=owner, max_attempts=settings.max_attempts)
     note_job(job.id)
     try:
         ctx().celery.send_task(tasks.TASK_FOR_JOB_TYPE[sub.job_type], args=[job.id], task_id=job.id, queue=queue)
     except Exception:
-        _abandon(job.id, idem_key)
+        _abandon(job.id, idempotency_key, owner)
         raise
+    _confirm_sent(job.id)
     return Submitted(job, replayed=False)
 
 
-def _forget(idem_key: str) -> None:
+def _replayed(job: JobRecord) -> Submitted:
+    note_job(job.id)
+    return Submitted(job, replayed=True)
+
+
+def _confirm_sent(job_id: str) -> None:
+    """Best effort: when Redis fails right here the sweeper sees a queued job without a
+    confirmed message and re-sends it with a new dispatch number (this one becomes stale)."""
     try:
-        ctx().store.client.delete(idem_key)
-    except Exception:  # Redis is what failed; the key expires on its own
-        pass
+        ctx().store.mark_dispatched(job_id)
+    except Exception as exc:  # noqa: BLE001 - the job is queued and its message sent
+        log_event(logger, "dispatch_mark_failed", level=logging.WARNING, job_id=job_id, error=type(exc).__name__)
 
 
-def _abandon(job_id: str, idem_key: str | None) -> None:
-    """The broker refused the task: end the job ``failed`` so it never waits forever."""
+def _abandon(job_id: str, idempotency_key: str | None, owner: str) -> None:
+    """The broker refused the task: end the job ``failed`` so it never waits forever. When
+    Redis refuses that too, the sweeper finds the job later (logged here)."""
     try:
         ctx().store.finish(job_id, FAILED, {"code": "enqueue_failed", "message": "the task could not be queued"})
-    except Exception:
-        pass
-    if idem_key:
-        _forget(idem_key)
+        if idempotency_key:
+            ctx().store.forget_idempotency(idempotency_key, owner)
+    except Exception as exc:  # noqa: BLE001 - Redis is what failed; the sweeper ends the job
+        log_event(logger, "job_abandon_failed", level=logging.WARNING, job_id=job_id, error=type(exc).__name__)

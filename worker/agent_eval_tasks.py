@@ -56,7 +56,7 @@ def summarize_records(records: list[dict[str, Any]], output: str | None = None) 
     summary = summarize(records)
     summary["run"] = {"mode": "celery", "cases": len(records)}
     if output:
-        from bench.evaluate_agent import write_outputs
+        from agent.eval_report import write_outputs
 
         summary["paths"] = {k: str(v) for k, v in write_outputs(records, summary, Path(output)).items()}
     return summary

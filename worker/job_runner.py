@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from celery.exceptions import SoftTimeLimitExceeded
 
+from core.coalesce import TextCoalescer
 from core.events import CANCELLED, FAILED, SUCCEEDED, TIMEOUT, TOKEN
 from core.jobs import JobRecord, JobStore
 from core.logs import log_event
@@ -46,6 +47,7 @@ class JobContext:
     attempt: int
     deadline: float
     stopped_reason: str | None = None  # "cancelled" | "timeout" | "superseded"
+    text: TextCoalescer = field(default_factory=TextCoalescer)  # token chunks -> fewer events
     _last_poll: float = 0.0
     _paused_at: float | None = None    # the clock is paused while waiting for the engine loop
 
@@ -54,12 +56,20 @@ class JobContext:
         return self.record.id
 
     def emit(self, event_type: str, data: dict[str, Any]) -> None:
+        if event_type != TOKEN:
+            self.flush_text()  # held text goes out first: events stay in order
         if self.store.append_event(self.job_id, self.attempt, event_type, data) < 0:
             self.stopped_reason = self.stopped_reason or "superseded"
 
     def on_text(self, text: str) -> None:
-        if text:
-            self.emit(TOKEN, {"text": text})
+        chunk = self.text.add(text)
+        if chunk:
+            self.emit(TOKEN, {"text": chunk})
+
+    def flush_text(self) -> None:
+        chunk = self.text.flush()
+        if chunk:
+            self.emit(TOKEN, {"text": chunk})
 
     def pause_clock(self) -> None:
         """Stop counting the time limit (a request now waits for the engine loop)."""
@@ -107,10 +117,13 @@ class LeaseKeeper:
         self._stop.set()
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.lease_s / 4):
+        wait = self.lease_s / 4
+        while not self._stop.wait(wait):
             try:
                 self.store.renew_lease(self.job_id, self.lease_s)
+                wait = self.lease_s / 4
             except Exception as exc:  # noqa: BLE001 - a renewal failure must not kill the job
+                wait = min(1.0, self.lease_s / 4)  # renew as soon as Redis is back (reaper grace: one lease)
                 log_event(logger, "lease_renew_failed", level=logging.WARNING,
                           job_id=self.job_id, error=type(exc).__name__)
 
@@ -126,18 +139,30 @@ def run_job(rt: WorkerRuntime, job_id: str, dispatch: int, body: JobBody) -> str
         return None
     record = rt.store.get(job_id)
     ctx = JobContext(rt.store, record, started.attempt,
-                     deadline=time.monotonic() + rt.settings.soft_time_limit_s)
+                     deadline=time.monotonic() + rt.settings.soft_time_limit_s,
+                     text=TextCoalescer(rt.settings.token_event_interval_ms / 1000))
     log_event(logger, "job_started", job_id=job_id, job_type=record.type, attempt=started.attempt,
               queue_wait_ms=round((time.time() - record.created_at) * 1000, 1))
     began = time.perf_counter()
     with rt.tracking(job_id), LeaseKeeper(rt.store, job_id, rt.settings.lease_s):
         state, payload = _outcome(ctx, body)
-    written = rt.store.finish(job_id, state, payload, attempt=started.attempt)
+        _flush_text(ctx)
+    written = rt.store.finish(job_id, state, payload, attempt=started.attempt,
+                              keep_token_ids=bool(record.request.get("return_token_ids")))
     log_event(logger, "job_finished", job_id=job_id, job_type=record.type, state=state,
               attempt=started.attempt, latency_ms=round((time.perf_counter() - began) * 1000, 1),
               completion_tokens=payload.get("usage", {}).get("completion_tokens"),
               recorded=bool(written))
     return state if written else None
+
+
+def _flush_text(ctx: JobContext) -> None:
+    """The last held text chunk, before the terminal event (Redis trouble: logged, the
+    result still carries the whole text)."""
+    try:
+        ctx.flush_text()
+    except Exception as exc:  # noqa: BLE001
+        log_event(logger, "flush_text_failed", level=logging.WARNING, job_id=ctx.job_id, error=type(exc).__name__)
 
 
 def _outcome(ctx: JobContext, body: JobBody) -> tuple[str, dict[str, Any]]:

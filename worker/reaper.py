@@ -1,4 +1,5 @@
-"""Notices jobs whose worker died with them (main process and pool), via expired leases.
+"""Notices jobs whose worker died with them (main process and pool), via expired leases, and
+queued jobs whose task message was never sent.
 
 A pool child killed mid-job is handled by Celery itself (``task_reject_on_worker_lost``
 re-delivers the message at once). When the whole worker is lost nobody re-delivers the
@@ -6,19 +7,83 @@ message until the broker's visibility timeout (an hour-scale wait): the lease is
 notices it within ``MINISERVE_LEASE_S``. Every worker's main process runs this loop; the
 requeue is atomic, so two reapers never re-send the same job twice. The same loop trims
 expired ids from the jobs index (records expire by TTL; the index would not).
+
+**Fair after an outage.** While Redis is unreachable no worker can renew a lease, so when
+it comes back every lease looks expired. The reaper therefore reaps only after it has been
+in touch with Redis, without a gap, for a grace period (one lease): a failed tick, a tick
+whose Redis call was held up by reconnect retries, or a stalled loop restarts that clock.
+Meanwhile live workers renew (the lease keeper retries every second after a failed
+renewal), so only leases of attempts that really died are still expired when reaping
+resumes. The same clock holds back the sweeper.
+
+**The sweeper.** A job is created ``queued`` and counts as undispatched until the sender
+confirms its task message went out. A job still undispatched after one lease (the web or a
+reaper died between creating it and sending its task, or Redis failed at that moment) is
+re-sent with a new dispatch number (a message that did go out becomes stale, so the job
+still runs once); after ``MINISERVE_MAX_ATTEMPTS`` re-sends it ends ``failed`` with
+``enqueue_failed``. Every action is logged with its reason. Re-sending rather than failing:
+the client may have received its 202 (or will get this job back through its
+``Idempotency-Key``), so running the job is what it expects.
 """
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from dataclasses import dataclass, field
 
 from celery import Celery
 
 from core import tasks as names
+from core.deliveries import stranded_jobs
 from core.jobs import JobNotFound, JobStore
 from core.logs import log_event
 
 logger = logging.getLogger("miniserve.reaper")
+SLOW_CALL_S = 1.0  # a ping slower than this rode out a reconnect: the contact clock restarts
+
+
+@dataclass
+class Reaper:
+    """The reaper loop's state: since when it has been in unbroken contact with Redis."""
+
+    store: JobStore
+    celery_app: Celery
+    lease_s: float
+    interval_s: float
+    max_redispatches: int = 3
+    grace_s: float | None = None  # default: one lease
+    _contact_since: float | None = field(default=None, init=False)
+    _last_ok: float | None = field(default=None, init=False)
+
+    @property
+    def grace(self) -> float:
+        return self.lease_s if self.grace_s is None else self.grace_s
+
+    def tick(self) -> dict[str, list[str]]:
+        """One pass: check contact, then (past the grace period) reap and sweep."""
+        if not self._in_touch():
+            return {"requeued": [], "redispatched": []}
+        done = {"requeued": reap_once(self.store, self.celery_app),
+                "redispatched": sweep_once(self.store, self.celery_app, self.lease_s, self.max_redispatches)}
+        self.store.trim_index()
+        return done
+
+    def lost_contact(self) -> None:
+        self._contact_since = None
+
+    def _in_touch(self) -> bool:
+        started = time.monotonic()
+        self.store.ping()
+        now = time.monotonic()
+        gap = self._last_ok is not None and now - self._last_ok > 2 * self.interval_s + SLOW_CALL_S
+        if self._contact_since is None or now - started > SLOW_CALL_S or gap:
+            if self._contact_since is not None or self._last_ok is not None:
+                log_event(logger, "reaper_contact_restarted", grace_s=self.grace,
+                          ping_ms=round((now - started) * 1000, 1))
+            self._contact_since = now
+        self._last_ok = now
+        return now - self._contact_since >= self.grace
 
 
 def reap_once(store: JobStore, celery_app: Celery) -> list[str]:
@@ -33,23 +98,52 @@ def reap_once(store: JobStore, celery_app: Celery) -> list[str]:
         dispatch = store.requeue(job_id, record.attempt)
         if not dispatch:
             continue
-        celery_app.send_task(names.TASK_FOR_JOB_TYPE[record.type], args=[job_id, dispatch],
-                             task_id=job_id, queue=record.queue)
-        log_event(logger, "job_requeued", job_id=job_id, attempt=record.attempt, dispatch=dispatch)
+        _send(store, celery_app, record.type, record.queue, job_id, dispatch)
+        log_event(logger, "job_requeued", job_id=job_id, attempt=record.attempt, dispatch=dispatch,
+                  reason="lease_expired")
         requeued.append(job_id)
     return requeued
 
 
-def start_reaper(store: JobStore, celery_app: Celery, interval_s: float) -> threading.Event:
-    """Run :func:`reap_once` every ``interval_s`` in a daemon thread; set the event to stop."""
+def sweep_once(store: JobStore, celery_app: Celery, older_than_s: float, max_redispatches: int) -> list[str]:
+    """Re-send (or, past the budget, fail) queued jobs whose task message was never confirmed
+    sent, or was stranded on its way to a worker (:mod:`core.deliveries`)."""
+    redispatched = []
+    unsent = store.undispatched(older_than_s)
+    stranded = stranded_jobs(store, 2 * older_than_s)
+    for job_id in unsent + [j for j in stranded if j not in unsent]:
+        dispatch = store.sweep_undispatched(job_id, max_redispatches)
+        if dispatch == 0:
+            continue
+        if dispatch < 0:
+            log_event(logger, "job_failed_undispatched", level=logging.WARNING, job_id=job_id,
+                      reason="task message never sent", redispatches=max_redispatches)
+            continue
+        record = store.get(job_id)
+        _send(store, celery_app, record.type, record.queue, job_id, dispatch)
+        log_event(logger, "job_redispatched", level=logging.WARNING, job_id=job_id, dispatch=dispatch,
+                  reason="task message stranded" if job_id in stranded else "task message never confirmed sent")
+        redispatched.append(job_id)
+    return redispatched
+
+
+def _send(store: JobStore, celery_app: Celery, job_type: str, queue: str, job_id: str, dispatch: int) -> None:
+    celery_app.send_task(names.TASK_FOR_JOB_TYPE[job_type], args=[job_id, dispatch], task_id=job_id, queue=queue)
+    store.mark_dispatched(job_id)
+
+
+def start_reaper(store: JobStore, celery_app: Celery, interval_s: float, lease_s: float,
+                 max_redispatches: int = 3) -> threading.Event:
+    """Run :meth:`Reaper.tick` every ``interval_s`` in a daemon thread; set the event to stop."""
     stop = threading.Event()
+    reaper = Reaper(store, celery_app, lease_s, interval_s, max_redispatches)
 
     def loop() -> None:
         while not stop.wait(interval_s):
             try:
-                reap_once(store, celery_app)
-                store.trim_index()
+                reaper.tick()
             except Exception as exc:  # noqa: BLE001 - Redis blips must not kill the reaper
+                reaper.lost_contact()
                 log_event(logger, "reaper_failed", level=logging.WARNING, error=type(exc).__name__)
 
     threading.Thread(target=loop, name="miniserve-reaper", daemon=True).start()

@@ -25,7 +25,7 @@ from core.workers import write_heartbeat
 
 logger = logging.getLogger("miniserve.worker")
 HEARTBEAT_S = 5.0
-REDIS_RETRIES = 24  # with the backoff in make_store: about 20 s of reconnect attempts
+RETRY_RAMP = 5  # retries before the backoff reaches its 1 s cap
 
 
 @dataclass
@@ -100,11 +100,13 @@ class WorkerRuntime:
 
 def make_store(settings: Settings) -> JobStore:
     """A JobStore whose client rides out a Redis restart: a lost connection is retried for
-    about 20 s (backoff 0.05 s doubling to 1 s), so a running job keeps its attempt through a
-    short outage instead of failing and waiting for its lease to expire."""
+    about ``MINISERVE_WORKER_REDIS_RETRY_S`` (60 s; backoff 0.05 s doubling to 1 s), so a
+    running job keeps its attempt through an outage instead of failing and waiting for its
+    lease to expire."""
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True,
                                   health_check_interval=30, socket_keepalive=True, socket_connect_timeout=2,
-                                  retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), REDIS_RETRIES))
+                                  retry=Retry(ExponentialBackoff(cap=1.0, base=0.05),
+                                              settings.worker_redis_retry_s + RETRY_RAMP))
     return JobStore(client, ttl_s=settings.job_ttl_s)
 
 

@@ -11,7 +11,10 @@ from celery.utils.log import LoggingProxy, get_logger
 from core.logs import configure_logging
 from core.settings import get_settings
 from core.workers import remove_worker
+from worker import broker_patch
 from worker import runtime as rt_module
+
+broker_patch.install()  # a worker must survive Redis going away mid-task (see the module)
 
 
 @setup_logging.connect
@@ -47,7 +50,8 @@ def _main_ready(sender=None, **_: object) -> None:
 
     settings = get_settings()
     configure_logging(settings.log_level, settings.json_logs)
-    start_reaper(rt_module.make_store(settings), app, interval_s=max(1.0, settings.lease_s / 4))
+    start_reaper(rt_module.make_store(settings), app, interval_s=max(1.0, settings.lease_s / 4),
+                 lease_s=settings.lease_s, max_redispatches=settings.max_attempts)
     pool = rt_module._pool_info[0]
     if pool != "prefork":  # jobs run in this very process: heartbeat and warm the model here
         rt = rt_module.runtime()

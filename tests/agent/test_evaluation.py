@@ -3,7 +3,8 @@ import json
 import pytest
 
 from agent.evaluation import CATEGORIES, Case, check_answer, load_cases, run_case, summarize
-from bench.evaluate_agent import format_table, parse_args, write_outputs
+from agent.eval_report import write_outputs
+from bench.evaluate_agent import format_table, parse_args
 from tests.agent.fakes import ScriptedModel, call
 from tools import create_default_registry
 

@@ -121,6 +121,7 @@ def submit(store: JobStore, celery_client, request: dict, job_type: str = "gener
     record = store.create(job_type, QUEUE_FOR_JOB_TYPE[job_type], request)
     celery_client.send_task(TASK_FOR_JOB_TYPE[job_type], args=[record.id, 0], task_id=record.id,
                             queue=record.queue)
+    store.mark_dispatched(record.id)
     return record
 
 

@@ -21,7 +21,7 @@ def events_text(store, job_id):
 
 
 def test_job_succeeds_and_stream_equals_result(store, celery_client, worker):
-    job = submit(store, celery_client, gen_request(max_new_tokens=24))
+    job = submit(store, celery_client, {**gen_request(max_new_tokens=24), "return_token_ids": True})
     record = wait_terminal(store, job.id)
     assert record.state == SUCCEEDED, record.error
     events = store.events(job.id)

@@ -39,7 +39,7 @@ def test_attempt_events_and_finish(store):
     events = store.events(job.id)
     assert [e.seq for e in events] == [1, 2, 3, 4]
     assert [e.type for e in events] == ["state", "token", "token", "done"]
-    assert events[-1].data == {"text": "hello"}
+    assert events[-1].data == {"result": "job"}  # one copy: the result stays in the hash
     assert [e.seq for e in store.events(job.id, after_seq=2)] == [3, 4]
     record = store.get(job.id)
     assert record.state == SUCCEEDED and record.result == {"text": "hello"}
@@ -77,13 +77,15 @@ def test_cancel_running_job_raises_flag(store):
 def test_attempt_budget_fails_poison_job(store):
     job = store.create("generate", "generation", {}, max_attempts=2)
     assert store.start_attempt(job.id, "w1", 30).attempt == 1
-    assert store.start_attempt(job.id, "w1", 30).attempt == 2
-    exhausted = store.start_attempt(job.id, "w1", 30)
+    assert store.requeue(job.id, attempt=1) == 1  # the reaper: attempt 1's lease expired
+    assert store.start_attempt(job.id, "w1", 30, dispatch=1).attempt == 2
+    assert store.requeue(job.id, attempt=2) == 2
+    exhausted = store.start_attempt(job.id, "w1", 30, dispatch=2)
     assert exhausted.attempt == -1 and not exhausted.should_run
     record = store.get(job.id)
     assert record.state == FAILED and record.error["code"] == "worker_lost"
     state_events = [e for e in store.events(job.id) if e.type == "state"]
-    assert [e.data["restart"] for e in state_events] == [False, True]
+    assert [e.data["restart"] for e in state_events if e.data["state"] == "running"] == [False, True]
 
 
 def test_expired_lease_requeue(store):
@@ -123,3 +125,15 @@ def test_list_filters(store):
     assert [j.id for j in store.list(job_type="agent")] == [b.id]
     assert [j.id for j in store.list(state=CANCELLED)] == [a.id]
     assert {j.id for j in store.list()} == {a.id, b.id}
+
+
+def test_a_redelivered_message_never_starts_a_second_concurrent_attempt(store):
+    """Issue 15: kombu restores unacked messages when its connection drops, so the message of
+    a job that is still running can come back; only the reaper may start a new attempt."""
+    job = store.create("generate", "generation", {})
+    assert store.start_attempt(job.id, "w1", 30).attempt == 1
+    again = store.start_attempt(job.id, "w2", 30)
+    assert not again.should_run and again.seq == -1
+    record = store.get(job.id)
+    assert record.attempt == 1 and record.worker == "w1"
+    assert [e.type for e in store.events(job.id)] == ["state"]

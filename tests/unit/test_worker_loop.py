@@ -57,6 +57,7 @@ def test_waiting_for_the_loop_does_not_start_the_time_limit(engine, store):
     threading.Timer(2.5, gate.set).start()
     generator = WorkerGenerator(SimpleNamespace(engine=engine), ctx)
     result = generator.generate(_req(), on_text=ctx.on_text, should_cancel=ctx.should_cancel)
+    ctx.flush_text()                                  # as run_job does before the terminal event
     assert ctx.stopped_reason is None and result.finish_reason in ("length", "stop")
     events = _events(store, ctx.job_id)
     waits = [data["waiting"] for kind, data in events if kind == WAITING]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from tests.web.conftest import parse_sse, run_job
 
 
@@ -24,7 +26,9 @@ def test_replay_after_the_job_finished_gives_every_event_in_order(client, store)
     assert [int(f["id"]) for f in frames] == [1, 2, 3, 4, 5]
     assert all(f["data"]["seq"] == int(f["id"]) and f["data"]["type"] == f["event"] for f in frames)
     text = "".join(f["data"]["data"]["text"] for f in frames if f["event"] == "token")
-    assert text == frames[-1]["data"]["data"]["text"] == "Hello wörld"
+    assert text == client.get(f"/jobs/{job_id}").get_json()["result"]["text"] == "Hello wörld"
+    done = frames[-1]["data"]["data"]  # a summary: the full result is stored once, in the job
+    assert done["result"] == "job" and "text" not in done and done["usage"]["completion_tokens"] == 3
     assert frames[0]["data"]["attempt"] == 1
 
 
@@ -84,3 +88,32 @@ def test_stream_ends_when_the_job_expires(make_app, store):
     started = time.monotonic()
     body = client.get(f"/jobs/{job_id}/events").get_data(as_text=True)
     assert parse_sse(body) == [] and time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("finished", [False, True])
+@pytest.mark.parametrize("how", ["header", "query"])
+@pytest.mark.parametrize("value", [str(2**64), str(2**63), "9" * 40, "1" * 5000])
+def test_out_of_range_event_id_is_400_on_running_and_finished_jobs(client, store, finished, how, value):
+    """Issue 15, item 5: 2^64 used to answer 200 and then drop the connection."""
+    job_id = _submit(client)
+    started = store.start_attempt(job_id, "w", lease_s=30)
+    if finished:
+        store.finish(job_id, "succeeded", {"text": ""}, attempt=started.attempt)
+    if how == "header":
+        response = client.get(f"/jobs/{job_id}/events", headers={"Last-Event-ID": value})
+    else:
+        response = client.get(f"/jobs/{job_id}/events?after={value}")
+    error = response.get_json()["error"]
+    if how == "query" and len(value) > 1000:  # pydantic refuses to parse an int that long
+        assert response.status_code == 422 and error["field"] == "after"
+        return
+    assert response.status_code == 400, error
+    assert error["code"] == "bad_last_event_id"
+    assert error["field"] == ("Last-Event-ID" if how == "header" else "after")
+
+
+def test_largest_event_id_is_accepted(client, store):
+    job_id = _submit(client)
+    run_job(store, job_id)
+    response = client.get(f"/jobs/{job_id}/events", headers={"Last-Event-ID": str(2**63 - 1)})
+    assert response.status_code == 200 and parse_sse(response.get_data(as_text=True)) == []

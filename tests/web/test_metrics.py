@@ -7,7 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from core.events import CANCELLED, FAILED
 from core.workers import write_heartbeat
 from tests.web.conftest import run_job
-from web.metrics_totals import fold, read_totals
+from core.metrics_totals import fold, read_totals
 
 
 def samples(client) -> dict:

@@ -10,7 +10,8 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 
 from core import keys
-from web.prompt_budget import DEFAULT_MODEL_FOLDER, PER_MESSAGE_TOKENS, TEMPLATE_TOKENS, PromptBudget
+from core.model_source import DEFAULT_MODEL_NAME as DEFAULT_MODEL_FOLDER
+from web.prompt_budget import PER_MESSAGE_TOKENS, TEMPLATE_TOKENS, PromptBudget
 
 CONTEXT = 100
 
@@ -78,3 +79,27 @@ def test_without_a_tokenizer_falls_back_to_a_character_limit(make_app, celery):
     assert response.status_code == 422
     assert response.get_json()["error"]["code"] == "prompt_too_long"
     assert len(celery.sent) == 1
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/jobs", {"type": "agent", "prompt": "-" * 101}),
+    ("/agent/run", {"prompt": "-" * 101}),
+])
+def test_agent_prompt_has_a_character_limit_too(make_app, celery, store, path, body):
+    """Long runs are few tokens, but the agent limit counts characters (issue 15)."""
+    client = make_app(agent_max_prompt_chars=100, wait_timeout_s=1).test_client()
+    response = client.post(path, json=body)
+    assert response.status_code == 422, response.get_json()
+    error = response.get_json()["error"]
+    assert error["code"] == "prompt_too_long" and error["field"] == "prompt"
+    assert "MINISERVE_AGENT_MAX_PROMPT_CHARS" in error["message"]
+    assert celery.sent == [] and store.client.zcard(keys.JOBS_INDEX) == 0
+    assert client.post(path, json={**body, "prompt": "-" * 100}).status_code in (200, 202, 504)
+    assert client.post("/jobs", json={"prompt": "-" * 101}).status_code == 202  # generation: tokens only
+
+
+def test_agent_character_limit_is_a_validated_setting():
+    from core.settings import SettingsError, load_settings
+
+    with pytest.raises(SettingsError, match="MINISERVE_AGENT_MAX_PROMPT_CHARS"):
+        load_settings(agent_max_prompt_chars=0)

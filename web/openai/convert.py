@@ -11,12 +11,12 @@ decoding; the answer is then checked like any other).
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from web.context import ctx
 from web.errors import ApiError
+from web.json_depth import JsonTooDeep, loads_bounded
 from web.openai.schemas import ChatCompletionRequest, ChatMessage
 from web.openai.tool_calls import ToolSet, compile_tools
 from web.submit import Submission
@@ -41,21 +41,27 @@ def _text(content: str | list[Any] | None) -> str:
     return "".join(part.text for part in content)
 
 
-def _arguments(text: str) -> Any:
+def _arguments(text: str, field_name: str) -> Any:
+    """A tool call's ``arguments`` string as an object (the chat template renders objects);
+    text that is not JSON stays text, JSON nested too deep is a 400 naming the field."""
     try:
-        return json.loads(text)
+        return loads_bounded(text)
+    except JsonTooDeep as exc:
+        raise ApiError(400, "json_too_deep", f"{field_name}: {exc}",
+                       field=field_name) from None
     except ValueError:
         return text
 
 
-def _message(message: ChatMessage) -> dict[str, Any]:
+def _message(message: ChatMessage, index: int) -> dict[str, Any]:
     out: dict[str, Any] = {"role": "system" if message.role == "developer" else message.role,
                            "content": _text(message.content)}
     if message.tool_calls:
         out["tool_calls"] = [{"id": call.id, "type": "function",
-                              "function": {"name": call.function.name,
-                                           "arguments": _arguments(call.function.arguments)}}
-                             for call in message.tool_calls]
+                              "function": {"name": call.function.name, "arguments": _arguments(
+                                  call.function.arguments,
+                                  f"messages[{index}].tool_calls[{n}].function.arguments")}}
+                             for n, call in enumerate(message.tool_calls)]
     if message.tool_call_id is not None:
         out["tool_call_id"] = message.tool_call_id
     if message.name is not None:
@@ -100,7 +106,7 @@ def _hint(body: ChatCompletionRequest, tools: ToolSet | None) -> str | None:
 def chat_job(body: ChatCompletionRequest) -> ChatJob:
     """Validate what the schema cannot (token cap, tool schemas) and build the job request."""
     tools = _tool_set(body)
-    messages = [_message(m) for m in body.messages]
+    messages = [_message(m, i) for i, m in enumerate(body.messages)]
     hint = _hint(body, tools)
     if hint:
         messages.append({"role": "system", "content": hint})

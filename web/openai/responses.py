@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from core.jobs import JobRecord
-from core.settings import DEFAULT_MODEL, Settings
+from core.model_source import served_model_name
+from core.settings import Settings
 from web.openai.convert import ChatJob
 from web.openai.tool_calls import Recognised, openai_tool_calls, recognise
-from web.prompt_budget import DEFAULT_MODEL_FOLDER
 
 
 def model_id(settings: Settings) -> str:
-    """The served model's name: the bundled model's, a folder's name, or the hub id."""
-    if settings.model == DEFAULT_MODEL:
-        return DEFAULT_MODEL_FOLDER
-    path = Path(settings.model)
-    return path.name if path.is_absolute() or settings.model.startswith(".") else settings.model
+    """The served model's name (:func:`core.model_source.served_model_name`)."""
+    return served_model_name(settings)
 
 
 def completion_id(job_id: str) -> str:

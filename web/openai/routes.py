@@ -17,7 +17,7 @@ from typing import Any, Iterator
 from flask import Response, jsonify, stream_with_context
 from flask_openapi3 import APIBlueprint, Tag
 
-from core.events import CANCELLED, DONE, QUEUED, TIMEOUT, TOKEN
+from core.events import CANCELLED, DONE, QUEUED, TIMEOUT, TOKEN, Event
 from core.jobs import JobRecord, JobStore
 from core.logs import log_event
 from web.context import ctx
@@ -85,12 +85,19 @@ def stream_completion(store: JobStore, celery: Any, job: JobRecord, chat: ChatJo
                 yield KEEPALIVE if buffered else writer.delta({"content": event.data.get("text", "")})
             elif event.is_terminal:
                 ended = True
-                yield from _ending(writer, event.type, event.data, buffered)
+                yield from _ending(writer, event.type, _full_payload(store, job.id, event), buffered)
                 return
     except GeneratorExit:
         if not ended:
             abandon(store, celery, job.id)
         raise
+
+
+def _full_payload(store: JobStore, job_id: str, event: Event) -> dict[str, Any]:
+    """The terminal event holds a summary (``core.payloads``): the full result or error,
+    text included, is in the job record."""
+    record = store.get(job_id)
+    return (record.result if event.type == DONE else record.error) or event.data
 
 
 def _ending(writer: ChunkWriter, event_type: str, data: dict[str, Any], buffered: bool) -> Iterator[str]:

@@ -1,4 +1,5 @@
-"""Job totals for ``/metrics``, kept in Redis and brought up to date at scrape time.
+"""Job totals for ``/metrics``, kept in Redis and brought up to date at scrape time (the web
+calls :func:`fold` and :func:`read_totals`; every Redis access stays here, in ``core``).
 
 Why not counters in the web process: gunicorn runs several processes, each would count
 only the requests it saw, and the web never sees a job end anyway (the worker does). Why

@@ -1,0 +1,91 @@
+"""A Redis outage longer than the lease re-queues no live job (issue 15, item 6), on a real
+redis-server, real Celery workers and short leases (2 s; the outage lasts 6 s).
+
+Two jobs run when Redis goes away: A on a prefork worker that is SIGKILLed during the
+outage (its attempt really died), B on a threads-pool worker that lives. When Redis comes
+back every lease has expired. Before: the reapers re-queued both at once, and the free
+worker ran a second, concurrent attempt of B. Now: B's worker renews at once and the
+reapers wait one lease of unbroken contact, so B keeps attempt 1 to its end while A is
+re-queued and starts attempt 2 on the live worker.
+
+Both jobs use ``no_cache`` (full recompute per token) so they outlast the outage: with the
+engine loop the tiny model writes 3,800 tokens in seconds otherwise.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from bench.stack import wait_until
+from core.events import CANCELLED, RUNNING
+from tests.integration.conftest import gen_request, sleep_until_tokens, submit, wait_for_worker, wait_terminal
+
+pytestmark = pytest.mark.integration
+LEASE_S = 2
+OUTAGE_S = 6
+LONG = 3800
+
+
+@pytest.fixture
+def lease_stack(own_stack):
+    own_stack.env_overrides.update(MINISERVE_LEASE_S=str(LEASE_S))
+    return own_stack
+
+
+def slow_request(prompt: str) -> dict:
+    return {**gen_request(prompt=prompt, max_new_tokens=LONG), "method": "no_cache"}
+
+
+def started_events(log: str, job_id: str) -> int:
+    """How many attempts of ``job_id`` a worker's JSON log says it started."""
+    count = 0
+    for line in log.splitlines():
+        if '"job_started"' in line and job_id in line:
+            count += json.loads(line[line.index("{"):]).get("job_id") == job_id
+    return count
+
+
+def test_outage_longer_than_the_lease_requeues_only_the_dead_attempt(restartable_redis, lease_stack, own_store):
+    from celery import Celery
+
+    client = Celery("lease-outage-test", broker=lease_stack.redis_url)
+    doomed = lease_stack.start_worker(name="doomed", pool="prefork", concurrency=1)
+    live = None
+    try:
+        wait_for_worker(own_store, 1)
+        job_a = submit(own_store, client, slow_request("a long one"))
+        sleep_until_tokens(own_store, job_a.id, 5)
+        live = lease_stack.start_worker(name="live", pool="threads", concurrency=4)
+        wait_for_worker(own_store, 2)
+        job_b = submit(own_store, client, slow_request("another long one"))
+        sleep_until_tokens(own_store, job_b.id, 5)
+        assert own_store.get(job_a.id).worker != own_store.get(job_b.id).worker
+
+        restartable_redis.stop()
+        doomed.kill()  # A's attempt dies with its worker while nobody can see it
+        time.sleep(OUTAGE_S)
+        restartable_redis.start()
+        back = time.monotonic()
+
+        # Past the reapers' grace period (one lease) and a few ticks: B is still attempt 1.
+        wait_until(lambda: own_store.get(job_a.id).attempt >= 2, 30, what="A re-queued and restarted")
+        time.sleep(max(0.0, back + 3 * LEASE_S - time.monotonic()))
+        record_b = own_store.get(job_b.id)
+        assert record_b.state == RUNNING and record_b.attempt == 1, "B should still run (make it slower)"
+        own_store.request_cancel(job_b.id)
+        own_store.request_cancel(job_a.id)
+
+        ended_a, ended_b = wait_terminal(own_store, job_a.id, 60), wait_terminal(own_store, job_b.id, 60)
+        assert ended_a.state == CANCELLED and ended_a.attempt == 2, ended_a.error
+        assert ended_b.state == CANCELLED and ended_b.attempt == 1
+        reasons_b = [e.data.get("reason") for e in own_store.events(job_b.id) if e.type == "state"]
+        assert "lease_expired" not in reasons_b
+        assert started_events(live.log(), job_b.id) == 1  # never a second, concurrent attempt
+        assert '"reaper_contact_restarted"' in live.log()
+    finally:
+        for proc in (doomed, live):
+            if proc is not None:
+                proc.stop()
+        client.close()
