@@ -26,6 +26,7 @@ from engine.run import GenerationRun
 from engine.sampling import Sampler
 from engine.speculative.config import spec_config
 from engine.speculative.contiguous import speculative_decode_loop
+from engine.speculative.counters import spec_counters
 from engine.speculative.policy import SpecState
 from engine.types import GenerationRequest
 from engine.quant import forward_weights
@@ -99,6 +100,7 @@ def _run_cached(engine: Any, prompt: Prompt, run: GenerationRun, request: Genera
             decode_loop(forward, cache, logits, sampler, run)
         else:
             speculative_decode_loop(forward, cache, logits, sampler, run, SpecState.start(spec, prompt.ids))
+            spec_counters(engine).add(run.draft_tokens, run.accepted_draft_tokens)
     return cached
 
 
