@@ -115,9 +115,9 @@ def _worker_metrics(workers: list[dict[str, Any]]) -> Iterator[Metric]:
     for worker in workers:
         name, info = worker["name"], worker.get("info") or {}
         busy.add_metric([name], len(info.get("current_jobs") or []))
-        drafts = (info.get("cache_stats") or {}).get("speculative")
-        if isinstance(drafts, dict) and "acceptance_rate" in drafts:
-            spec.add_metric([name], float(drafts["acceptance_rate"]))
+        drafted, accepted = draft_totals(info.get("cache_stats") or {})
+        if drafted:
+            spec.add_metric([name], accepted / drafted)
         for cache, stats in (info.get("cache_stats") or {}).items():
             figures = cache_figures(stats)
             if figures is None:
@@ -132,6 +132,17 @@ def _worker_metrics(workers: list[dict[str, Any]]) -> Iterator[Metric]:
             if "num_blocks" in pool:
                 blocks.add_metric([name, "total"], float(pool["num_blocks"]))
     yield from (busy, lookups, ratio, blocks, spec)
+
+
+def draft_totals(cache_stats: dict[str, Any]) -> tuple[float, float]:
+    """(drafted, accepted) speculative tokens over a heartbeat's engine parts (the solo
+    methods' ``speculative`` counters and the paged scheduler's)."""
+    drafted = accepted = 0.0
+    for stats in cache_stats.values():
+        if isinstance(stats, dict) and "draft_tokens" in stats and "accepted_draft_tokens" in stats:
+            drafted += float(stats["draft_tokens"])
+            accepted += float(stats["accepted_draft_tokens"])
+    return drafted, accepted
 
 
 def cache_figures(stats: Any) -> tuple[float, float, dict[str, Any]] | None:

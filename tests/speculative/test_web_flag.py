@@ -65,12 +65,13 @@ def test_draft_counts_reach_usage_metrics_and_the_monitor(client, store):  # noq
                          "draft_tokens": 8, "accepted_draft_tokens": 6},
                "timings": {"ttft_s": 0.01, "total_s": 0.02, "decode_tokens_per_s": 100.0}}
     run_job(store, job["id"], payload=payload)
-    write_heartbeat(store.client, "w1", {"cache_stats": {"speculative": {
-        "requests": 1, "draft_tokens": 8, "accepted_draft_tokens": 6, "acceptance_rate": 0.75}}}, ttl_s=30)
+    write_heartbeat(store.client, "w1", {"cache_stats": {
+        "speculative": {"requests": 1, "draft_tokens": 8, "accepted_draft_tokens": 6, "acceptance_rate": 0.75},
+        "paged": {"running": 0, "draft_tokens": 12, "accepted_draft_tokens": 3}}}, ttl_s=30)
     metrics = client.get("/metrics").get_data(as_text=True)
     assert 'miniserve_speculative_draft_tokens_total{type="generate"} 8.0' in metrics
     assert 'miniserve_speculative_accepted_tokens_total{type="generate"} 6.0' in metrics
-    assert 'miniserve_speculative_acceptance_ratio{worker="w1"} 0.75' in metrics
+    assert 'miniserve_speculative_acceptance_ratio{worker="w1"} 0.45' in metrics
     row = next(r for r in client.get("/overview").get_json()["jobs"] if r["id"] == job["id"])
     assert row["usage"]["draft_tokens"] == 8 and row["usage"]["accepted_draft_tokens"] == 6
     assert usage(payload)["completion_tokens_details"] == {"accepted_prediction_tokens": 6,
