@@ -9,7 +9,8 @@ import pytest
 
 from core.settings import load_settings
 from engine.engine import Engine
-from engine.types import STOP, GenerationRequest, SamplingParams
+from engine.run import GenerationRun
+from engine.types import CANCELLED, STOP, GenerationRequest, SamplingParams
 from tests.speculative.stats import chi_square_p
 from tests.tiny_model import make_tiny_model_dir
 
@@ -36,14 +37,9 @@ def _req(method, speculative, messages=COPY, prefix=None, **sampling):
                              sampling=SamplingParams(**sampling))
 
 
-def _generate(engine, request, cancel_after=None):
-    pieces, calls = [], [0]
-
-    def should_cancel():
-        calls[0] += 1
-        return cancel_after is not None and calls[0] > cancel_after
-
-    result = engine.generate(request, on_text=pieces.append, should_cancel=should_cancel)
+def _generate(engine, request):
+    pieces: list[str] = []
+    result = engine.generate(request, on_text=pieces.append)
     return result, pieces
 
 
@@ -72,7 +68,7 @@ def test_setting_decides_when_the_request_does_not(tiny_model_dir):
     assert on.token_ids == off.token_ids
 
 
-def test_stop_string_max_tokens_eos_and_cancel_as_without(engine):
+def test_stop_string_and_max_tokens_as_without(engine):
     base, _ = _generate(engine, _req("custom_cache", False, max_new_tokens=30))
     stop = base.text[len(base.text) // 2:len(base.text) // 2 + 3]
     cases = [dict(stop=(stop,)), dict(max_new_tokens=7), dict(max_new_tokens=1)]
@@ -81,11 +77,33 @@ def test_stop_string_max_tokens_eos_and_cancel_as_without(engine):
         on, on_pieces = _generate(engine, _req("custom_cache", True, **sampling))
         assert (on.token_ids, on.text, on.finish_reason) == (off.token_ids, off.text, off.finish_reason)
         assert on_pieces == off_pieces
+
+
+def _direct(engine, request, cancel_after):
+    """The method runner called directly with a run whose cancel check counts its calls:
+    through ``engine.generate`` a cancel is polled asynchronously, so only this path makes
+    "cancelled after N checks" deterministic. ``engine`` must never start its loop."""
+    loaded, pieces, calls = engine.loaded, [], [0]
+
+    def should_cancel():
+        calls[0] += 1
+        return calls[0] > cancel_after
+
+    prompt = engine.prompt(request)
+    run = GenerationRun(loaded.tokenizer, method=request.method, max_new_tokens=request.sampling.max_new_tokens,
+                        eos_ids=loaded.eos_ids, on_text=pieces.append, should_cancel=should_cancel)
+    engine._methods[request.method](engine, prompt, run, request, loaded.default_repetition_penalty)
+    return run.result(prompt_tokens=len(prompt.ids)), pieces
+
+
+def test_cancellation_as_without(tiny_model_dir):
+    engine = Engine(load_settings(model=str(tiny_model_dir), dtype="float32", device="cpu", spec_ngram=(2, 1)))
     for after in (0, 3, 11):
-        off, off_pieces = _generate(engine, _req("custom_cache", False), cancel_after=after)
-        on, on_pieces = _generate(engine, _req("custom_cache", True), cancel_after=after)
+        off, off_pieces = _direct(engine, _req("custom_cache", False), after)
+        on, on_pieces = _direct(engine, _req("custom_cache", True), after)
         assert (on.token_ids, on.finish_reason) == (off.token_ids, off.finish_reason)
         assert on_pieces == off_pieces
+        assert off.finish_reason == CANCELLED and len(off.token_ids) == after
 
 
 def test_eos_inside_the_accepted_drafts_ends_the_run(engine, monkeypatch):

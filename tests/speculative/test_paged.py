@@ -62,13 +62,14 @@ def _assert_pool_clean(service):
     assert all(service.blocks.ref_count(b) == 0 for b in range(stats.num_blocks))
 
 
-def test_one_sequence_greedy_identical_and_fewer_steps(spec_engine):
+def test_one_sequence_greedy_identical_and_fewer_steps(spec_engine, tiny_engine):
     service = _service(spec_engine)
     off, off_steps = _drive(service, [_seq(service, spec_engine, PROMPTS[0], False, max_new_tokens=40)])
     on, on_steps = _drive(service, [_seq(service, spec_engine, PROMPTS[0], True, max_new_tokens=40)])
     assert on[0][0].token_ids == off[0][0].token_ids and on[0][1] == off[0][1]
     assert on[0][0].usage.accepted_draft_tokens > 0 and on_steps < off_steps
-    solo = spec_engine.generate(GenerationRequest(messages=[{"role": "user", "content": PROMPTS[0]}],
+    # the same weights through another engine (this one's state is driven by the test thread)
+    solo = tiny_engine.generate(GenerationRequest(messages=[{"role": "user", "content": PROMPTS[0]}],
                                                   method="custom_cache", speculative=False,
                                                   sampling=SamplingParams(max_new_tokens=40)))
     assert solo.token_ids == off[0][0].token_ids
