@@ -211,8 +211,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma list of quantization modes (default: MINISERVE_QUANT's default and none)")
     parser.add_argument("--model", default="default", help="MINISERVE_MODEL (a tiny model folder for a smoke run)")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--new-tokens", type=int, default=96)
-    parser.add_argument("--batch-rounds", type=int, default=2)
+    parser.add_argument("--new-tokens", type=int, default=64, help="max new tokens per batch-1 job")
+    parser.add_argument("--batch-new-tokens", type=int, default=192,
+                        help="max new tokens per job of the batch of 8 (room for the copy jobs' natural length)")
+    parser.add_argument("--batch-rounds", type=int, default=1)
     parser.add_argument("--spec-tokens", type=int, default=None)
     parser.add_argument("--spec-ngram", default=None)
     parser.add_argument("--prompts", default=str(PROMPTS))
@@ -228,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         prompts = [p for kind in ("copy", "none") for p in [q for q in prompts if q["kind"] == kind][:args.limit]]
     info = {**machine(), "cpu_model": cpu_model(), "read_bandwidth_gbs": round(read_bandwidth_gbs(), 1),
             "command": "python -m bench.speculative " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "dtype": args.dtype, "new_tokens": args.new_tokens, "spec_tokens": spec_tokens, "spec_ngram": spec_ngram,
+            "dtype": args.dtype, "new_tokens": args.new_tokens, "batch_new_tokens": args.batch_new_tokens, "spec_tokens": spec_tokens, "spec_ngram": spec_ngram,
             "prompts": len(prompts)}
     print(f"machine: {info['cpu_model']}, {info['cpu_cores']} cores, read {info['read_bandwidth_gbs']} GB/s; "
           f"k={spec_tokens}, ngram={spec_ngram}, {args.new_tokens} new tokens", flush=True)
@@ -240,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         runner.run([prompts[0]["prompt"]], True, 8)                      # warm-up
         runner.run([prompts[0]["prompt"]], False, 8)
         per_prompt += batch_one(runner, quant, prompts, args.new_tokens, rows)
-        batch8.append(batch_eight(runner, quant, prompts, args.new_tokens, args.batch_rounds, rows))
+        batch8.append(batch_eight(runner, quant, prompts, args.batch_new_tokens, args.batch_rounds, rows))
     summary = summarize(per_prompt, batch8)
     out = Path(args.out)
     write_csv(out.with_suffix(".csv"), rows)
