@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from engine.types import GenerationRequest, SamplingParams
-from tests.speculative.test_paged import _drive, _seq, _service
 
 pytestmark = pytest.mark.slow
 
@@ -23,21 +22,21 @@ def real_fp32():
                                 spec_tokens=4, spec_ngram=(3, 2))).load()
 
 
-def test_custom_cache_greedy_identical_and_drafts_accepted(real_fp32):
-    def run(speculative):
-        return real_fp32.generate(GenerationRequest(
-            messages=[{"role": "user", "content": CODE}], method="custom_cache", speculative=speculative,
-            sampling=SamplingParams(max_new_tokens=40)))
+def _run(engine, method, speculative, tokens):
+    return engine.generate(GenerationRequest(
+        messages=[{"role": "user", "content": CODE}], method=method, speculative=speculative,
+        sampling=SamplingParams(max_new_tokens=tokens)))
 
-    off, on = run(False), run(True)
+
+def test_custom_cache_greedy_identical_and_drafts_accepted(real_fp32):
+    off, on = _run(real_fp32, "custom_cache", False, 40), _run(real_fp32, "custom_cache", True, 40)
     assert on.token_ids == off.token_ids and on.text == off.text
     assert "circle_area" in on.text
     assert on.usage.accepted_draft_tokens >= 10
 
 
 def test_paged_greedy_identical(real_fp32):
-    service = _service(real_fp32)
-    (off, _), = _drive(service, [_seq(service, real_fp32, CODE, False, max_new_tokens=32)])[0]
-    (on, _), = _drive(service, [_seq(service, real_fp32, CODE, True, max_new_tokens=32)])[0]
+    """Through the engine loop's paged scheduler, as a worker runs it."""
+    off, on = _run(real_fp32, "paged", False, 32), _run(real_fp32, "paged", True, 32)
     assert on.token_ids == off.token_ids
     assert on.usage.accepted_draft_tokens > 0
