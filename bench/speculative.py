@@ -271,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     batch8: list[dict[str, Any]] = []
     for quant in quants:
         runner = Runner(args.model, quant, args.dtype, spec_tokens, spec_ngram)
+        info["torch_threads"] = torch.get_num_threads()          # MINISERVE_THREADS applies at load
         runner.run([prompts[0]["prompt"]], True, 8)                      # warm-up
         runner.run([prompts[0]["prompt"]], False, 8)
         per_prompt += batch_one(runner, quant, prompts, args.new_tokens, rows)
