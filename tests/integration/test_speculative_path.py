@@ -31,7 +31,8 @@ COPY = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick b
 def test_flag_on_and_off_through_the_queue(shared_store, client, shared_worker, method):
     results = {}
     for flag in (False, True):
-        request = {**gen_request(COPY, max_new_tokens=40), "method": method, "speculative": flag}
+        request = {**gen_request(COPY, max_new_tokens=40), "method": method, "speculative": flag,
+                   "return_token_ids": True}
         record = wait_terminal(shared_store, submit(shared_store, client, request).id)
         assert record.state == SUCCEEDED, record.error
         results[flag] = record.result
