@@ -50,7 +50,7 @@ def observations(job: dict[str, str]) -> Counter:
     if "partial" in result and isinstance(result["partial"], dict):
         result = result["partial"]
     usage = result.get("usage") or {}
-    for name in ("completion_tokens", "prompt_tokens", "cached_tokens"):
+    for name in ("completion_tokens", "prompt_tokens", "cached_tokens", "draft_tokens", "accepted_draft_tokens"):
         out[f"tokens|{job_type}|{name}"] += int(usage.get(name) or 0)
     ttft = (result.get("timings") or {}).get("ttft_s")
     if ttft:

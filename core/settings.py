@@ -75,6 +75,11 @@ class Settings(BaseSettings):
     max_batch: PositiveInt = 8
     max_batched_tokens: PositiveInt = 512
 
+    # Speculative decoding (docs/speculative.md): prompt-lookup drafts, verified in one forward.
+    speculative: Literal["off", "ngram"] = "off"
+    spec_tokens: int = Field(default=4, ge=1, le=16)  # drafts per step (k)
+    spec_ngram: Annotated[tuple[int, ...], NoDecode] = (3, 2)  # suffix lengths tried, longest first
+
     # Queue and reliability.
     # One worker process, several jobs at once: a threads pool feeding the paged scheduler.
     worker_pool: Literal["threads", "prefork", "solo"] = "threads"
@@ -93,7 +98,7 @@ class Settings(BaseSettings):
     def _upper_level(cls, value: object) -> object:
         return value.upper() if isinstance(value, str) else value
 
-    @field_validator("device", "dtype", "quant", "worker_pool", mode="before")
+    @field_validator("device", "dtype", "quant", "worker_pool", "speculative", mode="before")
     @classmethod
     def _lower_choice(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
@@ -104,6 +109,22 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [key.strip() for key in value.split(",") if key.strip()]
         return value
+
+    @field_validator("spec_ngram", mode="before")
+    @classmethod
+    def _ngram_lengths(cls, value: object) -> object:
+        """"3,2" or "3" -> (3, 2); each length 1..8, longest first, no repeats."""
+        if isinstance(value, str):
+            try:
+                value = [int(part) for part in value.split(",") if part.strip()]
+            except ValueError:
+                raise ValueError("must be comma-separated integers, e.g. 3,2") from None
+        if isinstance(value, int):
+            value = [value]
+        lengths = sorted(set(value), reverse=True) if isinstance(value, (list, tuple)) else value
+        if not lengths or any(not isinstance(n, int) or not 1 <= n <= 8 for n in lengths):
+            raise ValueError("needs one or more n-gram lengths between 1 and 8")
+        return tuple(lengths)
 
     @field_validator("hard_time_limit_s")
     @classmethod

@@ -24,6 +24,10 @@ from engine.prefix_cache import PrefixCache
 from engine.prompt import Prompt
 from engine.run import GenerationRun
 from engine.sampling import Sampler
+from engine.speculative.config import spec_config
+from engine.speculative.contiguous import speculative_decode_loop
+from engine.speculative.counters import spec_counters
+from engine.speculative.policy import SpecState
 from engine.types import GenerationRequest
 from engine.quant import forward_weights
 
@@ -74,8 +78,10 @@ def run_no_cache(engine: Any, prompt: Prompt, run: GenerationRun, request: Gener
             ids.append(token)
 
 
-def _new_cache(forward: Qwen2Forward, prompt: Prompt, request: GenerationRequest) -> ContiguousKVCache:
-    capacity = len(prompt.ids) + request.sampling.max_new_tokens
+def _new_cache(forward: Qwen2Forward, prompt: Prompt, request: GenerationRequest,
+               extra: int = 0) -> ContiguousKVCache:
+    """Sized for the whole request; ``extra`` room for drafts verified past the last token."""
+    capacity = len(prompt.ids) + request.sampling.max_new_tokens + extra
     return ContiguousKVCache(forward.config, capacity, forward.weights.dtype, forward.weights.device)
 
 
@@ -84,12 +90,17 @@ def _run_cached(engine: Any, prompt: Prompt, run: GenerationRun, request: Genera
     """Prefill into a fresh contiguous cache with ``prefill``, then decode; returns cached tokens."""
     forward = forward_for(engine)
     sampler = _sampler(forward, request, penalty, prompt)
+    spec = spec_config(engine.settings, request.speculative)
     with torch.inference_mode():
         if run.cancelled():
             return 0
-        cache = _new_cache(forward, prompt, request)
+        cache = _new_cache(forward, prompt, request, spec.num_tokens + 1 if spec else 0)
         logits, cached = prefill(forward, prompt, cache)
-        decode_loop(forward, cache, logits, sampler, run)
+        if spec is None:
+            decode_loop(forward, cache, logits, sampler, run)
+        else:
+            speculative_decode_loop(forward, cache, logits, sampler, run, SpecState.start(spec, prompt.ids))
+            spec_counters(engine).add(run.draft_tokens, run.accepted_draft_tokens)
     return cached
 
 

@@ -77,6 +77,13 @@ class ContiguousKVCache:
     def commit(self, num_new: int) -> None:
         self.length += num_new
 
+    def truncate(self, length: int) -> None:
+        """Forget every position from ``length`` on (speculative decoding's rejected drafts):
+        their slots are simply overwritten by the next tokens, nothing is freed or copied."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of {self.length} tokens to {length}")
+        self.length = length
+
     # -- prefix reuse ----------------------------------------------------------------------
     def load(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Copy a stored prefix ``[layers, kv_heads, p, d]`` in (the source is never touched)."""

@@ -299,7 +299,8 @@ class EngineLoop:
         try:
             service = self.paged
             seq = service.new_sequence(job.prompt.ids, job.run, job.handle.request.sampling,
-                                       job.penalty, on_finish=lambda s, job=job: self._finish_seq(job, s))
+                                       job.penalty, on_finish=lambda s, job=job: self._finish_seq(job, s),
+                                       speculative=job.handle.request.speculative)
         except Exception as exc:  # noqa: BLE001 - e.g. the pool cannot be built: fail this one
             job.handle.resolve(None, exc)
             return

@@ -35,6 +35,7 @@ class GenerationRun:
         self.token_ids: list[int] = []
         self.produced = 0
         self.finish_reason: str | None = None
+        self.draft_tokens = self.accepted_draft_tokens = 0
 
     @property
     def done(self) -> bool:
@@ -70,6 +71,11 @@ class GenerationRun:
             self.finish_reason = CANCELLED
         return self.done
 
+    def record_drafts(self, drafted: int, accepted: int) -> None:
+        """Speculative decoding's counts for this request (reported in ``usage``)."""
+        self.draft_tokens += drafted
+        self.accepted_draft_tokens += accepted
+
     def _emit(self, piece: str) -> None:
         if piece and self._on_text is not None:
             self._on_text(piece)
@@ -88,6 +94,7 @@ class GenerationRun:
         return GenerationResult(
             text=self._stream.text, finish_reason=self.finish_reason,
             usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=self.produced,
-                        cached_tokens=cached_tokens),
+                        cached_tokens=cached_tokens, draft_tokens=self.draft_tokens,
+                        accepted_draft_tokens=self.accepted_draft_tokens),
             timings=Timings(ttft_s=ttft, total_s=end - self.started, decode_tokens_per_s=decode_tps),
             method=self.method, token_ids=list(self.token_ids))

@@ -37,6 +37,7 @@ class GenerationRequest:
     method: str = "official"
     prefix: str | None = None
     tools: list[dict[str, Any]] | None = None
+    speculative: bool | None = None  # None: MINISERVE_SPECULATIVE decides
 
 
 @dataclass
@@ -44,6 +45,8 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    draft_tokens: int = 0           # speculative drafts verified
+    accepted_draft_tokens: int = 0  # of those, accepted (emitted without a forward of their own)
 
 
 @dataclass

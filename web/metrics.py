@@ -29,7 +29,10 @@ METRICS_RESPONSE = {"description": "Prometheus text exposition format",
 REGISTRY_KEY = "miniserve_metrics_registry"
 TOKEN_KINDS = {"completion_tokens": ("miniserve_generated_tokens", "Tokens generated"),
                "prompt_tokens": ("miniserve_prompt_tokens", "Prompt tokens read"),
-               "cached_tokens": ("miniserve_cached_prompt_tokens", "Prompt tokens served from a cache")}
+               "cached_tokens": ("miniserve_cached_prompt_tokens", "Prompt tokens served from a cache"),
+               "draft_tokens": ("miniserve_speculative_draft_tokens", "Speculative draft tokens verified"),
+               "accepted_draft_tokens": ("miniserve_speculative_accepted_tokens",
+                                         "Speculative draft tokens accepted")}
 
 
 class RedisCollector:
@@ -107,9 +110,14 @@ def _worker_metrics(workers: list[dict[str, Any]]) -> Iterator[Metric]:
     ratio = GaugeMetricFamily("miniserve_cache_hit_ratio", "Cache hits over lookups since the worker started",
                               labels=["worker", "cache"])
     blocks = GaugeMetricFamily("miniserve_kv_blocks", "KV blocks of the paged cache", labels=["worker", "kind"])
+    spec = GaugeMetricFamily("miniserve_speculative_acceptance_ratio", "Accepted over drafted speculative "
+                             "tokens since the worker started", labels=["worker"])
     for worker in workers:
         name, info = worker["name"], worker.get("info") or {}
         busy.add_metric([name], len(info.get("current_jobs") or []))
+        drafted, accepted = draft_totals(info.get("cache_stats") or {})
+        if drafted:
+            spec.add_metric([name], accepted / drafted)
         for cache, stats in (info.get("cache_stats") or {}).items():
             figures = cache_figures(stats)
             if figures is None:
@@ -123,7 +131,18 @@ def _worker_metrics(workers: list[dict[str, Any]]) -> Iterator[Metric]:
                     blocks.add_metric([name, kind], float(pool[f"blocks_{kind}"]))
             if "num_blocks" in pool:
                 blocks.add_metric([name, "total"], float(pool["num_blocks"]))
-    yield from (busy, lookups, ratio, blocks)
+    yield from (busy, lookups, ratio, blocks, spec)
+
+
+def draft_totals(cache_stats: dict[str, Any]) -> tuple[float, float]:
+    """(drafted, accepted) speculative tokens over a heartbeat's engine parts (the solo
+    methods' ``speculative`` counters and the paged scheduler's)."""
+    drafted = accepted = 0.0
+    for stats in cache_stats.values():
+        if isinstance(stats, dict) and "draft_tokens" in stats and "accepted_draft_tokens" in stats:
+            drafted += float(stats["draft_tokens"])
+            accepted += float(stats["accepted_draft_tokens"])
+    return drafted, accepted
 
 
 def cache_figures(stats: Any) -> tuple[float, float, dict[str, Any]] | None:

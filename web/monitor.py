@@ -25,7 +25,7 @@ page = Blueprint("monitor", __name__, static_folder="static/monitor", static_url
                  template_folder="templates")
 api = APIBlueprint("overview", __name__, abp_tags=[Tag(name="monitor", description="data for the monitor page")])
 ROW_TIMINGS = ("queue_wait_s", "job_total_s", "ttft_s", "total_s", "decode_tokens_per_s")
-ROW_USAGE = ("prompt_tokens", "completion_tokens", "cached_tokens")
+ROW_USAGE = ("prompt_tokens", "completion_tokens", "cached_tokens", "draft_tokens", "accepted_draft_tokens")
 
 
 class JobRow(BaseModel):
@@ -41,7 +41,8 @@ class JobRow(BaseModel):
     method: str | None = None
     finish_reason: str | None = None
     timings: dict[str, float] = Field(description="queue_wait_s, job_total_s, ttft_s, total_s, decode_tokens_per_s")
-    usage: dict[str, int] = Field(description="prompt_tokens, completion_tokens, cached_tokens")
+    usage: dict[str, int] = Field(description="prompt_tokens, completion_tokens, cached_tokens, "
+                                              "draft_tokens, accepted_draft_tokens")
 
 
 class Overview(BaseModel):

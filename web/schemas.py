@@ -71,6 +71,8 @@ class SamplingFields(Strict):
     generation_method: GenerationMethod | None = Field(
         default=None, description="null = the service default, MINISERVE_DEFAULT_GENERATION_METHOD (paged)")
     return_token_ids: bool = Field(default=False, description="keep the generated token ids in the result")
+    speculative: bool | None = Field(
+        default=None, description="true/false: force prompt-lookup speculative decoding on/off for this request; null = MINISERVE_SPECULATIVE")
 
     @field_validator("temperature")
     @classmethod

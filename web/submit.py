@@ -10,7 +10,8 @@ The stored request is a plain dict the worker turns into ``engine.types.Generati
                   "repetition_penalty": None, "seed": None, "stop": []},
      "method": "official", "tools": None, "max_steps": None}
 
-plus ``"return_token_ids": true`` when the body asked to keep the token ids in the result.
+plus ``"return_token_ids": true`` when the body asked to keep the token ids in the result, and
+``"speculative": true|false`` when the body set it.
 """
 from __future__ import annotations
 
@@ -59,11 +60,19 @@ def _sampling(body: SamplingFields | AgentBody) -> dict[str, Any]:
 
 
 def _request(messages: list[dict[str, str]], prefix: str | None, sampling: dict[str, Any],
-             method: str, max_steps: int | None, token_ids: bool = False) -> dict[str, Any]:
+             method: str, max_steps: int | None, token_ids: bool = False,
+             speculative: bool | None = None) -> dict[str, Any]:
     request = {"messages": messages, "prefix": prefix, "sampling": sampling, "method": method,
                "tools": None, "max_steps": max_steps}
     if token_ids:
         request["return_token_ids"] = True  # the worker keeps them in the stored result
+    return with_speculative(request, speculative)
+
+
+def with_speculative(request: dict[str, Any], speculative: bool | None) -> dict[str, Any]:
+    """The per-request switch is stored only when given (null = the worker's setting)."""
+    if speculative is not None:
+        request["speculative"] = speculative
     return request
 
 
@@ -81,13 +90,15 @@ def from_job_body(body: JobSubmit) -> Submission:
     if body.system is not None:
         messages.insert(0, {"role": "system", "content": body.system})
     max_steps = (body.max_steps or 3) if body.type == "agent" else None
-    request = _request(messages, body.prefix, _sampling(body), _method(body), max_steps, body.return_token_ids)
+    request = _request(messages, body.prefix, _sampling(body), _method(body), max_steps, body.return_token_ids,
+                       body.speculative)
     return Submission(body.type, request, field_name)
 
 
 def from_generate_body(body: GenerateBody) -> Submission:
     messages = [{"role": "user", "content": body.prompt}]
-    request = _request(messages, body.prefix, _sampling(body), _method(body), None, body.return_token_ids)
+    request = _request(messages, body.prefix, _sampling(body), _method(body), None, body.return_token_ids,
+                       body.speculative)
     return Submission("generate", request, "prompt")
 
 

@@ -2,7 +2,7 @@
 
 The stored shape (see docs/api.md): ``{"messages": [...], "prefix": str|None,
 "sampling": {max_new_tokens, temperature, top_p, top_k, repetition_penalty, seed, stop},
-"method": str, "tools": [...]|None, "max_steps": int}``.
+"method": str, "tools": [...]|None, "max_steps": int, "speculative": bool|None}``.
 """
 from __future__ import annotations
 
@@ -39,4 +39,11 @@ def generation_request_from(stored: dict[str, Any], default_max_new_tokens: int,
         method=stored.get("method") or default_method,
         prefix=stored.get("prefix"),
         tools=stored.get("tools"),
+        speculative=_flag(stored.get("speculative")),
     )
+
+
+def _flag(value: Any) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise BadJobRequest("speculative must be true, false or null")

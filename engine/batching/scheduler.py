@@ -33,6 +33,7 @@ from engine.paged.attention import SeqChunk, build_batch
 from engine.paged.block_manager import BlockManager
 from engine.paged.forward import PagedQwen2
 from engine.paged.pool import KVBlockPool, KVPoolExhausted
+from engine.speculative.paged import reserve_drafts, settle_drafts
 
 logger = logging.getLogger("miniserve.engine.scheduler")
 
@@ -47,6 +48,8 @@ class StepStats:
     last_num_tokens: int = 0
     max_batch_size: int = 0
     finished: int = 0
+    draft_tokens: int = 0      # speculative drafts verified
+    accepted_draft_tokens: int = 0
 
 
 class Scheduler:
@@ -94,11 +97,18 @@ class Scheduler:
             for seq, _ in plan:
                 self._finish(seq, error=exc)
             return 0
-        for row, (seq, count) in enumerate(plan):
+        row = 0
+        for seq, count in plan:
+            if seq.drafts:                  # rows: the pending token's and each draft's
+                rows = 1 + len(seq.drafts)
+                self._verify(seq, logits[row:row + rows])
+                row += rows
+                continue
             seq.num_computed += count
             self.blocks.commit(seq.seq_id, seq.num_computed)
             if seq.num_pending == 0:
                 self._sample(seq, logits[row])
+            row += 1
         num_tokens = sum(count for _, count in plan)
         s = self.stats
         s.steps += 1
@@ -108,14 +118,19 @@ class Scheduler:
         return num_tokens
 
     def _forward(self, plan: list[tuple[Sequence, int]]) -> torch.Tensor:
-        chunks, ids = [], []
+        """One forward over the plan; logits of each sequence's last token, or of its
+        last ``1 + drafts`` tokens when it verifies drafts (in plan order)."""
+        chunks, ids, rows = [], [], []
         for seq, count in plan:
             chunks.append(SeqChunk(self.blocks.block_table(seq.seq_id), seq.num_computed, count))
-            ids.extend(seq.tokens[seq.num_computed:seq.num_computed + count])
+            ids.extend(seq.tokens[seq.num_computed:seq.num_computed + count - len(seq.drafts)])
+            ids.extend(seq.drafts)
+            rows.extend(range(len(ids) - 1 - len(seq.drafts), len(ids)))
         device = self.pool.device
         batch = build_batch(chunks, self.pool.block_size, device)
-        return self.model.forward(torch.tensor(ids, dtype=torch.long, device=device), batch,
-                                  self.pool)
+        speculating = len(rows) > len(plan)
+        return self.model.forward(torch.tensor(ids, dtype=torch.long, device=device), batch, self.pool,
+                                  rows=torch.tensor(rows, device=device) if speculating else None)
 
     def _sample(self, seq: Sequence, logits: torch.Tensor) -> None:
         try:
@@ -128,6 +143,23 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001 - e.g. the caller's on_text failed
             self._finish(seq, error=exc)
 
+    def _verify(self, seq: Sequence, rows: torch.Tensor) -> None:
+        """Accept the longest agreeing run of drafts and feed the tokens to the run one at a
+        time, stopping at the first stop condition (nothing streamed is taken back)."""
+        drafted = len(seq.drafts)
+        try:
+            emitted = settle_drafts(seq, self.blocks, rows)
+            self.stats.draft_tokens += drafted
+            self.stats.accepted_draft_tokens += len(emitted) - 1
+            for token in emitted:
+                self.stats.sampled += 1
+                if seq.run.accept(token):
+                    self._finish(seq)
+                    return
+                seq.tokens.append(token)
+        except Exception as exc:  # noqa: BLE001 - e.g. the caller's on_text failed
+            self._finish(seq, error=exc)
+
     # ------------------------------------------------------------------ scheduling
     def _schedule(self) -> list[tuple[Sequence, int]]:
         budget = self.max_batched_tokens
@@ -136,8 +168,9 @@ class Scheduler:
             if budget == 0:
                 break
             if seq.status == RUNNING and seq.is_decoding and self._reserve_slot(seq):
-                plan.append((seq, 1))
-                budget -= 1
+                count = 1 + len(reserve_drafts(seq, self.blocks, budget - 1, spare=len(self.running)))
+                plan.append((seq, count))
+                budget -= count
         for seq in self.running:                            # 2. prompts mid-prefill
             if budget == 0:
                 break

@@ -8,6 +8,7 @@ import torch
 
 from engine.run import GenerationRun
 from engine.sampling import Sampler
+from engine.speculative.policy import SpecState
 from engine.types import SamplingParams
 
 WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
@@ -32,6 +33,8 @@ class Sequence:
     status: str = WAITING
     preemptions: int = 0
     error: BaseException | None = None
+    spec: SpecState | None = None      # speculative decoding (None: one token per step)
+    drafts: list[int] = field(default_factory=list)  # this step's drafts (slots reserved)
 
     def __post_init__(self) -> None:
         if not self.tokens:

@@ -20,6 +20,8 @@ from engine.paged.forward import PagedQwen2
 from engine.paged.pool import KVGeometry, blocks_for_budget
 from engine.run import GenerationRun
 from engine.sampling import Sampler
+from engine.speculative.config import spec_config
+from engine.speculative.policy import SpecState
 from engine.types import SamplingParams
 
 logger = logging.getLogger("miniserve.engine.paged")
@@ -37,6 +39,7 @@ class PagedService:
     def __init__(self, forward: Qwen2Forward, settings: Settings, *, num_blocks: int | None = None,
                  prefix_sharing: bool = True):
         self.runner = PagedQwen2(forward)
+        self.settings = settings
         blocks = num_blocks or pool_blocks(settings, self.runner.geometry, self.runner.dtype)
         self.pool = self.runner.make_pool(blocks, settings.kv_block_size)
         self.blocks = BlockManager(blocks, settings.kv_block_size, prefix_sharing=prefix_sharing)
@@ -48,10 +51,14 @@ class PagedService:
                   block_size=settings.kv_block_size, pool_mib=round(self.pool.nbytes / 2**20, 1))
 
     def new_sequence(self, prompt_ids: list[int], run: GenerationRun, sampling: SamplingParams,
-                     penalty: float, on_finish: Callable[[Sequence], None] | None = None) -> Sequence:
+                     penalty: float, on_finish: Callable[[Sequence], None] | None = None,
+                     speculative: bool | None = None) -> Sequence:
+        """``speculative``: the request's flag (None: ``MINISERVE_SPECULATIVE`` decides)."""
         sampler = Sampler(sampling, penalty, self.runner.vocab_size, prompt_ids, self.pool.device)
+        spec = spec_config(self.settings, speculative)
         return Sequence(seq_id=next(self._ids), prompt_ids=list(prompt_ids), run=run,
-                        sampling=sampling, sampler=sampler, on_finish=on_finish)
+                        sampling=sampling, sampler=sampler, on_finish=on_finish,
+                        spec=SpecState.start(spec, prompt_ids) if spec else None)
 
     def add(self, seq: Sequence) -> None:
         self.scheduler.submit(seq)
@@ -70,5 +77,6 @@ class PagedService:
                     "batch_size": s.last_batch_size, "max_batch_size": s.max_batch_size,
                 "steps": s.steps, "tokens_computed": s.tokens, "tokens_sampled": s.sampled,
                 "preemptions": s.preemptions, "finished": s.finished,
+                "draft_tokens": s.draft_tokens, "accepted_draft_tokens": s.accepted_draft_tokens,
                 "blocks": self.blocks.stats().to_dict()}
 

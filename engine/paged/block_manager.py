@@ -234,6 +234,26 @@ class BlockManager:
                 block.hash, block.prev_hash, block.token_ids = h, prev, tokens
                 self._by_hash[h] = block.block_id
 
+    def truncate(self, seq_id: Hashable, num_tokens: int) -> None:
+        """Cut a sequence back to its first ``num_tokens`` tokens (speculative decoding's
+        rejected drafts). Only tokens not yet committed can go, so no hashed or shared block
+        is ever touched: the blocks no longer needed are private and unhashed, and go to the
+        front of the free list (the next append takes the same block again); the slots
+        left in the kept last block are simply overwritten by the next tokens."""
+        seq = self._seqs[seq_id]
+        if not seq.num_committed <= num_tokens <= len(seq.token_ids):
+            raise ValueError(f"cannot truncate sequence {seq_id!r} to {num_tokens} tokens: "
+                             f"{seq.num_committed} committed, {len(seq.token_ids)} held")
+        del seq.token_ids[num_tokens:]
+        keep = self.blocks_needed(num_tokens)
+        while len(seq.block_ids) > keep:
+            block = self._blocks[seq.block_ids.pop()]
+            if block.ref_count != 1 or block.hash is not None:
+                raise AssertionError(f"block {block.block_id} past the committed tokens is shared")
+            block.ref_count = 0
+            self._used -= 1
+            self._free.appendleft(block.block_id)
+
     def free(self, seq_id: Hashable) -> None:
         """Drop a sequence: unshared unhashed blocks go back to the free list, hashed ones to
         the LRU cache (tail blocks first, so they are evicted before the shared head)."""

@@ -57,9 +57,12 @@ class PagedQwen2:
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, batch: PagedBatch, pool: KVBlockPool,
-                all_logits: bool = False) -> torch.Tensor:
+                all_logits: bool = False, rows: torch.Tensor | None = None) -> torch.Tensor:
         """``input_ids`` ``[n_tokens]`` packed as in ``batch``. Writes their K/V into the pool
         and returns float32 logits ``[batch, vocab]`` of each sequence's last token (or of
-        every token with ``all_logits``)."""
+        every token with ``all_logits``, or of the packed tokens ``rows`` names: speculative
+        verification needs a sequence's last ``1 + drafts`` positions)."""
         hidden = self.forward_model.hidden(input_ids, PagedAttentionCache(pool, batch))
+        if rows is not None:
+            return self.forward_model.logits(hidden[rows])
         return self.forward_model.logits(hidden if all_logits else hidden[batch.last_index])

@@ -19,7 +19,7 @@ from web.errors import ApiError
 from web.json_depth import JsonTooDeep, loads_bounded
 from web.openai.schemas import ChatCompletionRequest, ChatMessage
 from web.openai.tool_calls import ToolSet, compile_tools
-from web.submit import Submission
+from web.submit import Submission, with_speculative
 
 REQUIRED_HINT = "Answer with a call to one of the functions you were given."
 NAMED_HINT = "Answer with a call to the function `{name}`."
@@ -114,5 +114,6 @@ def chat_job(body: ChatCompletionRequest) -> ChatJob:
                "method": body.generation_method or ctx().settings.default_generation_method,
                "tools": [t.model_dump(exclude_none=True) for t in body.tools] if tools else None,
                "max_steps": None}
+    with_speculative(request, body.speculative)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return ChatJob(Submission("chat", request, "messages"), tools, bool(body.stream), include_usage)

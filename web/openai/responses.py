@@ -24,8 +24,13 @@ def completion_id(job_id: str) -> str:
 def usage(result: dict[str, Any]) -> dict[str, Any]:
     raw = result.get("usage") or {}
     prompt, completion = int(raw.get("prompt_tokens", 0)), int(raw.get("completion_tokens", 0))
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": int(raw.get("cached_tokens", 0))}}
+    out = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+           "prompt_tokens_details": {"cached_tokens": int(raw.get("cached_tokens", 0))}}
+    drafted, accepted = int(raw.get("draft_tokens", 0)), int(raw.get("accepted_draft_tokens", 0))
+    if drafted:  # speculative drafts, in the terms of OpenAI's "predicted outputs"
+        out["completion_tokens_details"] = {"accepted_prediction_tokens": accepted,
+                                            "rejected_prediction_tokens": drafted - accepted}
+    return out
 
 
 def final_answer(chat: ChatJob, text: str) -> Recognised:

@@ -113,6 +113,7 @@ class ChatCompletionRequest(Lenient):
     top_k: json_int(ge=0, le=1000) | None = Field(default=None, description="MiniServe extension; 0 = off")
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0,
                                              description="MiniServe extension; null = the model's default")
+    speculative: bool | None = Field(default=None, description="MiniServe extension; " + "true/false: force prompt-lookup speculative decoding on/off for this request; null = MINISERVE_SPECULATIVE")
 
 
 # ---- responses ------------------------------------------------------------------------------
@@ -157,11 +158,19 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int
 
 
+class CompletionTokensDetails(BaseModel):
+    """Speculative decoding's drafts (present when the job drafted)."""
+
+    accepted_prediction_tokens: int
+    rejected_prediction_tokens: int
+
+
 class CompletionUsage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: CompletionTokensDetails | None = None
 
 
 class ChatCompletion(BaseModel):

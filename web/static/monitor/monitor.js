@@ -55,6 +55,9 @@ function cacheCell(stats) {
     if ("running" in s) bits.push(`running ${s.running}, waiting ${s.waiting}, batch ${s.batch_size}`);
     if ("entries" in s) bits.push(`entries ${s.entries}`);
     if ("cached_tokens" in s) bits.push(`tokens ${s.cached_tokens}`);
+    if ("acceptance_rate" in s) {  // speculative decoding
+      bits.push(`drafts accepted ${s.accepted_draft_tokens}/${s.draft_tokens} (${Math.round(100 * s.acceptance_rate)}%)`);
+    }
     if (bits.length) parts.push(el("div", { class: "cache" }, el("b", {}, name + ": "), bits.join(", ")));
   }
   if (stats && "requests" in stats) parts.push(el("div", { class: "cache muted" }, `requests ${stats.requests}`));
@@ -91,7 +94,9 @@ function renderJobs(jobs, counts) {
       el("td", {}, j.worker || "–"), el("td", {}, clock(j.created_at)), el("td", { class: "num" }, secs(t.queue_wait_s)),
       el("td", { class: "num" }, secs(t.ttft_s)), el("td", { class: "num" }, secs(t.job_total_s)),
       el("td", { class: "num" }, u.prompt_tokens === undefined ? "–" : `${u.prompt_tokens} / ${u.cached_tokens ?? 0}`),
-      el("td", { class: "num" }, u.completion_tokens ?? "–"), el("td", { class: "num" }, fmt(t.decode_tokens_per_s, 1)));
+      el("td", { class: "num" }, u.completion_tokens ?? "–"),
+      el("td", { class: "num" }, u.draft_tokens ? `${u.accepted_draft_tokens ?? 0} / ${u.draft_tokens}` : "–"),
+      el("td", { class: "num" }, fmt(t.decode_tokens_per_s, 1)));
     row.addEventListener("click", () => showJob(j.id));
     return row;
   }));

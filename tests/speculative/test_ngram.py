@@ -1,0 +1,72 @@
+"""The n-gram drafter and the adaptive policy."""
+from __future__ import annotations
+
+import pytest
+
+from engine.speculative.ngram import NgramDrafter
+from engine.speculative.policy import SpecConfig, SpecState
+
+
+def test_longest_suffix_match_proposes_what_followed_it():
+    d = NgramDrafter([1, 2, 3, 4, 5, 9, 9, 2, 3], lengths=(3, 2, 1), max_draft=3)
+    assert d.propose() == [4, 5, 9]          # "2 3" occurred at 1..2, followed by 4 5 9
+    d.append(4)
+    assert d.propose() == [5, 9, 9]          # the 3-gram "2 3 4" now matches
+    assert d.propose(limit=1) == [5]
+
+
+def test_longer_match_wins_over_a_more_recent_shorter_one():
+    d = NgramDrafter([7, 8, 1, 5, 6, 1, 2, 7, 8], lengths=(2, 1), max_draft=2)
+    assert d.propose() == [1, 5]             # "7 8" -> 1 5 (the 1-gram "8" agrees here)
+    d = NgramDrafter([5, 1, 2, 3, 9, 2, 3, 4, 1, 2], lengths=(2, 1), max_draft=2)
+    assert d.propose() == [3, 9]             # "1 2" at 1..2 beats the newer "2" at 5
+
+
+def test_most_recent_occurrence_and_never_itself():
+    d = NgramDrafter([1, 2, 5, 1, 2, 6, 1, 2], lengths=(2,), max_draft=2)
+    assert d.propose() == [6, 1]
+    assert NgramDrafter([1, 2, 3], lengths=(2,), max_draft=4).propose() == []
+    # a run of one token: the continuation stops at the sequence's end
+    assert NgramDrafter([4, 4, 4], lengths=(2,), max_draft=4).propose() == [4]
+
+
+def test_sync_catches_up_and_index_stays_small():
+    tokens = list(range(50)) * 3
+    d = NgramDrafter(tokens[:10], lengths=(3, 2), max_draft=4)
+    d.sync(tokens)
+    assert len(d) == len(tokens)
+    assert d.propose() == [0, 1, 2, 3]      # "48 49" -> the wrap-around continuation
+    assert len(d._index) <= 2 * 50 + 2      # one entry per distinct n-gram, not per position
+
+
+@pytest.mark.parametrize("bad", [dict(lengths=()), dict(lengths=(0,)), dict(max_draft=0)])
+def test_bad_arguments(bad):
+    kwargs = dict(lengths=(2,), max_draft=2) | bad
+    with pytest.raises(ValueError):
+        NgramDrafter([1, 2], **kwargs)
+
+
+def test_policy_pauses_after_rejections_and_backs_off():
+    state = SpecState.start(SpecConfig(num_tokens=2, ngram_lengths=(1,), backoff=3, max_backoff=6), [1, 1, 1])
+    rejected = 0
+    while state.paused_for == 0:
+        assert state.propose(2)
+        state.record(2, 0)
+        rejected += 1
+        assert rejected < 10
+    assert state.paused_for == 3 and state.next_backoff == 6
+    assert [state.propose(2) for _ in range(3)] == [[], [], []]
+    assert state.propose(2)                 # drafting again after the pause
+    while state.paused_for == 0:
+        state.record(2, 0)
+    assert state.paused_for == 6 and state.next_backoff == 6  # capped
+    assert state.drafted == 2 * state.verify_steps and state.accepted == 0
+
+
+def test_policy_keeps_drafting_while_drafts_are_accepted():
+    state = SpecState.start(SpecConfig(num_tokens=4, ngram_lengths=(1,)), [3, 3])
+    for _ in range(100):
+        assert state.propose(4, tokens=[3] * 3) != []
+        state.record(4, 3)
+    assert state.acceptance == 0.75 and state.paused_for == 0
+    assert state.propose(0) == []
