@@ -27,7 +27,8 @@ def test_greedy_generation_through_queue_equals_direct_engine_call(redis_proc):
     try:
         wait_for_worker(store, timeout_s=180)
         trace = submit_and_follow(base_url, {"prompt": PROMPT, "max_new_tokens": 12,
-                                             "generation_method": "official"}, timeout_s=120)
+                                             "generation_method": "official",
+                                             "return_token_ids": True}, timeout_s=120)
         queued = store.get(trace.job_id).result
     finally:
         web.stop()
