@@ -20,6 +20,7 @@ from redis.retry import Retry
 
 from core.jobs import JobStore
 from core.logs import configure_logging, log_event
+from core.redis_conn import redis_client
 from core.settings import Settings, get_settings
 from core.workers import write_heartbeat
 
@@ -102,7 +103,7 @@ def make_store(settings: Settings) -> JobStore:
     """A JobStore whose client rides out a Redis restart: a lost connection is retried for
     about 20 s (backoff 0.05 s doubling to 1 s), so a running job keeps its attempt through a
     short outage instead of failing and waiting for its lease to expire."""
-    client = redis.Redis.from_url(settings.redis_url, decode_responses=True,
+    client = redis_client(settings, decode_responses=True,
                                   health_check_interval=30, socket_keepalive=True, socket_connect_timeout=2,
                                   retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), REDIS_RETRIES))
     return JobStore(client, ttl_s=settings.job_ttl_s)
