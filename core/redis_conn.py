@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import redis
-from redis.sentinel import Sentinel
+from redis.sentinel import Sentinel, SentinelManagedConnection
 
 SENTINEL_SCHEME = "sentinel"
 SENTINEL_SOCKET_TIMEOUT_S = 1.0  # asking a sentinel is quick; a dead one must not hold a request
@@ -73,6 +73,21 @@ def parse_redis_url(url: str, master_name: str = "mymaster") -> RedisTarget:
     return RedisTarget(url=url, sentinels=tuple(hosts), master_name=master_name, db=db, password=password)
 
 
+class MasterFollowingConnection(SentinelManagedConnection):
+    """Asks the sentinels for the master on every socket connect attempt.
+
+    redis-py 8's ``send_command`` reconnects a dropped connection through
+    ``connect_check_health``, which retries the socket connect on the address the
+    connection had before: after a failover every retry went to the dead master (seen in
+    tests/scale/test_sentinel_failover.py, ~20 s of refused connects, then the job failed).
+    Resolving here, per attempt, makes each retry follow the promoted replica."""
+
+    def _connect(self):
+        if self.connection_pool.is_master:
+            self.host, self.port = self.connection_pool.get_master_address()
+        return super()._connect()
+
+
 def target_of(settings: Any) -> RedisTarget:
     return parse_redis_url(settings.redis_url, settings.redis_sentinel_master)
 
@@ -86,11 +101,11 @@ def redis_client(settings: Any, **options: Any) -> redis.Redis:
 def client_for(target: RedisTarget, **options: Any) -> redis.Redis:
     if not target.is_sentinel:
         return redis.Redis.from_url(target.url, **options)
-    sentinel = Sentinel(list(target.sentinels), socket_timeout=SENTINEL_SOCKET_TIMEOUT_S,
-                        sentinel_kwargs={"socket_timeout": SENTINEL_SOCKET_TIMEOUT_S,
+    sentinel = Sentinel(list(target.sentinels), sentinel_kwargs={"socket_timeout": SENTINEL_SOCKET_TIMEOUT_S,
                                          "socket_connect_timeout": SENTINEL_SOCKET_TIMEOUT_S})
     if target.password:
         options.setdefault("password", target.password)
+    options.setdefault("connection_class", MasterFollowingConnection)
     return sentinel.master_for(target.master_name, db=target.db, **options)
 
 
