@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from core.jobs import JobStore
 from core.settings import Settings
+from core.routing import counts as routing_counts
 from core.workers import list_workers
 from web.context import EXTENSION_KEY
 from web.metrics_totals import HISTOGRAMS, fold, read_totals
@@ -54,6 +55,11 @@ class RedisCollector:
             depth.add_metric([queue], n)
         yield depth
         yield from _worker_metrics(list_workers(client, self.settings.worker_max_age_s))
+        decisions = CounterMetricFamily("miniserve_routing_decisions", "Where the web sent generation jobs: "
+                                        "routed = to the worker holding the prompt's prefix", labels=["decision"])
+        for reason, n in routing_counts(client).items():
+            decisions.add_metric([reason], n)
+        yield decisions
 
 
 def _job_counters(totals: dict[str, float]) -> Iterator[Metric]:

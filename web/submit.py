@@ -21,6 +21,7 @@ from core.events import FAILED
 from core.jobs import JobNotFound, JobRecord, new_job_id
 from web.context import ctx, note_job, request_owner
 from web.errors import ApiError
+from web.routing import route_job
 from web.schemas import AgentBody, GenerateBody, JobSubmit, SamplingFields
 
 QUEUE_FULL_RETRY_AFTER_S = 5
@@ -140,6 +141,7 @@ def submit(sub: Submission, idempotency_key: str | None = None) -> Submitted:
                 return Submitted(earlier, replayed=True)
     try:
         _check_queue_depth(queue)
+        target = route_job(sub.request, queue)  # cache-aware routing (web/routing.py)
         job = store.create(sub.job_type, queue, sub.request, owner=owner or "",
                            max_attempts=settings.max_attempts, job_id=job_id)
     except Exception:
@@ -148,7 +150,7 @@ def submit(sub: Submission, idempotency_key: str | None = None) -> Submitted:
         raise
     note_job(job.id)
     try:
-        ctx().celery.send_task(tasks.TASK_FOR_JOB_TYPE[sub.job_type], args=[job.id], task_id=job.id, queue=queue)
+        ctx().celery.send_task(tasks.TASK_FOR_JOB_TYPE[sub.job_type], args=[job.id], task_id=job.id, queue=target)
     except Exception:
         _abandon(job.id, idem_key)
         raise

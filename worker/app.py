@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from celery import Celery
+from celery.signals import celeryd_after_setup
 from kombu import Exchange, Queue
 
 from core import keys
@@ -51,3 +52,11 @@ def create_celery_app(settings: Settings | None = None) -> Celery:
 
 
 app = create_celery_app()
+
+
+@celeryd_after_setup.connect
+def _consume_own_queue(sender: str, instance, **_: object) -> None:
+    """Each worker also consumes a queue of its own, so the web can route a job to the worker
+    that holds its prompt's prefix (core/routing.py)."""
+    instance.app.amqp.queues.select_add(keys.worker_queue(sender))
+

@@ -17,6 +17,7 @@ from celery import Celery
 from core import tasks as names
 from core.jobs import JobNotFound, JobStore
 from core.logs import log_event
+from core.routing import rescue_orphans
 
 logger = logging.getLogger("miniserve.reaper")
 
@@ -48,6 +49,9 @@ def start_reaper(store: JobStore, celery_app: Celery, interval_s: float) -> thre
         while not stop.wait(interval_s):
             try:
                 reap_once(store, celery_app)
+                moved = rescue_orphans(store.client)  # routed jobs left in a dead worker's own queue
+                if moved:
+                    log_event(logger, "routed_jobs_rescued", count=moved)
                 store.trim_index()
             except Exception as exc:  # noqa: BLE001 - Redis blips must not kill the reaper
                 log_event(logger, "reaper_failed", level=logging.WARNING, error=type(exc).__name__)

@@ -18,9 +18,11 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from core import keys
 from core.jobs import JobStore
 from core.logs import configure_logging, log_event
 from core.redis_conn import redis_client
+from core.routing import register_queue
 from core.settings import Settings, get_settings
 from core.workers import write_heartbeat
 
@@ -34,6 +36,7 @@ class WorkerRuntime:
     settings: Settings
     store: JobStore
     name: str
+    node: str = ""  # the Celery node name (name@host); its own queue is keys.worker_queue(node)
     pool: str = "prefork"
     concurrency: int = 1
     current_jobs: set[str] = field(default_factory=set)
@@ -73,6 +76,7 @@ class WorkerRuntime:
 
     def describe(self) -> dict[str, Any]:
         info: dict[str, Any] = {
+            "host": socket.gethostname(), "node": self.node, "queue": keys.worker_queue(self.node),
             "pid": os.getpid(), "pool": self.pool, "concurrency": self.concurrency,
             "current_jobs": sorted(self.current_jobs), "model": self.settings.model,
             "engine_loaded": self._engine is not None,
@@ -131,7 +135,8 @@ def runtime() -> WorkerRuntime:
                 settings = get_settings()
                 configure_logging(settings.log_level, settings.json_logs)
                 pool, concurrency, hostname = _pool_info
-                _runtime = WorkerRuntime(settings=settings, store=make_store(settings),
+                _runtime = WorkerRuntime(settings=settings, store=make_store(settings), node=hostname,
                                          name=f"{hostname}:{os.getpid()}", pool=pool, concurrency=concurrency)
+                register_queue(_runtime.store.client, keys.worker_queue(hostname), _runtime.name)
                 _runtime.start_heartbeat()
     return _runtime
