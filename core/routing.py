@@ -95,13 +95,38 @@ def _least_loaded(client: redis.Redis, holders: list[str], limits: Limits, now: 
     return None if best is None else (best[1], best[2])
 
 
-def count(client: redis.Redis, reason: str) -> None:
-    client.hincrby(keys.ROUTING_COUNTS, reason, 1)
+ROUTED_TO = "routed_to:"  # field prefix in ROUTING_COUNTS: jobs routed to one worker
+
+
+def count(client: redis.Redis, decision: Decision) -> None:
+    pipe = client.pipeline(transaction=False)
+    pipe.hincrby(keys.ROUTING_COUNTS, decision.reason, 1)
+    if decision.worker:
+        pipe.hincrby(keys.ROUTING_COUNTS, ROUTED_TO + decision.worker, 1)
+    pipe.execute()
 
 
 def counts(client: redis.Redis) -> dict[str, int]:
     raw = client.hgetall(keys.ROUTING_COUNTS)
     return {reason: int(raw.get(reason, 0)) for reason in DECISIONS}
+
+
+def routed_to(client: redis.Redis) -> dict[str, int]:
+    """Jobs routed to each worker (by heartbeat name) since Redis was last emptied."""
+    raw = client.hgetall(keys.ROUTING_COUNTS)
+    return {field[len(ROUTED_TO):]: int(n) for field, n in raw.items() if field.startswith(ROUTED_TO)}
+
+
+def waiting(client: redis.Redis, workers: list[dict[str, Any]]) -> dict[str, int]:
+    """Messages waiting in each listed worker's own queue."""
+    pipe = client.pipeline(transaction=False)
+    names = []
+    for worker in workers:
+        queue = (worker.get("info") or {}).get("queue")
+        if queue:
+            names.append(worker["name"])
+            pipe.llen(keys.queue_key(queue))
+    return dict(zip(names, pipe.execute()))
 
 
 def rescue_orphans(client: redis.Redis, now: float | None = None, limit: int = 1000) -> int:

@@ -120,7 +120,7 @@ def route_job(request: dict[str, Any], queue: str) -> str:
         decision = routing.choose(client, key, limits)
     if key:
         request["routing"] = routing.describe(decision, key, covered)
-    routing.count(client, decision.reason)
+    routing.count(client, decision)
     return decision.queue
 
 

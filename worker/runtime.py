@@ -40,6 +40,7 @@ class WorkerRuntime:
     pool: str = "prefork"
     concurrency: int = 1
     current_jobs: set[str] = field(default_factory=set)
+    token_events: int = 0  # token events streamed since start (the monitor's tokens/s chart)
     _engine: Any = None
     _engine_lock: threading.Lock = field(default_factory=threading.Lock)
     _pid: int = field(default_factory=os.getpid)
@@ -79,6 +80,7 @@ class WorkerRuntime:
             "host": socket.gethostname(), "node": self.node, "queue": keys.worker_queue(self.node),
             "pid": os.getpid(), "pool": self.pool, "concurrency": self.concurrency,
             "current_jobs": sorted(self.current_jobs), "model": self.settings.model,
+            "token_events": self.token_events,
             "engine_loaded": self._engine is not None,
         }
         if self._engine is not None:

@@ -55,11 +55,19 @@ def test_busy_holder_is_skipped_and_the_least_loaded_wins(client):
 
 
 def test_counts(client):
-    routing.count(client, routing.HIT)
-    routing.count(client, routing.HIT)
-    routing.count(client, routing.UNKNOWN)
+    routing.count(client, routing.Decision("generation.a@h", routing.HIT, "a@h:1"))
+    routing.count(client, routing.Decision("generation.a@h", routing.HIT, "a@h:1"))
+    routing.count(client, routing.Decision("generation", routing.UNKNOWN))
     assert routing.counts(client) == {routing.HIT: 2, routing.NO_KEY: 0, routing.UNKNOWN: 1, routing.BUSY: 0,
                                       routing.OFF: 0}
+    assert routing.routed_to(client) == {"a@h:1": 2}
+
+
+def test_waiting_per_worker(client):
+    beat(client, "a@h1:1", "a@h1")
+    client.lpush("generation.a@h1", "m1", "m2")
+    workers = [{"name": "a@h1:1", "info": {"queue": "generation.a@h1"}}, {"name": "old", "info": {}}]
+    assert routing.waiting(client, workers) == {"a@h1:1": 2}
 
 
 def test_orphans_of_a_dead_worker_move_to_the_shared_queue_in_order(client):
