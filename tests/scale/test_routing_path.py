@@ -6,7 +6,9 @@ web had already routed to its own queue are moved back to the shared queue and f
 the other worker."""
 from __future__ import annotations
 
+import shutil
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -17,6 +19,7 @@ from core.routing import ALIVE_S
 from tests.integration.conftest import _started_worker, started_web, wait_for_worker, wait_terminal
 
 pytestmark = pytest.mark.integration
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SYSTEM = "You are the release manager. Check versions, changelogs and tags before you answer. " * 5
 
 
@@ -48,6 +51,8 @@ def test_routing_hits_then_survives_the_holder_dying(stack, store):
         assert {w["info"]["queue"] for w in listed} == {"generation.wa@" + listed[0]["info"]["host"],
                                                        "generation.wb@" + listed[0]["info"]["host"]}
 
+        check_monitor_page(base, first.worker)
+
         holder = next(w for w in workers if first.worker.startswith(w.name.removeprefix("worker-") + "@"))
         holder.kill()
         killed_at = time.monotonic()
@@ -67,3 +72,27 @@ def test_routing_hits_then_survives_the_holder_dying(stack, store):
         web_proc.stop()
         for proc in workers:
             proc.stop()
+
+
+def check_monitor_page(base: str, holder: str) -> None:
+    """The cluster view: routing counts, the holder's row (host, routed here), a drawn chart."""
+    if not Path(CHROMIUM).exists():
+        return
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(20_000)
+            page.goto(f"{base}/monitor")
+            page.locator('#routing [data-decision="routed"] b', has_text="4").wait_for()
+            row = page.locator("#workers tr.worker", has_text=holder)
+            row.wait_for()
+            cells = row.locator("td").all_inner_texts()
+            assert cells[9] == "4"  # routed here
+            assert "running" in cells[8] and "waiting" in cells[8]
+            page.locator("#chart-now", has_text="tokens/s").wait_for()
+            assert page.locator("#cluster-chart").evaluate("c => c.width > 0 && c.height > 0")
+        finally:
+            browser.close()
