@@ -14,7 +14,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
