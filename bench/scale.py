@@ -6,7 +6,7 @@
     sent straight to the broker (no web), runs interleaved ``--reps`` times;
 (b) routing: two real-model workers behind the web, 4 system prompts of about 1,000 tokens
     x 12 jobs each, interleaved, 4 clients; routing off, then on, each with fresh workers
-    (empty caches). Each worker's KV pool (``--kv-blocks``) holds about two of the four
+    (empty caches). Each worker's KV pool (``--kv-blocks``) holds two to three of the four
     prompts: the cluster's cache only holds the working set when it is partitioned;
 (c) a worker SIGKILLed while it runs (and has waiting) jobs routed to it: every job must end
     on the other worker within lease + 30 s, with exactly one terminal event;
