@@ -11,6 +11,7 @@ go to the shared queue. Only ``generation`` jobs are routed.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,11 +21,13 @@ from flask import current_app
 from flask_openapi3 import OpenAPI
 
 from core import routing
+from core.logs import log_event
 from core.prefix_hash import block_hashes
 from core.settings import Settings
 from web.context import EXTENSION_KEY, ctx
 from web.prompt_budget import model_folder
 
+logger = logging.getLogger("miniserve.web.routing")
 ROUTER_KEY = "miniserve_router"
 USER_MARKER = "<|im_start|>user"
 
@@ -79,8 +82,14 @@ class PrefixKeyer:
         return list(self._tokenizer.encode(text[:cut], add_special_tokens=False).ids)
 
     def key(self, request: dict[str, Any]) -> tuple[str | None, int]:
-        """(prefix key, tokens it covers); (None, 0) when the prompt has no routable prefix."""
-        ids = self.system_ids(request)
+        """(prefix key, tokens it covers); (None, 0) when the prompt has no routable prefix.
+        Routing is an optimisation: a prompt the template or tokenizer cannot handle is
+        simply not routed (the worker reports any real problem with it)."""
+        try:
+            ids = self.system_ids(request)
+        except Exception as exc:  # noqa: BLE001 - never fail a submission over its routing key
+            log_event(logger, "routing_key_failed", level=logging.WARNING, error=type(exc).__name__)
+            return None, 0
         if not ids:
             return None, 0
         hashes = block_hashes(ids, self.block_size)

@@ -59,3 +59,9 @@ def test_no_system_part_or_short_prefix_gives_no_key(tiny_model):
     assert keyer.key({"messages": [{"role": "user", "content": SYSTEM}]}) == (None, 0)
     assert keyer.key({"messages": [{"role": "user", "content": "x"}], "prefix": "Be brief."}) == (None, 0)
     assert PrefixKeyer(None, BLOCK, 64).key({"messages": [], "prefix": SYSTEM}) == (None, 0)
+
+
+def test_text_the_tokenizer_refuses_is_simply_not_routed(tiny_model):
+    keyer = PrefixKeyer(tiny_model, BLOCK, min_tokens=BLOCK)
+    request = {"messages": [{"role": "user", "content": "x"}], "prefix": "a lone \ud92d surrogate " * 20}
+    assert keyer.key(request) == (None, 0)  # tokenizers raises on it; the submission must not fail
