@@ -47,6 +47,7 @@ def test_routing_hits_then_survives_the_holder_dying(stack, store):
             assert job.result["usage"]["cached_tokens"] >= first.request["routing"]["prefix_tokens"]  # ... from cache
         metrics = requests.get(f"{base}/metrics", timeout=10).text
         assert 'miniserve_routing_decisions_total{decision="routed"} 4.0' in metrics
+        assert f'miniserve_worker_queue_depth{{worker="{first.worker}"}} 0.0' in metrics
         listed = requests.get(f"{base}/workers", timeout=10).json()["workers"]
         assert {w["info"]["queue"] for w in listed} == {"generation.wa@" + listed[0]["info"]["host"],
                                                        "generation.wb@" + listed[0]["info"]["host"]}
