@@ -46,17 +46,22 @@ def _routing(ax, rows, summary) -> None:
     ax.bar([i + 0.2 for i in x], p90, width=0.4, label="TTFT p90")
     for i, mode in enumerate(modes):
         s = summary[mode]
-        ax.annotate(f"hits {s['hit_share_repeats']:.0%}\n{s['tokens_per_s']} tok/s", (i, max(p90) * 0.55),
+        ax.annotate(f"repeats hit {s['hit_share_repeats']:.0%}\n{s['tokens_per_s']} tok/s", (i, max(p90) * 1.03),
                     ha="center", fontsize=8)
+    ax.set_ylim(0, max(p90) * 1.3)
     ax.set_xticks(list(x), [f"routing {m}" for m in modes])
     ax.set(title=f"(b) 2 workers, 4 prompts x {len(rows) // 8} jobs", ylabel="seconds")
-    ax.legend(loc="upper right")
+    ax.legend(loc="upper center", fontsize=8)
 
 
 def _worker_death(ax, rows, summary) -> None:
     ordered = sorted(rows, key=lambda r: r["finished_after_kill_s"])
     ax.barh([r["job"] for r in ordered], [r["finished_after_kill_s"] for r in ordered],
             color=["tab:red" if r["attempt"] > 1 else "tab:blue" for r in ordered])
+    from matplotlib.patches import Patch
+
     ax.axvline(summary["budget_s"], color="black", linestyle="--", label=f"lease + 30 s = {summary['budget_s']} s")
+    ax.legend(handles=[Patch(color="tab:red", label="running at the kill: re-run (attempt 2)"),
+                       Patch(color="tab:blue", label="waiting at the kill: rescued, attempt 1"),
+                       *ax.get_legend_handles_labels()[0]], loc="lower right", fontsize=7)
     ax.set(title="(c) worker SIGKILLed: jobs end elsewhere", xlabel="finished, seconds after the kill")
-    ax.legend(loc="lower right", fontsize=8)
