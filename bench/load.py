@@ -28,11 +28,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import redis
 import requests
 
 from bench.client import JobTrace, submit_and_follow
-from bench.stack import Process, Stack, start_redis, wait_until
+from bench.stack import Process, Stack, start_redis, job_store, wait_until
 from bench.stats import machine_info, percentile, print_table, write_csv, write_json
 from core.events import TERMINAL_EVENTS
 from core.jobs import JobNotFound, JobStore
@@ -102,7 +101,7 @@ def start_stack(args, folder: Path) -> tuple[list[Process], str, JobStore]:
               for i in range(args.workers)]
     web, base_url = stack.start_web()
     procs.append(web)
-    store = JobStore(redis.Redis.from_url(url, decode_responses=True))
+    store = job_store(url)
     expected = args.workers * (args.concurrency if args.pool == "prefork" else 1)
     wait_until(lambda: sum(bool(w["info"].get("engine_loaded")) for w in list_workers(store.client, 30)) >= expected,
                300, what="workers with a loaded model")

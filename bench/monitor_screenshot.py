@@ -10,12 +10,10 @@ import argparse
 import shutil
 from pathlib import Path
 
-import redis
 import requests
 
-from bench.stack import Stack, start_redis, wait_until
+from bench.stack import Stack, start_redis, job_store, wait_until
 from core.events import TERMINAL_STATES
-from core.jobs import JobStore
 from core.workers import list_workers
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -40,7 +38,7 @@ def main() -> None:
     stack = Stack(redis_url=url, env_overrides={"MINISERVE_MODEL": "default", "MINISERVE_LOG_LEVEL": "WARNING"})
     worker = stack.start_worker(pool="threads", concurrency=8)
     web, base = stack.start_web()
-    store = JobStore(redis.Redis.from_url(url, decode_responses=True))
+    store = job_store(url)
     try:
         wait_until(lambda: any(w["info"].get("engine_loaded") for w in list_workers(store.client, 15)), 300,
                    what="worker")

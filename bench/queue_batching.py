@@ -11,12 +11,10 @@ import concurrent.futures as futures
 import time
 from pathlib import Path
 
-import redis
 import requests
 
 from bench.client import submit_and_follow
-from bench.stack import Stack, start_redis, wait_until
-from core.jobs import JobStore
+from bench.stack import Stack, start_redis, job_store, wait_until
 from core.workers import list_workers
 
 
@@ -35,7 +33,7 @@ class QueueBatchRunner:
         stack = Stack(redis_url=url, env_overrides=self.env)
         self.worker = stack.start_worker(pool="threads", concurrency=self.max_batch)
         self.web, self.base_url = stack.start_web()
-        store = JobStore(redis.Redis.from_url(url, decode_responses=True))
+        store = job_store(url)
         self.store = store
         wait_until(lambda: any(w["info"].get("engine_loaded") for w in list_workers(store.client, 15)),
                    300, what="worker with a loaded model")

@@ -14,11 +14,10 @@ import concurrent.futures as futures
 import time
 from pathlib import Path
 
-import redis
 import requests
 
 from bench.client import submit_and_follow
-from bench.stack import Stack, start_redis, wait_until
+from bench.stack import Stack, start_redis, job_store, wait_until
 from bench.stats import machine_info, print_table, summarize, write_csv, write_json
 from core.events import TERMINAL_EVENTS
 from core.jobs import JobStore
@@ -88,7 +87,7 @@ def main() -> None:
     stack = Stack(redis_url=url, env_overrides=env)
     worker = stack.start_worker()
     web, base_url = stack.start_web()
-    store = JobStore(redis.Redis.from_url(url, decode_responses=True))
+    store = job_store(url)
     try:
         wait_until(lambda: any(w["info"].get("engine_loaded") for w in list_workers(store.client, 15)), 300, what="worker")
         wait_until(lambda: _up(base_url), 30, what="web server")

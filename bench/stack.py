@@ -18,6 +18,9 @@ from pathlib import Path
 
 import redis
 
+from core.jobs import JobStore
+from core.redis_conn import client_for, parse_redis_url
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -81,6 +84,11 @@ def start_redis(log_dir: Path, port: int | None = None, appendonly: bool = False
     client = redis.Redis.from_url(url)
     wait_until(lambda: _pings(client), 10, what="redis-server")
     return proc, url
+
+
+def job_store(redis_url: str, master_name: str = "mymaster", ttl_s: int = 3600) -> JobStore:
+    """A job store on ``redis_url`` (plain or ``sentinel://``), made the way web and worker make theirs."""
+    return JobStore(client_for(parse_redis_url(redis_url, master_name), decode_responses=True), ttl_s=ttl_s)
 
 
 def _pings(client: redis.Redis) -> bool:

@@ -63,7 +63,8 @@ def _queued_jobs(store: JobStore, candidates: list[str]) -> set[tuple[str, int]]
     """(job id, dispatch) of every message waiting in a queue; ``None`` when a queue is too
     long to scan."""
     found: set[tuple[str, int]] = set()
-    for queue in keys.QUEUES:
+    routed = store.client.hkeys(keys.ROUTING_QUEUES)  # workers' own queues (cache-aware routing)
+    for queue in (*keys.QUEUES, *routed):
         if store.client.llen(keys.queue_key(queue)) > MAX_QUEUE_SCAN:
             return None
         for raw in store.client.lrange(keys.queue_key(queue), 0, -1):

@@ -62,3 +62,19 @@ def queue_key(queue: str) -> str:
 # Metrics (web/metrics.py): totals folded in from finished jobs at scrape time.
 METRICS_TOTALS = "metrics:totals"  # hash: "<family>|<labels...>" -> count or sum
 METRICS_COUNTED_FIELD = "metrics_counted"  # field set on a job's hash once it is in the totals
+
+
+# Cache-aware routing (core/routing.py).
+ROUTING_QUEUES = "routing:queues"  # hash: a worker's own queue -> the worker (heartbeat name) consuming it
+ROUTING_COUNTS = "routing:decisions"  # hash: decision -> count (for /metrics)
+ROUTING_SERIES = "routing:series"  # list of recent cluster samples (JSON) for the monitor chart
+
+
+def worker_queue(node: str) -> str:
+    """The queue only the Celery node ``node`` (``name@host``) consumes."""
+    return f"generation.{node}"
+
+
+def prefix_holders_key(prefix_key: str) -> str:
+    """Hash: worker name -> time it last ran a job with this prompt prefix."""
+    return f"route:prefix:{prefix_key}"

@@ -25,6 +25,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MINISERVE_", extra="ignore", frozen=True)
 
     # Where things live.
+    redis_sentinel_master: str = "mymaster"  # the master's name when redis_url is sentinel://
+    # redis://host:6379/0, or sentinel://h1:26379;sentinel://h2:26379 (see core/redis_conn.py)
     redis_url: str = "redis://127.0.0.1:6379/0"
     model: str = DEFAULT_MODEL
     cache_dir: Path = Path.home() / ".cache" / "miniserve"
@@ -93,6 +95,13 @@ class Settings(BaseSettings):
     max_attempts: PositiveInt = 3
     job_ttl_s: PositiveInt = 7 * 24 * 3600
 
+    # Cache-aware routing (docs/deployment.md): a job whose system prompt a worker recently
+    # cached goes to that worker's own queue while it is alive and not overloaded.
+    route_by_prefix: bool = True
+    route_min_prefix_tokens: PositiveInt = 64  # shorter shared prefixes are not worth routing
+    route_ttl_s: PositiveInt = 300  # a worker's claim to hold a prefix lasts this long
+    route_max_waiting: PositiveInt = 4  # jobs waiting in a worker's own queue before it counts as full
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _upper_level(cls, value: object) -> object:
@@ -125,6 +134,14 @@ class Settings(BaseSettings):
         if not lengths or any(not isinstance(n, int) or not 1 <= n <= 8 for n in lengths):
             raise ValueError("needs one or more n-gram lengths between 1 and 8")
         return tuple(lengths)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str, info) -> str:
+        from core.redis_conn import parse_redis_url
+
+        parse_redis_url(value, info.data.get("redis_sentinel_master", "mymaster"))
+        return value
 
     @field_validator("hard_time_limit_s")
     @classmethod

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 from flask import render_template_string
@@ -17,6 +16,7 @@ from flask_openapi3 import Info, OpenAPI
 from flask_openapi3_swagger.templates import swagger_html_string
 
 from core.jobs import JobStore
+from core.redis_conn import redis_client
 from core.settings import Settings, get_settings
 from web.celery_client import make_celery_client
 from web.context import EXTENSION_KEY, WebContext
@@ -32,14 +32,14 @@ API_MODULES = ("web.routes_jobs", "web.routes_compat", "web.routes_bench", "web.
 # Modules exposing ``register(app: OpenAPI) -> None`` (``app.register_api(api)`` for an
 # APIBlueprint, ``app.register_blueprint(bp)`` for a plain one). Add yours here, e.g.
 # "web.openai_api", "web.monitor", "web.metrics".
-EXTENSION_MODULES: tuple[str, ...] = ("web.openai", "web.metrics", "web.monitor")
+EXTENSION_MODULES: tuple[str, ...] = ("web.openai", "web.metrics", "web.monitor", "web.routing")
 
 
 def make_store(settings: Settings) -> JobStore:
     """A JobStore on a pooled Redis client. Reads may block for an SSE keep-alive tick;
     a lost connection is retried twice within ~0.3 s, then the request gets a 503
     (redis-py's default backoff would hold it for seconds)."""
-    client = redis.Redis.from_url(settings.redis_url, decode_responses=True, socket_connect_timeout=2,
+    client = redis_client(settings, decode_responses=True, socket_connect_timeout=2,
                                   socket_timeout=settings.sse_keepalive_s + 10, health_check_interval=30,
                                   retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 2))
     return JobStore(client, ttl_s=settings.job_ttl_s)

@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from core.jobs import JobStore
 from core.settings import Settings
+from core.routing import counts as routing_counts, waiting as routing_waiting
 from core.workers import list_workers
 from web.context import EXTENSION_KEY
 from core.metrics_totals import HISTOGRAMS, fold, read_totals
@@ -56,7 +57,18 @@ class RedisCollector:
         for queue, n in self.store.queue_depths().items():
             depth.add_metric([queue], n)
         yield depth
-        yield from _worker_metrics(list_workers(client, self.settings.worker_max_age_s))
+        workers = list_workers(client, self.settings.worker_max_age_s)
+        yield from _worker_metrics(workers)
+        waiting = GaugeMetricFamily("miniserve_worker_queue_depth", "Jobs routed to a worker's own queue, "
+                                    "waiting", labels=["worker"])
+        for name, n in routing_waiting(client, workers).items():
+            waiting.add_metric([name], n)
+        yield waiting
+        decisions = CounterMetricFamily("miniserve_routing_decisions", "Where the web sent generation jobs: "
+                                        "routed = to the worker holding the prompt's prefix", labels=["decision"])
+        for reason, n in routing_counts(client).items():
+            decisions.add_metric([reason], n)
+        yield decisions
 
 
 def _job_counters(totals: dict[str, float]) -> Iterator[Metric]:

@@ -14,6 +14,7 @@ from flask import Blueprint, jsonify, render_template
 from flask_openapi3 import APIBlueprint, OpenAPI, Tag
 from pydantic import BaseModel, Field
 
+from core import routing
 from core.jobs import JobRecord
 from core.workers import list_workers
 from web.context import ctx, request_owner
@@ -43,11 +44,13 @@ class JobRow(BaseModel):
     timings: dict[str, float] = Field(description="queue_wait_s, job_total_s, ttft_s, total_s, decode_tokens_per_s")
     usage: dict[str, int] = Field(description="prompt_tokens, completion_tokens, cached_tokens, "
                                               "draft_tokens, accepted_draft_tokens")
+    routing: str | None = Field(None, description="routing decision (core/routing.py), for prompts with a prefix key")
 
 
 class Overview(BaseModel):
-    workers: list[WorkerView]
+    workers: list[WorkerView] = Field(description="each with `waiting` (its own queue) and `routed_here`")
     queues: dict[str, int]
+    routing: dict[str, dict[str, int]] = Field(description="`decisions` counted by the web, `routed_to` per worker")
     jobs: list[JobRow]
     counts: dict[str, int] = Field(description="listed jobs by state")
 
@@ -63,7 +66,8 @@ def job_row(job: JobRecord) -> dict[str, Any]:
     return {"id": job.id, "type": job.type, "state": job.state, "queue": job.queue, "worker": job.worker,
             "attempt": job.attempt, "created_at": job.created_at, "started_at": job.started_at,
             "finished_at": job.finished_at, "method": result.get("method") or job.request.get("method"),
-            "finish_reason": result.get("finish_reason"), "timings": timings, "usage": usage}
+            "finish_reason": result.get("finish_reason"), "timings": timings, "usage": usage,
+            "routing": (job.request.get("routing") or {}).get("decision")}
 
 
 @api.get("/overview", summary="Workers, queue depths and recent jobs (compact rows) for the monitor page",
@@ -75,8 +79,18 @@ def overview(query: JobListQuery):
     counts: dict[str, int] = {}
     for row in rows:
         counts[row["state"]] = counts.get(row["state"], 0) + 1
-    return jsonify({"workers": list_workers(store.client, ctx().settings.worker_max_age_s),
-                    "queues": store.queue_depths(), "jobs": rows, "counts": counts})
+    return jsonify({"workers": cluster_workers(store.client), "queues": store.queue_depths(),
+                    "routing": {"decisions": routing.counts(store.client), "routed_to": routing.routed_to(store.client)},
+                    "jobs": rows, "counts": counts})
+
+
+def cluster_workers(client) -> list[dict[str, Any]]:
+    """Live workers, each with the jobs waiting in its own queue and the jobs routed to it."""
+    workers = list_workers(client, ctx().settings.worker_max_age_s)
+    waiting, routed = routing.waiting(client, workers), routing.routed_to(client)
+    for worker in workers:
+        worker["waiting"], worker["routed_here"] = waiting.get(worker["name"], 0), routed.get(worker["name"], 0)
+    return workers
 
 
 @page.get("/monitor")

@@ -25,6 +25,7 @@ from core.jobs import JobRecord
 from core.logs import log_event
 from web.context import ctx, note_job, request_owner
 from web.errors import ApiError
+from web.routing import route_job
 from web.schemas import AgentBody, GenerateBody, JobSubmit, SamplingFields
 
 logger = logging.getLogger("miniserve.web.submit")
@@ -149,6 +150,7 @@ def submit(sub: Submission, idempotency_key: str | None = None) -> Submitted:
     if idempotency_key and (earlier := store.idempotent_job(idempotency_key, owner)) is not None:
         return _replayed(earlier)
     _check_queue_depth(queue)
+    target = route_job(sub.request, queue)  # cache-aware routing (web/routing.py)
     if idempotency_key:
         job, replayed = store.create_idempotent(sub.job_type, queue, sub.request, idempotency_key=idempotency_key,
                                                 owner=owner, max_attempts=settings.max_attempts)
@@ -158,7 +160,7 @@ def submit(sub: Submission, idempotency_key: str | None = None) -> Submitted:
         job = store.create(sub.job_type, queue, sub.request, owner=owner, max_attempts=settings.max_attempts)
     note_job(job.id)
     try:
-        ctx().celery.send_task(tasks.TASK_FOR_JOB_TYPE[sub.job_type], args=[job.id], task_id=job.id, queue=queue)
+        ctx().celery.send_task(tasks.TASK_FOR_JOB_TYPE[sub.job_type], args=[job.id], task_id=job.id, queue=target)
     except Exception:
         _abandon(job.id, idempotency_key, owner)
         raise

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 from celery import Celery
+from celery.signals import celeryd_after_setup
 from kombu import Exchange, Queue
 
 from core import keys
+from core.redis_conn import celery_redis_options
 from core.settings import Settings, get_settings
 
 
@@ -12,15 +14,13 @@ def celery_config(settings: Settings) -> dict:
     """Late acks + prefetch 1 so a job is never lost with its worker; visibility timeout above
     the hard time limit so a long job is not re-delivered while it still runs."""
     return {
-        "broker_url": settings.redis_url,
-        "result_backend": settings.redis_url,
+        # broker_url, result_backend and their transport options (Sentinel: master_name).
+        **celery_redis_options(settings, {"visibility_timeout": settings.visibility_timeout_s}),
         "broker_connection_retry_on_startup": True,
         # A lost broker (Redis restart) is retried forever, every 2..30 s: Celery's default
         # gives up after 100 tries and the worker would exit during a long outage.
         "broker_connection_retry": True,
         "broker_connection_max_retries": None,
-        "broker_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
-        "result_backend_transport_options": {"retry_policy": {"timeout": 5.0}},
         "result_expires": settings.job_ttl_s,
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
@@ -45,8 +45,18 @@ def celery_config(settings: Settings) -> dict:
 def create_celery_app(settings: Settings | None = None) -> Celery:
     settings = settings or get_settings()
     celery_app = Celery("miniserve")
-    celery_app.conf.update(celery_config(settings))
+    config = celery_config(settings)
+    config.setdefault("result_backend_transport_options", {})["retry_policy"] = {"timeout": 5.0}
+    celery_app.conf.update(config)
     return celery_app
 
 
 app = create_celery_app()
+
+
+@celeryd_after_setup.connect
+def _consume_own_queue(sender: str, instance, **_: object) -> None:
+    """Each worker also consumes a queue of its own, so the web can route a job to the worker
+    that holds its prompt's prefix (core/routing.py)."""
+    instance.app.amqp.queues.select_add(keys.worker_queue(sender))
+

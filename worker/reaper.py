@@ -38,6 +38,7 @@ from core import tasks as names
 from core.deliveries import stranded_jobs
 from core.jobs import JobNotFound, JobStore
 from core.logs import log_event
+from core.routing import rescue_orphans
 
 logger = logging.getLogger("miniserve.reaper")
 SLOW_CALL_S = 1.0  # a ping slower than this rode out a reconnect: the contact clock restarts
@@ -66,6 +67,9 @@ class Reaper:
             return {"requeued": [], "redispatched": []}
         done = {"requeued": reap_once(self.store, self.celery_app),
                 "redispatched": sweep_once(self.store, self.celery_app, self.lease_s, self.max_redispatches)}
+        moved = rescue_orphans(self.store.client)  # routed jobs left in a dead worker's own queue
+        if moved:
+            log_event(logger, "routed_jobs_rescued", count=moved)
         self.store.trim_index()
         return done
 

@@ -14,12 +14,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from core import keys
 from core.jobs import JobStore
 from core.logs import configure_logging, log_event
+from core.redis_conn import redis_client
+from core.routing import register_queue
 from core.settings import Settings, get_settings
 from core.workers import write_heartbeat
 
@@ -33,9 +35,11 @@ class WorkerRuntime:
     settings: Settings
     store: JobStore
     name: str
+    node: str = ""  # the Celery node name (name@host); its own queue is keys.worker_queue(node)
     pool: str = "prefork"
     concurrency: int = 1
     current_jobs: set[str] = field(default_factory=set)
+    token_events: int = 0  # token events streamed since start (the monitor's tokens/s chart)
     _engine: Any = None
     _engine_lock: threading.Lock = field(default_factory=threading.Lock)
     _pid: int = field(default_factory=os.getpid)
@@ -72,8 +76,10 @@ class WorkerRuntime:
 
     def describe(self) -> dict[str, Any]:
         info: dict[str, Any] = {
+            "host": socket.gethostname(), "node": self.node, "queue": keys.worker_queue(self.node),
             "pid": os.getpid(), "pool": self.pool, "concurrency": self.concurrency,
             "current_jobs": sorted(self.current_jobs), "model": self.settings.model,
+            "token_events": self.token_events,
             "engine_loaded": self._engine is not None,
         }
         if self._engine is not None:
@@ -103,7 +109,7 @@ def make_store(settings: Settings) -> JobStore:
     about ``MINISERVE_WORKER_REDIS_RETRY_S`` (60 s; backoff 0.05 s doubling to 1 s), so a
     running job keeps its attempt through an outage instead of failing and waiting for its
     lease to expire."""
-    client = redis.Redis.from_url(settings.redis_url, decode_responses=True,
+    client = redis_client(settings, decode_responses=True,
                                   health_check_interval=30, socket_keepalive=True, socket_connect_timeout=2,
                                   retry=Retry(ExponentialBackoff(cap=1.0, base=0.05),
                                               settings.worker_redis_retry_s + RETRY_RAMP))
@@ -132,7 +138,8 @@ def runtime() -> WorkerRuntime:
                 settings = get_settings()
                 configure_logging(settings.log_level, settings.json_logs)
                 pool, concurrency, hostname = _pool_info
-                _runtime = WorkerRuntime(settings=settings, store=make_store(settings),
+                _runtime = WorkerRuntime(settings=settings, store=make_store(settings), node=hostname,
                                          name=f"{hostname}:{os.getpid()}", pool=pool, concurrency=concurrency)
+                register_queue(_runtime.store.client, keys.worker_queue(hostname), _runtime.name)
                 _runtime.start_heartbeat()
     return _runtime

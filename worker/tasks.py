@@ -6,6 +6,7 @@ from typing import Any
 
 from core import tasks as names
 from core.events import TOOL_STEP, WAITING
+from core.routing import note_prefix
 from engine.types import CancelCheck, GenerationRequest, GenerationResult, TextCallback
 from worker.app import app
 from worker.job_runner import JobContext, JobFailed, run_job
@@ -58,9 +59,22 @@ class WorkerGenerator:
 def run_generation(ctx: JobContext) -> dict[str, Any]:
     rt = runtime()
     request = generation_request_from(ctx.record.request, rt.settings.default_max_new_tokens)
-    result = WorkerGenerator(rt, ctx).generate(request, on_text=ctx.on_text,
+    prefix_key = (ctx.record.request.get("routing") or {}).get("prefix_key")
+    if prefix_key:  # this worker is about to cache the prompt's prefix: say so (core/routing.py)
+        note_prefix(rt.store.client, prefix_key, rt.name, rt.settings.route_ttl_s)
+    result = WorkerGenerator(rt, ctx).generate(request, on_text=counted(rt, ctx.on_text),
                                                should_cancel=ctx.should_cancel)
     return result.to_dict()
+
+
+def counted(rt: WorkerRuntime, on_text):
+    """``on_text`` that also counts token events for the heartbeat (a plain int shared by the
+    job threads: an increment lost to a race only blurs a rate drawn on a chart)."""
+    def wrapped(text: str) -> None:
+        on_text(text)
+        if text:
+            rt.token_events += 1
+    return wrapped
 
 
 def run_agent(ctx: JobContext) -> dict[str, Any]:

@@ -20,19 +20,14 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Sequence
 
+from core.prefix_hash import ROOT_HASH, chain_hash
 from engine.paged.pool import KVPoolExhausted
 
 HashFn = Callable[[int, tuple[int, ...]], int]
 NO_HASH = None
 
 
-def chain_hash(prev_hash: int, tokens: tuple[int, ...]) -> int:
-    """Hash of a full block given its parent's hash (Python's tuple hash: 64-bit, and
-    deterministic across processes for ints)."""
-    return hash((prev_hash, tokens))
-
-
-ROOT_HASH = 0x5EED
+__all__ = ["BlockManager", "BlockStats", "ROOT_HASH", "chain_hash"]  # chain_hash: core.prefix_hash
 
 
 @dataclass

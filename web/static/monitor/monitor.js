@@ -70,10 +70,12 @@ function renderWorkers(workers) {
   body.replaceChildren(...workers.map((w) => {
     const i = w.info || {};
     const jobs = (i.current_jobs || []).map((id) => id.slice(0, 8)).join(", ") || "idle";
+    const load = `${(i.current_jobs || []).length}/${i.concurrency ?? "?"} running, ${w.waiting ?? 0} waiting`;
     return el("tr", { class: "worker" },
-      el("td", {}, w.name), el("td", {}, i.model ?? "–"), el("td", {}, i.device ?? "–"), el("td", {}, i.dtype ?? "–"),
+      el("td", {}, w.name), el("td", {}, i.host ?? "–"), el("td", {}, i.model ?? "–"), el("td", {}, i.device ?? "–"), el("td", {}, i.dtype ?? "–"),
       el("td", { class: "num" }, fmt(i.load_s)), el("td", {}, `${i.pool ?? "?"} × ${i.concurrency ?? "?"}`),
-      el("td", {}, jobs), el("td", { class: "num" }, fmt(w.age_s, 1) + " s ago"),
+      el("td", {}, jobs), el("td", { class: "load" }, load), el("td", { class: "num" }, w.routed_here ?? 0),
+      el("td", { class: "num" }, fmt(w.age_s, 1) + " s ago"),
       el("td", {}, ...cacheCell(i.cache_stats)));
   }));
 }
@@ -91,7 +93,7 @@ function renderJobs(jobs, counts) {
     const row = el("tr", { class: "job" + (j.id === selected ? " selected" : ""), "data-job-id": j.id },
       el("td", {}, el("code", {}, j.id.slice(0, 12))), el("td", {}, j.type),
       el("td", { class: `state state-${j.state}` }, j.state), el("td", {}, j.method ?? "–"),
-      el("td", {}, j.worker || "–"), el("td", {}, clock(j.created_at)), el("td", { class: "num" }, secs(t.queue_wait_s)),
+      el("td", {}, j.worker || "–"), el("td", {}, j.routing ?? "–"), el("td", {}, clock(j.created_at)), el("td", { class: "num" }, secs(t.queue_wait_s)),
       el("td", { class: "num" }, secs(t.ttft_s)), el("td", { class: "num" }, secs(t.job_total_s)),
       el("td", { class: "num" }, u.prompt_tokens === undefined ? "–" : `${u.prompt_tokens} / ${u.cached_tokens ?? 0}`),
       el("td", { class: "num" }, u.completion_tokens ?? "–"),
@@ -111,6 +113,7 @@ async function refresh() {
     renderWorkers(data.workers);
     renderQueues(data.queues);
     renderJobs(data.jobs, data.counts);
+    if (window.renderCluster) window.renderCluster(data);
     $("status").textContent = "updated " + new Date().toLocaleTimeString();
     if (selected) await refreshDetail();
   } catch (err) {

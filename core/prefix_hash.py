@@ -1,0 +1,36 @@
+"""The hash of a KV-cache block's contents, shared by the engine's block manager and the web's router.
+
+A full block of ``block_size`` token ids is hashed together with its parent block's hash,
+so one hash stands for the whole prefix up to and including that block (vLLM's and
+nano-vllm's scheme). The block manager keys cached blocks by it; the web computes the same
+value for a prompt's leading blocks to route the job to the worker holding them. Both
+import this one function, so they cannot drift apart.
+
+The hash is blake2b over fixed-width little-endian integers (not Python's ``hash``): equal
+on every host, process and Python version, which routing across machines needs.
+"""
+from __future__ import annotations
+
+import struct
+from hashlib import blake2b
+from typing import Sequence
+
+ROOT_HASH = 0x5EED  # the "parent" of a sequence's first block
+
+
+def chain_hash(prev_hash: int, tokens: tuple[int, ...]) -> int:
+    """Hash of a full block given its parent's hash: a signed 64-bit int."""
+    data = struct.pack(f"<q{len(tokens)}q", prev_hash, *tokens)
+    return int.from_bytes(blake2b(data, digest_size=8).digest(), "little", signed=True)
+
+
+def block_hashes(token_ids: Sequence[int], block_size: int, max_blocks: int | None = None) -> list[int]:
+    """Chained hashes of the full blocks at the start of ``token_ids`` (at most ``max_blocks``)."""
+    count = len(token_ids) // block_size
+    if max_blocks is not None:
+        count = min(count, max_blocks)
+    hashes, prev = [], ROOT_HASH
+    for index in range(count):
+        prev = chain_hash(prev, tuple(token_ids[index * block_size:(index + 1) * block_size]))
+        hashes.append(prev)
+    return hashes
