@@ -25,7 +25,7 @@ def _greedy_alone(forward: Qwen2Forward, ids: list[int], steps: int) -> list[int
 
 
 def test_batched_decode_matches_each_sequence_alone(quant_model_dir):
-    loaded = load_model(load_settings(model=str(quant_model_dir), dtype="float32", device="cpu"))
+    loaded = load_model(load_settings(model=str(quant_model_dir), dtype="float32", device="cpu", quant="none"))
     forward = Qwen2Forward(fuse_projections(loaded.model))
     prompts = [[5, 9, 30, 7], [11, 12], [40, 41, 42, 43, 44, 45]]  # different lengths
     result = batched_greedy(forward, prompts, steps=6)
@@ -36,7 +36,7 @@ def test_batched_decode_matches_each_sequence_alone(quant_model_dir):
 def test_agreement_measures(quant_model_dir):
     assert free_running([[1, 2, 3], [4, 5]], [[1, 9, 3], [4, 5]]) == {
         "agree_free": 4 / 5, "identical": 1, "first_diff_mean": 1.5}
-    loaded = load_model(load_settings(model=str(quant_model_dir), dtype="float32", device="cpu"))
+    loaded = load_model(load_settings(model=str(quant_model_dir), dtype="float32", device="cpu", quant="none"))
     weights = fuse_projections(loaded.model)
     forward = Qwen2Forward(weights)
     prompts = [[5, 9, 30, 7], [11, 12]]

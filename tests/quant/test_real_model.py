@@ -18,7 +18,7 @@ MIN_AGREEMENT = {"int8": 0.9, "int4": 0.8}
 
 @pytest.fixture(scope="module")
 def real():
-    engine = Engine(load_settings(model="default", device="cpu", dtype="bfloat16"))
+    engine = Engine(load_settings(model="default", device="cpu", dtype="bfloat16", quant="none"))
     weights = fuse_projections(engine.loaded.model)
     sampling = SamplingParams(max_new_tokens=16, repetition_penalty=1.0)
     requests = [GenerationRequest(messages=[{"role": "user", "content": p}], sampling=sampling,
