@@ -132,3 +132,16 @@ def quantized_bytes(weights: Qwen2Weights) -> int:
     """Bytes held by the low-bit projections of ``weights`` (0 when not quantized)."""
     projections = [getattr(layer, p) for layer in weights.layers for p in PROJECTIONS] + [weights.lm_head]
     return sum(p.nbytes for p in projections if isinstance(p, QuantizedLinear))
+
+
+def bytes_per_token(weights: Qwen2Weights) -> int:
+    """Weight bytes one decode step reads: every projection and lm_head (low-bit tensors or
+    full-precision matrices), the norms, one embedding row. The floor of a step's time is
+    this over the machine's read bandwidth (``bench.stats.read_bandwidth_gbs``)."""
+    def size(t: torch.Tensor | None) -> int:
+        return 0 if t is None else t.numel() * t.element_size()
+
+    total = size(weights.norm) + weights.embed.shape[1] * weights.embed.element_size()
+    for proj in [getattr(layer, p) for layer in weights.layers for p in PROJECTIONS] + [weights.lm_head]:
+        total += proj.nbytes if isinstance(proj, QuantizedLinear) else size(proj.weight) + size(proj.bias)
+    return total + sum(size(layer.input_norm) + size(layer.post_norm) for layer in weights.layers)
