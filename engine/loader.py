@@ -100,7 +100,7 @@ def apply_threads(settings: Settings) -> None:
         torch.set_num_threads(settings.threads)
 
 
-def apply_quant(model: Any, setting: str, device: Any, source: str) -> str:
+def apply_quant(model: Any, setting: str, device: Any, source: str, tokenizer: Any = None) -> str:
     """Quantize per ``MINISERVE_QUANT``; returns what runs, as ``Engine.info`` shows it.
 
     An explicit setting whose kernel this CPU/torch lacks is a start error naming the
@@ -112,7 +112,7 @@ def apply_quant(model: Any, setting: str, device: Any, source: str) -> str:
     if plan == "none":
         return "none (auto)" if setting == "auto" else "none"
     try:
-        quantize_model(model, plan, source=source)
+        quantize_model(model, plan, source=source, tokenizer=tokenizer)
     except QuantKernelError as exc:
         if setting != "auto":
             raise ModelLoadError(f"{exc}. MINISERVE_QUANT must be one of {', '.join(QUANT_CHOICES)}; "
@@ -144,7 +144,7 @@ def load_model(settings: Settings) -> LoadedModel:
                   model_type=getattr(model.config, "model_type", None))
     model.to(device).eval()
     torch.set_grad_enabled(False)
-    quant = apply_quant(model, settings.quant, device, source)
+    quant = apply_quant(model, settings.quant, device, source, tokenizer)
     load_s = time.perf_counter() - started
     log_event(logger, "model_loaded", model=name, device=str(device), dtype=str(dtype).replace("torch.", ""),
               quant=quant, latency_ms=int(load_s * 1000))

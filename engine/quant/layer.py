@@ -20,7 +20,7 @@ from engine.quant import kernels
 from engine.quant.kernels import KERNEL_DTYPE
 from engine.quant.rounding import refine_int4
 
-QUANT_MODES = ("none", "int8", "int4", "int4-hqq")
+QUANT_MODES = ("none", "int8", "int4", "int4-hqq", "int4-awq")
 DEFAULT_GROUP_SIZE = 32  # best greedy agreement on the default model (docs/quantization.md)
 # Rows up to which the packed kernel beats bf16 (measured by ``python -m bench.quantization
 # --kernels`` on the default model's shapes, 2 threads; crossover lies between 8 and 16).
@@ -101,9 +101,11 @@ def _unpack_int4(packed: torch.Tensor, params: torch.Tensor, group: int, k: int)
 def quantize_linear(weight: torch.Tensor, bias: torch.Tensor | None, mode: str,
                     group_size: int = DEFAULT_GROUP_SIZE, keep_reference: bool = True,
                     max_rows: int = DEFAULT_MAX_ROWS,
-                    int4_levels: tuple[int, ...] = DEFAULT_INT4_LEVELS) -> QuantizedLinear:
-    """Quantize one [N, K] weight in ``mode`` (int8, int4, or int4-hqq: int4 storage with
-    refined rounding). ``keep_reference`` keeps a *reference* to ``weight`` (no copy) for
+                    int4_levels: tuple[int, ...] = DEFAULT_INT4_LEVELS,
+                    importance: torch.Tensor | None = None) -> QuantizedLinear:
+    """Quantize one [N, K] weight in ``mode`` (int8, int4, or int4 storage with refined
+    rounding: int4-hqq, or int4-awq weighted by ``importance``, the mean squared input per
+    column from :mod:`engine.quant.calibration`). ``keep_reference`` keeps a *reference* to ``weight`` (no copy) for
     the many-rows path; without it every row count runs the packed kernel."""
     if mode not in QUANT_MODES[1:]:
         raise ValueError(f"unknown quantization mode {mode!r}; expected one of {QUANT_MODES}")
@@ -120,15 +122,17 @@ def quantize_linear(weight: torch.Tensor, bias: torch.Tensor | None, mode: str,
         qweight = torch.cat([p[0] for p in parts])
         params = torch.cat([p[1] for p in parts])
     else:
-        qweight, params = _quantize_int4_padded(weight, group, int4_levels, rounding == "int4-hqq")
+        refine = rounding in ("int4-hqq", "int4-awq")
+        qweight, params = _quantize_int4_padded(weight, group, int4_levels, refine,
+                                                importance if rounding == "int4-awq" else None)
     kept_bias = None if bias is None else bias.detach()
     return QuantizedLinear(mode=mode, in_features=k, out_features=n, qweight=qweight, params=params,
                            group_size=group, bias=kept_bias,
                            reference=weight.detach() if keep_reference else None, max_rows=max_rows)
 
 
-def _quantize_int4_padded(weight: torch.Tensor, group: int, levels: tuple[int, ...],
-                          refine: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def _quantize_int4_padded(weight: torch.Tensor, group: int, levels: tuple[int, ...], refine: bool = False,
+                          importance: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """int4-pack in row chunks (multiples of 64 rows pack independently), padding N to 16."""
     n, k = weight.shape
     pad = (-n) % kernels.INT4_N_MULTIPLE
@@ -137,7 +141,8 @@ def _quantize_int4_padded(weight: torch.Tensor, group: int, levels: tuple[int, .
     packed, params = [], []
     for start in range(0, weight.shape[0], _CHUNK_ROWS):
         chunk = weight[start:start + _CHUNK_ROWS]
-        q, sz = refine_int4(chunk, group, levels) if refine else kernels.quantize_int4(chunk, group, levels)
+        q, sz = (refine_int4(chunk, group, levels, importance) if refine
+                 else kernels.quantize_int4(chunk, group, levels))
         packed.append(kernels.pack_int4(q))
         params.append(sz)
     return torch.cat(packed), torch.cat(params, dim=1).contiguous()

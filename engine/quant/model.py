@@ -62,9 +62,12 @@ def as_plan(plan: QuantPlan | str, group_size: int | None = None) -> QuantPlan:
 
 def quantize_weights(weights: Qwen2Weights, plan: QuantPlan | str, group_size: int | None = None,
                      max_rows: int = DEFAULT_MAX_ROWS, keep_reference: bool = True,
-                     lm_head_mode: str | None = None) -> tuple[Qwen2Weights, QuantSummary]:
+                     lm_head_mode: str | None = None, importance: dict | None = None,
+                     ) -> tuple[Qwen2Weights, QuantSummary]:
     """A copy of ``weights`` whose projections and lm_head are :class:`QuantizedLinear` in the
-    formats of ``plan`` (norms, embedding and full-precision tensors shared, not copied)."""
+    formats of ``plan`` (norms, embedding and full-precision tensors shared, not copied).
+    ``importance`` ({class: per-layer column weights}, :mod:`engine.quant.calibration`)
+    is required by ``int4-awq`` formats."""
     plan = as_plan(plan, group_size)
     formats = {cls: plan.format_of(cls) for cls in CLASSES}
     if lm_head_mode:
@@ -74,11 +77,14 @@ def quantize_weights(weights: Qwen2Weights, plan: QuantPlan | str, group_size: i
     summary = QuantSummary(mode=plan.name, group_size=plan.group_size, formats=formats)
     started = time.perf_counter()
 
-    def convert(projection: Any, name: str, fmt: str) -> QuantizedLinear:
+    if plan.needs_calibration and importance is None:
+        raise ValueError(f"plan {plan.name} needs calibration statistics (engine.quant.calibration)")
+
+    def convert(projection: Any, name: str, fmt: str, imp: torch.Tensor | None = None) -> QuantizedLinear:
         if not isinstance(projection, Linear):
             raise TypeError(f"{name} is {type(projection).__name__}, not a full-precision Linear")
         layer = quantize_linear(projection.weight, projection.bias, fmt, group_size=plan.group_size,
-                                keep_reference=keep_reference, max_rows=max_rows)
+                                keep_reference=keep_reference, max_rows=max_rows, importance=imp)
         summary.layers += 1
         summary.quantized_bytes += layer.nbytes
         summary.reference_bytes += projection.weight.numel() * projection.weight.element_size()
@@ -87,17 +93,19 @@ def quantize_weights(weights: Qwen2Weights, plan: QuantPlan | str, group_size: i
         return layer
 
     with torch.no_grad():
-        layers = [dataclasses.replace(layer, **{p: convert(getattr(layer, p), f"layers.{i}.{p}", formats[p])
+        imp = importance or {}
+        layers = [dataclasses.replace(layer, **{p: convert(getattr(layer, p), f"layers.{i}.{p}", formats[p],
+                                                           imp[p][i] if p in imp else None)
                                                 for p in PROJECTIONS})
                   for i, layer in enumerate(weights.layers)]
-        lm_head = convert(weights.lm_head, "lm_head", formats["lm_head"])
+        lm_head = convert(weights.lm_head, "lm_head", formats["lm_head"], imp.get("lm_head"))
     summary.seconds = time.perf_counter() - started
     return dataclasses.replace(weights, layers=layers, lm_head=lm_head), summary
 
 
 def quantize_model(model: Any, mode: QuantPlan | str, group_size: int | None = None,
                    max_rows: int = DEFAULT_MAX_ROWS, free_full: bool = True,
-                   source: str | None = None) -> QuantSummary:
+                   source: str | None = None, tokenizer: Any = None) -> QuantSummary:
     """Quantize ``model``'s forward weights and keep them on it for :func:`forward_weights`.
 
     ``free_full`` releases the full-precision matrices afterwards (``official`` reloads them
@@ -109,8 +117,16 @@ def quantize_model(model: Any, mode: QuantPlan | str, group_size: int | None = N
         model.__dict__.pop(ATTR, None)
         return QuantSummary(mode="none")
     plan = as_plan(mode, group_size)
-    quantized, summary = quantize_weights(fuse_projections(model), plan, max_rows=max_rows,
-                                          keep_reference=not free_full)
+    weights = fuse_projections(model)
+    importance = None
+    if plan.needs_calibration:
+        if tokenizer is None:
+            raise ValueError(f"plan {plan.name} needs the tokenizer for its calibration pass")
+        from engine.quant.calibration import input_importance
+
+        importance = input_importance(weights, tokenizer)
+    quantized, summary = quantize_weights(weights, plan, max_rows=max_rows, keep_reference=not free_full,
+                                          importance=importance)
     model.__dict__[ATTR] = quantized  # plain attribute: not a submodule, invisible to transformers
     if free_full:
         summary.freed_bytes = free_full_weights(model, source)

@@ -7,7 +7,9 @@ projection class of the hand-written forward (``qkv``, ``o``, ``gate_up``, ``dow
 - ``int8``: per output row, symmetric (``aten._weight_int8pack_mm``);
 - ``int4``: groups of 32, asymmetric, step chosen among a few candidates (level search);
 - ``int4-hqq``: the same storage with least-squares scale/zero refinement
-  (:mod:`engine.quant.rounding`).
+  (:mod:`engine.quant.rounding`);
+- ``int4-awq``: as ``int4-hqq``, the error weighted per input column by the mean squared
+  activation on the calibration set (:mod:`engine.quant.calibration`).
 
 ``MINISERVE_QUANT=auto`` picks :data:`AUTO_CPU_PLAN` on CPU and ``none`` on CUDA. The choice
 of the ``mixed`` plan comes from ``python -m bench.quantization_sensitivity``
@@ -24,7 +26,7 @@ from engine.quant.rounding import refine_int4
 
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
 CLASSES = PROJECTIONS + ("lm_head",)
-FORMATS = ("int8", "int4", "int4-hqq")
+FORMATS = ("int8", "int4", "int4-hqq", "int4-awq")
 INT4_LEVELS = (15, 14, 13, 12)
 
 
@@ -38,11 +40,15 @@ class QuantPlan:
     def format_of(self, cls: str) -> str:
         return self.formats.get(cls, self.default)
 
+    @property
+    def needs_calibration(self) -> bool:
+        return any(self.format_of(c) == "int4-awq" for c in CLASSES)
+
 
 PLANS = {
+    "mixed": QuantPlan("mixed", "int4-hqq", {"lm_head": "int8"}),
     "int8": QuantPlan("int8", "int8"),
     "int4": QuantPlan("int4", "int4"),
-    "mixed": QuantPlan("mixed", "int4-hqq", {"lm_head": "int8"}),
 }
 AUTO_CPU_PLAN = "mixed"
 QUANT_CHOICES = ("auto", "none") + tuple(PLANS)
@@ -57,19 +63,21 @@ def resolve_quant(setting: str, device_type: str) -> str:
     return setting
 
 
-def quantize_for(weight: torch.Tensor, fmt: str, group_size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_for(weight: torch.Tensor, fmt: str, group_size: int = 32,
+                 importance: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes, params) of ``weight`` in ``fmt``: int8 -> (q int8 [N, K], scales [N]);
     int4* -> (q int32 [N, K] in 0..15, scales_and_zeros [K/g, N, 2])."""
     if fmt == "int8":
         return kernels.quantize_int8(weight)
-    if fmt == "int4-hqq":
-        return refine_int4(weight, group_size, INT4_LEVELS)
+    if fmt in ("int4-hqq", "int4-awq"):
+        return refine_int4(weight, group_size, INT4_LEVELS, importance if fmt == "int4-awq" else None)
     if fmt == "int4":
         return kernels.quantize_int4(weight, group_size, INT4_LEVELS)
     raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
 
 
-def quantize_dequantize(weight: torch.Tensor, fmt: str, group_size: int = 32) -> torch.Tensor:
+def quantize_dequantize(weight: torch.Tensor, fmt: str, group_size: int = 32,
+                        importance: torch.Tensor | None = None) -> torch.Tensor:
     """The values a format stores for ``weight`` (what the kernel multiplies), in its dtype."""
     if fmt == "none":
         return weight
@@ -77,12 +85,14 @@ def quantize_dequantize(weight: torch.Tensor, fmt: str, group_size: int = 32) ->
         q, s = quantize_for(weight, fmt)
         return kernels.dequantize_int8(q, s).to(weight.dtype)
     group = kernels.int4_group_size(weight.shape[1], group_size)
-    q, p = quantize_for(weight, fmt, group)
+    q, p = quantize_for(weight, fmt, group, importance)
     return kernels.dequantize_int4(q, p, group).to(weight.dtype)
 
 
-def dequantized_image(weights, cls: str, fmt: str) -> list[torch.Tensor]:
+def dequantized_image(weights, cls: str, fmt: str, importance: dict | None = None) -> list[torch.Tensor]:
     """Per layer (or ``[lm_head]``), the dequantized weight of class ``cls`` in ``fmt``."""
+    imp = (importance or {}).get(cls)
     if cls == "lm_head":
-        return [quantize_dequantize(weights.lm_head.weight, fmt)]
-    return [quantize_dequantize(getattr(layer, cls).weight, fmt) for layer in weights.layers]
+        return [quantize_dequantize(weights.lm_head.weight, fmt, importance=imp)]
+    return [quantize_dequantize(getattr(layer, cls).weight, fmt, importance=None if imp is None else imp[i])
+            for i, layer in enumerate(weights.layers)]
