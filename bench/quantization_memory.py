@@ -28,7 +28,7 @@ def rss_mb() -> float:
 
 
 def measure(quant: str, threads: int, model: str) -> dict:
-    import torch  # noqa: F401  (counted in the baseline, as in a worker)
+    import torch  # (counted in the baseline, as in a worker)
     import transformers  # noqa: F401
 
     from core.settings import load_settings
@@ -48,7 +48,7 @@ def measure(quant: str, threads: int, model: str) -> dict:
     weights = forward_weights(loaded.model)
     cfg = weights.config
     pool = (settings.kv_num_blocks * settings.kv_block_size * cfg.num_layers * 2 * cfg.kv_size
-            * weights.embed.element_size())
+            * torch.empty((), dtype=weights.dtype).element_size())
     return {"quant": quant, "loaded_as": loaded.quant, "rss_before_mb": round(before, 1),
             "rss_loaded_mb": round(after_load, 1), "rss_after_gen_mb": round(after_gen, 1),
             "model_rss_mb": round(after_gen - before, 1), "process_rss_mb": round(after_gen, 1),

@@ -65,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--formats", default="int4,int8,int4-hqq")
+    parser.add_argument("--formats", default="int4,int4-hqq,int4-awq,int8")
+    parser.add_argument("--prompts", type=int, default=8, help="how many benchmark prompts (zh+en alternate)")
+    parser.add_argument("--classes", default=",".join(PROJECTIONS + ("lm_head",)))
     parser.add_argument("--out", default="results/quant_sensitivity.csv")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
@@ -75,14 +77,21 @@ def main(argv: list[str] | None = None) -> int:
     from engine.engine import Engine
     from engine.types import GenerationRequest
     engine = Engine(load_settings(), loaded)
-    prompts = [engine.prompt(GenerationRequest(messages=[{"role": "user", "content": p}])).ids for p in PROMPTS]
+    chosen = [PROMPTS[(i % 2) * 4 + i // 2] for i in range(args.prompts)]  # en, zh, en, zh, ...
+    prompts = [engine.prompt(GenerationRequest(messages=[{"role": "user", "content": p}])).ids for p in chosen]
     refs = reference_run(base, prompts, args.tokens)
+    importance = None
+    if "int4-awq" in args.formats:
+        from engine.quant.calibration import input_importance
+
+        importance = input_importance(weights, loaded.tokenizer)
+    print("reference ready", flush=True)
     rows = []
     images: dict[tuple[str, str], list] = {}
     for fmt in args.formats.split(","):
-        for cls in PROJECTIONS + ("lm_head",):
+        for cls in args.classes.split(","):
             started = time.perf_counter()
-            image = dequantized_image(weights, cls, fmt)
+            image = dequantized_image(weights, cls, fmt, importance)
             images[(cls, fmt)] = image
             quant = _replace(weights, cls, image)
             row = {"tensor": cls, "format": fmt, **score(Qwen2Forward(quant), base, prompts, refs),

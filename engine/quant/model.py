@@ -27,7 +27,8 @@ import torch
 
 from core.logs import log_event
 from engine.quant.kernels import check_kernels
-from engine.quant.layer import DEFAULT_MAX_ROWS, QuantizedLinear, quantize_linear, storage_mode
+from engine.quant.layer import (DEFAULT_MAX_ROWS, QuantizedEmbedding, QuantizedLinear, quantize_linear,
+                                storage_mode)
 from engine.quant.plan import CLASSES, PLANS, PROJECTIONS, QUANT_CHOICES, QuantPlan
 from engine.quant.restore import free_full_weights, restore_full_weights
 from engine.weights import Linear, Qwen2Weights, fuse_projections
@@ -99,8 +100,13 @@ def quantize_weights(weights: Qwen2Weights, plan: QuantPlan | str, group_size: i
                                                 for p in PROJECTIONS})
                   for i, layer in enumerate(weights.layers)]
         lm_head = convert(weights.lm_head, "lm_head", formats["lm_head"], imp.get("lm_head"))
+        embed = weights.embed
+        if plan.embed == "int8" and isinstance(embed, torch.Tensor) and not weights.config.tied:
+            embed = QuantizedEmbedding.from_table(embed)
+            summary.quantized_bytes += embed.nbytes
+            summary.formats["embed"] = "int8"
     summary.seconds = time.perf_counter() - started
-    return dataclasses.replace(weights, layers=layers, lm_head=lm_head), summary
+    return dataclasses.replace(weights, layers=layers, lm_head=lm_head, embed=embed), summary
 
 
 def quantize_model(model: Any, mode: QuantPlan | str, group_size: int | None = None,
@@ -129,7 +135,8 @@ def quantize_model(model: Any, mode: QuantPlan | str, group_size: int | None = N
                                           importance=importance)
     model.__dict__[ATTR] = quantized  # plain attribute: not a submodule, invisible to transformers
     if free_full:
-        summary.freed_bytes = free_full_weights(model, source)
+        summary.freed_bytes = free_full_weights(model, source,
+                                                embed=isinstance(quantized.embed, QuantizedEmbedding))
     log_event(logger, "model_quantized", quant=plan.name, group_size=summary.group_size, layers=summary.layers,
               quantized_mb=round(summary.quantized_bytes / 2**20, 1), fallbacks=len(summary.fallbacks),
               freed_mb=round(summary.freed_bytes / 2**20, 1), latency_ms=int(summary.seconds * 1000),
@@ -145,9 +152,9 @@ def forward_weights(model: Any) -> Qwen2Weights:
 
 
 def quantized_bytes(weights: Qwen2Weights) -> int:
-    """Bytes held by the low-bit projections of ``weights`` (0 when not quantized)."""
-    projections = [getattr(layer, p) for layer in weights.layers for p in PROJECTIONS] + [weights.lm_head]
-    return sum(p.nbytes for p in projections if isinstance(p, QuantizedLinear))
+    """Bytes held by the low-bit projections (and embedding) of ``weights`` (0 when not quantized)."""
+    parts = [getattr(layer, p) for layer in weights.layers for p in PROJECTIONS] + [weights.lm_head, weights.embed]
+    return sum(p.nbytes for p in parts if isinstance(p, (QuantizedLinear, QuantizedEmbedding)))
 
 
 def bytes_per_token(weights: Qwen2Weights) -> int:
@@ -157,7 +164,7 @@ def bytes_per_token(weights: Qwen2Weights) -> int:
     def size(t: torch.Tensor | None) -> int:
         return 0 if t is None else t.numel() * t.element_size()
 
-    total = size(weights.norm) + weights.embed.shape[1] * weights.embed.element_size()
+    total = size(weights.norm) + weights.embed.shape[1] * weights.embed.element_size()  # one row
     for proj in [getattr(layer, p) for layer in weights.layers for p in PROJECTIONS] + [weights.lm_head]:
         total += proj.nbytes if isinstance(proj, QuantizedLinear) else size(proj.weight) + size(proj.bias)
     return total + sum(size(layer.input_norm) + size(layer.post_norm) for layer in weights.layers)

@@ -36,6 +36,7 @@ class QuantPlan:
     default: str  # format of every class not named in ``formats``
     formats: dict[str, str] = field(default_factory=dict)
     group_size: int = 32
+    embed: str = "none"  # "int8": the embedding table as int8 rows (QuantizedEmbedding)
 
     def format_of(self, cls: str) -> str:
         return self.formats.get(cls, self.default)
@@ -46,7 +47,7 @@ class QuantPlan:
 
 
 PLANS = {
-    "mixed": QuantPlan("mixed", "int4-hqq", {"lm_head": "int8"}),
+    "mixed": QuantPlan("mixed", "int4-awq", {"lm_head": "int8"}, embed="int8"),
     "int8": QuantPlan("int8", "int8"),
     "int4": QuantPlan("int4", "int4"),
 }

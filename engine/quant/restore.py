@@ -27,9 +27,10 @@ _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
 
 
-def quantized_modules(model: Any) -> dict[str, torch.nn.Module]:
-    """The ``nn.Linear`` modules whose weights the quantized forward replaces, by state-dict name."""
-    out = {}
+def quantized_modules(model: Any, embed: bool = False) -> dict[str, torch.nn.Module]:
+    """The modules whose weights the quantized forward replaces, by state-dict name (the
+    embedding too when ``embed``: a quantized table)."""
+    out = {"model.embed_tokens": model.model.embed_tokens} if embed else {}
     for i, layer in enumerate(model.model.layers):
         out.update({f"model.layers.{i}.self_attn.{n}": getattr(layer.self_attn, n) for n in _ATTN})
         out.update({f"model.layers.{i}.mlp.{n}": getattr(layer.mlp, n) for n in _MLP})
@@ -38,17 +39,17 @@ def quantized_modules(model: Any) -> dict[str, torch.nn.Module]:
     return out
 
 
-def full_weight_bytes(model: Any) -> int:
+def full_weight_bytes(model: Any, embed: bool = False) -> int:
     """Bytes of full-precision weight still held by the quantized modules (0 once freed)."""
-    return sum(m.weight.numel() * m.weight.element_size() for m in quantized_modules(model).values())
+    return sum(m.weight.numel() * m.weight.element_size() for m in quantized_modules(model, embed).values())
 
 
-def free_full_weights(model: Any, source: str | None) -> int:
+def free_full_weights(model: Any, source: str | None, embed: bool = False) -> int:
     """Release the quantized modules' weights (and fused buffers); returns bytes freed."""
     if source is None:
         raise ValueError("freeing full-precision weights needs the model source to reload them for official")
-    modules = quantized_modules(model)
-    freed = full_weight_bytes(model)
+    modules = quantized_modules(model, embed)
+    freed = full_weight_bytes(model, embed)
     for module in modules.values():
         module.__dict__.pop("_miniserve_fused", None)
         dtype, device = module.weight.dtype, module.weight.device
@@ -68,16 +69,15 @@ def restore_full_weights(model: Any) -> None:
         if state.get("done"):
             return
         started = time.perf_counter()
-        modules = quantized_modules(model)
-        dtype = model.model.embed_tokens.weight.dtype
-        device = model.model.embed_tokens.weight.device
+        modules = quantized_modules(model, embed="model.embed_tokens" in state["names"])
+        dtype, device = model.model.norm.weight.dtype, model.model.norm.weight.device
         tensors = _load(state["source"], [f"{name}.weight" for name in state["names"]], dtype)
         for name in state["names"]:
             modules[name].weight = torch.nn.Parameter(tensors[f"{name}.weight"].to(device), requires_grad=False)
         state["hook"].remove()
         state["done"] = True
         log_event(logger, "full_weights_restored", reason="official", tensors=len(tensors),
-                  mb=round(full_weight_bytes(model) / 2**20, 1), latency_ms=int((time.perf_counter() - started) * 1000))
+                  mb=round(sum(t.numel() * t.element_size() for t in tensors.values()) / 2**20, 1), latency_ms=int((time.perf_counter() - started) * 1000))
 
 
 def _load(source: str, keys: list[str], dtype: torch.dtype) -> dict[str, torch.Tensor]:

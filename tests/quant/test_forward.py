@@ -97,9 +97,10 @@ def test_quantized_setting_frees_full_precision_weights(quant_model_dir, mode):
     assert isinstance(layer, QuantizedLinear) and layer.reference is None
     assert full_weight_bytes(model) == 0
     held = sum(p.numel() * p.element_size() for p in model.parameters())
-    embed = model.model.embed_tokens.weight
     small = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "norm" in n or "bias" in n)
-    assert held == embed.numel() * embed.element_size() + small  # nothing else full precision
+    embed = model.model.embed_tokens.weight.numel() * model.model.embed_tokens.weight.element_size()
+    assert held == small + embed  # nothing else full precision is left
+    assert (embed == 0) == (mode == "mixed")  # mixed holds the embedding as int8 rows
     many = torch.randn(layer.max_rows + 3, 64, dtype=torch.bfloat16)
     assert torch.allclose(layer(many).float(), torch.nn.functional.linear(many.float(), layer.dequantize()),
                           rtol=2e-2, atol=2e-2)  # many rows: the packed kernel, no bf16 copy
