@@ -69,8 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=8, help="how many benchmark prompts (zh+en alternate)")
     parser.add_argument("--classes", default=",".join(PROJECTIONS + ("lm_head",)))
     parser.add_argument("--out", default="results/quant_sensitivity.csv")
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     loaded = load_model(load_settings(dtype="bfloat16", device="cpu", quant="none"))
     weights = fuse_projections(loaded.model)
     base = Qwen2Forward(weights)
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             quant = _replace(weights, cls, image)
             row = {"tensor": cls, "format": fmt, **score(Qwen2Forward(quant), base, prompts, refs),
                    "seconds": round(time.perf_counter() - started, 1)}
-            print(row, flush=True)
+            print("ROW", row, flush=True)
             rows.append(row)
     print_table(rows, ["tensor", "format", "agree_tf", "kl_mean", "seconds"])
     write_csv(Path(args.out), rows)
