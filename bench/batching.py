@@ -91,6 +91,15 @@ def _ids(engine: Engine, texts: list[str], new_tokens: int) -> list[list[int]]:
     return [engine.prompt(request(t, new_tokens)).ids for t in texts]
 
 
+def _cb_config(n: int):
+    """A bounded cache: by default transformers sizes it from free memory, which on a shared
+    CPU machine takes gigabytes (and got a test run OOM-killed). Pages of 256 tokens; a job
+    here needs at most one."""
+    from transformers import ContinuousBatchingConfig
+
+    return ContinuousBatchingConfig(num_blocks=2 * n + 4, max_batch_tokens=max(512, 64 * n))
+
+
 def warm_hf_cb(engine: Engine, n: int, new_tokens: int) -> None:
     """A fresh persistent manager sized for ``n`` jobs, warmed on ``n`` other prompts (outside
     the timed window, as a serving process would hold it)."""
@@ -98,14 +107,15 @@ def warm_hf_cb(engine: Engine, n: int, new_tokens: int) -> None:
     model.destroy_cached_continuous_batching_manager()
     others = [f"Summarize {TOPICS[(i + 7) % len(TOPICS)]} in two sentences." for i in range(n)]
     model.generate_batch(inputs=_ids(engine, others, new_tokens), generation_config=_hf_config(engine, new_tokens),
-                         progress_bar=False, persistent_manager=True)
+                         progress_bar=False, persistent_manager=True, continuous_batching_config=_cb_config(n))
 
 
 def run_hf_cb(engine: Engine, texts: list[str], new_tokens: int) -> dict:
     ids = _ids(engine, texts, new_tokens)
     start = time.perf_counter()
     out = engine.loaded.model.generate_batch(inputs=ids, generation_config=_hf_config(engine, new_tokens),
-                                             progress_bar=False, record_timestamps=True, persistent_manager=True)
+                                             progress_bar=False, record_timestamps=True, persistent_manager=True,
+                                             continuous_batching_config=_cb_config(len(texts)))
     wall = time.perf_counter() - start
     tokens, ttfts = [], []
     for result in out.values():
