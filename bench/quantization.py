@@ -60,7 +60,7 @@ def kernels_main(args: argparse.Namespace) -> int:
 def memory_per_setting(args: argparse.Namespace) -> dict[str, dict]:
     """One fresh process per setting, so each RSS reading holds exactly one loaded model."""
     out = {}
-    for mode in args.modes.split(","):
+    for mode in args.memory_modes.split(","):
         proc = subprocess.run([sys.executable, "-m", "bench.quantization_memory", "--quant", mode,
                                "--threads", str(args.threads), "--model", args.model],
                               capture_output=True, text=True, check=True)
@@ -121,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group-size", type=int, default=None, help="int4 group size (default: the engine's)")
     parser.add_argument("--no-llama", action="store_true", help="skip the llama.cpp reference")
     parser.add_argument("--modes", default=",".join(MODES), help="settings to run (comma-separated)")
+    parser.add_argument("--memory-modes", default=f"none,{DEFAULT_SETTING},int4",
+                        help="settings whose resident memory is read, one fresh process each")
     parser.add_argument("--no-memory", action="store_true", help="skip the fresh-process RSS readings")
     parser.add_argument("--rows", default="1,2,4,8,12,16,32", help="rows per matmul (--kernels)")
     parser.add_argument("--out", default="results")

@@ -88,17 +88,17 @@ def main(argv: list[str] | None = None) -> int:
         importance = input_importance(weights, loaded.tokenizer)
     print("reference ready", flush=True)
     rows = []
-    images: dict[tuple[str, str], list] = {}
     for fmt in args.formats.split(","):
         for cls in args.classes.split(","):
             started = time.perf_counter()
             image = dequantized_image(weights, cls, fmt, importance)
-            images[(cls, fmt)] = image
             quant = _replace(weights, cls, image)
             row = {"tensor": cls, "format": fmt, **score(Qwen2Forward(quant), base, prompts, refs),
                    "seconds": round(time.perf_counter() - started, 1)}
             print("ROW", row, flush=True)
             rows.append(row)
+            write_csv(Path(args.out), rows)  # after every row: a long run keeps what it measured
+            del image, quant
     print_table(rows, ["tensor", "format", "agree_tf", "kl_mean", "seconds"])
     write_csv(Path(args.out), rows)
     return 0
