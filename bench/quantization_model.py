@@ -22,7 +22,8 @@ from core.settings import load_settings
 from engine.engine import Engine
 from engine.forward import Qwen2Forward
 from engine.loader import load_model
-from engine.quant import DEFAULT_GROUP_SIZE, bytes_per_token, quantize_weights
+from engine.quant import DEFAULT_GROUP_SIZE, PLANS, bytes_per_token, quantize_weights
+from engine.quant.calibration import input_importance
 from engine.types import GenerationRequest, SamplingParams
 from engine.weights import fuse_projections
 
@@ -34,10 +35,13 @@ def _engines(args: argparse.Namespace, modes: tuple[str, ...]) -> tuple[dict[str
     loaded = load_model(settings)
     weights = fuse_projections(loaded.model)
     forwards = {"none": Qwen2Forward(weights)}
+    importance = None
     for mode in modes:
         if mode != "none":
+            if PLANS[mode].needs_calibration and importance is None:
+                importance = input_importance(weights, loaded.tokenizer)
             forwards[mode] = Qwen2Forward(quantize_weights(weights, mode, group_size=args.group_size,
-                                                           keep_reference=False)[0])
+                                                           keep_reference=False, importance=importance)[0])
     engines = {}
     for mode, forward in forwards.items():
         engine = Engine(settings, loaded)
