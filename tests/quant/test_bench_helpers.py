@@ -44,3 +44,25 @@ def test_agreement_measures(quant_model_dir):
     assert teacher_forced(forward, prompts, reference) == 1.0
     quantized = Qwen2Forward(quantize_weights(weights, "int4")[0])
     assert 0.0 <= teacher_forced(quantized, prompts, reference) <= 1.0
+
+
+def test_bytes_per_token_counts_what_a_step_reads(quant_model_dir):
+    from engine.quant import bytes_per_token, quantized_bytes
+
+    loaded = load_model(load_settings(model=str(quant_model_dir), dtype="bfloat16", device="cpu", quant="none"))
+    weights = fuse_projections(loaded.model)
+    full = bytes_per_token(weights)
+    linear = sum(m.weight.numel() * 2 for n, m in loaded.model.named_modules()
+                 if isinstance(m, torch.nn.Linear))
+    embed_row = weights.embed.shape[1] * 2
+    assert linear + embed_row < full < linear + embed_row + 64 * 1024  # + norms and biases
+    int4 = quantize_weights(weights, "int4")[0]
+    assert bytes_per_token(int4) < full / 2.5
+    assert bytes_per_token(int4) >= quantized_bytes(int4)  # every low-bit tensor is read once
+
+
+def test_read_bandwidth_is_a_positive_rate():
+    from bench.stats import read_bandwidth_gbs
+
+    gbs = read_bandwidth_gbs(mb=16, repeats=3)
+    assert 0.1 < gbs < 10_000
