@@ -1,16 +1,28 @@
 """Continuous batching throughput: N concurrent jobs on one engine vs one at a time vs
-transformers' own continuous batching (``generate_batch``), same prompts, same run.
+transformers, same prompts, same run.
 
 For each concurrency N (default 1, 2, 4, 8, 16) the first N prompts run
 * ``batched``: all N submitted at once to :class:`engine.loop.EngineLoop` (one loop,
-  one batched forward per step over the paged KV cache);
-* ``sequential``: the same N jobs one after another through the ``paged`` method;
-* ``hf_generate_batch``: ``model.generate_batch`` on the same prompt ids.
+  one batched forward per step over the paged KV cache) with the default
+  ``MINISERVE_QUANT`` (``auto``: the ``mixed`` low-bit plan on CPU);
+* ``batched_none``: the same with ``MINISERVE_QUANT=none`` (bf16, greedy-identical to
+  ``official``);
+* ``batched_shared``: ``batched`` with prefix sharing on (the worker's setting, so the
+  ``queue`` mode has an in-process twin); every other in-process mode computes its whole
+  prompt (sharing off);
+* ``sequential``: the same N jobs one after another through the ``paged`` method (default
+  setting);
+* ``hf_cb``: transformers' continuous batching, ``generate_batch(persistent_manager=True)``
+  on a manager created and warmed (one call with N other prompts) *outside* the timed
+  window, bf16;
+* ``hf_padded``: transformers ``generate`` on the N prompts left-padded into one batch,
+  bf16 (the second anchor).
 Reported: aggregate tokens/s (generated tokens / wall time, prefill included), p50/p90
-time to first token, and ratios.  Modes are interleaved (rotating order per N) after a
-warmup.  Greedy, the model's repetition penalty.  A fourth mode (skip it with
-``--no-queue``), ``queue``, sends the same N jobs at once through the real stack (web -> Redis -> one Celery
-worker process with a threads pool feeding the paged scheduler -> Redis -> SSE; see
+time to first token (not available for ``hf_padded``), and ratios. Modes are interleaved
+(rotating order per N) after a warmup. Greedy, the model's repetition penalty. A last mode
+(skip it with ``--no-queue``), ``queue``, sends the same N jobs at once through the real
+stack (web -> Redis -> one Celery worker process with a threads pool feeding the paged
+scheduler, default settings: prefix sharing on -> Redis -> SSE; see
 :mod:`bench.queue_batching`), with TTFT as each client saw it.
 
     flock /tmp/miniserve-heavy.lock python -m bench.batching [--concurrency 1 2 4 8 16] [--no-queue]
@@ -66,17 +78,44 @@ def run_sequential(engine: Engine, texts: list[str], new_tokens: int) -> dict:
     return summarize(wall, tokens, ttfts)
 
 
-def run_hf(engine: Engine, texts: list[str], new_tokens: int) -> dict:
+def _hf_config(engine: Engine, new_tokens: int):
     from transformers import GenerationConfig
 
     loaded = engine.loaded
-    ids = [engine.prompt(request(t, new_tokens)).ids for t in texts]
-    config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False,
-                              repetition_penalty=loaded.default_repetition_penalty,
-                              eos_token_id=loaded.eos_ids, pad_token_id=loaded.eos_ids[-1])
+    return GenerationConfig(max_new_tokens=new_tokens, do_sample=False,
+                            repetition_penalty=loaded.default_repetition_penalty,
+                            eos_token_id=loaded.eos_ids, pad_token_id=loaded.eos_ids[-1])
+
+
+def _ids(engine: Engine, texts: list[str], new_tokens: int) -> list[list[int]]:
+    return [engine.prompt(request(t, new_tokens)).ids for t in texts]
+
+
+def _cb_config(n: int):
+    """A bounded cache: by default transformers sizes it from free memory, which on a shared
+    CPU machine takes gigabytes (and got a test run OOM-killed). Pages of 256 tokens; a job
+    here needs at most one."""
+    from transformers import ContinuousBatchingConfig
+
+    return ContinuousBatchingConfig(num_blocks=2 * n + 4, max_batch_tokens=max(512, 64 * n))
+
+
+def warm_hf_cb(engine: Engine, n: int, new_tokens: int) -> None:
+    """A fresh persistent manager sized for ``n`` jobs, warmed on ``n`` other prompts (outside
+    the timed window, as a serving process would hold it)."""
+    model = engine.loaded.model
+    model.destroy_cached_continuous_batching_manager()
+    others = [f"Summarize {TOPICS[(i + 7) % len(TOPICS)]} in two sentences." for i in range(n)]
+    model.generate_batch(inputs=_ids(engine, others, new_tokens), generation_config=_hf_config(engine, new_tokens),
+                         progress_bar=False, persistent_manager=True, continuous_batching_config=_cb_config(n))
+
+
+def run_hf_cb(engine: Engine, texts: list[str], new_tokens: int) -> dict:
+    ids = _ids(engine, texts, new_tokens)
     start = time.perf_counter()
-    out = loaded.model.generate_batch(inputs=ids, generation_config=config, progress_bar=False,
-                                      record_timestamps=True)
+    out = engine.loaded.model.generate_batch(inputs=ids, generation_config=_hf_config(engine, new_tokens),
+                                             progress_bar=False, record_timestamps=True, persistent_manager=True,
+                                             continuous_batching_config=_cb_config(len(texts)))
     wall = time.perf_counter() - start
     tokens, ttfts = [], []
     for result in out.values():
@@ -84,6 +123,25 @@ def run_hf(engine: Engine, texts: list[str], new_tokens: int) -> dict:
         stamps = getattr(result, "timestamps", None) or []
         ttfts.append((stamps[0] - start) if stamps and stamps[0] > start else float("nan"))
     return summarize(wall, tokens, ttfts)
+
+
+def run_hf_padded(engine: Engine, texts: list[str], new_tokens: int) -> dict:
+    """All prompts left-padded into one ``generate`` call; tokens counted up to each row's eos."""
+    ids = _ids(engine, texts, new_tokens)
+    width = max(len(i) for i in ids)
+    pad = engine.loaded.eos_ids[-1]
+    input_ids = torch.tensor([[pad] * (width - len(i)) + i for i in ids])
+    mask = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids])
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = engine.loaded.model.generate(input_ids, attention_mask=mask, generation_config=_hf_config(engine, new_tokens))
+    wall = time.perf_counter() - start
+    eos = set(engine.loaded.eos_ids)
+    tokens = []
+    for row in out[:, width:].tolist():
+        ends = [k for k, t in enumerate(row) if t in eos]
+        tokens.append(ends[0] + 1 if ends else len(row))
+    return summarize(wall, tokens, [float("nan")] * len(ids))
 
 
 def run_queue(runner, texts: list[str], new_tokens: int) -> dict:
@@ -106,16 +164,22 @@ def main() -> None:
                         help="skip the jobs through web -> Redis -> one Celery worker process")
     parser.add_argument("--output", default=str(RESULTS / "batching.csv"))
     args = parser.parse_args()
-    settings = load_settings(max_batch=max(args.concurrency),
-                             max_batched_tokens=max(512, 64 * max(args.concurrency)))
-    engine = Engine(settings).load()
-    batch = engine.loop
-    batch.call(lambda: setattr(batch.paged.blocks, "prefix_sharing", False))  # whole prompts
-    modes = {"batched": lambda t: run_batched(batch, t, args.new_tokens)}
+    sizes = {"max_batch": max(args.concurrency), "max_batched_tokens": max(512, 64 * max(args.concurrency))}
+    engine = Engine(load_settings(**sizes)).load()  # the default MINISERVE_QUANT (auto)
+    bf16 = Engine(load_settings(quant="none", **sizes)).load()
+    shared = Engine(engine.settings, engine.loaded)  # the same model, its own loop and caches
+    settings = engine.settings
+    batch, batch_none, batch_shared = engine.loop, bf16.loop, shared.loop
+    for loop in (batch, batch_none):  # every job computes its whole prompt
+        loop.call(lambda loop=loop: setattr(loop.paged.blocks, "prefix_sharing", False))
+    modes = {"batched": lambda t: run_batched(batch, t, args.new_tokens),
+             "batched_none": lambda t: run_batched(batch_none, t, args.new_tokens),
+             "batched_shared": lambda t: run_batched(batch_shared, t, args.new_tokens)}
     if not args.no_sequential:
         modes["sequential"] = lambda t: run_sequential(engine, t, args.new_tokens)
     if not args.no_hf:
-        modes["hf_generate_batch"] = lambda t: run_hf(engine, t, args.new_tokens)
+        modes["hf_cb"] = lambda t: run_hf_cb(bf16, t, args.new_tokens)
+        modes["hf_padded"] = lambda t: run_hf_padded(bf16, t, args.new_tokens)
     stack = contextlib.ExitStack()
     if not args.no_queue:
         from bench.queue_batching import QueueBatchRunner
@@ -123,10 +187,13 @@ def main() -> None:
         runner = stack.enter_context(QueueBatchRunner(model=settings.model, max_batch=max(args.concurrency)))
         modes["queue"] = lambda t: run_queue(runner, t, args.new_tokens)
     try:
-        for fn in modes.values():                      # warmup
-            fn(prompts(2))
+        for name, fn in modes.items():                 # warmup
+            if name != "hf_cb":
+                fn(prompts(2))
         rows = []
         for index, n in enumerate(args.concurrency):
+            if "hf_cb" in modes:
+                warm_hf_cb(bf16, n, args.new_tokens)
             names = list(modes)
             names = names[index % len(names):] + names[:index % len(names)]
             measured = {name: modes[name](prompts(n)) for name in names}
@@ -141,8 +208,9 @@ def main() -> None:
     finally:
         stack.close()
     add_ratios(rows)
-    batch.close()
-    print(machine_line(engine.loaded.dtype), f"model {engine.loaded.name},",
+    for loop in (batch, batch_none, batch_shared):
+        loop.close()
+    print(machine_line(engine.loaded.dtype), f"model {engine.loaded.name}, default quant {engine.loaded.quant},",
           f"{args.new_tokens} new tokens per job, greedy")
     print_table(rows)
     path = write_csv(Path(args.output), rows)
@@ -151,15 +219,17 @@ def main() -> None:
 
 
 def add_ratios(rows: list[dict]) -> None:
-    """x_single_job: against the same mode with the fewest jobs; x_hf: against transformers'
-    continuous batching at the same concurrency."""
+    """x_single_job: against the same mode with the fewest jobs; x_hf_cb / x_hf_padded:
+    against transformers' persistent continuous batching / padded generate (bf16) at the
+    same concurrency."""
     lowest = min(r["concurrency"] for r in rows)
     for row in rows:
         single = next(r["tok_per_s"] for r in rows
                       if r["mode"] == row["mode"] and r["concurrency"] == lowest)
         row["x_single_job"] = round(row["tok_per_s"] / single, 2)
-        hf = [r for r in rows if r["mode"] == "hf_generate_batch" and r["concurrency"] == row["concurrency"]]
-        row["x_hf"] = round(row["tok_per_s"] / hf[0]["tok_per_s"], 2) if hf else ""
+        for anchor in ("hf_cb", "hf_padded"):
+            hf = [r for r in rows if r["mode"] == anchor and r["concurrency"] == row["concurrency"]]
+            row[f"x_{anchor}"] = round(row["tok_per_s"] / hf[0]["tok_per_s"], 2) if hf else ""
 
 
 def plot(rows, path) -> None:

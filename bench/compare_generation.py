@@ -6,7 +6,11 @@ For each dtype: load the engine once, warm every method up, then ``--repeats`` r
 round runs every (method, new-token count) pair once, in an order rotated per round so no
 method always runs first. Reports mean and p50 latency, p50 time to first token, p50 decode
 tokens/s, the decode speed-up over ``official``, and whether every method produced exactly
-``official``'s tokens. Writes ``results/compare_generation[_<dtype>].csv`` (every run),
+``official``'s tokens. The machine's read bandwidth (``bench.stats.read_bandwidth_gbs``) is
+measured before and after each dtype, and each method's decode speed is also given as a
+share of its floor (bandwidth / weight bytes read per token). ``--quant`` (default
+``none``, so every method runs the same full-precision weights and the equality column
+means something) sets ``MINISERVE_QUANT``. Writes ``results/compare_generation[_<dtype>].csv`` (every run),
 ``.summary.csv``, ``.machine.json`` and ``.png`` (suffix ``_<dtype>`` when one dtype is asked for).
 """
 from __future__ import annotations
@@ -15,7 +19,7 @@ import argparse
 import time
 from pathlib import Path
 
-from bench.stats import machine_info, percentile, print_table, write_csv, write_json
+from bench.stats import machine_info, percentile, print_table, read_bandwidth_gbs, write_csv, write_json
 from core.settings import load_settings
 
 METHODS = ("official", "no_cache", "custom_cache")
@@ -26,8 +30,13 @@ def run_dtype(dtype: str, args: argparse.Namespace) -> list[dict]:
     from engine.engine import Engine
     from engine.types import GenerationRequest, SamplingParams
 
-    engine = Engine(load_settings(model=args.model, dtype=dtype, threads=args.threads))
+    from engine.handwritten import forward_for
+    from engine.quant import bytes_per_token
+
+    engine = Engine(load_settings(model=args.model, dtype=dtype, threads=args.threads, quant=args.quant))
     engine.load()
+    step_bytes = bytes_per_token(forward_for(engine).weights)
+    bandwidth = [read_bandwidth_gbs()]
 
     def once(method: str, tokens: int):
         request = GenerationRequest(messages=PROMPT, method=method,
@@ -46,11 +55,15 @@ def run_dtype(dtype: str, args: argparse.Namespace) -> list[dict]:
                          "total_s": result.timings.total_s, "ttft_s": result.timings.ttft_s,
                          "decode_tok_s": result.timings.decode_tokens_per_s,
                          "completion_tokens": result.usage.completion_tokens,
-                         "prompt_tokens": result.usage.prompt_tokens,
+                         "prompt_tokens": result.usage.prompt_tokens, "bytes_per_token": step_bytes,
                          "token_ids": " ".join(map(str, result.token_ids))})
             print(f"{dtype} {method:12s} {tokens:3d} tok  {result.timings.total_s:6.2f} s  "
                   f"ttft {result.timings.ttft_s * 1000:6.0f} ms  {result.timings.decode_tokens_per_s:5.1f} tok/s",
                   flush=True)
+    bandwidth.append(read_bandwidth_gbs())
+    for row in rows:
+        row["read_gbs"] = percentile(bandwidth, 50)
+    print(f"{dtype}: read bandwidth {bandwidth} GB/s, {step_bytes / 1e6:.0f} MB of weights per token", flush=True)
     del engine
     return rows
 
@@ -66,10 +79,12 @@ def summarize(rows: list[dict]) -> list[dict]:
             runs = [r for r in group if r["method"] == method]
             totals = [r["total_s"] for r in runs]
             tps = percentile([r["decode_tok_s"] for r in runs], 50)
+            floor = runs[0]["read_gbs"] * 1e9 / runs[0]["bytes_per_token"]
             out.append({"dtype": dtype, "new_tokens": tokens, "method": method, "runs": len(runs),
                         "mean_s": sum(totals) / len(totals), "p50_s": percentile(totals, 50),
                         "p50_ttft_ms": percentile([r["ttft_s"] for r in runs], 50) * 1000,
                         "p50_decode_tok_s": tps, "decode_vs_official": tps / base_tps if base_tps else 0.0,
+                        "read_gbs": runs[0]["read_gbs"], "floor_tok_s": floor, "pct_of_floor": 100 * tps / floor,
                         "generated": runs[0]["completion_tokens"],
                         "identical_to_official": len(reference) == 1 and all(
                             r["token_ids"] in reference for r in runs)})
@@ -111,7 +126,8 @@ def write_results(rows: list[dict], args: argparse.Namespace, dtypes: tuple[str,
     plot(summary, out / f"{stem}.png")
     print(f"\nmachine: {machine}")
     print_table(summary, ["dtype", "new_tokens", "method", "runs", "mean_s", "p50_s", "p50_ttft_ms",
-                          "p50_decode_tok_s", "decode_vs_official", "generated", "identical_to_official"])
+                          "p50_decode_tok_s", "decode_vs_official", "pct_of_floor", "generated",
+                          "identical_to_official"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--model", default="default")
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--quant", default="none", help="MINISERVE_QUANT for the run (default none)")
     parser.add_argument("--out", default="results")
     args = parser.parse_args(argv)
     dtypes = ("bfloat16", "float32") if args.dtype == "both" else (args.dtype,)

@@ -34,7 +34,8 @@ PROMPTS = [  # fixed set, 4 English + 4 Chinese, each asking for more than 32 to
     "简单介绍一下北京的历史和著名景点。",
     "请用三段话说明为什么要写单元测试。",
 ]
-MODES = ("none", "int8", "int4")
+MODES = ("none", "mixed", "int8", "int4")
+DEFAULT_SETTING = "mixed"  # what MINISERVE_QUANT=auto runs on CPU (engine.quant.AUTO_CPU_PLAN)
 
 
 def kernels_main(args: argparse.Namespace) -> int:
@@ -59,7 +60,7 @@ def kernels_main(args: argparse.Namespace) -> int:
 def memory_per_setting(args: argparse.Namespace) -> dict[str, dict]:
     """One fresh process per setting, so each RSS reading holds exactly one loaded model."""
     out = {}
-    for mode in MODES:
+    for mode in args.memory_modes.split(","):
         proc = subprocess.run([sys.executable, "-m", "bench.quantization_memory", "--quant", mode,
                                "--threads", str(args.threads), "--model", args.model],
                               capture_output=True, text=True, check=True)
@@ -72,14 +73,25 @@ def model_main(args: argparse.Namespace) -> int:
     from bench.quantization_model import run_model_benchmark
 
     memory = {} if args.no_memory else memory_per_setting(args)
-    result = run_model_benchmark(args, PROMPTS, MODES)
+    modes = tuple(args.modes.split(","))
+    args.default_setting = DEFAULT_SETTING
+    result = run_model_benchmark(args, PROMPTS, modes)
     rows = result["rows"]
     for row in rows:
         mem = memory.get(row["setting"]) or {}
-        row["model_rss_mb"] = mem.get("model_rss_mb", row.get("model_rss_mb"))
-        row["quantized_mb"] = mem.get("quantized_mb", row.get("quantized_mb"))
-    columns = ["setting", "decode_tps_b1", "speedup_b1", "vs_llama_b1", "ttft_ms", "decode_tps_batched",
-               "batched_vs_none", "model_rss_mb", "quantized_mb", "agree_tf", "agree_free", "identical"]
+        for key in ("model_rss_mb", "quantized_mb", "kv_pool_mb", "worker_mb", "process_rss_mb"):
+            row[key] = mem.get(key, row.get(key, ""))
+    llama = next((r for r in rows if r["setting"] == "llama.cpp"), None)
+    if llama:
+        llama["worker_mb"] = llama["model_rss_mb"]  # its KV (n_ctx 2048) is allocated and inside
+        for row in rows:
+            row["memory_vs_llama"] = round(row["worker_mb"] / llama["worker_mb"], 2) if row.get("worker_mb") else ""
+        default = next((r for r in rows if r["setting"] == DEFAULT_SETTING), None)
+        if default and default.get("memory_vs_llama") != "":
+            result["checks"][f"{DEFAULT_SETTING} memory <= 1.5x llama.cpp"] = default["memory_vs_llama"] <= 1.5
+    columns = ["setting", "decode_tps_b1", "speedup_b1", "vs_llama_b1", "pct_of_floor", "ttft_ms",
+               "decode_tps_batched", "batched_vs_none", "worker_mb", "memory_vs_llama", "agree_tf",
+               "agree_free", "identical"]
     print()
     print_table(rows, columns)
     checks = result["checks"]
@@ -108,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=8, help="sequences in the batched decode")
     parser.add_argument("--group-size", type=int, default=None, help="int4 group size (default: the engine's)")
     parser.add_argument("--no-llama", action="store_true", help="skip the llama.cpp reference")
+    parser.add_argument("--modes", default=",".join(MODES), help="settings to run (comma-separated)")
+    parser.add_argument("--memory-modes", default=f"none,{DEFAULT_SETTING},int4",
+                        help="settings whose resident memory is read, one fresh process each")
     parser.add_argument("--no-memory", action="store_true", help="skip the fresh-process RSS readings")
     parser.add_argument("--rows", default="1,2,4,8,12,16,32", help="rows per matmul (--kernels)")
     parser.add_argument("--out", default="results")

@@ -74,13 +74,24 @@ class LlamaClient:
             self.proc.wait(timeout=30)
 
 
+def gguf_bytes_per_token(gguf: str) -> int:
+    """Bytes of the GGUF's tensors one decode step reads: all but the token embedding
+    (a step reads one row of it). 0 when the ``gguf`` package is missing."""
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        return 0
+    return sum(int(t.n_bytes) for t in GGUFReader(gguf).tensors if t.name != "token_embd.weight")
+
+
 def serve(gguf: str, threads: int) -> None:
     from llama_cpp import Llama
 
     before = rss_mb()
     llm = Llama(model_path=gguf, n_ctx=2048, n_threads=threads, n_threads_batch=threads,
                 n_batch=512, verbose=False)
-    print(json.dumps({"ready": True, "rss_before_mb": before, "rss_mb": rss_mb()}), flush=True)
+    print(json.dumps({"ready": True, "rss_before_mb": before, "rss_mb": rss_mb(),
+                      "bytes_per_token": gguf_bytes_per_token(gguf)}), flush=True)
     for line in sys.stdin:
         request = json.loads(line)
         tokens, stamps = [], []

@@ -1,8 +1,11 @@
 """Resident memory of the loaded model per ``MINISERVE_QUANT`` setting, in a fresh process.
 
 ``python -m bench.quantization_memory --quant int8`` prints one JSON line: RSS after the
-imports, after ``load_model`` (which quantizes), and after a first 8-token ``custom_cache``
-generation (forward built). Freed heap is handed back (``malloc_trim``) before each reading,
+imports, after ``load_model`` (which quantizes and frees the bf16 copies), and after a
+first 8-token ``custom_cache`` generation (forward built). ``worker_mb`` adds the paged KV
+pool at its default size (``MINISERVE_KV_NUM_BLOCKS`` x ``MINISERVE_KV_BLOCK_SIZE``
+tokens), which a worker allocates for its batches; ``full_weight_mb`` is the parameter
+accounting of full-precision projection weights still held (0 when freed). Freed heap is handed back (``malloc_trim``) before each reading,
 so transient load buffers do not count. The benchmark runs one such process per setting.
 """
 from __future__ import annotations
@@ -25,13 +28,13 @@ def rss_mb() -> float:
 
 
 def measure(quant: str, threads: int, model: str) -> dict:
-    import torch  # noqa: F401  (counted in the baseline, as in a worker)
+    import torch  # (counted in the baseline, as in a worker)
     import transformers  # noqa: F401
 
     from core.settings import load_settings
     from engine.engine import Engine
     from engine.loader import load_model
-    from engine.quant import forward_weights, quantized_bytes
+    from engine.quant import forward_weights, full_weight_bytes, quantized_bytes
     from engine.types import GenerationRequest, SamplingParams
 
     before = rss_mb()
@@ -42,14 +45,21 @@ def measure(quant: str, threads: int, model: str) -> dict:
     engine.generate(GenerationRequest(messages=[{"role": "user", "content": "Hi"}],
                                       sampling=SamplingParams(max_new_tokens=8), method="custom_cache"))
     after_gen = rss_mb()
-    return {"quant": quant, "rss_before_mb": round(before, 1), "rss_loaded_mb": round(after_load, 1),
-            "rss_after_gen_mb": round(after_gen, 1), "model_rss_mb": round(after_gen - before, 1),
-            "quantized_mb": round(quantized_bytes(forward_weights(loaded.model)) / 2**20, 1)}
+    weights = forward_weights(loaded.model)
+    cfg = weights.config
+    pool = (settings.kv_num_blocks * settings.kv_block_size * cfg.num_layers * 2 * cfg.kv_size
+            * torch.empty((), dtype=weights.dtype).element_size())
+    return {"quant": quant, "loaded_as": loaded.quant, "rss_before_mb": round(before, 1),
+            "rss_loaded_mb": round(after_load, 1), "rss_after_gen_mb": round(after_gen, 1),
+            "model_rss_mb": round(after_gen - before, 1), "process_rss_mb": round(after_gen, 1),
+            "kv_pool_mb": round(pool / 2**20, 1), "worker_mb": round(after_gen - before + pool / 2**20, 1),
+            "quantized_mb": round(quantized_bytes(weights) / 2**20, 1),
+            "full_weight_mb": round(full_weight_bytes(loaded.model) / 2**20, 1)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--quant", required=True, choices=["none", "int8", "int4"])
+    parser.add_argument("--quant", required=True, choices=["auto", "none", "mixed", "int8", "int4"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default="default")
     args = parser.parse_args()

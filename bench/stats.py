@@ -44,3 +44,21 @@ def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
     for row in rows:
         print("  ".join(cell(row.get(c, "")).ljust(w) for c, w in zip(columns, widths)))
+
+
+def read_bandwidth_gbs(mb: int = 512, repeats: int = 7) -> float:
+    """The machine's read bandwidth as torch sees it: GB/s of a plain ``sum`` over a
+    ``mb``-MB float32 tensor (far larger than the caches), median of ``repeats``, with the
+    current torch thread count. The floor of a decode step is its bytes read / this."""
+    import time
+
+    import torch
+
+    data = torch.ones(mb * 2**20 // 4)
+    data.sum()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        data.sum()
+        times.append(time.perf_counter() - started)
+    return data.numel() * 4 / percentile(times, 50) / 1e9

@@ -93,7 +93,7 @@ class Qwen2Forward:
         n = input_ids.shape[0]
         positions = cache.begin(n)
         cos, sin = self.rotary.lookup(positions, n)
-        x = F.embedding(input_ids, w.embed)
+        x = w.embed_tokens(input_ids)
         k_end = cfg.q_size + cfg.kv_size
         for index, layer in enumerate(w.layers):
             h = rms_norm(x, layer.input_norm, cfg.rms_eps)

@@ -6,6 +6,8 @@ Decisions made here, once per process:
 - dtype: ``auto`` is bfloat16 on CPU (measured faster here: memory-bound decoding reads half
   the bytes; see docs/engine.md) and bfloat16 on CUDA.
 - threads: ``MINISERVE_THREADS > 0`` sets ``torch.set_num_threads``.
+- quantization: ``MINISERVE_QUANT`` (``auto``: the ``mixed`` low-bit plan on CPU, ``none``
+  on CUDA; see :func:`apply_quant` and docs/quantization.md).
 """
 from __future__ import annotations
 
@@ -100,6 +102,28 @@ def apply_threads(settings: Settings) -> None:
         torch.set_num_threads(settings.threads)
 
 
+def apply_quant(model: Any, setting: str, device: Any, source: str, tokenizer: Any = None) -> str:
+    """Quantize per ``MINISERVE_QUANT``; returns what runs, as ``Engine.info`` shows it.
+
+    An explicit setting whose kernel this CPU/torch lacks is a start error naming the
+    variable and the choices. ``auto`` never fails the start, but a fallback to ``none`` is
+    said loudly: a WARNING log event and ``none (auto: ...)`` on ``/workers``."""
+    from engine.quant import QUANT_CHOICES, QuantKernelError, quantize_model, resolve_quant
+
+    plan = resolve_quant(setting, device.type)
+    if plan == "none":
+        return "none (auto)" if setting == "auto" else "none"
+    try:
+        quantize_model(model, plan, source=source, tokenizer=tokenizer)
+    except QuantKernelError as exc:
+        if setting != "auto":
+            raise ModelLoadError(f"{exc}. MINISERVE_QUANT must be one of {', '.join(QUANT_CHOICES)}; "
+                                 f"use none on this machine") from exc
+        log_event(logger, "quant_fallback", level=logging.WARNING, setting=setting, plan=plan, reason=str(exc))
+        return f"none (auto: {plan} kernel unavailable, running full precision)"
+    return f"{plan} (auto)" if setting == "auto" else plan
+
+
 def load_model(settings: Settings) -> LoadedModel:
     """Load model + tokenizer onto the chosen device and dtype, in eval mode."""
     import torch
@@ -122,13 +146,7 @@ def load_model(settings: Settings) -> LoadedModel:
                   model_type=getattr(model.config, "model_type", None))
     model.to(device).eval()
     torch.set_grad_enabled(False)
-    quant = settings.quant
-    if quant != "none":
-        try:
-            from engine.quant import quantize_model  # written by the quantization work
-        except ImportError as exc:
-            raise ModelLoadError(f"MINISERVE_QUANT={quant} is not available in this build") from exc
-        quantize_model(model, quant)
+    quant = apply_quant(model, settings.quant, device, source, tokenizer)
     load_s = time.perf_counter() - started
     log_event(logger, "model_loaded", model=name, device=str(device), dtype=str(dtype).replace("torch.", ""),
               quant=quant, latency_ms=int(load_s * 1000))

@@ -81,10 +81,16 @@ class LayerWeights:
 @dataclass
 class Qwen2Weights:
     config: ForwardConfig
-    embed: torch.Tensor  # [vocab, hidden]
+    embed: Any  # [vocab, hidden] tensor, or a quantized table with lookup/dtype/device (engine.quant)
     layers: list[LayerWeights]
     norm: torch.Tensor
     lm_head: Projection  # hidden -> vocab
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Rows of the embedding table for ``input_ids`` (a new tensor, safe to modify)."""
+        if isinstance(self.embed, torch.Tensor):
+            return F.embedding(input_ids, self.embed)
+        return self.embed.lookup(input_ids)
 
     @property
     def dtype(self) -> torch.dtype:

@@ -5,8 +5,9 @@ bound by reading the weights, so fewer bytes per weight wins (int8 ~2.8x, int4 ~
 bf16 here). With many rows (prefill, big batches) the packed CPU kernels lose to the bf16
 GEMM, whose cost is compute, not bytes. So a layer runs the packed kernel up to ``max_rows``
 rows and the full-precision GEMM above, with the model's own weight (``reference``, shared
-with the transformers module, never copied). Without a kept reference, many rows run the
-packed kernel in slices of ``max_rows`` (slower for big prefills, documented).
+with the transformers module, never copied) when one is kept. The engine's quantized
+settings keep none (the bf16 copies would double the memory): there every row count runs
+the packed kernel, in one call (one call over all rows measured faster than slices).
 """
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ import torch.nn.functional as F
 
 from engine.quant import kernels
 from engine.quant.kernels import KERNEL_DTYPE
+from engine.quant.rounding import refine_int4
 
-QUANT_MODES = ("none", "int8", "int4")
+QUANT_MODES = ("none", "int8", "int4", "int4-hqq", "int4-awq")
 DEFAULT_GROUP_SIZE = 32  # best greedy agreement on the default model (docs/quantization.md)
 # Rows up to which the packed kernel beats bf16 (measured by ``python -m bench.quantization
 # --kernels`` on the default model's shapes, 2 threads; crossover lies between 8 and 16).
@@ -54,10 +56,8 @@ class QuantizedLinear:
         if rows > self.max_rows and self.reference is not None:
             bias = None if self.bias is None else self.bias.to(x.dtype)
             y = F.linear(x2d, self.reference.to(x.dtype), bias)
-        else:  # packed kernel, in slices of max_rows when no full-precision weight is kept
-            y = torch.cat([self._packed(x2d[i:i + self.max_rows]) for i in range(0, rows, self.max_rows)]
-                          ) if rows > self.max_rows else self._packed(x2d)
-            y = y.to(x.dtype)
+        else:
+            y = self._packed(x2d).to(x.dtype)
             if self.bias is not None:
                 y = y + self.bias.to(x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
@@ -85,6 +85,11 @@ class QuantizedLinear:
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def storage_mode(mode: str) -> str:
+    """The kernel a rounding mode runs on (``int4-hqq`` is int4 storage)."""
+    return "int4" if mode.startswith("int4") else mode
+
+
 def _unpack_int4(packed: torch.Tensor, params: torch.Tensor, group: int, k: int) -> torch.Tensor:
     """Recover q[N_pad, K] by running the kernel on an identity with scale 1 and zero 8, so
     it returns (q - 8) * 1 + 8 = q exactly: layout-agnostic, but O(K^2 N), for checks only."""
@@ -96,15 +101,20 @@ def _unpack_int4(packed: torch.Tensor, params: torch.Tensor, group: int, k: int)
 def quantize_linear(weight: torch.Tensor, bias: torch.Tensor | None, mode: str,
                     group_size: int = DEFAULT_GROUP_SIZE, keep_reference: bool = True,
                     max_rows: int = DEFAULT_MAX_ROWS,
-                    int4_levels: tuple[int, ...] = DEFAULT_INT4_LEVELS) -> QuantizedLinear:
-    """Quantize one [N, K] weight. ``keep_reference`` keeps a *reference* to ``weight`` (no
-    copy) for the many-rows path; without it that path dequantizes per call."""
-    if mode not in ("int8", "int4"):
+                    int4_levels: tuple[int, ...] = DEFAULT_INT4_LEVELS,
+                    importance: torch.Tensor | None = None) -> QuantizedLinear:
+    """Quantize one [N, K] weight in ``mode`` (int8, int4, or int4 storage with refined
+    rounding: int4-hqq, or int4-awq weighted by ``importance``, the mean squared input per
+    column from :mod:`engine.quant.calibration`). ``keep_reference`` keeps a *reference* to ``weight`` (no copy) for
+    the many-rows path; without it every row count runs the packed kernel."""
+    if mode not in QUANT_MODES[1:]:
         raise ValueError(f"unknown quantization mode {mode!r}; expected one of {QUANT_MODES}")
     n, k = weight.shape
+    rounding = mode
+    mode = storage_mode(mode)
     group = kernels.int4_group_size(k, group_size) if mode == "int4" else None
     if mode == "int4" and group is None:
-        mode = "int8"  # no accepted int4 group divides K: keep this layer at int8
+        mode = rounding = "int8"  # no accepted int4 group divides K: keep this layer at int8
     if mode == "int8":
         k_pad = (-k) % kernels.INT8_K_MULTIPLE
         source = F.pad(weight.detach(), (0, k_pad)) if k_pad else weight
@@ -112,15 +122,17 @@ def quantize_linear(weight: torch.Tensor, bias: torch.Tensor | None, mode: str,
         qweight = torch.cat([p[0] for p in parts])
         params = torch.cat([p[1] for p in parts])
     else:
-        qweight, params = _quantize_int4_padded(weight, group, int4_levels)
+        refine = rounding in ("int4-hqq", "int4-awq")
+        qweight, params = _quantize_int4_padded(weight, group, int4_levels, refine,
+                                                importance if rounding == "int4-awq" else None)
     kept_bias = None if bias is None else bias.detach()
     return QuantizedLinear(mode=mode, in_features=k, out_features=n, qweight=qweight, params=params,
                            group_size=group, bias=kept_bias,
                            reference=weight.detach() if keep_reference else None, max_rows=max_rows)
 
 
-def _quantize_int4_padded(weight: torch.Tensor, group: int,
-                          levels: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+def _quantize_int4_padded(weight: torch.Tensor, group: int, levels: tuple[int, ...], refine: bool = False,
+                          importance: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """int4-pack in row chunks (multiples of 64 rows pack independently), padding N to 16."""
     n, k = weight.shape
     pad = (-n) % kernels.INT4_N_MULTIPLE
@@ -128,7 +140,44 @@ def _quantize_int4_padded(weight: torch.Tensor, group: int,
         weight = torch.cat([weight.detach(), weight.new_zeros(pad, k)])
     packed, params = [], []
     for start in range(0, weight.shape[0], _CHUNK_ROWS):
-        q, sz = kernels.quantize_int4(weight[start:start + _CHUNK_ROWS], group, levels)
+        chunk = weight[start:start + _CHUNK_ROWS]
+        q, sz = (refine_int4(chunk, group, levels, importance) if refine
+                 else kernels.quantize_int4(chunk, group, levels))
         packed.append(kernels.pack_int4(q))
         params.append(sz)
     return torch.cat(packed), torch.cat(params, dim=1).contiguous()
+
+
+@dataclass(eq=False)
+class QuantizedEmbedding:
+    """The embedding table as int8 per row (symmetric) with a float32 scale per row: half
+    the memory of bf16. A step reads only its tokens' rows, so speed does not change;
+    ``lookup`` dequantizes just those rows to the model dtype."""
+
+    qweight: torch.Tensor  # int8 [vocab, hidden]
+    scales: torch.Tensor  # float32 [vocab]
+    dtype: torch.dtype
+
+    @classmethod
+    def from_table(cls, table: torch.Tensor) -> "QuantizedEmbedding":
+        parts = [kernels.quantize_int8(table[i:i + _CHUNK_ROWS]) for i in range(0, table.shape[0], _CHUNK_ROWS)]
+        return cls(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]).float(), table.dtype)
+
+    @property
+    def device(self) -> torch.device:
+        return self.qweight.device
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.qweight.shape
+
+    def lookup(self, input_ids: torch.Tensor) -> torch.Tensor:
+        rows = self.qweight[input_ids].float() * self.scales[input_ids, None]
+        return rows.to(self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.qweight.numel() + self.scales.numel() * 4
+
+    def element_size(self) -> int:
+        return 1

@@ -1,17 +1,19 @@
-"""Quantize the hand-written forward's projections once at load, beside the model's weights.
+"""Quantize the hand-written forward's projections once at load, per a precision plan.
 
-``quantize_model(model, mode)`` (called by :func:`engine.loader.load_model` when
-``MINISERVE_QUANT != none``) arranges the weights as the forward reads them
-(:func:`engine.weights.fuse_projections`: fused q/k/v and gate/up, no copy), turns each
-projection and ``lm_head`` into a :class:`QuantizedLinear`, and keeps the result on the
-model. :func:`forward_weights` hands it to the forward (``engine.handwritten.forward_for``),
-so every method built on the hand-written forward runs quantized.
+``quantize_model(model, setting)`` (called by :func:`engine.loader.load_model`) arranges the
+weights as the forward reads them (:func:`engine.weights.fuse_projections`: fused q/k/v and
+gate/up), turns each projection and ``lm_head`` into a :class:`QuantizedLinear` in the
+format its :class:`~engine.quant.plan.QuantPlan` names, and keeps the result on the model.
+:func:`forward_weights` hands it to the forward (``engine.handwritten.forward_for``), so
+every method built on the hand-written forward runs quantized.
 
-The transformers modules are not touched: ``official`` (transformers ``generate``) keeps
-running the unquantized weights and stays the reference. Those weights also serve the
-many-rows path of each layer (prefill, big batches), shared, not copied. Memory per setting:
-the full-precision model plus the low-bit tensors (docs/quantization.md has the figures).
-The embedding is not quantized: a decode step reads one row of it, not the whole matrix.
+Memory: the full-precision copies of the quantized matrices are then *freed* (the
+transformers modules keep empty placeholders), so a quantized worker holds the low-bit
+tensors, the embedding and the norms only. ``official`` (transformers ``generate``) stays
+available: a forward pre-hook reloads the full-precision weights from the model's
+safetensors on its first call (:mod:`engine.quant.restore`), costing that memory only
+in a worker that actually runs ``official``. The embedding is not quantized (a decode step
+reads one row of it) and is shared by both paths.
 """
 from __future__ import annotations
 
@@ -25,13 +27,15 @@ import torch
 
 from core.logs import log_event
 from engine.quant.kernels import check_kernels
-from engine.quant.layer import (DEFAULT_GROUP_SIZE, DEFAULT_INT4_LEVELS, DEFAULT_MAX_ROWS, QUANT_MODES,
-                                QuantizedLinear, quantize_linear)
+from engine.quant.layer import (DEFAULT_MAX_ROWS, QuantizedEmbedding, QuantizedLinear, quantize_linear,
+                                storage_mode)
+from engine.quant.plan import CLASSES, PLANS, PROJECTIONS, QUANT_CHOICES, QuantPlan
+from engine.quant.restore import free_full_weights, restore_full_weights
 from engine.weights import Linear, Qwen2Weights, fuse_projections
 
 logger = logging.getLogger("miniserve.engine.quant")
 ATTR = "miniserve_quantized_weights"  # plain attribute on the transformers model
-_PROJECTIONS = ("qkv", "o", "gate_up", "down")
+_PROJECTIONS = PROJECTIONS
 
 
 @dataclass
@@ -44,59 +48,99 @@ class QuantSummary:
     quantized_bytes: int = 0  # bytes added by the low-bit tensors (+ biases)
     reference_bytes: int = 0  # bytes of the full-precision weights they stand for
     fallbacks: list[str] = field(default_factory=list)  # int4 projections stored as int8
+    formats: dict[str, str] = field(default_factory=dict)  # class -> format
+    freed_bytes: int = 0  # full-precision bytes released after quantizing
     seconds: float = 0.0
 
 
-def quantize_weights(weights: Qwen2Weights, mode: str, group_size: int = DEFAULT_GROUP_SIZE,
+def as_plan(plan: QuantPlan | str, group_size: int | None = None) -> QuantPlan:
+    if isinstance(plan, str):
+        if plan not in PLANS:
+            raise ValueError(f"unknown quantization mode {plan!r}; expected one of {', '.join(QUANT_CHOICES)}")
+        plan = PLANS[plan]
+    return dataclasses.replace(plan, group_size=group_size) if group_size else plan
+
+
+def quantize_weights(weights: Qwen2Weights, plan: QuantPlan | str, group_size: int | None = None,
                      max_rows: int = DEFAULT_MAX_ROWS, keep_reference: bool = True,
-                     lm_head_mode: str | None = None,
-                     int4_levels: tuple[int, ...] = DEFAULT_INT4_LEVELS) -> tuple[Qwen2Weights, QuantSummary]:
-    """A copy of ``weights`` whose projections and lm_head are :class:`QuantizedLinear`
-    (norms, embedding and the full-precision tensors are shared, not copied).
-    ``lm_head_mode`` overrides the mode for lm_head alone (e.g. int8 head with int4 layers)."""
-    if mode not in QUANT_MODES or mode == "none":
-        raise ValueError(f"unknown quantization mode {mode!r}; expected int8 or int4")
-    check_kernels(mode, weights.device.type)
-    summary = QuantSummary(mode=mode, group_size=group_size if mode == "int4" else None)
+                     lm_head_mode: str | None = None, importance: dict | None = None,
+                     ) -> tuple[Qwen2Weights, QuantSummary]:
+    """A copy of ``weights`` whose projections and lm_head are :class:`QuantizedLinear` in the
+    formats of ``plan`` (norms, embedding and full-precision tensors shared, not copied).
+    ``importance`` ({class: per-layer column weights}, :mod:`engine.quant.calibration`)
+    is required by ``int4-awq`` formats."""
+    plan = as_plan(plan, group_size)
+    formats = {cls: plan.format_of(cls) for cls in CLASSES}
+    if lm_head_mode:
+        formats["lm_head"] = lm_head_mode
+    for mode in {storage_mode(f) for f in formats.values()}:
+        check_kernels(mode, weights.device.type)
+    summary = QuantSummary(mode=plan.name, group_size=plan.group_size, formats=formats)
     started = time.perf_counter()
 
-    def convert(projection: Any, name: str, as_mode: str = mode) -> QuantizedLinear:
+    if plan.needs_calibration and importance is None:
+        raise ValueError(f"plan {plan.name} needs calibration statistics (engine.quant.calibration)")
+
+    def convert(projection: Any, name: str, fmt: str, imp: torch.Tensor | None = None) -> QuantizedLinear:
         if not isinstance(projection, Linear):
             raise TypeError(f"{name} is {type(projection).__name__}, not a full-precision Linear")
-        layer = quantize_linear(projection.weight, projection.bias, as_mode, group_size=group_size,
-                                keep_reference=keep_reference, max_rows=max_rows, int4_levels=int4_levels)
+        layer = quantize_linear(projection.weight, projection.bias, fmt, group_size=plan.group_size,
+                                keep_reference=keep_reference, max_rows=max_rows, importance=imp)
         summary.layers += 1
         summary.quantized_bytes += layer.nbytes
         summary.reference_bytes += projection.weight.numel() * projection.weight.element_size()
-        if layer.mode != as_mode:
+        if layer.mode != storage_mode(fmt):
             summary.fallbacks.append(name)
         return layer
 
     with torch.no_grad():
-        layers = [dataclasses.replace(layer, **{p: convert(getattr(layer, p), f"layers.{i}.{p}")
-                                                for p in _PROJECTIONS})
+        imp = importance or {}
+        layers = [dataclasses.replace(layer, **{p: convert(getattr(layer, p), f"layers.{i}.{p}", formats[p],
+                                                           imp[p][i] if p in imp else None)
+                                                for p in PROJECTIONS})
                   for i, layer in enumerate(weights.layers)]
-        lm_head = convert(weights.lm_head, "lm_head", lm_head_mode or mode)
+        lm_head = convert(weights.lm_head, "lm_head", formats["lm_head"], imp.get("lm_head"))
+        embed = weights.embed
+        if plan.embed == "int8" and isinstance(embed, torch.Tensor) and not weights.config.tied:
+            embed = QuantizedEmbedding.from_table(embed)
+            summary.quantized_bytes += embed.nbytes
+            summary.formats["embed"] = "int8"
     summary.seconds = time.perf_counter() - started
-    return dataclasses.replace(weights, layers=layers, lm_head=lm_head), summary
+    return dataclasses.replace(weights, layers=layers, lm_head=lm_head, embed=embed), summary
 
 
-def quantize_model(model: Any, mode: str, group_size: int = DEFAULT_GROUP_SIZE,
-                   max_rows: int = DEFAULT_MAX_ROWS) -> QuantSummary:
+def quantize_model(model: Any, mode: QuantPlan | str, group_size: int | None = None,
+                   max_rows: int = DEFAULT_MAX_ROWS, free_full: bool = True,
+                   source: str | None = None, tokenizer: Any = None) -> QuantSummary:
     """Quantize ``model``'s forward weights and keep them on it for :func:`forward_weights`.
 
-    ``none`` removes them. Raises ``ValueError`` for an unknown mode and
+    ``free_full`` releases the full-precision matrices afterwards (``official`` reloads them
+    from ``source``, the model folder, on first use). ``none`` removes the quantized weights.
+    Raises ``ValueError`` for an unknown mode and
     :class:`~engine.quant.kernels.QuantKernelError` when this torch lacks the kernel."""
-    if mode not in QUANT_MODES:
-        raise ValueError(f"unknown quantization mode {mode!r}; expected one of {', '.join(QUANT_MODES)}")
     if mode == "none":
+        restore_full_weights(model)  # no-op unless a quantized setting freed them
         model.__dict__.pop(ATTR, None)
         return QuantSummary(mode="none")
-    quantized, summary = quantize_weights(fuse_projections(model), mode, group_size, max_rows)
+    plan = as_plan(mode, group_size)
+    weights = fuse_projections(model)
+    importance = None
+    if plan.needs_calibration:
+        if tokenizer is None:
+            raise ValueError(f"plan {plan.name} needs the tokenizer for its calibration pass")
+        from engine.quant.calibration import input_importance
+
+        importance = input_importance(weights, tokenizer)
+    quantized, summary = quantize_weights(weights, plan, max_rows=max_rows, keep_reference=not free_full,
+                                          importance=importance)
     model.__dict__[ATTR] = quantized  # plain attribute: not a submodule, invisible to transformers
-    log_event(logger, "model_quantized", quant=mode, group_size=summary.group_size, layers=summary.layers,
+    if free_full:
+        summary.freed_bytes = free_full_weights(model, source,
+                                                embed=isinstance(quantized.embed, QuantizedEmbedding))
+    log_event(logger, "model_quantized", quant=plan.name, group_size=summary.group_size, layers=summary.layers,
               quantized_mb=round(summary.quantized_bytes / 2**20, 1), fallbacks=len(summary.fallbacks),
-              latency_ms=int(summary.seconds * 1000))
+              freed_mb=round(summary.freed_bytes / 2**20, 1), latency_ms=int(summary.seconds * 1000),
+              formats=summary.formats)
     return summary
 
 
@@ -108,6 +152,19 @@ def forward_weights(model: Any) -> Qwen2Weights:
 
 
 def quantized_bytes(weights: Qwen2Weights) -> int:
-    """Bytes held by the low-bit projections of ``weights`` (0 when not quantized)."""
-    projections = [getattr(layer, p) for layer in weights.layers for p in _PROJECTIONS] + [weights.lm_head]
-    return sum(p.nbytes for p in projections if isinstance(p, QuantizedLinear))
+    """Bytes held by the low-bit projections (and embedding) of ``weights`` (0 when not quantized)."""
+    parts = [getattr(layer, p) for layer in weights.layers for p in PROJECTIONS] + [weights.lm_head, weights.embed]
+    return sum(p.nbytes for p in parts if isinstance(p, (QuantizedLinear, QuantizedEmbedding)))
+
+
+def bytes_per_token(weights: Qwen2Weights) -> int:
+    """Weight bytes one decode step reads: every projection and lm_head (low-bit tensors or
+    full-precision matrices), the norms, one embedding row. The floor of a step's time is
+    this over the machine's read bandwidth (``bench.stats.read_bandwidth_gbs``)."""
+    def size(t: torch.Tensor | None) -> int:
+        return 0 if t is None else t.numel() * t.element_size()
+
+    total = size(weights.norm) + weights.embed.shape[1] * weights.embed.element_size()  # one row
+    for proj in [getattr(layer, p) for layer in weights.layers for p in PROJECTIONS] + [weights.lm_head]:
+        total += proj.nbytes if isinstance(proj, QuantizedLinear) else size(proj.weight) + size(proj.bias)
+    return total + sum(size(layer.input_norm) + size(layer.post_norm) for layer in weights.layers)

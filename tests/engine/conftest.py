@@ -12,7 +12,8 @@ def tiny_engine(tiny_model_dir):  # noqa: F811
     """An Engine on the session's tiny model, float32 so comparisons are tight."""
     from engine.engine import Engine
 
-    return Engine(load_settings(model=str(tiny_model_dir), dtype="float32", device="cpu"))
+    # quant="none": the tests assert exact equality with official (full precision)
+    return Engine(load_settings(model=str(tiny_model_dir), dtype="float32", device="cpu", quant="none"))
 
 
 @pytest.fixture(scope="session")
@@ -20,7 +21,7 @@ def real_engine():
     """The bundled default model in bf16, loaded once per session (slow tests only)."""
     from engine.engine import Engine
 
-    engine = Engine(load_settings(model="default", device="cpu", dtype="bfloat16"))
+    engine = Engine(load_settings(model="default", device="cpu", dtype="bfloat16", quant="none"))
     engine.loaded  # noqa: B018 - load now, outside the timed tests
     return engine
 

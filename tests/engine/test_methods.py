@@ -20,7 +20,7 @@ USER = [{"role": "user", "content": "你好 world, compute 12 * 3 please"}]
 @pytest.fixture(scope="module", params=list(SHAPES))
 def engine(request, tmp_path_factory):
     folder = make_tiny_model_dir(tmp_path_factory.mktemp(request.param), **SHAPES[request.param])
-    return Engine(load_settings(model=str(folder), dtype="float32", device="cpu"))
+    return Engine(load_settings(model=str(folder), dtype="float32", device="cpu", quant="none"))
 
 
 def _req(method, prefix=None, messages=USER, **sampling):

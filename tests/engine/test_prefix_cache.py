@@ -40,7 +40,7 @@ def test_token_budget_evicts_until_it_fits_and_rejects_oversized():
 
 
 def test_engine_prefix_cache_hit_never_mutates_the_entry_and_budget_applies(tiny_model_dir):
-    engine = Engine(load_settings(model=str(tiny_model_dir), dtype="float32", prefix_cache_max_entries=2,
+    engine = Engine(load_settings(model=str(tiny_model_dir), dtype="float32", quant="none", prefix_cache_max_entries=2,
                                   prefix_cache_max_tokens=10_000))
 
     def run(prefix, question="q"):

@@ -48,7 +48,7 @@ def real_engine_fp32():
     from core.settings import load_settings
     from engine.engine import Engine
 
-    return Engine(load_settings(model="default", device="cpu", dtype="float32")).load()
+    return Engine(load_settings(model="default", device="cpu", dtype="float32", quant="none")).load()
 
 
 @pytest.mark.parametrize("lang", list(PROMPTS))

@@ -13,6 +13,6 @@ from tests.tiny_model import tiny_model_dir  # noqa: F401  (fixture)
 def paged_engine(tiny_model_dir):  # noqa: F811
     from engine.engine import Engine
 
-    return Engine(load_settings(model=str(tiny_model_dir), dtype="float32", device="cpu",
+    return Engine(load_settings(model=str(tiny_model_dir), dtype="float32", device="cpu", quant="none",
                                 kv_block_size=4, kv_num_blocks=512, max_batch=8,
                                 max_batched_tokens=64))

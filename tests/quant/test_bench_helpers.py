@@ -25,7 +25,7 @@ def _greedy_alone(forward: Qwen2Forward, ids: list[int], steps: int) -> list[int
 
 
 def test_batched_decode_matches_each_sequence_alone(quant_model_dir):
-    loaded = load_model(load_settings(model=str(quant_model_dir), dtype="float32", device="cpu"))
+    loaded = load_model(load_settings(model=str(quant_model_dir), dtype="float32", device="cpu", quant="none"))
     forward = Qwen2Forward(fuse_projections(loaded.model))
     prompts = [[5, 9, 30, 7], [11, 12], [40, 41, 42, 43, 44, 45]]  # different lengths
     result = batched_greedy(forward, prompts, steps=6)
@@ -36,7 +36,7 @@ def test_batched_decode_matches_each_sequence_alone(quant_model_dir):
 def test_agreement_measures(quant_model_dir):
     assert free_running([[1, 2, 3], [4, 5]], [[1, 9, 3], [4, 5]]) == {
         "agree_free": 4 / 5, "identical": 1, "first_diff_mean": 1.5}
-    loaded = load_model(load_settings(model=str(quant_model_dir), dtype="float32", device="cpu"))
+    loaded = load_model(load_settings(model=str(quant_model_dir), dtype="float32", device="cpu", quant="none"))
     weights = fuse_projections(loaded.model)
     forward = Qwen2Forward(weights)
     prompts = [[5, 9, 30, 7], [11, 12]]
@@ -44,3 +44,25 @@ def test_agreement_measures(quant_model_dir):
     assert teacher_forced(forward, prompts, reference) == 1.0
     quantized = Qwen2Forward(quantize_weights(weights, "int4")[0])
     assert 0.0 <= teacher_forced(quantized, prompts, reference) <= 1.0
+
+
+def test_bytes_per_token_counts_what_a_step_reads(quant_model_dir):
+    from engine.quant import bytes_per_token, quantized_bytes
+
+    loaded = load_model(load_settings(model=str(quant_model_dir), dtype="bfloat16", device="cpu", quant="none"))
+    weights = fuse_projections(loaded.model)
+    full = bytes_per_token(weights)
+    linear = sum(m.weight.numel() * 2 for n, m in loaded.model.named_modules()
+                 if isinstance(m, torch.nn.Linear))
+    embed_row = weights.embed.shape[1] * 2
+    assert linear + embed_row < full < linear + embed_row + 64 * 1024  # + norms and biases
+    int4 = quantize_weights(weights, "int4")[0]
+    assert bytes_per_token(int4) < full / 2.5
+    assert bytes_per_token(int4) >= quantized_bytes(int4)  # every low-bit tensor is read once
+
+
+def test_read_bandwidth_is_a_positive_rate():
+    from bench.stats import read_bandwidth_gbs
+
+    gbs = read_bandwidth_gbs(mb=16, repeats=3)
+    assert 0.1 < gbs < 10_000

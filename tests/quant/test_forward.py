@@ -8,7 +8,8 @@ from core.settings import SettingsError, load_settings
 from engine.engine import Engine
 from engine.forward import Qwen2Forward
 from engine.kv_cache import NoCache
-from engine.quant import QuantizedLinear, forward_weights, quantize_model, quantize_weights
+from engine.quant import (QuantizedLinear, forward_weights, full_weight_bytes, quantize_model,
+                          quantize_weights)
 from engine.types import GenerationRequest, SamplingParams
 from engine.weights import fuse_projections
 
@@ -80,23 +81,32 @@ def test_int4_is_near_exact_on_weights_already_on_a_4bit_grid(quant_model_dir):
     reference = _greedy(engine, "official")
     ids = torch.tensor(engine.loaded.tokenizer(TEXT)["input_ids"])
     want = Qwen2Forward(fuse_projections(engine.loaded.model))(ids, NoCache(), last_only=False)
-    quantize_model(engine.loaded.model, "int4", group_size=32)
+    quantize_model(engine.loaded.model, "int4", group_size=32, free_full=False)
     got = Qwen2Forward(forward_weights(engine.loaded.model))(ids, NoCache(), last_only=False)
     assert _rel_error(got, want) < 0.02  # only bf16 rounding of scales/activations left
     assert _greedy(engine, "custom_cache") == reference
 
 
-@pytest.mark.parametrize("mode", ["int8", "int4"])
-def test_decode_uses_packed_kernel_and_prefill_the_reference(quant_model_dir, mode):
+@pytest.mark.parametrize("mode", ["int8", "int4", "mixed"])
+def test_quantized_setting_frees_full_precision_weights(quant_model_dir, mode):
+    """Parameter accounting: after load only the low-bit tensors stand for the projections;
+    official brings the full-precision ones back on first use, and then matches none."""
     engine = _engine(quant_model_dir, "bfloat16", mode)
-    layer = forward_weights(engine.loaded.model).layers[0].gate_up
-    assert isinstance(layer, QuantizedLinear) and layer.mode == mode
-    x = torch.randn(1, 64, dtype=torch.bfloat16)
-    many = torch.randn(layer.max_rows + 1, 64, dtype=torch.bfloat16)
-    assert not torch.equal(layer(x), torch.nn.functional.linear(x, layer.reference))
-    assert torch.equal(layer(many), torch.nn.functional.linear(many, layer.reference))
-    # the reference is the model's own (fused) weight buffer, not a copy
-    assert layer.reference.data_ptr() == engine.loaded.model.model.layers[0].mlp.gate_proj.weight.data_ptr()
+    model = engine.loaded.model
+    layer = forward_weights(model).layers[0].gate_up
+    assert isinstance(layer, QuantizedLinear) and layer.reference is None
+    assert full_weight_bytes(model) == 0
+    held = sum(p.numel() * p.element_size() for p in model.parameters())
+    small = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "norm" in n or "bias" in n)
+    embed = model.model.embed_tokens.weight.numel() * model.model.embed_tokens.weight.element_size()
+    assert held == small + embed  # nothing else full precision is left
+    assert (embed == 0) == (mode == "mixed")  # mixed holds the embedding as int8 rows
+    many = torch.randn(layer.max_rows + 3, 64, dtype=torch.bfloat16)
+    assert torch.allclose(layer(many).float(), torch.nn.functional.linear(many.float(), layer.dequantize()),
+                          rtol=2e-2, atol=2e-2)  # many rows: the packed kernel, no bf16 copy
+    reference = _greedy(_engine(quant_model_dir, "bfloat16"), "official")
+    assert _greedy(engine, "official") == reference
+    assert full_weight_bytes(model) > 0  # restored for official only now
 
 
 def test_quantize_model_none_restores_full_precision(quant_model_dir):
@@ -110,9 +120,11 @@ def test_quantize_model_none_restores_full_precision(quant_model_dir):
 
 
 def test_quant_setting_is_validated(monkeypatch):
+    monkeypatch.delenv("MINISERVE_QUANT", raising=False)
+    assert load_settings().quant == "auto"
     assert load_settings(quant="INT4").quant == "int4"
     monkeypatch.setenv("MINISERVE_QUANT", "int8")
     assert load_settings().quant == "int8"
     monkeypatch.setenv("MINISERVE_QUANT", "fp8")
-    with pytest.raises(SettingsError, match="MINISERVE_QUANT"):
+    with pytest.raises(SettingsError, match="MINISERVE_QUANT.*'auto', 'none', 'mixed', 'int8' or 'int4'"):
         load_settings()

@@ -1,0 +1,99 @@
+"""Free the full-precision copies of quantized matrices; bring them back for ``official``.
+
+A quantized worker decodes from the low-bit tensors only, so keeping the bf16 matrices
+beside them would double its memory (issue 12). :func:`free_full_weights` swaps each
+quantized ``nn.Linear`` weight of the transformers model for an empty placeholder and drops
+the fused buffers of :func:`engine.weights.fuse_projections`. ``official`` must still work:
+a forward pre-hook on the model reloads those weights from the model's safetensors (or,
+for a hub id without local files, from ``from_pretrained``) the first time transformers
+runs it, then removes itself. Parameter accounting (:func:`full_weight_bytes`) lets tests
+check that nothing full-precision is left behind.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from core.logs import log_event
+
+logger = logging.getLogger("miniserve.engine.quant")
+_STATE = "miniserve_freed_weights"  # {"names": [...], "source": str, "hook": handle, "lock": Lock}
+_ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+_MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def quantized_modules(model: Any, embed: bool = False) -> dict[str, torch.nn.Module]:
+    """The modules whose weights the quantized forward replaces, by state-dict name (the
+    embedding too when ``embed``: a quantized table)."""
+    out = {"model.embed_tokens": model.model.embed_tokens} if embed else {}
+    for i, layer in enumerate(model.model.layers):
+        out.update({f"model.layers.{i}.self_attn.{n}": getattr(layer.self_attn, n) for n in _ATTN})
+        out.update({f"model.layers.{i}.mlp.{n}": getattr(layer.mlp, n) for n in _MLP})
+    if model.lm_head.weight is not model.model.embed_tokens.weight:  # a tied head is the embedding
+        out["lm_head"] = model.lm_head
+    return out
+
+
+def full_weight_bytes(model: Any, embed: bool = False) -> int:
+    """Bytes of full-precision weight still held by the quantized modules (0 once freed)."""
+    return sum(m.weight.numel() * m.weight.element_size() for m in quantized_modules(model, embed).values())
+
+
+def free_full_weights(model: Any, source: str | None, embed: bool = False) -> int:
+    """Release the quantized modules' weights (and fused buffers); returns bytes freed."""
+    if source is None:
+        raise ValueError("freeing full-precision weights needs the model source to reload them for official")
+    modules = quantized_modules(model, embed)
+    freed = full_weight_bytes(model, embed)
+    for module in modules.values():
+        module.__dict__.pop("_miniserve_fused", None)
+        dtype, device = module.weight.dtype, module.weight.device
+        module.weight = torch.nn.Parameter(torch.empty(0, dtype=dtype, device=device), requires_grad=False)
+    if _STATE not in model.__dict__:
+        hook = model.register_forward_pre_hook(lambda module, args: restore_full_weights(module))
+        model.__dict__[_STATE] = {"names": list(modules), "source": source, "hook": hook, "lock": threading.Lock()}
+    return freed
+
+
+def restore_full_weights(model: Any) -> None:
+    """Reload the freed weights (once; later calls return at once). Thread-safe."""
+    state = model.__dict__.get(_STATE)
+    if state is None or state.get("done"):
+        return
+    with state["lock"]:
+        if state.get("done"):
+            return
+        started = time.perf_counter()
+        modules = quantized_modules(model, embed="model.embed_tokens" in state["names"])
+        dtype, device = model.model.norm.weight.dtype, model.model.norm.weight.device
+        tensors = _load(state["source"], [f"{name}.weight" for name in state["names"]], dtype)
+        for name in state["names"]:
+            modules[name].weight = torch.nn.Parameter(tensors[f"{name}.weight"].to(device), requires_grad=False)
+        state["hook"].remove()
+        state["done"] = True
+        log_event(logger, "full_weights_restored", reason="official", tensors=len(tensors),
+                  mb=round(sum(t.numel() * t.element_size() for t in tensors.values()) / 2**20, 1), latency_ms=int((time.perf_counter() - started) * 1000))
+
+
+def _load(source: str, keys: list[str], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """``keys`` from the safetensors files of the folder ``source``, else via from_pretrained."""
+    files = sorted(Path(source).glob("*.safetensors")) if Path(source).is_dir() else []
+    wanted, out = set(keys), {}
+    if files:
+        from safetensors import safe_open
+
+        for path in files:
+            with safe_open(str(path), framework="pt") as handle:
+                for key in wanted.intersection(handle.keys()):
+                    out[key] = handle.get_tensor(key).to(dtype)
+    if wanted - set(out):
+        from transformers import AutoModelForCausalLM
+
+        state = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).state_dict()
+        out.update({k: state[k].detach().clone() for k in wanted - set(out)})
+    return out
