@@ -162,10 +162,12 @@ def main() -> None:
     parser.add_argument("--no-sequential", action="store_true")
     parser.add_argument("--no-queue", action="store_true",
                         help="skip the jobs through web -> Redis -> one Celery worker process")
+    parser.add_argument("--quant", default="mixed",
+                        help="MINISERVE_QUANT of the 'batched' modes (the bf16 modes always run none)")
     parser.add_argument("--output", default=str(RESULTS / "batching.csv"))
     args = parser.parse_args()
     sizes = {"max_batch": max(args.concurrency), "max_batched_tokens": max(512, 64 * max(args.concurrency))}
-    engine = Engine(load_settings(**sizes)).load()  # the default MINISERVE_QUANT (auto)
+    engine = Engine(load_settings(quant=args.quant, **sizes)).load()
     bf16 = Engine(load_settings(quant="none", **sizes)).load()
     shared = Engine(engine.settings, engine.loaded)  # the same model, its own loop and caches
     settings = engine.settings
@@ -184,7 +186,8 @@ def main() -> None:
     if not args.no_queue:
         from bench.queue_batching import QueueBatchRunner
 
-        runner = stack.enter_context(QueueBatchRunner(model=settings.model, max_batch=max(args.concurrency)))
+        runner = stack.enter_context(QueueBatchRunner(model=settings.model, max_batch=max(args.concurrency),
+                                                          quant=args.quant))
         modes["queue"] = lambda t: run_queue(runner, t, args.new_tokens)
     try:
         for name, fn in modes.items():                 # warmup

@@ -21,11 +21,11 @@ from core.workers import list_workers
 class QueueBatchRunner:
     """Context manager: a local stack whose worker accepts ``max_batch`` jobs at once."""
 
-    def __init__(self, model: str = "default", max_batch: int = 16, threads: int = 2):
+    def __init__(self, model: str = "default", max_batch: int = 16, threads: int = 2, quant: str = "auto"):
         self.env = {"MINISERVE_MODEL": model, "MINISERVE_THREADS": str(threads),
                     "MINISERVE_MAX_BATCH": str(max_batch),
                     "MINISERVE_MAX_BATCHED_TOKENS": str(max(512, 64 * max_batch)),
-                    "MINISERVE_LOG_LEVEL": "WARNING"}
+                    "MINISERVE_LOG_LEVEL": "WARNING", "MINISERVE_QUANT": quant}
         self.max_batch = max_batch
 
     def __enter__(self) -> "QueueBatchRunner":

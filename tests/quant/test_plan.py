@@ -59,8 +59,8 @@ def test_activation_weighted_rounding_lowers_the_weighted_error():
     assert weighted(aware) < weighted(plain)
 
 
-def test_auto_is_the_mixed_plan_on_cpu_and_none_on_cuda():
-    assert resolve_quant("auto", "cpu") == "mixed" and "mixed" in PLANS
+def test_auto_is_full_precision_until_a_plan_passes_the_quality_gate():
+    assert resolve_quant("auto", "cpu") == "none" and "mixed" in PLANS
     assert resolve_quant("auto", "cuda") == "none"
     assert resolve_quant("int8", "cpu") == "int8"
     with pytest.raises(ValueError, match="MINISERVE_QUANT.*auto, none, mixed, int8, int4"):
@@ -81,6 +81,7 @@ def test_explicit_setting_without_its_kernel_fails_at_start(quant_model_dir, mon
 
 
 def test_auto_without_its_kernel_runs_full_precision_and_says_so(quant_model_dir, monkeypatch, caplog):
+    monkeypatch.setattr("engine.quant.plan.AUTO_CPU_PLAN", "mixed")  # as when a plan passes the gate
     _broken_kernels(monkeypatch)
     with caplog.at_level(logging.WARNING, logger="miniserve.engine.loader"):
         engine = Engine(load_settings(model=str(quant_model_dir), device="cpu", quant="auto")).load()
@@ -88,10 +89,10 @@ def test_auto_without_its_kernel_runs_full_precision_and_says_so(quant_model_dir
     assert any("quant_fallback" in r.getMessage() for r in caplog.records)
 
 
-def test_every_handwritten_method_runs_under_the_default_setting(quant_model_dir, monkeypatch):
-    monkeypatch.delenv("MINISERVE_QUANT", raising=False)
-    engine = Engine(load_settings(model=str(quant_model_dir), device="cpu", dtype="bfloat16")).load()
-    assert engine.info()["quant"] == "mixed (auto)" and full_weight_bytes(engine.loaded.model) == 0
+def test_every_handwritten_method_runs_under_the_mixed_plan(quant_model_dir):
+    engine = Engine(load_settings(model=str(quant_model_dir), device="cpu", dtype="bfloat16",
+                                  quant="mixed")).load()
+    assert engine.info()["quant"] == "mixed" and full_weight_bytes(engine.loaded.model) == 0
     request = lambda method: GenerationRequest(  # noqa: E731
         messages=[{"role": "user", "content": "Write a short poem about the sea."}],
         sampling=SamplingParams(max_new_tokens=10), method=method)

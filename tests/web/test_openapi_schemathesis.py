@@ -24,8 +24,10 @@ API_KEY = "schemathesis-key"
 def _app(**overrides):
     store = JobStore(fakeredis.FakeRedis(decode_responses=True), ttl_s=600)
     celery = FakeCelery(runner=lambda job_id: run_job(store, job_id))
+    # Bodies up to 64 MB are parsed, so a huge schema-violating body is judged by validation
+    # (a documented 4xx), not cut off by the size guard's 413 (tested in test_jobs.py).
     settings = load_settings(cache_dir="/nonexistent/miniserve-cache", sse_keepalive_s=1, wait_timeout_s=5,
-                             **overrides)
+                             max_body_bytes=64 * 2**20, **overrides)
     return create_app(settings, store=store, celery_client=celery)
 
 
