@@ -6,6 +6,7 @@ from typing import Any
 
 from core import tasks as names
 from core.events import TOOL_STEP, WAITING
+from engine.constrained.compiler import GrammarError
 from engine.types import CancelCheck, GenerationRequest, GenerationResult, TextCallback
 from worker.app import app
 from worker.job_runner import JobContext, JobFailed, run_job
@@ -58,8 +59,11 @@ class WorkerGenerator:
 def run_generation(ctx: JobContext) -> dict[str, Any]:
     rt = runtime()
     request = generation_request_from(ctx.record.request, rt.settings.default_max_new_tokens)
-    result = WorkerGenerator(rt, ctx).generate(request, on_text=ctx.on_text,
-                                               should_cancel=ctx.should_cancel)
+    try:
+        result = WorkerGenerator(rt, ctx).generate(request, on_text=ctx.on_text,
+                                                   should_cancel=ctx.should_cancel)
+    except GrammarError as exc:  # the request's grammar, not the worker, is at fault
+        raise JobFailed("grammar_error", str(exc)) from None
     return result.to_dict()
 
 
