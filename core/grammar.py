@@ -25,6 +25,12 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
+# llguidance's parser limits (LLParserLimits keyword arguments), the same in the web's check and
+# the worker's compile: "fuel" bounds the work of building the lexer and of each mask step,
+# the sizes bound memory. Tighter than llguidance's defaults where a client's grammar could
+# make a step slow.
+PARSER_LIMITS = {"initial_lexer_fuel": 1_000_000, "step_lexer_fuel": 200_000, "step_max_items": 50_000,
+                 "max_lexer_states": 50_000, "max_grammar_size": 200_000, "verbose_errors": False}
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 MAX_PARALLEL_CALLS = 8
 EMPTY_OBJECT = {"type": "object", "properties": {}}
@@ -115,8 +121,9 @@ def _call_rules(tools: list[ToolSpec]) -> list[str]:
     return rules
 
 
-def _calls_rule(parallel: bool) -> str:
-    return "calls: call" + (f" (\"\\n\" call){{0,{MAX_PARALLEL_CALLS - 1}}}" if parallel else "")
+def _repeat(rule: str, item: str, parallel: bool) -> str:
+    """``rule: item`` or, with parallel calls, up to MAX_PARALLEL_CALLS of them, one a line."""
+    return f"{rule}: {item}" + (f" (\"\\n\" {item}){{0,{MAX_PARALLEL_CALLS - 1}}}" if parallel else "")
 
 
 def tool_calls(tools: list[ToolSpec], parallel: bool = True, lazy: bool = False) -> Constraint:
@@ -125,11 +132,12 @@ def tool_calls(tools: list[ToolSpec], parallel: bool = True, lazy: bool = False)
     if not lazy:
         start = "start: calls"
     else:
-        start = ("start: calls | \"```json\" FENCE_WS calls FENCE_WS \"```\" | \"```\\n\" calls FENCE_WS \"```\""
-                 " | tagged\ntagged: tag (\"\\n\" tag){0,%d}\n"
-                 "tag: \"<tool_call>\" FENCE_WS call FENCE_WS \"</tool_call>\"\n"
-                 "FENCE_WS: /[ \\t]*\\n?/" % (MAX_PARALLEL_CALLS - 1 if parallel else 0))
-    grammar = "\n".join([start, _calls_rule(parallel), *_call_rules(tools)])
+        start = "\n".join([
+            'start: calls | "```json" FENCE_WS calls FENCE_WS "```" | "```\\n" calls FENCE_WS "```" | tagged',
+            _repeat("tagged", "tag", parallel),
+            'tag: "<tool_call>" FENCE_WS call FENCE_WS "</tool_call>"',
+            "FENCE_WS: /[ \\t]*\\n?/"])
+    grammar = "\n".join([start, _repeat("calls", "call", parallel), *_call_rules(tools)])
     if not lazy:
         return Constraint("tools", grammar)
     return Constraint("tools", grammar, lazy=True, start_triggers=START_TRIGGERS, triggers=ANYWHERE_TRIGGERS)

@@ -4,7 +4,7 @@ One :class:`GrammarCompiler` per engine wraps the model's tokenizer for llguidan
 second, once) and keeps an LRU of compiled templates; each sequence gets a ``deep_copy`` of
 its template (microseconds), so a tool set or schema used again is not compiled again.
 
-Bounds: llguidance measures work in "fuel" and sizes, not seconds. :data:`LIMITS` caps the
+Bounds: llguidance measures work in "fuel" and sizes, not seconds. ``PARSER_LIMITS`` caps the
 lexer's regex building, each mask step, the grammar size and the lexer states (memory), so a
 hostile grammar stops with an error instead of hanging the engine loop; the web checks the
 same grammar with the same limits before a job is queued (see docs/constrained.md).
@@ -20,7 +20,7 @@ from typing import Any, Iterable
 
 import llguidance
 
-from core.grammar import Constraint
+from core.grammar import PARSER_LIMITS, Constraint
 from core.logs import log_event
 
 logger = logging.getLogger("miniserve.engine.constrained")
@@ -28,10 +28,7 @@ CACHE_ENTRIES = 128
 
 
 def parser_limits() -> llguidance.LLParserLimits:
-    """Tighter than llguidance's defaults where a client's grammar could make us slow."""
-    return llguidance.LLParserLimits(initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000,
-                                     step_max_items=50_000, max_lexer_states=50_000,
-                                     max_grammar_size=200_000, verbose_errors=False)
+    return llguidance.LLParserLimits(**PARSER_LIMITS)
 
 
 class GrammarError(ValueError):
