@@ -12,6 +12,9 @@ interleaved round by round, both engines:
   (the answer is the schema's example, tokenized as the model would write it), and applying it
   to a 151,936-logit vector with our own :func:`engine.constrained.bitmask.apply_bitmask`
   (same code for both, so it is reported once, apart);
+- **our grammars** (llguidance through :class:`engine.constrained.GrammarCompiler`, as the
+  worker runs them): compile time of each case's ``json_schema`` grammar and of the tool-call
+  grammars (``required`` over 3 tools, lazy ``auto``), cold and then from the cache;
 - **install size** of the package and the dependencies it pulls that the project does not
   already need (xgrammar requires triton and apache-tvm-ffi), and the **license**.
 
@@ -184,6 +187,32 @@ def run(rounds: int, model_dir: str) -> tuple[list[dict[str, Any]], dict[str, An
     return rows, summary
 
 
+def our_grammars(tokenizer: Any, eos: list[int], rounds: int) -> list[dict[str, Any]]:
+    """Compile times of the grammars the service builds (core.grammar), cold and cached."""
+    from bench.grammar_cases import CALCULATOR, SEARCH, WEATHER
+    from core import grammar
+    from core.grammar import ToolSpec
+    from engine.constrained.compiler import GrammarCompiler
+
+    tools = [ToolSpec("get_weather", WEATHER), ToolSpec("calculator", CALCULATOR), ToolSpec("search", SEARCH)]
+    grammars = {f"json_schema:{c.name}": grammar.json_schema(c.schema) if c.schema else grammar.json_object()
+                for c in CASES}
+    grammars["tools:required(3)"] = grammar.tool_calls(tools, parallel=False)
+    grammars["tools:auto(3, lazy)"] = grammar.tool_calls(tools, lazy=True)
+    compiler = GrammarCompiler(tokenizer, MODEL_VOCAB, eos)
+    rows = []
+    for name, constraint in grammars.items():
+        cold, cached = [], []
+        for _ in range(rounds):
+            cold.append(timed(lambda: compiler._build(constraint))[1])
+        compiler.compile(constraint)
+        for _ in range(rounds):
+            cached.append(timed(lambda: compiler.compile(constraint))[1])
+        rows.append({"grammar": name, "compile_p50_ms": percentile(cold, 50) * 1e3,
+                     "compile_max_ms": max(cold) * 1e3, "cached_p50_us": percentile(cached, 50) * 1e6})
+    return rows
+
+
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -219,8 +248,14 @@ def main() -> None:
     parser.add_argument("--out", default="results/grammar_engines")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    rows, summary = run(args.rounds, args.model_dir or str(default_model_dir(Settings())))
+    model_dir = args.model_dir or str(default_model_dir(Settings()))
+    rows, summary = run(args.rounds, model_dir)
     print_table(rows, ["engine", "schema", "compile_p50_ms", "mask_p50_us", "mask_p90_us", "apply_p50_us", "tokens"])
+    from transformers import AutoTokenizer
+
+    ours = our_grammars(AutoTokenizer.from_pretrained(model_dir), [151645, 151643], args.rounds)
+    print_table(ours, ["grammar", "compile_p50_ms", "compile_max_ms", "cached_p50_us"])
+    summary["our_grammars"] = ours
     print(json.dumps(summary["engines"], indent=2))
     out = Path(args.out)
     summary.update(command="python -m bench.grammar_engines " + f"--rounds {args.rounds}",

@@ -11,6 +11,8 @@ the grammar (``{}`` for ``{``) leaves the answer free: the parser then sees plai
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 from core.grammar import Constraint
@@ -28,6 +30,8 @@ class TokenConstraint:
         self._text = b""            # lazy: bytes generated before the trigger
         self.gave_up = False        # lazy: the triggering token broke the grammar
         self.triggered_at: int | None = None
+        self.work_s = 0.0           # time spent in mask + accept (for logs and the overhead bench)
+        self.steps = 0
 
     @property
     def active(self) -> bool:
@@ -38,15 +42,21 @@ class TokenConstraint:
         a lazy constraint waits for its trigger)."""
         if self.matcher is None:
             return logits
+        started = time.perf_counter()
         self.matcher.unsafe_compute_mask_ptr(self._bitmask.data_ptr(), self._bitmask.numel() * 4)
         if self.matcher.is_error():
             raise GrammarError(f"{self.constraint.kind} grammar: {self.matcher.get_error()}")
-        return apply_bitmask(logits, self._bitmask)
+        masked = apply_bitmask(logits, self._bitmask)
+        self.work_s += time.perf_counter() - started
+        self.steps += 1
+        return masked
 
     def accept(self, token: int) -> None:
         if self.matcher is not None:
+            started = time.perf_counter()
             if not self.matcher.consume_token(token) and self.matcher.is_error():
                 raise GrammarError(f"{self.constraint.kind} grammar: {self.matcher.get_error()}")
+            self.work_s += time.perf_counter() - started
             return
         if self.constraint.lazy and not self.gave_up:
             self._text += self._tokenizer.decode_bytes([token])

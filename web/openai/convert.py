@@ -118,8 +118,8 @@ def _constraint(body: ChatCompletionRequest, tools: ToolSet | None) -> dict[str,
     if tools is None:
         return guided.to_dict() if guided is not None else None
     if guided is not None:
-        raise ApiError(422, "validation_error", f"{guided.kind if guided.kind != 'json_schema' else 'response_format'}"
-                       ": not with tools unless tool_choice is none", field="response_format")
+        name = {"choice": "guided_choice", "regex": "guided_regex"}.get(guided.kind, "response_format")
+        raise ApiError(422, "validation_error", f"{name}: not with tools unless tool_choice is none", field=name)
     found = constraints.for_tools([t.model_dump() for t in body.tools or []], tools.only,
                                   required=_forced(body, tools), parallel=tools.parallel)
     return found.to_dict()
