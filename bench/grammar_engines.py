@@ -20,6 +20,9 @@ interleaved round by round, both engines:
 
 Writes ``<out>.csv`` (one row per engine x schema), ``<out>.json`` (summary + machine) and
 ``<out>.png``.
+
+xgrammar is not a project requirement (with triton it installs ~1 GB): to rerun the
+comparison, ``pip install xgrammar==0.2.9`` first (and uninstall it after).
 """
 from __future__ import annotations
 

@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from core.grammar import Constraint
@@ -21,11 +22,25 @@ __all__ = ["CompiledGrammar", "GrammarCompiler", "GrammarError", "TokenConstrain
            "token_constraint"]
 
 
+_BUILD_LOCK = threading.Lock()
+
+
 def compiler_for(engine: Any) -> GrammarCompiler:
-    """The engine's grammar compiler (built on first constrained request)."""
-    loaded = engine.loaded
-    vocab = int(loaded.model.config.vocab_size)
-    return engine.state("grammar_compiler", lambda: GrammarCompiler(loaded.tokenizer, vocab, loaded.eos_ids))
+    """The engine's grammar compiler, built on the first constrained request.
+
+    Not engine-loop state: requests are compiled in the submitting thread (so a bad grammar
+    raises to its caller and a compile never stalls the batch), and the compiler is
+    thread-safe (its cache has a lock; llguidance releases the GIL while it compiles). The
+    per-sequence :class:`TokenConstraint` it makes is then used by one thread only."""
+    compiler = getattr(engine, "_grammar_compiler", None)
+    if compiler is None:
+        with _BUILD_LOCK:
+            compiler = getattr(engine, "_grammar_compiler", None)
+            if compiler is None:
+                loaded = engine.loaded
+                compiler = GrammarCompiler(loaded.tokenizer, int(loaded.model.config.vocab_size), loaded.eos_ids)
+                engine._grammar_compiler = compiler
+    return compiler
 
 
 def token_constraint(engine: Any, constraint: Constraint | None) -> TokenConstraint | None:
