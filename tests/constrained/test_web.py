@@ -109,20 +109,45 @@ def test_a_pathological_regex_is_bounded(client, store, celery):  # noqa: F811
     assert response.status_code in (200, 400) and time.perf_counter() - started < 5
 
 
-def test_forced_tool_calls_stream_as_deltas(client, store, celery):  # noqa: F811
-    text = ('{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
-            '{"name": "get_weather", "arguments": {"city": "Rome"}}')
+def streamed(client, store, celery, text: str, **body):  # noqa: F811
+    """Events of a streamed chat whose fake worker writes ``text`` in 5-character pieces."""
     chunks = [text[i:i + 5] for i in range(0, len(text), 5)]
     celery.runner = lambda job_id: run_job(store, job_id, chunks=chunks, payload={
         "text": text, "finish_reason": "stop", "method": "paged", "usage": {}, "timings": {}})
-    response = chat(client, tools=[TOOL], tool_choice="required", stream=True)
-    events = [json.loads(line[6:]) for line in response.get_data(as_text=True).split("\n")
-              if line.startswith("data: {")]
-    deltas = [d for e in events for c in e["choices"] for d in c["delta"].get("tool_calls", [])]
+    response = chat(client, stream=True, **body)
+    return [json.loads(line[6:]) for line in response.get_data(as_text=True).split("\n")
+            if line.startswith("data: {")]
+
+
+def tool_deltas(events) -> list[dict]:
+    return [d for e in events for c in e["choices"] for d in c["delta"].get("tool_calls", [])]
+
+
+def joined_arguments(deltas) -> list:
     args: dict[int, str] = {}
     for delta in deltas:
         args[delta["index"]] = args.get(delta["index"], "") + delta["function"]["arguments"]
-    assert [json.loads(a) for a in args.values()] == [{"city": "Paris"}, {"city": "Rome"}]
+    return [json.loads(a) for a in args.values()]
+
+
+def test_forced_tool_calls_stream_as_deltas(client, store, celery):  # noqa: F811
+    text = ('{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+            '{"name": "get_weather", "arguments": {"city": "Rome"}}')
+    events = streamed(client, store, celery, text, tools=[TOOL], tool_choice="required")
+    deltas = tool_deltas(events)
+    assert joined_arguments(deltas) == [{"city": "Paris"}, {"city": "Rome"}]
     assert len(deltas) > 4  # the arguments came piece by piece, not in one closing chunk
     assert [d["function"]["name"] for d in deltas if "id" in d] == ["get_weather", "get_weather"]
     assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_auto_streams_a_bare_call_as_deltas_and_holds_text_back(client, store, celery):  # noqa: F811
+    call = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    deltas = tool_deltas(streamed(client, store, celery, " " + call, tools=[TOOL]))
+    assert len(deltas) > 2 and joined_arguments(deltas) == [{"city": "Paris"}]
+    events = streamed(client, store, celery, "Let me look.\n<tool_call>\n" + call + "\n</tool_call>", tools=[TOOL])
+    held = [e for e in events if e["choices"] and e["choices"][0]["delta"].get("tool_calls")]
+    assert len(held) == 1 and joined_arguments(tool_deltas(held)) == [{"city": "Paris"}]  # one closing chunk
+    events = streamed(client, store, celery, "It is sunny.", tools=[TOOL])
+    assert "".join(c["delta"].get("content") or "" for e in events for c in e["choices"]) == "It is sunny."
+    assert events[-1]["choices"][0]["finish_reason"] == "stop"

@@ -82,3 +82,32 @@ class CallStreamer:
                     self.in_args = False
                     break
         return self.text[begin:self.pos]
+
+
+class ToolStream:
+    """One streamed answer of a request with tools: which text becomes ``tool_calls`` deltas.
+
+    Forced calls: all of it. ``auto``: decided at the first non-blank character; an answer
+    that opens with ``{`` is a bare-JSON call (the lazy grammar holds it to valid calls from
+    that token on), so it streams as deltas; any other answer is held back to the end, as a
+    call may still start later in it."""
+
+    def __init__(self, job_id: str, forced: bool) -> None:
+        self.calls = CallStreamer(job_id)
+        self.mode = "calls" if forced else "undecided"
+        self._head = ""
+
+    @property
+    def streamed(self) -> bool:
+        """Whether any call went out as deltas (the ending then does not repeat them)."""
+        return self.calls.index >= 0
+
+    def feed(self, piece: str) -> list[dict[str, Any]]:
+        if self.mode == "undecided":
+            self._head += piece
+            body = self._head.lstrip()
+            if not body:
+                return []
+            self.mode = "calls" if body.startswith("{") else "held"
+            piece = self._head
+        return self.calls.feed(piece) if self.mode == "calls" else []

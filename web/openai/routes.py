@@ -3,10 +3,11 @@
 A chat request becomes a ``chat`` job (``core.tasks`` sends it to the generation task), so
 it is queued, cancellable, visible in ``/jobs`` and on the monitor page like any other.
 Without ``stream`` the route waits for the job (as ``/generate`` does). With ``stream`` it
-follows the job's events and writes OpenAI chunks. Forced tool calls (``required`` or a
-named function: the grammar fixes the answer's shape) stream as ``tool_calls`` deltas as
-they are generated; with ``auto`` the text is held back until the end, because whether it
-holds a call is only known then (keep-alive comments still go out for each token). A client that goes away mid-stream is
+follows the job's events and writes OpenAI chunks. Tool calls stream as ``tool_calls``
+deltas as they are generated when the grammar fixes the answer's shape: forced calls
+(``required``, a named function), and ``auto`` answers that open with a bare JSON call;
+any other ``auto`` answer is held back until the end, because whether it holds a call is
+only known then (keep-alive comments still go out for each token). A client that goes away mid-stream is
 noticed on the next write (the server closes the generator) and its job is cancelled.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ from core.events import CANCELLED, DONE, QUEUED, TIMEOUT, TOKEN, Event
 from core.jobs import JobRecord, JobStore
 from core.logs import log_event
 from web.context import ctx
-from web.openai.call_stream import CallStreamer
+from web.openai.call_stream import ToolStream
 from web.openai.convert import ChatJob, chat_job
 from web.openai.responses import ChunkWriter, completion, model_id
 from web.openai.schemas import ChatCompletion, ChatCompletionRequest, ModelList, OpenAIError
@@ -71,7 +72,7 @@ def stream_completion(store: JobStore, celery: Any, job: JobRecord, chat: ChatJo
     client leaves before its end."""
     writer = ChunkWriter(job, chat, model)
     buffered = chat.tools is not None
-    calls = CallStreamer(job.id) if chat.forced_calls else None
+    calls = ToolStream(job.id, chat.forced_calls) if chat.tools is not None else None
     ended, last = False, 0
     try:
         yield writer.delta({"role": "assistant", "content": ""})
@@ -89,7 +90,7 @@ def stream_completion(store: JobStore, celery: Any, job: JobRecord, chat: ChatJo
             elif event.is_terminal:
                 ended = True
                 yield from _ending(writer, event.type, _full_payload(store, job.id, event), buffered,
-                                   calls is not None)
+                                   bool(calls and calls.streamed))
                 return
     except GeneratorExit:
         if not ended:
@@ -104,8 +105,8 @@ def _full_payload(store: JobStore, job_id: str, event: Event) -> dict[str, Any]:
     return (record.result if event.type == DONE else record.error) or event.data
 
 
-def _token(writer: ChunkWriter, text: str, buffered: bool, calls: CallStreamer | None) -> Iterator[str]:
-    """A token event: content, tool-call deltas (forced calls) or a keep-alive (held back)."""
+def _token(writer: ChunkWriter, text: str, buffered: bool, calls: ToolStream | None) -> Iterator[str]:
+    """A token event: content, tool-call deltas, or a keep-alive (text held back)."""
     if calls is not None:
         deltas = calls.feed(text)
         for delta in deltas:
