@@ -8,7 +8,7 @@ Side by side in one run, interleaved round by round, warmed:
   per-token decode time of each (``1 / decode_tokens_per_s``) and, inside the constrained
   run, the time spent in the grammar (mask + accept, measured by the constraint itself)
   as a share of its decode time;
-- **batch 8** (``BatchEngine``, 8 requests submitted together): 8 free vs 4 constrained
+- **batch 8** (the engine loop, 8 requests held at the loop and released together): 8 free vs 4 constrained
   (2 ``json_schema``, 2 ``tool_choice: required``) + 4 free. Figures: wall time per
   scheduler step, tokens/s over the batch, and the grammar's time as a share of the
   mixed batch's wall time.
@@ -21,8 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import threading
 import time
-from concurrent.futures import wait
 from pathlib import Path
 from typing import Any
 
@@ -79,19 +79,26 @@ def batch1(engine: Any, log: ConstraintLog, tokens: int, constrained: bool) -> d
             "valid": _valid_json(result.text) if constrained and result.finish_reason == "stop" else None}
 
 
-def batch8(batcher: Any, log: ConstraintLog, tokens: int, mixed: bool) -> dict[str, Any]:
+def batch8(engine: Any, log: ConstraintLog, tokens: int, mixed: bool) -> dict[str, Any]:
     requests = [req(p, tokens) for p in FREE_PROMPTS]
     if mixed:
         requests[:2] = [req(JSON_PROMPT, tokens, grammar.json_schema(ORDER)) for _ in range(2)]
         requests[2:4] = [req(TOOL_PROMPT, tokens, grammar.tool_calls(TOOLS, parallel=False)) for _ in range(2)]
-    stats = batcher.service.scheduler.stats
-    steps_before, sampled_before = stats.steps, stats.sampled
+    loop, gate = engine.loop, threading.Event()
+
+    def counters() -> tuple[int, int]:
+        stats = loop.paged.scheduler.stats
+        return stats.steps, stats.sampled
+
+    steps_before, sampled_before = loop.call(counters)
+    loop.post(gate.wait)  # hold the loop so all 8 join the first step
+    handles = [loop.submit(r) for r in requests]
     started = time.perf_counter()
-    futures = [batcher.submit(r) for r in requests]
-    wait(futures)
+    gate.set()
+    results = [h.result() for h in handles]
     wall = time.perf_counter() - started
-    results = [f.result() for f in futures]
-    steps, sampled = stats.steps - steps_before, stats.sampled - sampled_before
+    steps_after, sampled_after = loop.call(counters)
+    steps, sampled = steps_after - steps_before, sampled_after - sampled_before
     grammar_s = log.take()
     return {"mode": "batch8", "variant": "4 constrained + 4 free" if mixed else "8 free", "tokens": sampled,
             "ms_per_step": 1000 * wall / max(steps, 1), "tokens_per_s": sampled / wall,
@@ -139,7 +146,6 @@ def plot(summary: list[dict[str, Any]], path: Path) -> None:
 
 def main() -> None:
     from core.settings import load_settings
-    from engine.batching import BatchEngine
     from engine.engine import Engine
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -149,7 +155,6 @@ def main() -> None:
     args = parser.parse_args()
     engine = Engine(load_settings()).load()
     log = ConstraintLog()
-    batcher = BatchEngine(engine)
     batch1(engine, log, 8, True)  # warm: compile the grammars, first forward
     batch1(engine, log, 8, False)
     rows: list[dict[str, Any]] = []
@@ -158,10 +163,10 @@ def main() -> None:
             for constrained in ((False, True) if r % 2 == 0 else (True, False)):
                 rows.append({"round": r, **batch1(engine, log, args.tokens, constrained)})
             for mixed in ((False, True) if r % 2 == 0 else (True, False)):
-                rows.append({"round": r, **batch8(batcher, log, args.tokens, mixed)})
+                rows.append({"round": r, **batch8(engine, log, args.tokens, mixed)})
             print(json.dumps(rows[-4:], default=str))
     finally:
-        batcher.close()
+        engine.close()
     summary = summarize(rows)
     print_table(summary, list(summary[0]) + ["ms_per_step_median"])
     out = Path(args.out)

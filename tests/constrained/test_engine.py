@@ -3,8 +3,6 @@ weights write valid JSON, in every method and per sequence inside a batch."""
 from __future__ import annotations
 
 import json
-from concurrent.futures import wait
-
 import jsonschema
 import pytest
 import torch
@@ -77,23 +75,21 @@ def test_required_tool_calls_name_a_declared_function_with_valid_arguments(tiny_
 
 def test_constrained_and_free_sequences_share_a_batch(tiny_engine):
     """Each row gets its own mask: the free sequences answer exactly as when run alone."""
-    from engine.batching import BatchEngine
+    import threading
 
     free = [GenerationRequest(messages=[{"role": "user", "content": f"Say {i}"}], method="paged",
                               sampling=SamplingParams(max_new_tokens=16)) for i in range(3)]
     alone = [tiny_engine.generate(r).text for r in free]
-    batch = BatchEngine(tiny_engine)
-    try:
-        constrained = [batch.submit(request(grammar.json_schema(ORDER), method="paged", seed=s, tokens=400))
-                       for s in range(3)]
-        mixed = [batch.submit(r) for r in free]
-        wait(constrained + mixed, timeout=300)
-        assert [f.result().text for f in mixed] == alone
-        for future in constrained:
-            jsonschema.validate(json.loads(future.result().text), ORDER)
-        assert batch.service.scheduler.stats.max_batch_size >= 4
-    finally:
-        batch.close()
+    loop, gate = tiny_engine.loop, threading.Event()
+    loop.post(gate.wait)  # hold the loop: every request below joins the same first step
+    constrained = [loop.submit(request(grammar.json_schema(ORDER), method="paged", seed=s, tokens=400))
+                   for s in range(3)]
+    mixed = [loop.submit(r) for r in free]
+    gate.set()
+    assert [h.result(300).text for h in mixed] == alone
+    for handle in constrained:
+        jsonschema.validate(json.loads(handle.result(300).text), ORDER)
+    assert loop.call(lambda: loop.paged.scheduler.stats.max_batch_size) >= 6
 
 
 def test_compiled_grammars_are_cached_by_hash(tiny_engine):
