@@ -34,3 +34,19 @@ def test_real_model_json_schema_and_required_tool_call(real_engine):
     calls = parse_tool_calls(text, known_tools=["get_weather", "calculator"]).calls
     assert len(calls) == 1 and calls[0].name == "get_weather"
     jsonschema.validate(calls[0].arguments, WEATHER)
+
+
+@pytest.mark.slow
+def test_real_model_auto_call_is_a_valid_call_of_a_declared_function(real_engine):
+    """The lazy grammar: the model starts its call as it likes; the rest is held valid."""
+    tools = [ToolSpec("get_weather", WEATHER), ToolSpec("calculator", CALC)]
+    request = GenerationRequest(
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}], method="paged",
+        tools=[{"type": "function", "function": {"name": t.name, "parameters": t.parameters}} for t in tools],
+        constraint=grammar.tool_calls(tools, parallel=False, lazy=True), sampling=SamplingParams(max_new_tokens=48))
+    text = real_engine.generate(request).text
+    calls = parse_tool_calls(text, known_tools=["get_weather", "calculator"]).calls
+    assert calls, text
+    for call in calls:
+        assert call.name in ("get_weather", "calculator")
+        jsonschema.validate(call.arguments, WEATHER if call.name == "get_weather" else CALC)
