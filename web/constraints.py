@@ -35,6 +35,10 @@ MAX_SCHEMA_DEPTH = 48
 MAX_CHOICES = 256
 MAX_CHOICE_CHARS = 1024
 MAX_REGEX_CHARS = 4096
+# A lower bound no answer within the token cap can meet only makes the grammar huge
+# (minItems 100000 takes seconds to compile): refused up front.
+MAX_LOWER_BOUND = 4096
+LOWER_BOUNDS = ("minItems", "minLength", "minProperties", "minContains")
 
 
 def parser_limits() -> llguidance.LLParserLimits:
@@ -43,6 +47,22 @@ def parser_limits() -> llguidance.LLParserLimits:
 
 def _bad(field: str, message: str, code: str = "validation_error") -> ApiError:
     return ApiError(422, code, f"{field}: {message}", field=field)
+
+
+def _too_large_bound(schema: Any) -> str | None:
+    """The first ``minItems``-like keyword above :data:`MAX_LOWER_BOUND`, if any."""
+    stack = [schema]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key in LOWER_BOUNDS:
+                value = item.get(key)
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and value > MAX_LOWER_BOUND:
+                    return f"{key} {value} (at most {MAX_LOWER_BOUND})"
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None
 
 
 def _depth(value: Any, limit: int) -> int:
@@ -67,6 +87,9 @@ def check_schema(schema: Any, field: str) -> dict[str, Any]:
     size = len(json.dumps(schema, ensure_ascii=False))
     if size > MAX_SCHEMA_BYTES:
         raise _bad(field, f"{size} bytes; at most {MAX_SCHEMA_BYTES}", "schema_too_complex")
+    bound = _too_large_bound(schema)
+    if bound:
+        raise _bad(field, bound, "schema_too_complex")
     cls = validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
         cls.check_schema(schema)

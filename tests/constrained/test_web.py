@@ -80,6 +80,8 @@ def deep_schema(levels: int) -> dict:
     ({"response_format": schema_format(deep_schema(200))}, "response_format.json_schema.schema", "deeper"),
     ({"response_format": schema_format({"enum": [f"v{i:06d}" for i in range(20_000)]})},
      "response_format.json_schema.schema", "bytes"),
+    ({"response_format": schema_format({"type": "array", "minItems": 100_000, "items": {"type": "integer"}})},
+     "response_format.json_schema.schema", "minItems 100000"),
     ({"guided_regex": "(a"}, "guided_regex", "regex"),
     ({"guided_choice": []}, "guided_choice", ""),
     ({"guided_choice": ["a"], "guided_regex": "a"}, "guided_regex", "only one"),
@@ -151,3 +153,13 @@ def test_auto_streams_a_bare_call_as_deltas_and_holds_text_back(client, store, c
     events = streamed(client, store, celery, "It is sunny.", tools=[TOOL])
     assert "".join(c["delta"].get("content") or "" for e in events for c in e["choices"]) == "It is sunny."
     assert events[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_grammar_the_worker_cannot_compile_is_a_400_not_a_500(client, store, celery):  # noqa: F811
+    from core.events import FAILED
+
+    celery.runner = lambda job_id: run_job(store, job_id, chunks=(), state=FAILED, payload={
+        "code": "grammar_error", "message": "json_schema grammar: NoExtensionBias"})
+    response = chat(client, response_format=schema_format({"$ref": "#"}))
+    assert response.status_code == 400
+    assert response.get_json()["error"]["code"] == "grammar_error"
