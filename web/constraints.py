@@ -29,6 +29,7 @@ from jsonschema.validators import validator_for
 from core import grammar
 from core.grammar import Constraint, ToolSpec
 from web.errors import ApiError
+from web.json_depth import depth
 
 MAX_SCHEMA_BYTES = 64 * 1024
 MAX_SCHEMA_DEPTH = 48
@@ -65,24 +66,11 @@ def _too_large_bound(schema: Any) -> str | None:
     return None
 
 
-def _depth(value: Any, limit: int) -> int:
-    """Nesting depth of a JSON value, iteratively (a deep schema must not blow our stack)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        deepest = max(deepest, depth)
-        if deepest > limit:
-            return deepest
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    return deepest
-
-
 def check_schema(schema: Any, field: str) -> dict[str, Any]:
     """A JSON Schema within our bounds and valid as a schema, or a 422 naming ``field``."""
     if not isinstance(schema, dict):
         raise _bad(field, "must be a JSON Schema object")
-    if _depth(schema, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
+    if depth(schema) > MAX_SCHEMA_DEPTH:
         raise _bad(field, f"nested deeper than {MAX_SCHEMA_DEPTH} levels", "schema_too_complex")
     size = len(json.dumps(schema, ensure_ascii=False))
     if size > MAX_SCHEMA_BYTES:

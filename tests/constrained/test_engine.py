@@ -147,3 +147,15 @@ def test_lazy_auto_answers_in_text_or_a_valid_call(tiny_engine):
         parsed = parse_tool_calls(result.text, known_tools=["get_weather", "calculator"])
         for call in parsed.calls:
             jsonschema.validate(call.arguments, WEATHER if call.name == "get_weather" else CALC)
+
+
+@pytest.mark.parametrize("method", ["custom_cache", "paged"])
+def test_a_constrained_request_does_not_draft(tiny_engine, method):
+    """Speculative drafts are not checked against the grammar, so a constrained request asking
+    for them decodes one token at a time (and stays valid)."""
+    from dataclasses import replace
+
+    result = tiny_engine.generate(replace(request(grammar.json_schema(ORDER), method=method, tokens=400),
+                                          speculative=True))
+    jsonschema.validate(json.loads(result.text), ORDER)
+    assert result.usage.draft_tokens == 0
