@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Any, Callable, Protocol
 
 from agent.parsing import parse_tool_calls
+from core import grammar
+from core.grammar import Constraint, ToolSpec
 from engine.types import GenerationRequest, GenerationResult, SamplingParams, TextGenerator
 
 
@@ -27,11 +29,19 @@ class EngineChatModel:
     When tools are offered it stops generating as soon as a complete tool call has been
     written and something else starts: the 0.5B model otherwise goes on to invent the
     tool's response (``{"response": "963"}``) and call again, costing seconds per step.
+
+    ``constrained`` (default): tool-call turns carry the same lazy grammar as
+    ``tool_choice: auto`` on ``/v1`` (:func:`core.grammar.tool_calls`): the model may answer
+    in text, but once it starts a call (bare JSON, a ```json fence or a ``<tool_call>`` tag)
+    the rest is held to ONE valid call of a declared tool (exact name, arguments that
+    validate), ended right after it; the loop takes further calls in later steps.
     """
 
     def __init__(self, generator: TextGenerator, method: str = "official",
-                 should_cancel: Callable[[], bool] | None = None, early_stop: bool = True):
+                 should_cancel: Callable[[], bool] | None = None, early_stop: bool = True,
+                 constrained: bool = True):
         self.generator = generator
+        self.constrained = constrained
         self.method = method
         self.should_cancel = should_cancel
         self.early_stop = early_stop
@@ -42,7 +52,8 @@ class EngineChatModel:
     def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
              max_new_tokens: int) -> str:
         request = GenerationRequest(messages=messages, tools=tools or None, method=self.method,
-                                    sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0))
+                                    sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0),
+                                    constraint=tool_grammar(tools) if tools and self.constrained else None)
         watcher = _CallWatcher(bool(tools) and self.early_stop)
         outer_cancel = self.should_cancel
 
@@ -56,6 +67,13 @@ class EngineChatModel:
         self.prompt_tokens += result.usage.prompt_tokens
         self.completion_tokens += result.usage.completion_tokens
         return result.text
+
+
+def tool_grammar(tools: list[dict[str, Any]]) -> Constraint:
+    """The lazy one-call grammar over OpenAI-style function tools."""
+    specs = [ToolSpec(t["function"]["name"], t["function"].get("parameters") or dict(grammar.EMPTY_OBJECT))
+             for t in tools]
+    return grammar.tool_calls(specs, parallel=False, lazy=True)
 
 
 class _CallWatcher:

@@ -25,6 +25,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-steps", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--method", default="custom_cache", help="engine generation_method (local mode)")
+    parser.add_argument("--no-constrained", dest="constrained", action="store_false",
+                        help="tool-call turns without the lazy tool-call grammar (the 'before' of issue 14)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--local", action="store_true", help="run in this process (default)")
     mode.add_argument("--celery", action="store_true", help="one Celery task per case, as a group")
@@ -40,14 +42,14 @@ def run_local(cases: list[Case], args: argparse.Namespace) -> tuple[list[dict[st
     from tqdm import tqdm
 
     engine = Engine(get_settings()).load()
-    model = EngineChatModel(engine, method=args.method)
+    model = EngineChatModel(engine, method=args.method, constrained=args.constrained)
     registry = create_default_registry()
     records = []
     for case in tqdm(cases, desc="agent eval", unit="case"):
         records.append(run_case(model, registry, case, args.max_steps, args.max_new_tokens))
     info = engine.info()
     return records, {"mode": "local", "model": info.get("model"), "dtype": info.get("dtype"),
-                     "device": info.get("device"), "method": args.method}
+                     "device": info.get("device"), "method": args.method, "constrained": args.constrained}
 
 
 def run_celery(cases: list[Case], args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 
+from engine.constrained import token_constraint
 from engine.forward import Qwen2Forward
 from engine.kv_cache import ContiguousKVCache, NoCache
 from engine.prefix_cache import PrefixCache
@@ -46,8 +47,10 @@ def prefix_store(engine: Any) -> PrefixCache:
                                                             settings.prefix_cache_max_tokens))
 
 
-def _sampler(forward: Qwen2Forward, request: GenerationRequest, penalty: float, prompt: Prompt) -> Sampler:
-    return Sampler(request.sampling, penalty, forward.config.vocab_size, prompt.ids, forward.weights.device)
+def _sampler(engine: Any, forward: Qwen2Forward, request: GenerationRequest, penalty: float,
+             prompt: Prompt) -> Sampler:
+    return Sampler(request.sampling, penalty, forward.config.vocab_size, prompt.ids, forward.weights.device,
+                   constraint=token_constraint(engine, request.constraint))
 
 
 def decode_loop(forward: Qwen2Forward, cache: Any, logits: torch.Tensor, sampler: Sampler,
@@ -64,7 +67,7 @@ def decode_loop(forward: Qwen2Forward, cache: Any, logits: torch.Tensor, sampler
 
 def run_no_cache(engine: Any, prompt: Prompt, run: GenerationRun, request: GenerationRequest, penalty: float) -> int:
     forward = forward_for(engine)
-    sampler = _sampler(forward, request, penalty, prompt)
+    sampler = _sampler(engine, forward, request, penalty, prompt)
     ids = list(prompt.ids)
     device = forward.weights.device
     with torch.inference_mode():
@@ -89,8 +92,9 @@ def _run_cached(engine: Any, prompt: Prompt, run: GenerationRun, request: Genera
                 prefill: Callable[[Qwen2Forward, Prompt, ContiguousKVCache], tuple[torch.Tensor, int]]) -> int:
     """Prefill into a fresh contiguous cache with ``prefill``, then decode; returns cached tokens."""
     forward = forward_for(engine)
-    sampler = _sampler(forward, request, penalty, prompt)
-    spec = spec_config(engine.settings, request.speculative)
+    sampler = _sampler(engine, forward, request, penalty, prompt)
+    # a constrained request does not draft: drafts are not checked against the grammar
+    spec = spec_config(engine.settings, request.speculative) if request.constraint is None else None
     with torch.inference_mode():
         if run.cancelled():
             return 0

@@ -30,6 +30,7 @@ from concurrent.futures import Future
 from typing import Any, Callable
 
 from core.logs import log_event
+from engine.constrained import token_constraint
 from engine.run import GenerationRun
 from engine.types import CancelCheck, GenerationRequest, GenerationResult, TextCallback
 
@@ -138,8 +139,10 @@ class RequestHandle:
 class _Job:
     """A request as the loop holds it: its handle, rendered prompt and run."""
 
-    def __init__(self, handle: RequestHandle, prompt: Any, run: GenerationRun, penalty: float) -> None:
+    def __init__(self, handle: RequestHandle, prompt: Any, run: GenerationRun, penalty: float,
+                 constraint: Any = None) -> None:
         self.handle, self.prompt, self.run, self.penalty = handle, prompt, run, penalty
+        self.constraint = constraint  # the sequence's grammar state (engine.constrained), if any
 
 
 class _Call:
@@ -189,6 +192,7 @@ class EngineLoop:
         self.engine.check_method(request.method)
         handle = RequestHandle(next(self._ids), request, timeout_s)
         prompt, run, penalty = self.engine.new_run(request, handle.push_text, handle.stop_requested)
+        constraint = token_constraint(self.engine, request.constraint)  # compiled here: errors raise to the caller
         self.submitted += 1
         if should_cancel is not None and should_cancel():
             handle.cancel()
@@ -197,7 +201,7 @@ class EngineLoop:
             handle.resolve(run.result(prompt_tokens=len(prompt.ids)))
             return handle
         self._ensure_thread()
-        self._inbox.put(_Job(handle, prompt, run, penalty))
+        self._inbox.put(_Job(handle, prompt, run, penalty, constraint))
         return handle
 
     def generate(self, request: GenerationRequest, on_text: TextCallback | None = None,
@@ -300,7 +304,8 @@ class EngineLoop:
             service = self.paged
             seq = service.new_sequence(job.prompt.ids, job.run, job.handle.request.sampling,
                                        job.penalty, on_finish=lambda s, job=job: self._finish_seq(job, s),
-                                       speculative=job.handle.request.speculative)
+                                       speculative=job.handle.request.speculative,
+                                       constraint=job.constraint)
         except Exception as exc:  # noqa: BLE001 - e.g. the pool cannot be built: fail this one
             job.handle.resolve(None, exc)
             return

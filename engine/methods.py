@@ -17,7 +17,10 @@ def run_official(engine: Any, prompt: Prompt, run: GenerationRun, request: Gener
                  penalty: float) -> int:
     from engine.official import generate_official
 
-    generate_official(engine.loaded.model, prompt.ids, run, request.sampling, penalty)
+    from engine.constrained import token_constraint
+
+    generate_official(engine.loaded.model, prompt.ids, run, request.sampling, penalty,
+                      constraint=token_constraint(engine, request.constraint))
     return 0
 
 

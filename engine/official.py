@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from engine.run import GenerationRun
 from engine.sampling import safe_penalty, safe_temperature
@@ -43,7 +43,7 @@ def generate_kwargs(sampling: SamplingParams, repetition_penalty: float, eos_ids
 
 
 def generate_official(model: Any, prompt_ids: list[int], run: GenerationRun, sampling: SamplingParams,
-                      repetition_penalty: float) -> None:
+                      repetition_penalty: float, constraint: Any = None) -> None:
     """Run ``generate`` and feed every token to ``run`` (which records text, timings, reason)."""
     if run.cancelled():
         return
@@ -52,6 +52,10 @@ def generate_official(model: Any, prompt_ids: list[int], run: GenerationRun, sam
     kwargs = generate_kwargs(sampling, repetition_penalty, sorted(run.eos_ids), model.generation_config.pad_token_id)
     if not sampling.greedy and sampling.seed is not None:
         torch.manual_seed(sampling.seed)  # generate samples from the global generator
+    if constraint is not None:
+        from engine.constrained.processor import GrammarLogitsProcessor
+
+        kwargs["logits_processor"] = LogitsProcessorList([GrammarLogitsProcessor(constraint, len(prompt_ids))])
     with torch.inference_mode():
         model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
                        stopping_criteria=StoppingCriteriaList([_RunCriteria(run)]), **kwargs)

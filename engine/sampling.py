@@ -13,10 +13,16 @@ Robust to extreme values: ``temperature`` and ``repetition_penalty`` are clamped
 :data:`MIN_TEMPERATURE` / :data:`MIN_PENALTY` (the web accepts only ``>= 0.01`` anyway, see
 docs/api.md), and scores that still overflow fall back to the greedy choice, so sampling
 never hands ``torch.multinomial`` an inf or NaN.
+
+Constrained decoding: a request with a grammar hands its sampler a per-sequence
+``constraint`` (:class:`engine.constrained.TokenConstraint`); its mask applies right after
+the penalty and before temperature/top-k/top-p (so those only ever choose among allowed
+tokens), and every chosen token is fed back to it. Each sequence of a batch has its own
+sampler, so constrained and free sequences share one batched forward.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import torch
 
@@ -63,12 +69,26 @@ def top_p_mask(logits: torch.Tensor, p: float) -> torch.Tensor:
     return logits.masked_fill(remove, float("-inf"))
 
 
+class LogitsConstraint(Protocol):
+    """What the sampler needs from a grammar (see :mod:`engine.constrained.matcher`)."""
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor: ...
+    def accept(self, token: int) -> None: ...
+
+
+def constrain(scores: torch.Tensor, constraint: LogitsConstraint | None) -> torch.Tensor:
+    """The mask hook: ``scores`` with the grammar's forbidden tokens at -inf (or unchanged)."""
+    return scores if constraint is None else constraint.mask(scores)
+
+
 class Sampler:
     """Per-request token chooser; call :meth:`observe` with every prompt and generated id."""
 
     def __init__(self, params: SamplingParams, repetition_penalty: float, vocab_size: int,
-                 prompt_ids: Sequence[int], device: torch.device | str = "cpu") -> None:
+                 prompt_ids: Sequence[int], device: torch.device | str = "cpu",
+                 constraint: LogitsConstraint | None = None) -> None:
         self.params = params
+        self.constraint = constraint
         self.penalty = safe_penalty(repetition_penalty)
         self.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
         if prompt_ids:
@@ -83,10 +103,13 @@ class Sampler:
 
     def observe(self, token_id: int) -> None:
         self.seen[token_id] = True
+        if self.constraint is not None:
+            self.constraint.accept(token_id)
 
     def process(self, logits: torch.Tensor) -> torch.Tensor:
         """The final scores ``generate`` would sample from (float32, ``[vocab]``)."""
         scores = apply_repetition_penalty(logits.float(), self.seen, self.penalty)
+        scores = constrain(scores, self.constraint)
         if self.params.greedy:
             return scores
         scores = scores / safe_temperature(self.params.temperature)

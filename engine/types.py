@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Protocol
 
+from core.grammar import Constraint
+
 # Finish reasons.
 STOP, LENGTH, CANCELLED = "stop", "length", "cancelled"
 
@@ -30,7 +32,8 @@ class SamplingParams:
 class GenerationRequest:
     """One generation: chat ``messages`` (OpenAI-style dicts), optional ``prefix`` (the
     system part, which ``prefix_cache`` keys on), optional OpenAI function-tool schemas
-    rendered through the chat template, and the method that runs it."""
+    rendered through the chat template, the method that runs it, and an optional
+    ``constraint`` (a grammar, see :mod:`core.grammar`) every token must follow."""
 
     messages: list[dict[str, Any]]
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -38,6 +41,7 @@ class GenerationRequest:
     prefix: str | None = None
     tools: list[dict[str, Any]] | None = None
     speculative: bool | None = None  # None: MINISERVE_SPECULATIVE decides
+    constraint: Constraint | None = None  # structured output: a grammar the answer must follow
 
 
 @dataclass

@@ -42,6 +42,8 @@ def _finished(job_id: str) -> JobRecord:
     if job.state == TIMEOUT:
         raise ApiError(504, "job_timeout", message, job_id=job_id)
     code = str(error.get("code") or "job_failed")
+    if code == "grammar_error":  # the request's grammar failed to compile in the worker
+        raise ApiError(422, code, message, job_id=job_id)
     if job.type == "agent" and code in AGENT_INPUT_ERRORS:
         raise ApiError(422, code, message, job_id=job_id, extra={"trace": error.get("trace") or []})
     raise ApiError(500, code, message, job_id=job_id)

@@ -54,7 +54,53 @@ class Message(Strict):
     content: str = Field(max_length=1_000_000)
 
 
-class SamplingFields(Strict):
+class TextFormat(Strict):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(Strict):
+    type: Literal["json_object"]
+
+
+class JsonSchemaSpec(Strict):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = Field(default=None, max_length=10_000)
+    json_schema: dict[str, Any] = Field(alias="schema", description="the JSON Schema the answer must validate "
+                                        "against (checked; unsupported features are a 4xx that lists them)")
+    strict: bool | None = Field(default=None, description="accepted; answers always follow the schema")
+
+
+class JsonSchemaFormat(Strict):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")]
+GUIDED_DESCRIPTIONS = {
+    "response_format": "structured output: json_object (any JSON object) or json_schema (valid against "
+                       "the schema); enforced by a grammar while decoding",
+    "guided_choice": "extension: the answer is exactly one of these strings",
+    "guided_regex": "extension: the answer matches this regular expression",
+}
+
+
+class GuidedFields(BaseModel):
+    """Constrained decoding (at most one of the three); see docs/constrained.md."""
+
+    response_format: ResponseFormat | None = Field(default=None, description=GUIDED_DESCRIPTIONS["response_format"])
+    guided_choice: Annotated[list[Annotated[str, Field(min_length=1, max_length=1024)]],
+                             Field(min_length=1, max_length=256)] | None = Field(
+        default=None, description=GUIDED_DESCRIPTIONS["guided_choice"])
+    guided_regex: str | None = Field(default=None, min_length=1, max_length=4096,
+                                     description=GUIDED_DESCRIPTIONS["guided_regex"])
+
+    def format_dict(self) -> dict[str, Any] | None:
+        return self.response_format.model_dump(by_alias=True) if self.response_format is not None else None
+
+
+class SamplingFields(Strict, GuidedFields):
     """Sampling knobs shared by every generation body (``None`` = the service default)."""
 
     max_new_tokens: json_int(ge=1) | None = Field(

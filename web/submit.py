@@ -10,8 +10,9 @@ The stored request is a plain dict the worker turns into ``engine.types.Generati
                   "repetition_penalty": None, "seed": None, "stop": []},
      "method": "official", "tools": None, "max_steps": None}
 
-plus ``"return_token_ids": true`` when the body asked to keep the token ids in the result, and
-``"speculative": true|false`` when the body set it.
+plus ``"return_token_ids": true`` when the body asked to keep the token ids in the result,
+``"speculative": true|false`` when the body set it, and ``"constraint": {"kind", "grammar", "lazy", "start_triggers", "triggers"}`` when the body
+asked for structured output (``web.constraints``).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from core import tasks
 from core.events import FAILED
 from core.jobs import JobRecord
 from core.logs import log_event
+from web import constraints
 from web.context import ctx, note_job, request_owner
 from web.errors import ApiError
 from web.routing import route_job
@@ -62,11 +64,13 @@ def _sampling(body: SamplingFields | AgentBody) -> dict[str, Any]:
 
 def _request(messages: list[dict[str, str]], prefix: str | None, sampling: dict[str, Any],
              method: str, max_steps: int | None, token_ids: bool = False,
-             speculative: bool | None = None) -> dict[str, Any]:
+             speculative: bool | None = None, constraint: dict[str, Any] | None = None) -> dict[str, Any]:
     request = {"messages": messages, "prefix": prefix, "sampling": sampling, "method": method,
                "tools": None, "max_steps": max_steps}
     if token_ids:
         request["return_token_ids"] = True  # the worker keeps them in the stored result
+    if constraint is not None:
+        request["constraint"] = constraint
     return with_speculative(request, speculative)
 
 
@@ -75,6 +79,12 @@ def with_speculative(request: dict[str, Any], speculative: bool | None) -> dict[
     if speculative is not None:
         request["speculative"] = speculative
     return request
+
+
+def _constraint(body: SamplingFields) -> dict[str, Any] | None:
+    """The body's structured-output request as a checked grammar (``web.constraints``)."""
+    found = constraints.for_request(body.format_dict(), body.guided_choice, body.guided_regex)
+    return found.to_dict() if found is not None else None
 
 
 def _method(body: SamplingFields) -> str:
@@ -91,15 +101,18 @@ def from_job_body(body: JobSubmit) -> Submission:
     if body.system is not None:
         messages.insert(0, {"role": "system", "content": body.system})
     max_steps = (body.max_steps or 3) if body.type == "agent" else None
+    constraint = _constraint(body)
+    if constraint is not None and body.type == "agent":
+        raise ApiError(422, "validation_error", "response_format: not for agent jobs", field="response_format")
     request = _request(messages, body.prefix, _sampling(body), _method(body), max_steps, body.return_token_ids,
-                       body.speculative)
+                       body.speculative, constraint)
     return Submission(body.type, request, field_name)
 
 
 def from_generate_body(body: GenerateBody) -> Submission:
     messages = [{"role": "user", "content": body.prompt}]
     request = _request(messages, body.prefix, _sampling(body), _method(body), None, body.return_token_ids,
-                       body.speculative)
+                       body.speculative, _constraint(body))
     return Submission("generate", request, "prompt")
 
 

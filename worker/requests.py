@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from core.grammar import Constraint
 from engine.types import GenerationRequest, SamplingParams
 from worker.job_runner import BadJobRequest
 
@@ -40,6 +41,7 @@ def generation_request_from(stored: dict[str, Any], default_max_new_tokens: int,
         prefix=stored.get("prefix"),
         tools=stored.get("tools"),
         speculative=_flag(stored.get("speculative")),
+        constraint=Constraint.from_dict(stored["constraint"]) if stored.get("constraint") else None,
     )
 
 

@@ -7,6 +7,7 @@ from typing import Any
 from core import tasks as names
 from core.events import TOOL_STEP, WAITING
 from core.routing import note_prefix
+from engine.constrained.compiler import GrammarError
 from engine.types import CancelCheck, GenerationRequest, GenerationResult, TextCallback
 from worker.app import app
 from worker.job_runner import JobContext, JobFailed, run_job
@@ -62,8 +63,11 @@ def run_generation(ctx: JobContext) -> dict[str, Any]:
     prefix_key = (ctx.record.request.get("routing") or {}).get("prefix_key")
     if prefix_key:  # this worker is about to cache the prompt's prefix: say so (core/routing.py)
         note_prefix(rt.store.client, prefix_key, rt.name, rt.settings.route_ttl_s)
-    result = WorkerGenerator(rt, ctx).generate(request, on_text=counted(rt, ctx.on_text),
-                                               should_cancel=ctx.should_cancel)
+    try:
+        result = WorkerGenerator(rt, ctx).generate(request, on_text=counted(rt, ctx.on_text),
+                                                   should_cancel=ctx.should_cancel)
+    except GrammarError as exc:  # the request's grammar, not the worker, is at fault
+        raise JobFailed("grammar_error", str(exc)) from None
     return result.to_dict()
 
 

@@ -52,10 +52,13 @@ class PagedService:
 
     def new_sequence(self, prompt_ids: list[int], run: GenerationRun, sampling: SamplingParams,
                      penalty: float, on_finish: Callable[[Sequence], None] | None = None,
-                     speculative: bool | None = None) -> Sequence:
-        """``speculative``: the request's flag (None: ``MINISERVE_SPECULATIVE`` decides)."""
-        sampler = Sampler(sampling, penalty, self.runner.vocab_size, prompt_ids, self.pool.device)
-        spec = spec_config(self.settings, speculative)
+                     speculative: bool | None = None, constraint: Any = None) -> Sequence:
+        """``speculative``: the request's flag (None: ``MINISERVE_SPECULATIVE`` decides).
+        ``constraint``: this sequence's own grammar state (its mask applies to its row only);
+        a constrained sequence does not draft (drafts are not checked against the grammar)."""
+        sampler = Sampler(sampling, penalty, self.runner.vocab_size, prompt_ids, self.pool.device,
+                          constraint=constraint)
+        spec = spec_config(self.settings, speculative) if constraint is None else None
         return Sequence(seq_id=next(self._ids), prompt_ids=list(prompt_ids), run=run,
                         sampling=sampling, sampler=sampler, on_finish=on_finish,
                         spec=SpecState.start(spec, prompt_ids) if spec else None)

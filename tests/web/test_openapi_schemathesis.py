@@ -35,8 +35,10 @@ open_schema = schemathesis.openapi.from_wsgi("/openapi.json", _app())
 keyed_schema = schemathesis.openapi.from_wsgi("/openapi.json", _app(api_keys=[API_KEY]))
 # Operations with rules between fields that JSON Schema cannot state (tool_choice must name
 # one of the request's tools; tool names unique; parameters must be a valid JSON Schema):
-# a schema-valid body may get a documented 400 there. Every other check still applies.
-CROSS_FIELD_RULES = {"/v1/chat/completions"}
+# a schema-valid body may get a documented 400 there. The same for the generation bodies'
+# structured-output fields (a guided_regex must compile, a json_schema must be a valid and
+# supported schema, not on agent jobs). Every other check still applies.
+CROSS_FIELD_RULES = {"/v1/chat/completions", "/jobs", "/generate"}
 SETTINGS = dict(deadline=None, database=None, derandomize=False, suppress_health_check=list(HealthCheck))
 
 

@@ -6,14 +6,17 @@ Mapping: ``max_completion_tokens`` or ``max_tokens`` -> ``max_new_tokens``; ``te
 and ``top_p`` omitted -> greedy; ``developer`` -> ``system``; text parts are joined;
 assistant ``tool_calls`` keep their arguments as objects (the chat template renders them);
 ``tool_choice: none`` -> the model does not see the tools; ``required`` or a named function
--> a closing system line asks for the call (nothing can force a model without constrained
-decoding; the answer is then checked like any other).
+-> a closing system line asks for the call, and a grammar (``web.constraints``) makes the
+answer exactly such calls; ``auto`` -> a lazy grammar that holds a call the model starts to
+a valid call of a declared function. ``response_format`` / ``guided_choice`` /
+``guided_regex`` -> their grammar (with tools, only when ``tool_choice`` is ``none``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from web import constraints
 from web.context import ctx
 from web.errors import ApiError
 from web.json_depth import JsonTooDeep, loads_bounded
@@ -31,6 +34,7 @@ class ChatJob:
     tools: ToolSet | None  # None: answers are plain content (no tools, or tool_choice none)
     stream: bool
     include_usage: bool
+    forced_calls: bool = False  # required / named: the answer is calls only, streamed as deltas
 
 
 def _text(content: str | list[Any] | None) -> str:
@@ -103,9 +107,28 @@ def _hint(body: ChatCompletionRequest, tools: ToolSet | None) -> str | None:
     return REQUIRED_HINT if body.tool_choice == "required" else None
 
 
+def _forced(body: ChatCompletionRequest, tools: ToolSet | None) -> bool:
+    return tools is not None and (tools.only is not None or body.tool_choice == "required")
+
+
+def _constraint(body: ChatCompletionRequest, tools: ToolSet | None) -> dict[str, Any] | None:
+    """The grammar for the answer: the tools' (when the model may call them) or the
+    structured-output fields' (at most one of the two)."""
+    guided = constraints.for_request(body.format_dict(), body.guided_choice, body.guided_regex)
+    if tools is None:
+        return guided.to_dict() if guided is not None else None
+    if guided is not None:
+        name = {"choice": "guided_choice", "regex": "guided_regex"}.get(guided.kind, "response_format")
+        raise ApiError(422, "validation_error", f"{name}: not with tools unless tool_choice is none", field=name)
+    found = constraints.for_tools([t.model_dump() for t in body.tools or []], tools.only,
+                                  required=_forced(body, tools), parallel=tools.parallel)
+    return found.to_dict()
+
+
 def chat_job(body: ChatCompletionRequest) -> ChatJob:
-    """Validate what the schema cannot (token cap, tool schemas) and build the job request."""
+    """Validate what the schema cannot (token cap, tool schemas, grammars) and build the job request."""
     tools = _tool_set(body)
+    constraint = _constraint(body, tools)
     messages = [_message(m, i) for i, m in enumerate(body.messages)]
     hint = _hint(body, tools)
     if hint:
@@ -115,5 +138,8 @@ def chat_job(body: ChatCompletionRequest) -> ChatJob:
                "tools": [t.model_dump(exclude_none=True) for t in body.tools] if tools else None,
                "max_steps": None}
     with_speculative(request, body.speculative)
+    if constraint is not None:
+        request["constraint"] = constraint
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return ChatJob(Submission("chat", request, "messages"), tools, bool(body.stream), include_usage)
+    return ChatJob(Submission("chat", request, "messages"), tools, bool(body.stream), include_usage,
+                   forced_calls=_forced(body, tools))

@@ -81,12 +81,12 @@ class ChunkWriter:
     def delta(self, delta: dict[str, Any], finish: str | None = None) -> str:
         return self._event({"choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]})
 
-    def ending(self, result: dict[str, Any], buffered: bool) -> list[str]:
-        """The closing chunks: tool calls or (when it was held back) the content, the
-        finish reason, usage."""
+    def ending(self, result: dict[str, Any], buffered: bool, streamed_calls: bool = False) -> list[str]:
+        """The closing chunks: tool calls (unless already streamed as deltas) or (when it was
+        held back) the content, the finish reason, usage."""
         out = []
         answer = final_answer(self.chat, str(result.get("text", "")))
-        if answer.calls:
+        if answer.calls and not streamed_calls:
             calls = [{"index": i, **call} for i, call in enumerate(openai_tool_calls(answer.calls, self.job.id))]
             delta: dict[str, Any] = {"tool_calls": calls}
             if answer.content:

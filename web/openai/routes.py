@@ -3,9 +3,11 @@
 A chat request becomes a ``chat`` job (``core.tasks`` sends it to the generation task), so
 it is queued, cancellable, visible in ``/jobs`` and on the monitor page like any other.
 Without ``stream`` the route waits for the job (as ``/generate`` does). With ``stream`` it
-follows the job's events and writes OpenAI chunks; when the request has tools, the text is
-held back until the end, because a tool call can only be recognised in the final text
-(keep-alive comments still go out for each token). A client that goes away mid-stream is
+follows the job's events and writes OpenAI chunks. Tool calls stream as ``tool_calls``
+deltas as they are generated when the grammar fixes the answer's shape: forced calls
+(``required``, a named function), and ``auto`` answers that open with a bare JSON call;
+any other ``auto`` answer is held back until the end, because whether it holds a call is
+only known then (keep-alive comments still go out for each token). A client that goes away mid-stream is
 noticed on the next write (the server closes the generator) and its job is cancelled.
 """
 from __future__ import annotations
@@ -21,6 +23,7 @@ from core.events import CANCELLED, DONE, QUEUED, TIMEOUT, TOKEN, Event
 from core.jobs import JobRecord, JobStore
 from core.logs import log_event
 from web.context import ctx
+from web.openai.call_stream import ToolStream
 from web.openai.convert import ChatJob, chat_job
 from web.openai.responses import ChunkWriter, completion, model_id
 from web.openai.schemas import ChatCompletion, ChatCompletionRequest, ModelList, OpenAIError
@@ -69,6 +72,7 @@ def stream_completion(store: JobStore, celery: Any, job: JobRecord, chat: ChatJo
     client leaves before its end."""
     writer = ChunkWriter(job, chat, model)
     buffered = chat.tools is not None
+    calls = ToolStream(job.id, chat.forced_calls) if chat.tools is not None else None
     ended, last = False, 0
     try:
         yield writer.delta({"role": "assistant", "content": ""})
@@ -82,10 +86,11 @@ def stream_completion(store: JobStore, celery: Any, job: JobRecord, chat: ChatJo
                 continue
             last = event.seq
             if event.type == TOKEN:
-                yield KEEPALIVE if buffered else writer.delta({"content": event.data.get("text", "")})
+                yield from _token(writer, event.data.get("text", ""), buffered, calls)
             elif event.is_terminal:
                 ended = True
-                yield from _ending(writer, event.type, _full_payload(store, job.id, event), buffered)
+                yield from _ending(writer, event.type, _full_payload(store, job.id, event), buffered,
+                                   bool(calls and calls.streamed))
                 return
     except GeneratorExit:
         if not ended:
@@ -100,9 +105,22 @@ def _full_payload(store: JobStore, job_id: str, event: Event) -> dict[str, Any]:
     return (record.result if event.type == DONE else record.error) or event.data
 
 
-def _ending(writer: ChunkWriter, event_type: str, data: dict[str, Any], buffered: bool) -> Iterator[str]:
+def _token(writer: ChunkWriter, text: str, buffered: bool, calls: ToolStream | None) -> Iterator[str]:
+    """A token event: content, tool-call deltas, or a keep-alive (text held back)."""
+    if calls is not None:
+        deltas = calls.feed(text)
+        for delta in deltas:
+            yield writer.delta({"tool_calls": [delta]})
+        if not deltas:
+            yield KEEPALIVE
+    else:
+        yield KEEPALIVE if buffered else writer.delta({"content": text})
+
+
+def _ending(writer: ChunkWriter, event_type: str, data: dict[str, Any], buffered: bool,
+            streamed_calls: bool = False) -> Iterator[str]:
     if event_type == DONE:
-        yield from writer.ending(data, buffered)
+        yield from writer.ending(data, buffered, streamed_calls)
     else:
         message = str(data.get("message") or data.get("reason") or event_type)
         if event_type == CANCELLED:

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from core.settings import GENERATION_METHODS
-from web.schemas import MAX_STOP_STRINGS, SSE_EVENT_SCHEMA, StopString, json_int
+from web.schemas import MAX_STOP_STRINGS, SSE_EVENT_SCHEMA, GuidedFields, StopString, json_int
 
 GenerationMethod = Literal[GENERATION_METHODS]  # type: ignore[valid-type]
 FUNCTION_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
@@ -86,10 +86,12 @@ class StreamOptions(Lenient):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(Lenient):
+class ChatCompletionRequest(Lenient, GuidedFields):
     """``POST /v1/chat/completions``. ``temperature`` omitted = 0 (greedy), as everywhere in
-    MiniServe. MiniServe extensions (send them with the openai client's ``extra_body``):
-    ``generation_method``, ``top_k``, ``repetition_penalty``."""
+    MiniServe. ``response_format`` (json_object, json_schema) and tool calls are enforced by a
+    grammar while decoding. MiniServe extensions (send them with the openai client's
+    ``extra_body``): ``generation_method``, ``top_k``, ``repetition_penalty``,
+    ``guided_choice``, ``guided_regex``."""
 
     model: str = Field(default="", max_length=200, description="any name; the served model answers")
     messages: list[ChatMessage] = Field(min_length=1, max_length=256)

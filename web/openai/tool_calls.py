@@ -17,6 +17,7 @@ import jsonschema
 from jsonschema.validators import validator_for
 
 from agent.parsing import ToolCall, parse_tool_calls
+from web.openai.call_stream import call_id
 from web.errors import ApiError
 
 EMPTY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
@@ -94,6 +95,6 @@ def recognise(text: str, tools: ToolSet) -> Recognised:
 
 def openai_tool_calls(calls: list[ToolCall], job_id: str) -> list[dict[str, Any]]:
     """The calls in OpenAI's shape (``arguments`` as JSON text), with ids unique per job."""
-    return [{"id": f"call_{job_id[:20]}_{i}", "type": "function",
+    return [{"id": call_id(job_id, i), "type": "function",
              "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)}}
             for i, call in enumerate(calls)]
