@@ -29,7 +29,7 @@ from typing import Any
 import redis
 
 from bench.stack import start_redis
-from bench.stats import machine_info, print_table, write_csv, write_json
+from bench.stats import cpu_model, machine_info, print_table, write_csv, write_json
 from core import keys
 from core.coalesce import TextCoalescer
 from core.events import SUCCEEDED, TOKEN
@@ -139,16 +139,6 @@ def plot(rows: list[dict], path: Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,7 +36,7 @@ from bench.load import _up, tiny_model
 from bench.scale_plot import plot
 from bench.scale_redis_cost import part_d
 from bench.stack import Process, Stack, job_store, start_redis, wait_until
-from bench.stats import machine_info, percentile, print_table, write_csv, write_json
+from bench.stats import cpu_model, machine_info, percentile, print_table, read_bandwidth_gbs, write_csv, write_json
 from core.events import TERMINAL_EVENTS, TERMINAL_STATES
 from core.jobs import JobStore
 from core.routing import ALIVE_S
@@ -63,17 +63,6 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def read_bandwidth_gbs() -> float:
-    """Memory read bandwidth (sum over a 256 MiB buffer, best of 5), for the record."""
-    import torch
-
-    data = torch.ones(64 * 1024 * 1024, dtype=torch.float32)
-    best = float("inf")
-    for _ in range(5):
-        started = time.perf_counter()
-        data.sum().item()
-        best = min(best, time.perf_counter() - started)
-    return round(data.numel() * 4 / best / 1e9, 2)
 
 
 class Cluster:
@@ -307,7 +296,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     summary: dict[str, Any] = {"command": " ".join(shlex.quote(a) for a in [sys.executable, "-m", "bench.scale",
                                                                           *sys.argv[1:]]),
-                               "machine": {**machine_info(), "cpu": _cpu_model(),
+                               "machine": {**machine_info(), "cpu": cpu_model(),
                                            "read_bandwidth_gbs": read_bandwidth_gbs()},
                                "alive_s": ALIVE_S}
     if "a" in parts:
@@ -337,16 +326,6 @@ def summarize_a(rows: list[dict[str, Any]]) -> dict[str, Any]:
     table = [{"workers": n, "jobs_per_s_median": round(m, 2), "x_one": round(m / one, 2)} for n, m in medians.items()]
     print_table(table, ["workers", "jobs_per_s_median", "x_one"])
     return {"runs": table}
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 if __name__ == "__main__":

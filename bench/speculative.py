@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from bench.paged_common import machine, print_table, pyplot
-from bench.stats import write_csv, write_json
+from bench.stats import cpu_model, read_bandwidth_gbs, write_csv, write_json
 from core.settings import load_settings
 from engine.batching.service import PagedService
 from engine.engine import Engine
@@ -39,25 +39,6 @@ RESULTS = Path("results")
 TARGETS = {"copy_batch1_x": 2.0, "none_batch1_x": 0.95, "batch8_x": 1.3}
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
-
-
-def read_bandwidth_gbs(mib: int = 512, rounds: int = 5) -> float:
-    """Memory read bandwidth: best of ``rounds`` sums over a buffer much larger than the caches."""
-    buf = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        buf.sum()
-        best = min(best, time.perf_counter() - start)
-    return buf.numel() * 4 / best / 1e9
 
 
 class Runner:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import platform
 import statistics
 from typing import Any, Sequence
@@ -22,6 +23,17 @@ def percentile(values: Sequence[float], q: float) -> float:
 def summarize(values: Sequence[float]) -> dict[str, float]:
     return {"n": len(values), "mean": statistics.fmean(values) if values else float("nan"),
             "p50": percentile(values, 50), "p90": percentile(values, 90), "p99": percentile(values, 99)}
+
+
+def cpu_model() -> str:
+    """The CPU's model name (figures differ 2x between machines; ratios hold)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
 
 
 def machine_info() -> dict[str, Any]:
