@@ -45,7 +45,9 @@ def terminal_events(store, job_id: str) -> int:
 def test_failover_keeps_jobs_and_needs_no_manual_step(cluster, tiny_model):
     stack = Stack(redis_url=cluster.url, env_overrides={
         **WORKER_ENV, "MINISERVE_MODEL": str(tiny_model), "MINISERVE_REDIS_SENTINEL_MASTER": MASTER_NAME,
-        "MINISERVE_WEB_WORKERS": "1", "MINISERVE_LEASE_S": "10"})
+        "MINISERVE_WEB_WORKERS": "1", "MINISERVE_LEASE_S": "10",
+        # one event per token, so the long jobs are still streaming when the master dies
+        "MINISERVE_TOKEN_EVENT_INTERVAL_MS": "0"})
     store = job_store(cluster.url, MASTER_NAME)
     worker = _started_worker(stack, store, pool="threads", concurrency=2)
     web_proc, base = started_web(stack, MINISERVE_MAX_NEW_TOKENS_CAP=str(LONG))
