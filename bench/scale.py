@@ -31,6 +31,7 @@ from typing import Any
 
 import requests
 
+from core import keys
 from bench.client import submit_and_follow
 from bench.load import _up, tiny_model
 from bench.scale_plot import plot
@@ -99,7 +100,7 @@ def wait_all(store: JobStore, ids: list[str], timeout_s: float) -> None:
     def done() -> bool:
         pipe = store.client.pipeline(transaction=False)
         for job_id in ids:
-            pipe.hget(f"job:{job_id}", "state")
+            pipe.hget(keys.job_key(job_id), "state")
         return all(state in TERMINAL_STATES for state in pipe.execute())
 
     wait_until(done, timeout_s, interval_s=0.2, what=f"{len(ids)} jobs to end")

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from core import keys
 from bench.client import submit_and_follow
 
 
@@ -68,7 +69,7 @@ def part_d(args, folder: Path, model: str, cluster_class) -> dict[str, Any]:
         cpu_event = (long_["server_cpu_s"] - short["server_cpu_s"]) / (long_["events"] - short["events"])
         cpu_fixed = (short["server_cpu_s"] - cpu_event * short["events"]) / short["jobs"]
         job_id = long_["last_job"]
-        stream_bytes = client.memory_usage(f"job:{job_id}:events") or 0
+        stream_bytes = client.memory_usage(keys.events_key(job_id)) or 0
         summary = {"idle_ops_per_s_one_worker": round(sum(idle.values()) / idle_s, 2),
                    "idle_by_command": {k: round(v, 2) for k, v in sorted(idle_rate.items()) if k != "_cpu_s"},
                    "idle_server_cpu_share": round(idle_rate["_cpu_s"], 4),
@@ -76,7 +77,7 @@ def part_d(args, folder: Path, model: str, cluster_class) -> dict[str, Any]:
                    "ops_per_event": round(per_event, 2), "ops_per_job_fixed": round(fixed, 1),
                    "server_us_per_event": round(cpu_event * 1e6, 1), "server_us_per_job_fixed": round(cpu_fixed * 1e6, 1),
                    "stream_bytes_per_event": round(stream_bytes / len(cluster.store.events(job_id)), 1),
-                   "job_hash_bytes": client.memory_usage(f"job:{job_id}") or 0}
+                   "job_hash_bytes": client.memory_usage(keys.job_key(job_id)) or 0}
         print(f"(d) {summary}", flush=True)
         return summary
     finally:
