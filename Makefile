@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install system-deps prepare-model run test test-fast lint clean
+.PHONY: install system-deps compose-tool prepare-model run test test-fast lint clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,11 +24,14 @@ prepare-model: install
 run: install prepare-model
 	@bash scripts/run_local.sh
 
-test: install
+compose-tool:
+	@bash scripts/compose_tool.sh
+
+test: install compose-tool
 	bash scripts/run_tests.sh
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .venv-compose .pytest_cache

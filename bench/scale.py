@@ -97,13 +97,18 @@ class Cluster:
 
 
 def wait_all(store: JobStore, ids: list[str], timeout_s: float) -> None:
+    """Poll only the jobs still open, twice a second: the poller shares the workers' two cores,
+    so polling every id five times a second would be charged to the system under test."""
+    open_ids = list(ids)
+
     def done() -> bool:
         pipe = store.client.pipeline(transaction=False)
-        for job_id in ids:
+        for job_id in open_ids:
             pipe.hget(keys.job_key(job_id), "state")
-        return all(state in TERMINAL_STATES for state in pipe.execute())
+        open_ids[:] = [j for j, state in zip(open_ids, pipe.execute()) if state not in TERMINAL_STATES]
+        return not open_ids
 
-    wait_until(done, timeout_s, interval_s=0.2, what=f"{len(ids)} jobs to end")
+    wait_until(done, timeout_s, interval_s=0.5, what=f"{len(ids)} jobs to end")
 
 
 # ---- (a) queue layer ---------------------------------------------------------------------

@@ -28,7 +28,26 @@ def test_every_service_shares_one_redis():
     assert len(set(urls.values())) == 1, urls
 
 
-@pytest.mark.skipif(not shutil.which("docker-compose"), reason="docker-compose is not installed here")
+def docker_compose() -> str | None:
+    """The checker `make test` installs (scripts/compose_tool.sh), else one on PATH."""
+    local = REPO_ROOT / ".venv-compose" / "bin" / "docker-compose"
+    return str(local) if local.exists() else shutil.which("docker-compose")
+
+
+def compose_config(path) -> subprocess.CompletedProcess:
+    return subprocess.run([docker_compose(), "-f", str(path), "config", "-q"], capture_output=True, text=True)
+
+
+@pytest.mark.skipif(docker_compose() is None, reason="docker-compose is not installed (make compose-tool)")
 def test_docker_compose_config_accepts_it():
-    result = subprocess.run(["docker-compose", "-f", str(COMPOSE), "config", "-q"], capture_output=True, text=True)
+    result = compose_config(COMPOSE)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.skipif(docker_compose() is None, reason="docker-compose is not installed (make compose-tool)")
+def test_docker_compose_config_rejects_a_broken_file(tmp_path):
+    """The checker is a real validator: an unknown service option fails it."""
+    broken = tmp_path / "docker-compose.yml"
+    broken.write_text(COMPOSE.read_text().replace("services:\n", "services:\n  bogus:\n    imagex: 1\n", 1))
+    result = compose_config(broken)
+    assert result.returncode != 0 and "imagex" in result.stderr
