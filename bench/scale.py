@@ -3,11 +3,14 @@
     flock /tmp/miniserve-heavy.lock python -m bench.scale [--parts a,b,c] [--reps 2]
 
 (a) queue layer: jobs/s of 1, 2 and 4 worker processes on the tiny random-weight model, jobs
-    sent straight to the broker (no web), runs interleaved ``--reps`` times;
+    sent straight to the broker (no web), runs interleaved ``--reps`` times, with the workers
+    not pinned (the default) and pinned one per core (``MINISERVE_WORKER_CPUS``);
 (b) routing: two real-model workers behind the web, 4 system prompts of about 1,000 tokens
     x 12 jobs each, interleaved, 4 clients; routing off, then on, each with fresh workers
-    (empty caches). Each worker's KV pool (``--kv-blocks``) holds two to three of the four
-    prompts: the cluster's cache only holds the working set when it is partitioned;
+    (empty caches). Each worker's KV pool (``--kv-blocks``, 160 blocks of 16 tokens) holds
+    the two prompts running on it plus a little: about half of the four-prompt working set,
+    so the cluster's cache only holds the working set when it is partitioned (with a pool
+    that holds every prompt, routing only saves each worker's first miss);
 (c) a worker SIGKILLed while it runs (and has waiting) jobs routed to it: every job must end
     on the other worker within lease + 30 s, with exactly one terminal event;
 (d) Redis cost: commands per job and per generated token (INFO commandstats, idle background
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as futures
+import os
 import shlex
 import sys
 import tempfile
@@ -52,13 +56,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--parts", default="a,b,c,d")
     parser.add_argument("--reps", type=int, default=2, help="(a) interleaved repetitions")
     parser.add_argument("--workers-a", default="1,2,4")
-    parser.add_argument("--jobs-a", type=int, default=300)
+    parser.add_argument("--jobs-a", type=int, default=1000)
+    parser.add_argument("--pinning", choices=["both", "off", "on"], default="both",
+                        help="(a) off: workers float over all CPUs (the default setting); on: worker i "
+                             "gets MINISERVE_WORKER_CPUS=i mod CPUs; both: interleaved")
     parser.add_argument("--model", default="default", help="(b) model of the routing run")
     parser.add_argument("--prompt-tokens", type=int, default=1000)
     parser.add_argument("--jobs-per-prompt", type=int, default=12)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=16)
-    parser.add_argument("--kv-blocks", type=int, default=192, help="(b) KV blocks per worker (16 tokens each)")
+    parser.add_argument("--kv-blocks", type=int, default=160, help="(b) KV blocks per worker (16 tokens each)")
     parser.add_argument("--lease-s", type=int, default=10, help="(c) job lease")
     parser.add_argument("--output", default="results/scale")
     return parser.parse_args()
@@ -78,9 +85,11 @@ class Cluster:
         self.store = job_store(self.url)
         self.workers: list[Process] = []
 
-    def start_workers(self, names: list[str], concurrency: int, timeout_s: float = 300) -> None:
-        for name in names:
-            proc = self.stack.start_worker(name=name, pool="threads", concurrency=concurrency)
+    def start_workers(self, names: list[str], concurrency: int, timeout_s: float = 300, pinned: bool = False) -> None:
+        cpus = sorted(os.sched_getaffinity(0))
+        for i, name in enumerate(names):
+            env = {"MINISERVE_WORKER_CPUS": str(cpus[i % len(cpus)])} if pinned else {}
+            proc = self.stack.start_worker(name=name, pool="threads", concurrency=concurrency, **env)
             self.exit.callback(proc.kill)
             self.workers.append(proc)
         loaded = lambda: sum(bool(w["info"].get("engine_loaded")) for w in list_workers(self.store.client, 15))
@@ -136,27 +145,33 @@ def part_a(args, folder: Path, model: str) -> list[dict[str, Any]]:
     rows = []
     env = {"MINISERVE_MODEL": model, "MINISERVE_DTYPE": "float32", "MINISERVE_DEVICE": "cpu",
            "MINISERVE_THREADS": "1", "MINISERVE_LOG_LEVEL": "WARNING"}
+    pinnings = {"both": [False, True], "off": [False], "on": [True]}[args.pinning]
     for rep in range(args.reps):
-        for n in [int(x) for x in args.workers_a.split(",")]:
-            cluster = Cluster(folder / f"a-{rep}-{n}", env)
-            try:
-                cluster.start_workers([f"a{i}" for i in range(n)], concurrency=8)
-                wait_all(cluster.store, send_jobs(cluster, 8 * n, "warm-up"), 120)
-                # Queue every job first (the submitter's CPU stays out of the measured window),
-                # then make them all visible to the workers at once.
-                ids = send_jobs(cluster, args.jobs_a, "measured", queue=STAGING)
-                released = time.time()
-                cluster.store.client.rename(STAGING, QUEUE_FOR_JOB_TYPE["generate"])
-                wait_all(cluster.store, ids, 600)
-                seconds = max(cluster.store.get(j).finished_at for j in ids) - released
-                states = [cluster.store.get(j).state for j in ids]
-                rows.append({"part": "a", "rep": rep, "workers": n, "jobs": len(ids), "seconds": round(seconds, 3),
-                             "jobs_per_s": round(len(ids) / seconds, 2),
-                             "succeeded": states.count("succeeded")})
-                print(f"(a) rep {rep}: {n} worker(s): {rows[-1]['jobs_per_s']} jobs/s", flush=True)
-            finally:
-                cluster.close()
+        for pinned in pinnings:
+            for n in [int(x) for x in args.workers_a.split(",")]:
+                rows.append(queue_layer_run(folder / f"a-{rep}-{n}-{int(pinned)}", env, n, pinned, args.jobs_a, rep))
+                print(f"(a) rep {rep}: {n} worker(s), pinned={pinned}: {rows[-1]['jobs_per_s']} jobs/s", flush=True)
     return rows
+
+
+def queue_layer_run(folder: Path, env: dict[str, str], n: int, pinned: bool, jobs: int, rep: int) -> dict[str, Any]:
+    cluster = Cluster(folder, env)
+    try:
+        cluster.start_workers([f"a{i}" for i in range(n)], concurrency=8, pinned=pinned)
+        wait_all(cluster.store, send_jobs(cluster, 8 * n, "warm-up"), 120)
+        # Queue every job first (the submitter's CPU stays out of the measured window),
+        # then make them all visible to the workers at once.
+        ids = send_jobs(cluster, jobs, "measured", queue=STAGING)
+        released = time.time()
+        cluster.store.client.rename(STAGING, QUEUE_FOR_JOB_TYPE["generate"])
+        wait_all(cluster.store, ids, 600)
+        seconds = max(cluster.store.get(j).finished_at for j in ids) - released
+        states = [cluster.store.get(j).state for j in ids]
+        return {"part": "a", "rep": rep, "workers": n, "pinned": pinned, "jobs": len(ids),
+                "seconds": round(seconds, 3), "jobs_per_s": round(len(ids) / seconds, 2),
+                "succeeded": states.count("succeeded")}
+    finally:
+        cluster.close()
 
 
 # ---- (b) routing -------------------------------------------------------------------------
@@ -324,13 +339,17 @@ def main() -> None:
 
 
 def summarize_a(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    by_n: dict[int, list[float]] = {}
+    """Median jobs/s per (pinning, workers); x_one against one worker with the same pinning."""
+    by_key: dict[tuple[bool, int], list[float]] = {}
     for row in rows:
-        by_n.setdefault(row["workers"], []).append(row["jobs_per_s"])
-    medians = {n: percentile(v, 50) for n, v in sorted(by_n.items())}
-    one = medians.get(1) or float("nan")
-    table = [{"workers": n, "jobs_per_s_median": round(m, 2), "x_one": round(m / one, 2)} for n, m in medians.items()]
-    print_table(table, ["workers", "jobs_per_s_median", "x_one"])
+        by_key.setdefault((bool(row.get("pinned")), row["workers"]), []).append(row["jobs_per_s"])
+    medians = {key: percentile(v, 50) for key, v in sorted(by_key.items())}
+    table = []
+    for (pinned, n), median in medians.items():
+        one = medians.get((pinned, 1)) or float("nan")
+        table.append({"pinned": pinned, "workers": n, "jobs_per_s_median": round(median, 2),
+                      "x_one": round(median / one, 2)})
+    print_table(table, ["pinned", "workers", "jobs_per_s_median", "x_one"])
     return {"runs": table}
 
 

@@ -26,15 +26,22 @@ def plot(rows: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> Non
 
 
 def _queue_layer(ax, rows, summary) -> None:
-    for row in rows:
-        ax.scatter(row["workers"], row["jobs_per_s"], color="tab:gray", s=14)
-    runs = summary["runs"]
-    ax.plot([r["workers"] for r in runs], [r["jobs_per_s_median"] for r in runs], marker="o", label="median")
-    for r in runs:
-        ax.annotate(f"{r['x_one']}x", (r["workers"], r["jobs_per_s_median"]), textcoords="offset points", xytext=(4, 6))
+    for pinned, color in ((False, "tab:blue"), (True, "tab:orange")):
+        label = "pinned, one core each" if pinned else "not pinned (default)"
+        runs = [r for r in summary["runs"] if bool(r.get("pinned")) == pinned]
+        if not runs:
+            continue
+        for row in rows:
+            if bool(row.get("pinned")) == pinned:
+                ax.scatter(row["workers"], row["jobs_per_s"], color=color, s=12, alpha=0.5)
+        ax.plot([r["workers"] for r in runs], [r["jobs_per_s_median"] for r in runs], marker="o", color=color,
+                label=f"{label}, median")
+        for r in runs:
+            ax.annotate(f"{r['x_one']}x", (r["workers"], r["jobs_per_s_median"]), textcoords="offset points",
+                        xytext=(4, 6), color=color)
     ax.set(title="(a) queue layer, tiny model", xlabel="worker processes", ylabel="jobs/s")
-    ax.set_xticks([r["workers"] for r in runs])
-    ax.legend(loc="lower right")
+    ax.set_xticks(sorted({r["workers"] for r in summary["runs"]}))
+    ax.legend(loc="lower right", fontsize=7)
 
 
 def _routing(ax, rows, summary) -> None:

@@ -21,6 +21,23 @@ class SettingsError(ValueError):
     """A ``MINISERVE_*`` variable holds a value we cannot use."""
 
 
+def parse_cpu_list(text: str) -> tuple[int, ...]:
+    """CPU list notation ("0-3,6") -> sorted CPU ids; "" -> () (no pinning)."""
+    cpus: set[int] = set()
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        first, dash, last = part.partition("-")
+        try:
+            low, high = int(first), int(last if dash else first)
+        except ValueError:
+            raise ValueError(f"must be a CPU list such as 0 or 0-3,6, not {text!r}") from None
+        if low < 0 or high < low:
+            raise ValueError(f"bad CPU range {part!r} in {text!r}")
+        cpus.update(range(low, high + 1))
+    return tuple(sorted(cpus))
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MINISERVE_", extra="ignore", frozen=True)
 
@@ -87,6 +104,10 @@ class Settings(BaseSettings):
     # One worker process, several jobs at once: a threads pool feeding the paged scheduler.
     worker_pool: Literal["threads", "prefork", "solo"] = "threads"
     worker_concurrency: PositiveInt = 8
+    # CPUs this worker process (all its threads) may run on, e.g. "0" or "0-3,6"; empty: any.
+    # Several workers on one host each pinned to their own cores avoid GIL hand-offs across
+    # cores (docs/deployment.md).
+    worker_cpus: Annotated[tuple[int, ...], NoDecode] = ()
     soft_time_limit_s: PositiveInt = 600
     hard_time_limit_s: PositiveInt = 660
     lease_s: PositiveInt = 120
@@ -135,6 +156,14 @@ class Settings(BaseSettings):
         if not lengths or any(not isinstance(n, int) or not 1 <= n <= 8 for n in lengths):
             raise ValueError("needs one or more n-gram lengths between 1 and 8")
         return tuple(lengths)
+
+    @field_validator("worker_cpus", mode="before")
+    @classmethod
+    def _cpu_list(cls, value: object) -> object:
+        """"0-3,6" -> (0, 1, 2, 3, 6), the notation of taskset and cpuset."""
+        if isinstance(value, str):
+            return parse_cpu_list(value)
+        return value
 
     @field_validator("redis_url")
     @classmethod

@@ -12,6 +12,7 @@ from core.logs import configure_logging
 from core.settings import get_settings
 from core.workers import remove_worker
 from worker import broker_patch
+from worker.affinity import pin_process
 from worker import runtime as rt_module
 
 broker_patch.install()  # a worker must survive Redis going away mid-task (see the module)
@@ -31,6 +32,8 @@ def _logging(**_: object) -> None:
 
 @worker_init.connect
 def _remember_pool(sender=None, **_: object) -> None:
+    settings = get_settings()
+    pin_process(settings.worker_cpus, settings.threads)  # before the pool and engine threads start
     pool = getattr(sender, "pool_cls", None)
     pool_name = getattr(pool, "__module__", str(pool)).rsplit(".", 1)[-1] if pool else "prefork"
     rt_module.configure(pool_name, int(getattr(sender, "concurrency", 1) or 1), getattr(sender, "hostname", None))

@@ -6,6 +6,7 @@ web had already routed to its own queue are moved back to the shared queue and f
 the other worker."""
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -34,7 +35,10 @@ def run(base: str, store, i: int):
 
 
 def test_routing_hits_then_survives_the_holder_dying(stack, store):
-    workers = [_started_worker(stack, store, name=name, pool="threads", concurrency=2) for name in ("wa", "wb")]
+    last_cpu = max(os.sched_getaffinity(0))  # worker wa also shows MINISERVE_WORKER_CPUS at work
+    workers = [_started_worker(stack, store, name=name, pool="threads", concurrency=2,
+                               **({"MINISERVE_WORKER_CPUS": str(last_cpu)} if name == "wa" else {}))
+               for name in ("wa", "wb")]
     wait_for_worker(store, count=2)
     web_proc, base = started_web(stack, MINISERVE_ROUTE_MIN_PREFIX_TOKENS="32")
     try:
@@ -53,6 +57,8 @@ def test_routing_hits_then_survives_the_holder_dying(stack, store):
                                                        "generation.wb@" + listed[0]["info"]["host"]}
 
         check_monitor_page(base, first.worker)
+        assert thread_cpus(workers[0].popen.pid) == {(last_cpu,)}  # every thread, after jobs ran
+        assert thread_cpus(workers[1].popen.pid) == {tuple(sorted(os.sched_getaffinity(0)))}  # wb: not pinned
 
         holder = next(w for w in workers if first.worker.startswith(w.name.removeprefix("worker-") + "@"))
         holder.kill()
@@ -73,6 +79,11 @@ def test_routing_hits_then_survives_the_holder_dying(stack, store):
         web_proc.stop()
         for proc in workers:
             proc.stop()
+
+
+def thread_cpus(pid: int) -> set[tuple[int, ...]]:
+    """The distinct CPU sets of a process's threads."""
+    return {tuple(sorted(os.sched_getaffinity(int(tid)))) for tid in os.listdir(f"/proc/{pid}/task")}
 
 
 def check_monitor_page(base: str, holder: str) -> None:
