@@ -2,7 +2,9 @@
 
 Commands counted with ``INFO commandstats`` (those run inside Lua scripts included) and the
 CPU time of Redis's main thread, for two batches of jobs that differ only in answer length,
-so the per-job and per-event parts separate; the idle background of the worker (heartbeat,
+so the per-job and per-event parts separate. The worker streams one event per token
+(``MINISERVE_TOKEN_EVENT_INTERVAL_MS=0``): with the default coalescing the two batches would
+differ by a handful of events and the split would be noise. The idle background of the worker (heartbeat,
 reaper, Celery polling) is measured first and subtracted. These are the inputs of the
 "100 workers" arithmetic in docs/deployment.md.
 """
@@ -51,7 +53,7 @@ def measure_batch(cluster, base: str, idle_rate: dict[str, float], max_new: int)
 
 def part_d(args, folder: Path, model: str, cluster_class) -> dict[str, Any]:
     env = {"MINISERVE_MODEL": model, "MINISERVE_DTYPE": "float32", "MINISERVE_DEVICE": "cpu",
-           "MINISERVE_THREADS": "1", "MINISERVE_LOG_LEVEL": "WARNING"}
+           "MINISERVE_THREADS": "1", "MINISERVE_LOG_LEVEL": "WARNING", "MINISERVE_TOKEN_EVENT_INTERVAL_MS": "0"}
     cluster = cluster_class(folder / "d", env)
     try:
         cluster.start_workers(["da"], concurrency=4)
