@@ -20,6 +20,7 @@ from typing import Any
 from core.model_source import local_model_dir
 from core.settings import Settings
 from web.errors import ApiError
+from web.tokenizer import load_tokenizer
 
 PER_MESSAGE_TOKENS = 8
 TEMPLATE_TOKENS = 48
@@ -45,11 +46,8 @@ class PromptBudget:
         with self._lock:
             if self._loaded:
                 return
-            tokenizer_file = self.folder / "tokenizer.json" if self.folder else None
-            if tokenizer_file is not None and tokenizer_file.is_file():
-                from tokenizers import Tokenizer  # imported here: only when the file exists
-
-                self._tokenizer = Tokenizer.from_file(str(tokenizer_file))
+            self._tokenizer = load_tokenizer(self.folder)
+            if self._tokenizer is not None:
                 self._context = _context_length(self.folder / "config.json")
             self._loaded = True
 

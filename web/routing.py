@@ -25,6 +25,7 @@ from core.logs import log_event
 from core.prefix_hash import block_hashes
 from core.settings import Settings
 from web.context import EXTENSION_KEY, ctx
+from web.tokenizer import load_tokenizer
 from core.model_source import local_model_dir as model_folder
 
 logger = logging.getLogger("miniserve.web.routing")
@@ -54,16 +55,16 @@ class PrefixKeyer:
                 return
             self._loaded = True
             source = _template_source(self.folder) if self.folder else None
-            if source is None or not (self.folder / "tokenizer.json").is_file():
+            tokenizer = load_tokenizer(self.folder)
+            if source is None or tokenizer is None:
                 return
             from jinja2.ext import loopcontrols
             from jinja2.sandbox import ImmutableSandboxedEnvironment
-            from tokenizers import Tokenizer
 
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
             env.filters["tojson"] = lambda value, **kw: json.dumps(value, ensure_ascii=False, **kw)
             self._template = env.from_string(source)
-            self._tokenizer = Tokenizer.from_file(str(self.folder / "tokenizer.json"))
+            self._tokenizer = tokenizer
 
     def system_ids(self, request: dict[str, Any]) -> list[int] | None:
         """Token ids of the rendered system block, exactly as engine/prompt.py cuts them."""
