@@ -53,14 +53,19 @@ class NgramDrafter:
     def propose(self, limit: int | None = None) -> list[int]:
         """Up to ``min(limit, max_draft)`` next tokens after the longest matching suffix;
         [] when no configured suffix occurred before."""
+        return self.match(limit)[1]
+
+    def match(self, limit: int | None = None) -> tuple[int, list[int]]:
+        """``(n, drafts)``: the length of the longest suffix that occurred before and up to
+        ``min(limit, max_draft)`` tokens that followed it; ``(0, [])`` when none did."""
         want = self.max_draft if limit is None else min(limit, self.max_draft)
         if want <= 0:
-            return []
+            return 0, []
         toks, size = self.tokens, len(self.tokens)
         for n in self.lengths:
             if size < n:
                 continue
             start = self._index.get(tuple(toks[size - n:]))
             if start is not None:
-                return toks[start:min(start + want, size)]
-        return []
+                return n, toks[start:min(start + want, size)]
+        return 0, []
