@@ -35,7 +35,7 @@ class SpecConfig:
     prior: float = 0.6              # a fresh estimate: P(draft token accepted | previous were)
     alpha: float = 0.2              # weight of one judged draft token in the estimate
     recover: float = 0.03           # per matched-but-not-drafted step, drift back toward the prior
-    row_cost: float = 0.04          # one more verified row, as a fraction of a one-row step
+    row_cost: float = 0.05          # one more verified row, as a fraction of a one-row step
     min_chance: float = 0.1         # never draft a token less likely than this to be emitted
 
 
