@@ -169,18 +169,18 @@ def _measure(runner: Runner, label: str, quant: str, mode: str, jobs: list[dict[
 
 
 def batched(runner: Runner, quant: str, prompts: list[dict[str, Any]], new_tokens: int, rounds: int,
-            queue_jobs: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
+            together_rounds: int, queue_jobs: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Two batched measurements, off and on interleaved (order alternating by round), medians:
     ``serving``: a closed loop of 8 slots fed from a queue of ``queue_jobs`` mixed jobs;
     ``batch8``: 4 copy-heavy + 4 nothing-to-copy jobs started together, timed until all end."""
     setups = {"serving": (f"closed loop, 8 slots, queue of {queue_jobs}", serving_queue(prompts, queue_jobs)),
               "batch8": ("8 started together", [p for p in prompts if p["kind"] == "copy"][:4]
                          + [p for p in prompts if p["kind"] == "none"][:4])}
-    out: dict[str, Any] = {"quant": quant, "rounds": rounds}
+    out: dict[str, Any] = {"quant": quant, "rounds": rounds, "batch8_rounds": together_rounds}
     for mode, (label, jobs) in setups.items():
         rates: dict[bool, list[float]] = {False: [], True: []}
         agree = []
-        for r in range(rounds):
+        for r in range(rounds if mode == "serving" else together_rounds):
             outs = {}
             for speculative in ((False, True) if r % 2 == 0 else (True, False)):
                 rate, outs[speculative] = _measure(runner, label, quant, mode, jobs, speculative, new_tokens, rows)
@@ -256,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=64, help="max new tokens per batch-1 job")
     parser.add_argument("--batch-new-tokens", type=int, default=192,
                         help="max new tokens per job of the batch of 8 (room for the copy jobs' natural length)")
-    parser.add_argument("--batch-rounds", type=int, default=3, help="interleaved off/on rounds of each batched setup")
+    parser.add_argument("--batch-rounds", type=int, default=3, help="interleaved off/on rounds of the serving loop")
+    parser.add_argument("--together-rounds", type=int, default=1, help="rounds of the 8-started-together batch")
     parser.add_argument("--queue-jobs", type=int, default=24, help="jobs in the serving closed loop's queue")
     parser.add_argument("--spec-tokens", type=int, default=None)
     parser.add_argument("--spec-ngram", default=None)
@@ -274,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         prompts = [p for kind in ("copy", "none") for p in [q for q in prompts if q["kind"] == kind][:args.limit]]
     info = {**machine(), "cpu_model": cpu_model(), "read_bandwidth_gbs": round(read_bandwidth_gbs(), 1),
             "command": "python -m bench.speculative " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "dtype": args.dtype, "new_tokens": args.new_tokens, "batch_new_tokens": args.batch_new_tokens, "spec_tokens": spec_tokens, "spec_ngram": spec_ngram,
+            "dtype": args.dtype, "new_tokens": args.new_tokens, "batch_new_tokens": args.batch_new_tokens,
+            "queue_jobs": args.queue_jobs, "spec_tokens": spec_tokens, "spec_ngram": spec_ngram,
             "prompts": len(prompts), "default_quant": defaults.quant,
             "default_quant_resolves_to": resolve_quant(defaults.quant, "cpu")}
     print(f"machine: {info['cpu_model']}, {info['cpu_cores']} cores, read {info['read_bandwidth_gbs']} GB/s; "
@@ -288,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         runner.run([prompts[0]["prompt"]], True, 8)                      # warm-up
         runner.run([prompts[0]["prompt"]], False, 8)
         per_prompt += batch_one(runner, quant, prompts, args.new_tokens, rows)
-        batch8.append(batched(runner, quant, prompts, args.batch_new_tokens, args.batch_rounds, args.queue_jobs, rows))
+        batch8.append(batched(runner, quant, prompts, args.batch_new_tokens, args.batch_rounds, args.together_rounds,
+                              args.queue_jobs, rows))
     summary = summarize(per_prompt, batch8)
     out = Path(args.out)
     write_csv(out.with_suffix(".csv"), rows)
