@@ -21,8 +21,9 @@ then (a one-token probe, cheap) instead of giving up for good.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
+from engine.speculative.layout import layout_map
 from engine.speculative.ngram import NgramDrafter
 
 
@@ -31,7 +32,7 @@ class SpecConfig:
     """What one request speculates with (from settings, switched per request)."""
 
     num_tokens: int = 8             # most drafts per step (k)
-    ngram_lengths: tuple[int, ...] = (3, 2)
+    ngram_lengths: tuple[int, ...] = (4, 3, 2)
     prior: float = 0.6              # a fresh estimate: P(draft token accepted | previous were)
     alpha: float = 0.2              # weight of one judged draft token in the estimate
     recover: float = 0.03           # per matched-but-not-drafted step, drift back toward the prior
@@ -60,8 +61,10 @@ class SpecState:
     last_ngram: int = 0       # the match length of the drafts being verified
 
     @classmethod
-    def start(cls, config: SpecConfig, tokens: Sequence[int]) -> "SpecState":
-        drafter = NgramDrafter(tokens, config.ngram_lengths, config.num_tokens)
+    def start(cls, config: SpecConfig, tokens: Sequence[int], tokenizer: Any = None) -> "SpecState":
+        """``tokenizer``: also match with whitespace skipped (:mod:`engine.speculative.layout`)."""
+        layout = layout_map(tokenizer) if tokenizer is not None else None
+        drafter = NgramDrafter(tokens, config.ngram_lengths, config.num_tokens, layout)
         return cls(config=config, drafter=drafter)
 
     def push(self, token: int) -> None:

@@ -74,3 +74,23 @@ def test_a_skipped_match_drifts_back_toward_the_prior():
     assert state.begin(state.propose(4), 0) == []
     assert state.rate(1) == pytest.approx(0.4)
     assert state.begin(Proposal(), 0) == [] and state.rate(1) == pytest.approx(0.4)   # no match: unchanged
+
+
+def test_layout_matching_follows_content_across_a_new_layout():
+    # ids: 10 '"a' 11 '",' 12 ' "' 13 'b' 14 '":' 15 '",\n' 16 '    ' (indent)
+    layout = {15: 11, 16: None}
+    prompt = [10, 11, 12, 13, 14, 12, 10]
+    answer = [10, 15, 16, 12]                   # "a",\n    "  -> the prompt's  "a", "  then  b
+    exact = NgramDrafter(prompt + answer, lengths=(3, 2), max_draft=3)
+    keyed = NgramDrafter(prompt + answer, lengths=(3, 2), max_draft=3, layout=layout)
+    assert exact.propose() == []                # token for token the thread is lost
+    assert keyed.match() == (3, [13, 14, 12])   # keys  "a  ",  "  found in the prompt
+    # where the exact match is as long, it wins (copying the layout as it is)
+    same = NgramDrafter([1, 2, 3, 16, 4, 1, 2, 3], lengths=(3,), max_draft=2, layout=layout)
+    assert same.propose() == [16, 4]
+
+
+def test_layout_keys_from_a_byte_level_vocabulary():
+    from engine.speculative.layout import layout_keys
+    vocab = {'",': 1, '",Ċ': 2, 'ĠĠĠ': 3, 'Ċ': 4, 'abc': 5, 'xyzĊ': 6}
+    assert layout_keys(vocab) == {2: 1, 3: None, 4: None}
