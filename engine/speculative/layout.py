@@ -12,38 +12,54 @@ model decides, and nothing changes for text whose layout is copied as it is.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 from weakref import WeakKeyDictionary
 
 LAYOUT = "ĠĊĉčĀ"     # byte-level BPE spellings of space, newline, tab, CR
+NEWLINE = "Ċ"
 
-_maps: "WeakKeyDictionary[Any, dict[int, int | None]]" = WeakKeyDictionary()
+
+@dataclass(frozen=True, eq=False)
+class Layout:
+    """How a vocabulary's tokens are matched when layout is ignored.
+
+    ``keys``: token -> the key it is matched as (None: skipped; absent: itself).
+    ``ends_line``: tokens ending in a newline -- what follows is the next line's indentation,
+    which the source (laid out differently) cannot predict, so the layout index does not
+    draft right after one (replaying the JSON answers: as many steps, 30% fewer drafts)."""
+
+    keys: dict[int, int | None]
+    ends_line: frozenset[int]
 
 
-def layout_keys(vocab: dict[str, int]) -> dict[int, int | None]:
-    """token id -> the key it is matched as: None for layout, the id of the token without its
-    trailing layout where the vocabulary has one. Ids missing from the map match as themselves."""
+_maps: "WeakKeyDictionary[Any, Layout]" = WeakKeyDictionary()
+
+
+def layout_keys(vocab: dict[str, int]) -> Layout:
+    """The :class:`Layout` of a byte-level BPE vocabulary (piece -> id)."""
     keys: dict[int, int | None] = {}
+    ends_line = set()
     for piece, token in vocab.items():
         stripped = piece.rstrip(LAYOUT)
+        if NEWLINE in piece[len(stripped):]:
+            ends_line.add(token)
         if not stripped:
             keys[token] = None
         elif stripped != piece and stripped in vocab:
             keys[token] = vocab[stripped]
-    return keys
+    return Layout(keys=keys, ends_line=frozenset(ends_line))
 
 
-def layout_map(tokenizer: Any) -> dict[int, int | None]:
-    """:func:`layout_keys` of a (byte-level BPE) tokenizer's vocabulary, built once per tokenizer."""
+def layout_map(tokenizer: Any) -> Layout:
+    """:func:`layout_keys` of a tokenizer's vocabulary, built once per tokenizer (~1.3 s)."""
     try:
         return _maps[tokenizer]
     except (KeyError, TypeError):
         pass
-    backend = getattr(tokenizer, "backend_tokenizer", None)      # the Rust one: ~20x faster
-    keys = layout_keys(backend.get_vocab(with_added_tokens=True) if backend is not None
-                       else tokenizer.get_vocab())
+    layout = layout_keys(tokenizer.get_vocab())
     try:
-        _maps[tokenizer] = keys
+        _maps[tokenizer] = layout
     except TypeError:       # not weak-referenceable: rebuilt next time
         pass
-    return keys
+    return layout

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, Sequence
 
+from engine.speculative.layout import Layout
+
 
 class _KeyIndex:
     """One way of matching: n-grams of *keys* (the tokens as ``canon`` reads them; None for a
@@ -54,10 +56,11 @@ class NgramDrafter:
 
     Matched two ways: token for token, and (with ``layout``, :mod:`engine.speculative.layout`)
     with whitespace skipped, for text copied under a new layout. The longer match wins; on a
-    tie, the exact one."""
+    tie, the exact one. A layout match does not draft right after a line end (the next
+    line's indentation is not in the source)."""
 
     def __init__(self, tokens: Iterable[int], lengths: Sequence[int], max_draft: int,
-                 layout: Mapping[int, int | None] | None = None) -> None:
+                 layout: Layout | None = None) -> None:
         if not lengths or min(lengths) <= 0:
             raise ValueError("n-gram lengths must be positive")
         if max_draft <= 0:
@@ -65,7 +68,8 @@ class NgramDrafter:
         self.lengths = tuple(sorted(set(int(n) for n in lengths), reverse=True))
         self.max_draft = int(max_draft)
         self.tokens: list[int] = []
-        self._indexes = [_KeyIndex(self.lengths, {})] + ([_KeyIndex(self.lengths, layout)] if layout else [])
+        self.layout = layout
+        self._indexes = [_KeyIndex(self.lengths, {})] + ([_KeyIndex(self.lengths, layout.keys)] if layout else [])
         self._index = self._indexes[0].index      # the exact one (tests look at its size)
         self.extend(tokens)
 
@@ -99,7 +103,11 @@ class NgramDrafter:
         want = self.max_draft if limit is None else min(limit, self.max_draft)
         if want <= 0:
             return 0, []
-        n, start = max((index.lookup() for index in self._indexes), key=lambda found: found[0])
+        n, start = self._indexes[0].lookup()
+        if self.layout is not None and self.tokens[-1] not in self.layout.ends_line:
+            keyed_n, keyed_start = self._indexes[1].lookup()
+            if keyed_n > n:
+                n, start = keyed_n, keyed_start
         if n == 0:
             return 0, []
         return n, self.tokens[start:min(start + want, len(self.tokens))]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine.speculative.layout import layout_keys
 from engine.speculative.ngram import NgramDrafter
 from engine.speculative.policy import Proposal, SpecConfig, SpecState
 
@@ -76,21 +77,26 @@ def test_a_skipped_match_drifts_back_toward_the_prior():
     assert state.begin(Proposal(), 0) == [] and state.rate(1) == pytest.approx(0.4)   # no match: unchanged
 
 
-def test_layout_matching_follows_content_across_a_new_layout():
-    # ids: 10 '"a' 11 '",' 12 ' "' 13 'b' 14 '":' 15 '",\n' 16 '    ' (indent)
-    layout = {15: 11, 16: None}
-    prompt = [10, 11, 12, 13, 14, 12, 10]
-    answer = [10, 15, 16, 12]                   # "a",\n    "  -> the prompt's  "a", "  then  b
-    exact = NgramDrafter(prompt + answer, lengths=(3, 2), max_draft=3)
-    keyed = NgramDrafter(prompt + answer, lengths=(3, 2), max_draft=3, layout=layout)
-    assert exact.propose() == []                # token for token the thread is lost
-    assert keyed.match() == (3, [13, 14, 12])   # keys  "a  ",  "  found in the prompt
-    # where the exact match is as long, it wins (copying the layout as it is)
-    same = NgramDrafter([1, 2, 3, 16, 4, 1, 2, 3], lengths=(3,), max_draft=2, layout=layout)
-    assert same.propose() == [16, 4]
+# a byte-level vocabulary: 'Ġ' is a space, 'Ċ' a newline
+VOCAB = {'"a': 10, '",': 11, 'Ġ"': 12, 'b': 13, '":': 14, '",Ċ': 15, 'ĠĠĠĠ': 16, 'c': 17, 'd': 18}
 
 
 def test_layout_keys_from_a_byte_level_vocabulary():
-    from engine.speculative.layout import layout_keys
-    vocab = {'",': 1, '",Ċ': 2, 'ĠĠĠ': 3, 'Ċ': 4, 'abc': 5, 'xyzĊ': 6}
-    assert layout_keys(vocab) == {2: 1, 3: None, 4: None}
+    layout = layout_keys(VOCAB)
+    assert layout.keys == {15: 11, 16: None}          # '",\n' read as '",'; indentation skipped
+    assert layout.ends_line == {15}
+
+
+def test_layout_matching_follows_content_across_a_new_layout():
+    layout = layout_keys(VOCAB)
+    prompt = [10, 11, 12, 13, 14, 17, 18, 11, 12, 10]
+    answer = [10, 15, 16, 12]                   # "a",\n    "  ~ the prompt's  "a", "  then  b
+    exact = NgramDrafter(prompt + answer, lengths=(3, 2), max_draft=8)
+    keyed = NgramDrafter(prompt + answer, lengths=(3, 2), max_draft=8, layout=layout)
+    assert exact.propose() == []                # token for token the thread is lost
+    assert keyed.match() == (3, [13, 14, 17, 18, 11, 12, 10, 10])   # keys  "a  ",  "  found in the prompt
+    # right after a line end the layout index does not draft (indentation unknown)
+    assert NgramDrafter(prompt + [10, 15], lengths=(2,), max_draft=8, layout=layout).propose() == []
+    # where the exact match is as long, it wins (copying the layout as it is)
+    same = NgramDrafter([1, 2, 3, 16, 4, 1, 2, 3], lengths=(3,), max_draft=2, layout=layout)
+    assert same.propose() == [16, 4]
