@@ -97,8 +97,8 @@ class Settings(BaseSettings):
 
     # Speculative decoding (docs/speculative.md): prompt-lookup drafts, verified in one forward.
     speculative: Literal["off", "ngram"] = "off"
-    spec_tokens: int = Field(default=4, ge=1, le=16)  # drafts per step (k)
-    spec_ngram: Annotated[tuple[int, ...], NoDecode] = (3, 2)  # suffix lengths tried, longest first
+    spec_tokens: int = Field(default=8, ge=1, le=16)  # most drafts per step (k; fewer by expected value)
+    spec_ngram: Annotated[tuple[int, ...], NoDecode] = (4, 3, 2)  # suffix lengths tried, longest first
 
     # Queue and reliability.
     # One worker process, several jobs at once: a threads pool feeding the paged scheduler.

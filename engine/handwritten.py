@@ -103,7 +103,8 @@ def _run_cached(engine: Any, prompt: Prompt, run: GenerationRun, request: Genera
         if spec is None:
             decode_loop(forward, cache, logits, sampler, run)
         else:
-            speculative_decode_loop(forward, cache, logits, sampler, run, SpecState.start(spec, prompt.ids))
+            state = SpecState.start(spec, prompt.ids, run.tokenizer)
+            speculative_decode_loop(forward, cache, logits, sampler, run, state)
             spec_counters(engine).add(run.draft_tokens, run.accepted_draft_tokens)
     return cached
 

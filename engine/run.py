@@ -24,6 +24,7 @@ class GenerationRun:
                  on_text: TextCallback | None = None, should_cancel: CancelCheck | None = None,
                  started: float | None = None) -> None:
         self.method = method
+        self.tokenizer = tokenizer      # speculative drafting reads its vocabulary
         self.max_new_tokens = max_new_tokens
         self.eos_ids = frozenset(int(i) for i in eos_ids)
         self._stream = TextStream(tokenizer, tuple(stops))

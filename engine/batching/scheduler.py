@@ -168,9 +168,11 @@ class Scheduler:
             if budget == 0:
                 break
             if seq.status == RUNNING and seq.is_decoding and self._reserve_slot(seq):
-                count = 1 + len(reserve_drafts(seq, self.blocks, budget - 1, spare=len(self.running)))
-                plan.append((seq, count))
-                budget -= count
+                plan.append((seq, 1))
+                budget -= 1
+        if plan:                                            # their speculative drafts
+            budget -= reserve_drafts([seq for seq, _ in plan], self.blocks, budget, spare=len(self.running))
+            plan = [(seq, 1 + len(seq.drafts)) for seq, _ in plan]
         for seq in self.running:                            # 2. prompts mid-prefill
             if budget == 0:
                 break

@@ -61,7 +61,7 @@ class PagedService:
         spec = spec_config(self.settings, speculative) if constraint is None else None
         return Sequence(seq_id=next(self._ids), prompt_ids=list(prompt_ids), run=run,
                         sampling=sampling, sampler=sampler, on_finish=on_finish,
-                        spec=SpecState.start(spec, prompt_ids) if spec else None)
+                        spec=SpecState.start(spec, prompt_ids, run.tokenizer) if spec else None)
 
     def add(self, seq: Sequence) -> None:
         self.scheduler.submit(seq)

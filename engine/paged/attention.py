@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.paged.pool import KVBlockPool
+from engine.speculative.attention import MAX_FOLDED_QUERIES, verify_attention
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,8 @@ def paged_attention(pool: KVBlockPool, layer: int, batch: PagedBatch, q: torch.T
     keys, values = keys.transpose(1, 2).to(q.dtype), values.transpose(1, 2).to(q.dtype)
     if batch.q_index.shape[1] == 1:
         return _decode_attention(q, keys, values, mask, scale)
+    if batch.single is None and batch.q_index.shape[1] <= MAX_FOLDED_QUERIES:   # decodes + drafts
+        return verify_attention(q, keys, values, mask, scale, batch)
     queries = q[batch.q_index].transpose(1, 2)                     # [B, H, Q, D]
     if batch.single is not None and batch.single[1] == 0:
         out = F.scaled_dot_product_attention(queries, keys, values, is_causal=True, scale=scale,

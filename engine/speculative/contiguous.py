@@ -16,6 +16,7 @@ from engine.kv_cache import ContiguousKVCache
 from engine.run import GenerationRun
 from engine.sampling import Sampler
 from engine.speculative.acceptance import accept_drafts
+from engine.speculative.budget import choose_drafts
 from engine.speculative.policy import SpecState
 
 
@@ -31,7 +32,8 @@ def speculative_decode_loop(forward: Qwen2Forward, cache: ContiguousKVCache, log
             state.push(token)
         token = emitted[-1]
         # drafts beyond what max tokens allows would be verified for nothing
-        drafts = state.propose(run.max_new_tokens - run.produced - 1)
+        proposal = state.propose(run.max_new_tokens - run.produced - 1)
+        drafts = state.begin(proposal, choose_drafts([proposal.chances], 1, state.config, len(proposal.tokens))[0])
         base = cache.length
         ids = torch.tensor([token, *drafts], dtype=torch.long, device=device)
         logits = forward(ids, cache, last_only=not drafts)

@@ -1,7 +1,8 @@
 """Speculative decoding inside the paged batching scheduler, one sequence at a time.
 
-The scheduler calls :func:`reserve_drafts` while planning a step (a decoding sequence then
-feeds its pending token plus its drafts, and the step's token budget counts them all) and
+The scheduler calls :func:`reserve_drafts` while planning a step, once for all its decoding sequences (each
+then feeds its pending token plus its drafts; the step's token budget counts them all, and
+drafts are shared out by expected value, :mod:`engine.speculative.budget`) and
 :func:`settle_drafts` after the batched forward, with that sequence's logit rows.
 
 Block rules: drafts take slots through :meth:`BlockManager.append` like any token, but
@@ -18,22 +19,31 @@ import torch
 
 from engine.paged.block_manager import BlockManager
 from engine.speculative.acceptance import accept_drafts
+from engine.speculative.budget import choose_drafts
 
 
-def reserve_drafts(seq: Any, blocks: BlockManager, room: int, spare: int) -> list[int]:
-    """Propose at most ``room`` drafts for a decoding ``seq`` and give them slots; sets and
-    returns ``seq.drafts`` (empty when the sequence does not speculate now)."""
-    seq.drafts = []
-    if seq.spec is None or room <= 0:
-        return seq.drafts
-    run = seq.run
-    drafts = seq.spec.propose(min(room, run.max_new_tokens - run.produced - 1), seq.tokens)
-    while drafts and blocks.append_cost(seq.seq_id, len(drafts)) > blocks.num_available - spare:
-        drafts.pop()
-    if drafts:
-        blocks.append(seq.seq_id, drafts)
-    seq.drafts = drafts
-    return drafts
+def reserve_drafts(seqs: list[Any], blocks: BlockManager, room: int, spare: int) -> int:
+    """Give the decoding ``seqs`` of one step their drafts: each speculating sequence
+    proposes, :func:`choose_drafts` shares the ``room`` left in the token budget by expected
+    value, and the chosen drafts get slots. Sets every ``seq.drafts``; returns their total."""
+    for seq in seqs:
+        seq.drafts = []
+    speculating = [seq for seq in seqs if seq.spec is not None]
+    if not speculating or room <= 0:
+        return 0
+    proposals = [seq.spec.propose(min(room, seq.run.max_new_tokens - seq.run.produced - 1), seq.tokens)
+                 for seq in speculating]
+    counts = choose_drafts([p.chances for p in proposals], len(seqs), speculating[0].spec.config, room)
+    total = 0
+    for seq, proposal, count in zip(speculating, proposals, counts):
+        drafts = seq.spec.begin(proposal, count)
+        while drafts and blocks.append_cost(seq.seq_id, len(drafts)) > blocks.num_available - spare:
+            drafts.pop()
+        if drafts:
+            blocks.append(seq.seq_id, drafts)
+        seq.drafts = drafts
+        total += len(drafts)
+    return total
 
 
 def settle_drafts(seq: Any, blocks: BlockManager, rows: torch.Tensor) -> list[int]:

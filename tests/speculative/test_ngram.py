@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import pytest
 
+from engine.speculative.layout import layout_keys
 from engine.speculative.ngram import NgramDrafter
-from engine.speculative.policy import SpecConfig, SpecState
+from engine.speculative.policy import Proposal, SpecConfig, SpecState
 
 
 def test_longest_suffix_match_proposes_what_followed_it():
@@ -46,27 +47,56 @@ def test_bad_arguments(bad):
         NgramDrafter([1, 2], **kwargs)
 
 
-def test_policy_pauses_after_rejections_and_backs_off():
-    state = SpecState.start(SpecConfig(num_tokens=2, ngram_lengths=(1,), backoff=3, max_backoff=6), [1, 1, 1])
-    rejected = 0
-    while state.paused_for == 0:
-        assert state.propose(2)
-        state.record(2, 0)
-        rejected += 1
-        assert rejected < 10
-    assert state.paused_for == 3 and state.next_backoff == 6
-    assert [state.propose(2) for _ in range(3)] == [[], [], []]
-    assert state.propose(2)                 # drafting again after the pause
-    while state.paused_for == 0:
-        state.record(2, 0)
-    assert state.paused_for == 6 and state.next_backoff == 6  # capped
-    assert state.drafted == 2 * state.verify_steps and state.accepted == 0
+def test_match_reports_the_length_that_matched():
+    d = NgramDrafter([5, 1, 2, 3, 9, 2, 3, 4, 1, 2], lengths=(2, 1), max_draft=2)
+    assert d.match() == (2, [3, 9])
+    assert NgramDrafter([1, 2, 3], lengths=(2,), max_draft=4).match() == (0, [])
 
 
-def test_policy_keeps_drafting_while_drafts_are_accepted():
-    state = SpecState.start(SpecConfig(num_tokens=4, ngram_lengths=(1,)), [3, 3])
-    for _ in range(100):
-        assert state.propose(4, tokens=[3] * 3) != []
-        state.record(4, 3)
-    assert state.acceptance == 0.75 and state.paused_for == 0
-    assert state.propose(0) == []
+def test_chances_fall_with_rejections_and_rise_with_acceptances():
+    state = SpecState.start(SpecConfig(num_tokens=4, ngram_lengths=(1,), prior=0.5), [3, 4, 3, 4, 3])
+    proposal = state.propose(4)
+    assert proposal.ngram == 1 and proposal.tokens == [4, 3]
+    assert proposal.chances == pytest.approx([0.5, 0.25])
+    assert state.begin(proposal, 1) == [4]
+    state.record(1, 0)                          # rejected: the estimate drops
+    assert state.rate(1) == pytest.approx(0.4)
+    for _ in range(20):
+        state.begin(state.propose(4), 2)
+        state.record(2, 2)                      # all accepted: it climbs toward 1
+    assert state.rate(1) > 0.99 and state.rate(3) == 0.5   # other lengths keep their own
+    assert state.acceptance == pytest.approx(40 / 41)
+    assert state.propose(0).tokens == []
+
+
+def test_a_skipped_match_drifts_back_toward_the_prior():
+    state = SpecState.start(SpecConfig(ngram_lengths=(1,), prior=0.6, recover=0.5), [3, 3, 3])
+    state.rates[1] = 0.2
+    assert state.begin(state.propose(4), 0) == []
+    assert state.rate(1) == pytest.approx(0.4)
+    assert state.begin(Proposal(), 0) == [] and state.rate(1) == pytest.approx(0.4)   # no match: unchanged
+
+
+# a byte-level vocabulary: 'Ġ' is a space, 'Ċ' a newline
+VOCAB = {'"a': 10, '",': 11, 'Ġ"': 12, 'b': 13, '":': 14, '",Ċ': 15, 'ĠĠĠĠ': 16, 'c': 17, 'd': 18}
+
+
+def test_layout_keys_from_a_byte_level_vocabulary():
+    layout = layout_keys(VOCAB)
+    assert layout.keys == {15: 11, 16: None}          # '",\n' read as '",'; indentation skipped
+    assert layout.ends_line == {15}
+
+
+def test_layout_matching_follows_content_across_a_new_layout():
+    layout = layout_keys(VOCAB)
+    prompt = [10, 11, 12, 13, 14, 17, 18, 11, 12, 10]
+    answer = [10, 15, 16, 12]                   # "a",\n    "  ~ the prompt's  "a", "  then  b
+    exact = NgramDrafter(prompt + answer, lengths=(3, 2), max_draft=8)
+    keyed = NgramDrafter(prompt + answer, lengths=(3, 2), max_draft=8, layout=layout)
+    assert exact.propose() == []                # token for token the thread is lost
+    assert keyed.match() == (3, [13, 14, 17, 18, 11, 12, 10, 10])   # keys  "a  ",  "  found in the prompt
+    # right after a line end the layout index does not draft (indentation unknown)
+    assert NgramDrafter(prompt + [10, 15], lengths=(2,), max_draft=8, layout=layout).propose() == []
+    # where the exact match is as long, it wins (copying the layout as it is)
+    same = NgramDrafter([1, 2, 3, 16, 4, 1, 2, 3], lengths=(3,), max_draft=2, layout=layout)
+    assert same.propose() == [16, 4]

@@ -18,8 +18,7 @@ def real_fp32():
     from core.settings import load_settings
     from engine.engine import Engine
 
-    return Engine(load_settings(model="default", device="cpu", dtype="float32", quant="none",
-                                spec_tokens=4, spec_ngram=(3, 2))).load()
+    return Engine(load_settings(model="default", device="cpu", dtype="float32", quant="none")).load()
 
 
 def _run(engine, method, speculative, tokens):
