@@ -10,11 +10,14 @@ layers plus lm_head of Qwen2.5-0.5B take 25-29 ms instead of 49-55 ms at one row
 
 The packed tensor is an opaque oneDNN copy, so the plain matrices are freed once packed
 (:func:`engine.quant.model.pack_model`); ``official`` reloads them on first use like the
-quantized settings do. Only bf16 on a CPU whose oneDNN has bf16 kernels is packed:
+quantized settings do. A tied embedding stays plain (it is a lookup table) beside the packed
+head; the default model's head is untied. Only bf16 on a CPU whose oneDNN has bf16 kernels is packed:
 float32 keeps MKL's sgemm (whose rounding transformers shares), CUDA keeps cuBLAS.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import dataclasses
 from dataclasses import dataclass
 
@@ -63,3 +66,14 @@ def pack_weights(weights: Qwen2Weights) -> Qwen2Weights:
     layers = [dataclasses.replace(layer, **{p: pack(getattr(layer, p)) for p in PROJECTIONS})
               for layer in weights.layers]
     return dataclasses.replace(weights, layers=layers, lm_head=pack(weights.lm_head))
+
+
+def release_freed_memory() -> None:
+    """Hand freed heap pages back to the OS (glibc ``malloc_trim``). The per-layer matrices are
+    below glibc's mmap threshold, so freeing them after packing leaves the pages in the heap
+    and the resident size unchanged until this is called. A no-op elsewhere."""
+    name = ctypes.util.find_library("c")
+    try:
+        ctypes.CDLL(name).malloc_trim(0)
+    except (OSError, AttributeError, TypeError):
+        pass

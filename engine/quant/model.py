@@ -30,7 +30,7 @@ from engine.quant.kernels import check_kernels
 from engine.quant.layer import (DEFAULT_MAX_ROWS, QuantizedEmbedding, QuantizedLinear, quantize_linear,
                                 storage_mode)
 from engine.quant.plan import CLASSES, PLANS, PROJECTIONS, QUANT_CHOICES, QuantPlan
-from engine.packed import PackedLinear, pack_weights, packing_available
+from engine.packed import PackedLinear, pack_weights, packing_available, release_freed_memory
 from engine.quant.restore import free_full_weights, restore_full_weights
 from engine.weights import Linear, Qwen2Weights, fuse_projections
 
@@ -158,6 +158,8 @@ def pack_model(model: Any, source: str | None) -> int:
         packed = pack_weights(weights)
     model.__dict__[ATTR] = packed
     freed = free_full_weights(model, source)
+    del weights
+    release_freed_memory()
     size = sum(getattr(layer, p).nbytes for layer in packed.layers for p in _PROJECTIONS) + packed.lm_head.nbytes
     log_event(logger, "weights_packed", packed_mb=round(size / 2**20, 1), freed_mb=round(freed / 2**20, 1),
               latency_ms=int((time.perf_counter() - started) * 1000))
