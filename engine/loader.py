@@ -108,10 +108,11 @@ def apply_quant(model: Any, setting: str, device: Any, source: str, tokenizer: A
     An explicit setting whose kernel this CPU/torch lacks is a start error naming the
     variable and the choices. ``auto`` never fails the start, but a fallback to ``none`` is
     said loudly: a WARNING log event and ``none (auto: ...)`` on ``/workers``."""
-    from engine.quant import QUANT_CHOICES, QuantKernelError, quantize_model, resolve_quant
+    from engine.quant import QUANT_CHOICES, QuantKernelError, pack_model, quantize_model, resolve_quant
 
     plan = resolve_quant(setting, device.type)
     if plan == "none":
+        pack_model(model, source)  # bf16 on CPU: oneDNN-packed projections, same bits (engine.packed)
         return "none (auto)" if setting == "auto" else "none"
     try:
         quantize_model(model, plan, source=source, tokenizer=tokenizer)

@@ -30,6 +30,7 @@ from engine.quant.kernels import check_kernels
 from engine.quant.layer import (DEFAULT_MAX_ROWS, QuantizedEmbedding, QuantizedLinear, quantize_linear,
                                 storage_mode)
 from engine.quant.plan import CLASSES, PLANS, PROJECTIONS, QUANT_CHOICES, QuantPlan
+from engine.packed import PackedLinear, pack_weights, packing_available, release_freed_memory
 from engine.quant.restore import free_full_weights, restore_full_weights
 from engine.weights import Linear, Qwen2Weights, fuse_projections
 
@@ -144,6 +145,27 @@ def quantize_model(model: Any, mode: QuantPlan | str, group_size: int | None = N
     return summary
 
 
+def pack_model(model: Any, source: str | None) -> int:
+    """Full precision (``none``): prepack the forward's projections for oneDNN
+    (:mod:`engine.packed`: same bits, about twice as fast on CPU) and free the plain copies
+    (``official`` reloads them from ``source`` on first use). Returns bytes packed, 0 when
+    packing does not apply (not bf16 on a oneDNN CPU, or no source to reload from)."""
+    weights = fuse_projections(model)
+    if source is None or not packing_available(weights.dtype, weights.device):
+        return 0
+    started = time.perf_counter()
+    with torch.no_grad():
+        packed = pack_weights(weights)
+    model.__dict__[ATTR] = packed
+    freed = free_full_weights(model, source)
+    del weights
+    release_freed_memory()
+    size = sum(getattr(layer, p).nbytes for layer in packed.layers for p in _PROJECTIONS) + packed.lm_head.nbytes
+    log_event(logger, "weights_packed", packed_mb=round(size / 2**20, 1), freed_mb=round(freed / 2**20, 1),
+              latency_ms=int((time.perf_counter() - started) * 1000))
+    return size
+
+
 def forward_weights(model: Any) -> Qwen2Weights:
     """What the hand-written forward should run: the quantized arrangement when
     :func:`quantize_model` made one, else the model's own (fused) weights."""
@@ -166,5 +188,6 @@ def bytes_per_token(weights: Qwen2Weights) -> int:
 
     total = size(weights.norm) + weights.embed.shape[1] * weights.embed.element_size()  # one row
     for proj in [getattr(layer, p) for layer in weights.layers for p in PROJECTIONS] + [weights.lm_head]:
-        total += proj.nbytes if isinstance(proj, QuantizedLinear) else size(proj.weight) + size(proj.bias)
+        packed = isinstance(proj, (QuantizedLinear, PackedLinear))
+        total += proj.nbytes if packed else size(proj.weight) + size(proj.bias)
     return total + sum(size(layer.input_norm) + size(layer.post_norm) for layer in weights.layers)

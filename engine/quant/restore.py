@@ -71,9 +71,15 @@ def restore_full_weights(model: Any) -> None:
         started = time.perf_counter()
         modules = quantized_modules(model, embed="model.embed_tokens" in state["names"])
         dtype, device = model.model.norm.weight.dtype, model.model.norm.weight.device
-        tensors = _load(state["source"], [f"{name}.weight" for name in state["names"]], dtype)
-        for name in state["names"]:
-            modules[name].weight = torch.nn.Parameter(tensors[f"{name}.weight"].to(device), requires_grad=False)
+        # Plain tensors with requires_grad, as from_pretrained leaves them (grad mode is off
+        # anyway), even when the hook fires inside inference_mode: transformers' generate over
+        # inference-tensor weights, or with requires_grad=False (torch's matmul then does not
+        # fold the sliced [batch, 1, hidden] prefill input for lm_head and multiplies an 8x
+        # expanded copy of the head), ran 3-5x slower on the padded-batch benchmark.
+        with torch.inference_mode(False):
+            tensors = _load(state["source"], [f"{name}.weight" for name in state["names"]], dtype)
+            for name in state["names"]:
+                modules[name].weight = torch.nn.Parameter(tensors[f"{name}.weight"].to(device))
         state["hook"].remove()
         state["done"] = True
         log_event(logger, "full_weights_restored", reason="official", tensors=len(tensors),

@@ -5,7 +5,8 @@ import torch
 from transformers.generation.logits_process import (RepetitionPenaltyLogitsProcessor, TopKLogitsWarper,
                                                     TopPLogitsWarper)
 
-from engine.sampling import Sampler, apply_repetition_penalty, top_k_mask, top_p_mask
+from engine.sampling import (Sampler, apply_repetition_penalty, argmax, float_copy, penalize_seen, top_k_mask,
+                             top_p_mask)
 from engine.types import SamplingParams
 
 VOCAB = 50
@@ -84,3 +85,19 @@ def test_every_method_returns_tokens_at_sampling_extremes(tiny_engine):
                                         sampling=SamplingParams(max_new_tokens=4, seed=1, **case))
             result = tiny_engine.generate(request)
             assert result.usage.completion_tokens >= 1, (method, case)
+
+
+def test_penalize_seen_gathers_the_same_values_as_the_full_vocabulary_pass():
+    gen = torch.Generator().manual_seed(7)
+    for penalty in (1.1, 1.3, 0.7, 1e-4):
+        logits = torch.randn(151_936, generator=gen) * 10
+        seen = torch.rand(151_936, generator=gen) < 0.01
+        want = apply_repetition_penalty(logits, seen, penalty)
+        got = penalize_seen(float_copy(logits), seen, penalty)
+        assert torch.equal(got, want)
+        assert argmax(got) == int(torch.argmax(want))
+    assert not torch.equal(want, logits)  # the penalty changed something
+    ties = torch.tensor([0.0, 3.0, 1.0, 3.0])
+    assert argmax(ties) == int(torch.argmax(ties)) == 1  # the first maximal index, as torch
+    bf16 = logits.to(torch.bfloat16)
+    assert float_copy(bf16).dtype == torch.float32 and float_copy(logits).data_ptr() != logits.data_ptr()

@@ -1,0 +1,55 @@
+"""oneDNN-prepacked bf16 projections (engine.packed): the same bits as ``F.linear``, the
+plain copies freed, ``official`` still identical."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from core.settings import load_settings
+from engine.engine import Engine
+from engine.packed import PackedLinear, packing_available
+from engine.quant import bytes_per_token, forward_weights, full_weight_bytes
+from engine.types import GenerationRequest, SamplingParams
+from engine.weights import Linear, fuse_projections
+
+pytestmark = pytest.mark.skipif(not packing_available(torch.bfloat16, torch.device("cpu")),
+                                reason="this CPU's oneDNN has no bf16 kernels")
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 37])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_packed_linear_is_bitwise_f_linear(rows, with_bias):
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 64, generator=gen).to(torch.bfloat16)
+    bias = torch.randn(96, generator=gen).to(torch.bfloat16) if with_bias else None
+    x = torch.randn(rows, 64, generator=gen).to(torch.bfloat16)
+    packed = PackedLinear.from_linear(Linear(weight, bias))
+    assert torch.equal(packed(x), F.linear(x, weight, bias))
+    strided = torch.randn(rows, 128, generator=gen).to(torch.bfloat16)[:, ::2]  # a non-contiguous input
+    assert torch.equal(packed(strided), F.linear(strided, weight, bias))
+
+
+def _greedy(engine: Engine, method: str) -> list[int]:
+    request = GenerationRequest(messages=[{"role": "user", "content": "Write a short poem about the sea."}],
+                                sampling=SamplingParams(max_new_tokens=10), method=method)
+    return engine.generate(request).token_ids
+
+
+def test_bf16_none_packs_frees_and_stays_greedy_identical(tiny_model_dir):
+    engine = Engine(load_settings(model=str(tiny_model_dir), dtype="bfloat16", device="cpu", quant="none"))
+    model = engine.loaded.model
+    weights = forward_weights(model)
+    assert isinstance(weights.layers[0].qkv, PackedLinear) and isinstance(weights.lm_head, PackedLinear)
+    assert full_weight_bytes(model) == 0  # the plain copies are gone until official needs them
+    got = {method: _greedy(engine, method) for method in ("custom_cache", "paged", "prefix_cache")}
+    reference = _greedy(engine, "official")  # reloads the plain weights first
+    assert full_weight_bytes(model) > 0
+    head = model.lm_head.weight  # reloaded as from_pretrained leaves it (else generate runs 3-5x slower)
+    assert head.requires_grad and not head.is_inference()
+    assert all(tokens == reference for tokens in got.values()), got
+    assert bytes_per_token(weights) == bytes_per_token(fuse_projections(model))
+
+
+def test_float32_is_not_packed(tiny_engine):
+    assert isinstance(forward_weights(tiny_engine.loaded.model).layers[0].qkv, Linear)
