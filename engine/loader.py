@@ -112,8 +112,10 @@ def apply_quant(model: Any, setting: str, device: Any, source: str, tokenizer: A
 
     plan = resolve_quant(setting, device.type)
     if plan == "none":
-        pack_model(model, source)  # bf16 on CPU: oneDNN-packed projections, same bits (engine.packed)
-        return "none (auto)" if setting == "auto" else "none"
+        label = "none (auto)" if setting == "auto" else "none"
+        if pack_model(model, source):  # bf16 on CPU: oneDNN-packed projections, same bits (engine.packed)
+            return label
+        return label + _unpacked_note(model, device)
     try:
         quantize_model(model, plan, source=source, tokenizer=tokenizer)
     except QuantKernelError as exc:
@@ -123,6 +125,21 @@ def apply_quant(model: Any, setting: str, device: Any, source: str, tokenizer: A
         log_event(logger, "quant_fallback", level=logging.WARNING, setting=setting, plan=plan, reason=str(exc))
         return f"none (auto: {plan} kernel unavailable, running full precision)"
     return f"{plan} (auto)" if setting == "auto" else plan
+
+
+def _unpacked_note(model: Any, device: Any) -> str:
+    """Where packing should have applied (bf16 on CPU) but did not: say so in the log and on
+    ``/workers`` -- the plain path is about half as fast (issue 12: no silent slow code)."""
+    import torch
+
+    from engine.packed import packing_available
+
+    if device.type != "cpu" or getattr(model, "dtype", None) != torch.bfloat16:
+        return ""
+    reason = ("no source folder to reload plain weights from" if packing_available(torch.bfloat16, device)
+              else "this CPU's oneDNN has no bf16 kernels")
+    log_event(logger, "weights_not_packed", level=logging.WARNING, reason=reason)
+    return f" (bf16 weights not prepacked: {reason}; about half the decode speed)"
 
 
 def load_model(settings: Settings) -> LoadedModel:

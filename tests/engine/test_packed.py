@@ -53,3 +53,15 @@ def test_bf16_none_packs_frees_and_stays_greedy_identical(tiny_model_dir):
 
 def test_float32_is_not_packed(tiny_engine):
     assert isinstance(forward_weights(tiny_engine.loaded.model).layers[0].qkv, Linear)
+
+
+def test_bf16_without_packing_says_so(tiny_model_dir, monkeypatch, caplog):
+    """A CPU whose oneDNN lacks bf16 kernels runs the plain path: /workers and the log say so."""
+    monkeypatch.setattr("engine.quant.model.packing_available", lambda *_: False)
+    monkeypatch.setattr("engine.packed.packing_available", lambda *_: False)
+    with caplog.at_level("WARNING", logger="miniserve"):
+        engine = Engine(load_settings(model=str(tiny_model_dir), dtype="bfloat16", device="cpu", quant="none"))
+        engine.loaded  # noqa: B018 - loads the model
+    assert "not prepacked" in engine.info()["quant"]
+    assert any("weights_not_packed" in record.getMessage() for record in caplog.records)
+    assert not isinstance(forward_weights(engine.loaded.model).layers[0].qkv, PackedLinear)
