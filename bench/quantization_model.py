@@ -22,6 +22,7 @@ from core.settings import load_settings
 from engine.engine import Engine
 from engine.forward import Qwen2Forward
 from engine.loader import load_model
+from engine.packed import pack_weights, packing_available
 from engine.quant import DEFAULT_GROUP_SIZE, PLANS, bytes_per_token, quantize_weights
 from engine.quant.calibration import input_importance
 from engine.types import GenerationRequest, SamplingParams
@@ -33,8 +34,10 @@ LLAMA = "llama.cpp"
 def _engines(args: argparse.Namespace, modes: tuple[str, ...]) -> tuple[dict[str, Engine], dict[str, Qwen2Forward]]:
     settings = load_settings(model=args.model, dtype="bfloat16", device="cpu", threads=args.threads, quant="none")
     loaded = load_model(settings)
-    weights = fuse_projections(loaded.model)
-    forwards = {"none": Qwen2Forward(weights)}
+    weights = fuse_projections(loaded.model)  # plain bf16: what the quantized plans start from
+    # none runs as a worker runs it: projections prepacked for oneDNN where the CPU has them
+    packed = pack_weights(weights) if packing_available(weights.dtype, weights.device) else weights
+    forwards = {"none": Qwen2Forward(packed)}
     importance = None
     for mode in modes:
         if mode != "none":
