@@ -48,7 +48,9 @@ def real_engine_fp32():
     from core.settings import load_settings
     from engine.engine import Engine
 
-    return Engine(load_settings(model="default", device="cpu", dtype="float32", quant="none")).load()
+    engine = Engine(load_settings(model="default", device="cpu", dtype="float32", quant="none")).load()
+    yield engine
+    engine.close()  # the loop thread would keep the 2 GB model alive for the rest of the suite
 
 
 @pytest.mark.parametrize("lang", list(PROMPTS))

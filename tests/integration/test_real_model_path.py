@@ -33,9 +33,12 @@ def test_greedy_generation_through_queue_equals_direct_engine_call(redis_proc):
     finally:
         web.stop()
         worker.stop()
-    direct = Engine(load_settings(model="default", threads=2)).generate(
-        GenerationRequest(messages=[{"role": "user", "content": PROMPT}], method="official",
-                          sampling=SamplingParams(max_new_tokens=12)))
+    engine = Engine(load_settings(model="default", threads=2))
+    try:
+        direct = engine.generate(GenerationRequest(messages=[{"role": "user", "content": PROMPT}], method="official",
+                                                   sampling=SamplingParams(max_new_tokens=12)))
+    finally:
+        engine.close()
     assert trace.terminal == "done" and queued["text"].strip()
     assert trace.text == queued["text"]
     assert queued["token_ids"] == direct.token_ids

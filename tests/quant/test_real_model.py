@@ -28,7 +28,8 @@ def real():
     requests = [GenerationRequest(messages=[{"role": "user", "content": p}], sampling=sampling,
                                   method="official") for p in PROMPTS]
     reference = [engine.generate(r).token_ids for r in requests]
-    return engine, weights, requests, reference
+    yield engine, weights, requests, reference
+    engine.close()  # the loop thread would keep the model alive for the rest of the suite
 
 
 @pytest.mark.slow

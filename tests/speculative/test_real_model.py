@@ -18,7 +18,9 @@ def real_fp32():
     from core.settings import load_settings
     from engine.engine import Engine
 
-    return Engine(load_settings(model="default", device="cpu", dtype="float32", quant="none")).load()
+    engine = Engine(load_settings(model="default", device="cpu", dtype="float32", quant="none")).load()
+    yield engine
+    engine.close()  # the loop thread would keep the 2 GB model alive for the rest of the suite
 
 
 def _run(engine, method, speculative, tokens):
