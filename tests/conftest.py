@@ -1,8 +1,9 @@
 """Suite-wide hygiene: hand each test module's freed memory back to the OS.
 
-Several modules load the real model (bf16, fp32, quantized) in module-scoped fixtures; glibc
-keeps the freed pages of their many per-layer tensors in the heap, so without a trim the
-single pytest process grew to ~21 GB resident over the suite on a 24 GB machine.
+Several modules load the real model (bf16, fp32, quantized); glibc keeps the freed pages of
+their many per-layer tensors in the heap, so the single pytest process would hold them for
+the rest of the suite. (The larger cause of the ~21 GB the suite once reached was engines
+kept alive by their loop threads: real-model fixtures now ``close()`` their engines.)
 """
 from __future__ import annotations
 
