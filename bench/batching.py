@@ -40,6 +40,7 @@ from bench.paged_common import RESULTS, machine_line, p50, pct, print_table, pyp
 from core.settings import load_settings
 from engine.loop import EngineLoop
 from engine.engine import Engine
+from engine.openmp import release_thread_team
 from engine.types import GenerationRequest, SamplingParams
 
 TOPICS = ["a KV cache", "paged attention", "continuous batching", "rotary position embeddings",
@@ -112,6 +113,7 @@ def warm_hf_cb(engine: Engine, n: int, new_tokens: int) -> None:
 
 def run_hf_cb(engine: Engine, texts: list[str], new_tokens: int) -> dict:
     ids = _ids(engine, texts, new_tokens)
+    release_thread_team()  # the manager computes on its own thread: no second OpenMP team beside it
     start = time.perf_counter()
     out = engine.loaded.model.generate_batch(inputs=ids, generation_config=_hf_config(engine, new_tokens),
                                              progress_bar=False, record_timestamps=True, persistent_manager=True,
@@ -162,7 +164,7 @@ def main() -> None:
     parser.add_argument("--no-sequential", action="store_true")
     parser.add_argument("--no-queue", action="store_true",
                         help="skip the jobs through web -> Redis -> one Celery worker process")
-    parser.add_argument("--quant", default="mixed",
+    parser.add_argument("--quant", default="auto",
                         help="MINISERVE_QUANT of the 'batched' modes (the bf16 modes always run none)")
     parser.add_argument("--output", default=str(RESULTS / "batching.csv"))
     args = parser.parse_args()

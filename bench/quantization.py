@@ -34,8 +34,8 @@ PROMPTS = [  # fixed set, 4 English + 4 Chinese, each asking for more than 32 to
     "简单介绍一下北京的历史和著名景点。",
     "请用三段话说明为什么要写单元测试。",
 ]
-MODES = ("none", "mixed", "int8", "int4")
-DEFAULT_SETTING = "mixed"  # what MINISERVE_QUANT=auto runs on CPU (engine.quant.AUTO_CPU_PLAN)
+MODES = ("none", "q8", "mixed", "int8", "int4")
+DEFAULT_SETTING = "q8"  # the low-bit plan the targets are checked on (auto runs none until one passes them)
 
 
 def kernels_main(args: argparse.Namespace) -> int:

@@ -4,7 +4,8 @@ Several sequences, each with its own :class:`ContiguousKVCache`, decode together
 forward call per step carries one token of every sequence, so each projection multiplies
 ``batch`` rows at once (the case where the packed low-bit kernels lose to bf16 GEMM and
 :class:`~engine.quant.QuantizedLinear` switches to the full-precision weight). Attention
-stays per sequence. This is the benchmark's stand-in where no batching scheduler is merged.
+stays per sequence. This is the benchmark's stand-in where no batching scheduler is merged;
+its decode steps run as the scheduler's decode-only steps do (``q8.batched_decode``).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 
 from engine.forward import Qwen2Forward
 from engine.kv_cache import ContiguousKVCache
+from engine.quant import q8
 
 
 class BatchDecodeCache:
@@ -52,7 +54,8 @@ def batched_greedy(forward: Qwen2Forward, prompts: list[list[int]], steps: int) 
         produced = [tokens]
         started = time.perf_counter()
         for _ in range(steps):
-            logits = forward(tokens, batch, last_only=False)
+            with q8.batched_decode():  # as the paged scheduler runs a decode-only step
+                logits = forward(tokens, batch, last_only=False)
             tokens = logits.argmax(dim=-1)
             produced.append(tokens)
         elapsed = time.perf_counter() - started

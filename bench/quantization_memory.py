@@ -59,7 +59,7 @@ def measure(quant: str, threads: int, model: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--quant", required=True, choices=["auto", "none", "mixed", "int8", "int4"])
+    parser.add_argument("--quant", required=True, choices=["auto", "none", "q8", "mixed", "int8", "int4"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default="default")
     args = parser.parse_args()

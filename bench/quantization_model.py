@@ -20,6 +20,7 @@ from bench.quantization_quality import free_running, teacher_forced
 from bench.stats import machine_info, read_bandwidth_gbs, summarize
 from core.settings import load_settings
 from engine.engine import Engine
+from engine.openmp import release_thread_team
 from engine.forward import Qwen2Forward
 from engine.loader import load_model
 from engine.packed import pack_weights, packing_available
@@ -97,7 +98,9 @@ def run_model_benchmark(args: argparse.Namespace, prompts: list[str], modes: tup
         quality[mode]["agree_tf"] = 1.0 if mode == "none" else teacher_forced(forwards[mode], prompt_ids, reference)
     print("quality:", quality, flush=True)
 
-    # speed, batch 1: interleaved rounds, setting order rotated each round
+    # speed, batch 1: interleaved rounds, setting order rotated each round. The teacher-forced
+    # pass above ran on this thread: release its OpenMP team first (engine.openmp explains why).
+    release_thread_team()
     samples: dict[str, dict[str, list[float]]] = {s: {"decode_tps": [], "ttft_s": []} for s in settings}
     for round_ in range(args.repeats):
         order = settings[round_ % len(settings):] + settings[:round_ % len(settings)]

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from core.logs import log_event
 from core.settings import GENERATION_METHODS, Settings
+from engine.openmp import release_thread_team
 from engine.loader import LoadedModel, load_model
 from engine.prompt import Prompt, build_prompt
 from engine.run import GenerationRun
@@ -55,6 +56,7 @@ class Engine:
             with self._load_lock:
                 if self._loaded is None:
                     self._loaded = load_model(self.settings)
+                    release_thread_team()  # the loading thread's OpenMP team would slow the loop's
         return self._loaded
 
     def load(self) -> "Engine":

@@ -6,8 +6,8 @@ Decisions made here, once per process:
 - dtype: ``auto`` is bfloat16 on CPU (measured faster here: memory-bound decoding reads half
   the bytes; see docs/engine.md) and bfloat16 on CUDA.
 - threads: ``MINISERVE_THREADS > 0`` sets ``torch.set_num_threads``.
-- quantization: ``MINISERVE_QUANT`` (``auto``: the ``mixed`` low-bit plan on CPU, ``none``
-  on CUDA; see :func:`apply_quant` and docs/quantization.md).
+- quantization: ``MINISERVE_QUANT`` (``auto``: ``q8`` for a bf16 model on CPU, ``none`` on
+  CUDA or in float32; see :func:`apply_quant` and docs/quantization.md).
 """
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def apply_quant(model: Any, setting: str, device: Any, source: str, tokenizer: A
     said loudly: a WARNING log event and ``none (auto: ...)`` on ``/workers``."""
     from engine.quant import QUANT_CHOICES, QuantKernelError, pack_model, quantize_model, resolve_quant
 
-    plan = resolve_quant(setting, device.type)
+    plan = resolve_quant(setting, device.type, getattr(model, "dtype", None))
     if plan == "none":
         label = "none (auto)" if setting == "auto" else "none"
         if pack_model(model, source):  # bf16 on CPU: oneDNN-packed projections, same bits (engine.packed)

@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 from core.logs import log_event
 from engine.constrained import token_constraint
+from engine.openmp import release_thread_team
 from engine.run import GenerationRun
 from engine.types import CancelCheck, GenerationRequest, GenerationResult, TextCallback
 
@@ -193,6 +194,7 @@ class EngineLoop:
         handle = RequestHandle(next(self._ids), request, timeout_s)
         prompt, run, penalty = self.engine.new_run(request, handle.push_text, handle.stop_requested)
         constraint = token_constraint(self.engine, request.constraint)  # compiled here: errors raise to the caller
+        release_thread_team()  # if that ran a parallel op here, its team must not outlive it (engine.openmp)
         self.submitted += 1
         if should_cancel is not None and should_cancel():
             handle.cancel()
@@ -274,6 +276,8 @@ class EngineLoop:
     def _turn(self) -> None:
         scheduler = self._paged.scheduler if self._paged is not None else None
         busy = bool(self._solo) or (scheduler is not None and scheduler.has_work)
+        if not busy:
+            release_thread_team()  # idle: leave the CPUs' spinning OpenMP workers to a busy loop
         self._drain(block=not busy)
         if self._closing.is_set():
             return

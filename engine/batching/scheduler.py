@@ -129,8 +129,10 @@ class Scheduler:
         device = self.pool.device
         batch = build_batch(chunks, self.pool.block_size, device)
         speculating = len(rows) > len(plan)
+        decode_only = all(count == 1 + len(seq.drafts) for seq, count in plan)
         return self.model.forward(torch.tensor(ids, dtype=torch.long, device=device), batch, self.pool,
-                                  rows=torch.tensor(rows, device=device) if speculating else None)
+                                  rows=torch.tensor(rows, device=device) if speculating else None,
+                                  decode_only=decode_only)
 
     def _sample(self, seq: Sequence, logits: torch.Tensor) -> None:
         try:

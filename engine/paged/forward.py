@@ -9,9 +9,12 @@ the biggest matmul).  The model's weights are read in place, never copied.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 from engine.forward import Qwen2Forward
+from engine.quant import q8
 from engine.paged.attention import PagedBatch, paged_attention
 from engine.paged.pool import KVBlockPool, KVGeometry
 
@@ -57,12 +60,16 @@ class PagedQwen2:
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, batch: PagedBatch, pool: KVBlockPool,
-                all_logits: bool = False, rows: torch.Tensor | None = None) -> torch.Tensor:
+                all_logits: bool = False, rows: torch.Tensor | None = None,
+                decode_only: bool = False) -> torch.Tensor:
         """``input_ids`` ``[n_tokens]`` packed as in ``batch``. Writes their K/V into the pool
         and returns float32 logits ``[batch, vocab]`` of each sequence's last token (or of
         every token with ``all_logits``, or of the packed tokens ``rows`` names: speculative
-        verification needs a sequence's last ``1 + drafts`` positions)."""
-        hidden = self.forward_model.hidden(input_ids, PagedAttentionCache(pool, batch))
+        verification needs a sequence's last ``1 + drafts`` positions). ``decode_only``: every
+        sequence feeds only its newest token (and drafts), no prompt (see engine.quant.q8)."""
+        # a decode-only step of many sequences is compute-bound: q8 may use one-byte activations
+        with q8.batched_decode() if decode_only else nullcontext():
+            hidden = self.forward_model.hidden(input_ids, PagedAttentionCache(pool, batch))
         if rows is not None:
             return self.forward_model.logits(hidden[rows])
         return self.forward_model.logits(hidden if all_logits else hidden[batch.last_index])

@@ -128,6 +128,7 @@ def int4_mm(x2d: torch.Tensor, packed: torch.Tensor, group_size: int,
 
 # -- availability -------------------------------------------------------------------------
 _KERNEL_NAMES = {
+    "q8": (),   # our own C kernel (engine.quant.native), checked by _check_q8
     "int8": ("_weight_int8pack_mm",),
     "int4": ("_convert_weight_to_int4pack_for_cpu", "_weight_int4pack_mm_for_cpu"),
 }
@@ -144,6 +145,9 @@ def check_kernels(mode: str, device: str = "cpu") -> None:
     if device != "cpu":
         raise QuantKernelError(f"MINISERVE_QUANT={mode} runs on CPU only (got device {device}); "
                                "use MINISERVE_QUANT=none on this device")
+    if mode == "q8":
+        _check_q8()
+        return
     for name in _KERNEL_NAMES[mode]:
         if not hasattr(torch.ops.aten, name):
             raise QuantKernelError(f"MINISERVE_QUANT={mode} needs torch.ops.aten.{name}, which this "
@@ -167,3 +171,27 @@ def check_kernels(mode: str, device: str = "cpu") -> None:
         raise QuantKernelError(f"MINISERVE_QUANT={mode}: the CPU kernel gives wrong results in "
                                f"torch {torch.__version__} (max error "
                                f"{(got.float() - want).abs().max().item():.3g})")
+
+
+def _check_q8() -> None:
+    """Build (or find) our C kernel, insist on its AVX512-VNNI path (the portable C loop is
+    correct but slower than bf16: running it silently would be slow code nobody chose), and
+    compare it with the dequantized matmul."""
+    from engine.quant import native, q8
+
+    try:
+        vnni = native.has_vnni()
+    except native.NativeBuildError as exc:
+        raise QuantKernelError(f"MINISERVE_QUANT=q8 needs our C kernel: {exc}") from exc
+    if not vnni:
+        raise QuantKernelError("MINISERVE_QUANT=q8 needs a CPU with AVX512-VNNI (avx512_vnni in "
+                               "/proc/cpuinfo); this one has only the portable, slow kernel")
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(48, 96, generator=gen)
+    x = torch.randn(3, 96, generator=gen)
+    codes, scales = q8.quantize(weight)
+    got = q8.linear(x, codes, scales, None)
+    want = x @ q8.dequantize(codes, scales).T
+    if not torch.allclose(got, want, rtol=5e-2, atol=5e-2):
+        raise QuantKernelError(f"MINISERVE_QUANT=q8: our C kernel gives wrong results on this CPU "
+                               f"(max error {(got - want).abs().max().item():.3g})")

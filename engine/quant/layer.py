@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.quant import kernels
+from engine.quant import kernels, q8
 from engine.quant.kernels import KERNEL_DTYPE
 from engine.quant.rounding import refine_int4
 
-QUANT_MODES = ("none", "int8", "int4", "int4-hqq", "int4-awq")
+QUANT_MODES = ("none", "int8", "int4", "int4-hqq", "int4-awq", "q8")
 DEFAULT_GROUP_SIZE = 32  # best greedy agreement on the default model (docs/quantization.md)
 # Rows up to which the packed kernel beats bf16 (measured by ``python -m bench.quantization
 # --kernels`` on the default model's shapes, 2 threads; crossover lies between 8 and 16).
@@ -41,18 +41,24 @@ class QuantizedLinear:
     mode: str
     in_features: int
     out_features: int
-    qweight: torch.Tensor  # int8 [N, K padded to 16], or int4 packed uint8 [N_pad, K/2]
-    params: torch.Tensor  # int8: scales [N] bf16; int4: scales_and_zeros [K/g, N_pad, 2] bf16
+    qweight: torch.Tensor  # int8 [N, K padded to 16]; int4 packed uint8 [N_pad, K/2]; q8 uint8 [N, K padded to 32]; q5 packed (q8.pack5)
+    params: torch.Tensor  # int8: scales [N] bf16; int4: scales_and_zeros [K/g, N_pad, 2] bf16; q8: fp16 [N, K/32]
     group_size: int | None
     bias: torch.Tensor | None
     reference: torch.Tensor | None = None
     max_rows: int = DEFAULT_MAX_ROWS
+    kernel_bias: torch.Tensor | None = None  # q8: the bias in float32, as the kernel adds it
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x2d = x.reshape(-1, self.in_features)
         rows = x2d.shape[0]
         if rows == 0:
             return x.new_zeros(*x.shape[:-1], self.out_features)
+        if self.mode in q8.MODES:   # our kernel: every row count, bias added inside, output in x's dtype
+            if self.kernel_bias is None and self.bias is not None:
+                self.kernel_bias = self.bias.float().contiguous()
+            y = q8.linear(x2d, self.qweight, self.params, self.kernel_bias, packed5=self.mode == "q5")
+            return y.reshape(*x.shape[:-1], self.out_features)
         if rows > self.max_rows and self.reference is not None:
             bias = None if self.bias is None else self.bias.to(x.dtype)
             y = F.linear(x2d, self.reference.to(x.dtype), bias)
@@ -63,6 +69,8 @@ class QuantizedLinear:
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def _packed(self, x2d: torch.Tensor) -> torch.Tensor:
+        if self.mode in q8.MODES:
+            return q8.linear(x2d, self.qweight, self.params, None, packed5=self.mode == "q5")
         xk = x2d.to(KERNEL_DTYPE)
         if self.mode == "int8":
             if self.qweight.shape[1] != self.in_features:  # K zero-padded to a multiple of 16
@@ -75,6 +83,9 @@ class QuantizedLinear:
         """The weight these low-bit values stand for, [N, K] (for checks and big batches)."""
         if self.mode == "int8":
             return kernels.dequantize_int8(self.qweight, self.params)[:, : self.in_features].to(dtype)
+        if self.mode in q8.MODES:
+            codes = q8.unpack5(self.qweight, self.params.shape[1] * q8.GROUP) if self.mode == "q5" else self.qweight
+            return q8.dequantize(codes, self.params, self.in_features).to(dtype)
         q = _unpack_int4(self.qweight, self.params, self.group_size, self.in_features)
         return kernels.dequantize_int4(q, self.params, self.group_size)[: self.out_features].to(dtype)
 
@@ -82,11 +93,15 @@ class QuantizedLinear:
     def nbytes(self) -> int:
         """Bytes this layer adds (the shared reference weight is not counted)."""
         tensors = [self.qweight, self.params] + ([self.bias] if self.bias is not None else [])
+        if self.kernel_bias is not None and self.kernel_bias is not self.bias:
+            tensors.append(self.kernel_bias)
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def storage_mode(mode: str) -> str:
-    """The kernel a rounding mode runs on (``int4-hqq`` is int4 storage)."""
+    """The kernel a rounding mode runs on (``int4-hqq`` is int4 storage, ``q5`` is q8 packed)."""
+    if mode == "q5":
+        return "q8"
     return "int4" if mode.startswith("int4") else mode
 
 
@@ -115,6 +130,17 @@ def quantize_linear(weight: torch.Tensor, bias: torch.Tensor | None, mode: str,
     group = kernels.int4_group_size(k, group_size) if mode == "int4" else None
     if mode == "int4" and group is None:
         mode = rounding = "int8"  # no accepted int4 group divides K: keep this layer at int8
+    if mode == "q8":
+        parts = [q8.quantize(weight[i:i + _CHUNK_ROWS]) for i in range(0, n, _CHUNK_ROWS)]
+        packed = [q8.pack5(codes) for codes, _ in parts]   # a Q5_0 tensor fits in 5 bits exactly
+        if all(p is not None for p in packed):
+            mode, parts = "q5", [(p, s) for p, (_, s) in zip(packed, parts)]
+        bias_f32 = None if bias is None else bias.detach().float().contiguous()
+        return QuantizedLinear(mode=mode, in_features=k, out_features=n, qweight=torch.cat([p[0] for p in parts]),
+                               params=torch.cat([p[1] for p in parts]), group_size=q8.GROUP,
+                               bias=None if bias is None else bias.detach(),
+                               reference=weight.detach() if keep_reference else None, max_rows=max_rows,
+                               kernel_bias=bias_f32)
     if mode == "int8":
         k_pad = (-k) % kernels.INT8_K_MULTIPLE
         source = F.pad(weight.detach(), (0, k_pad)) if k_pad else weight
@@ -150,18 +176,43 @@ def _quantize_int4_padded(weight: torch.Tensor, group: int, levels: tuple[int, .
 
 @dataclass(eq=False)
 class QuantizedEmbedding:
-    """The embedding table as int8 per row (symmetric) with a float32 scale per row: half
-    the memory of bf16. A step reads only its tokens' rows, so speed does not change;
-    ``lookup`` dequantizes just those rows to the model dtype."""
+    """The embedding table as int8 (symmetric) with a float32 scale per row, or per group of
+    ``group`` inputs: about half the memory of bf16. A step reads only its tokens' rows, so
+    speed does not change; ``lookup`` dequantizes just those rows to the model dtype. Groups
+    of 32 use q8's rounding, which keeps the default model's GGUF table (Q5_0) exactly, and
+    a table whose codes all fit 5 bits is stored packed (:func:`engine.quant.q8.pack5`)."""
 
-    qweight: torch.Tensor  # int8 [vocab, hidden]
-    scales: torch.Tensor  # float32 [vocab]
+    qweight: torch.Tensor  # int8 [vocab, hidden]; packed5: q8.pack5 rows (uint8)
+    scales: torch.Tensor  # float32 [vocab, hidden / group]; packed5: fp16 [vocab, hidden / 32]
     dtype: torch.dtype
+    hidden: int = 0
+    packed5: bool = False
 
     @classmethod
-    def from_table(cls, table: torch.Tensor) -> "QuantizedEmbedding":
-        parts = [kernels.quantize_int8(table[i:i + _CHUNK_ROWS]) for i in range(0, table.shape[0], _CHUNK_ROWS)]
-        return cls(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]).float(), table.dtype)
+    def from_table(cls, table: torch.Tensor, group: int | None = None,
+                   dtype: torch.dtype | None = None) -> "QuantizedEmbedding":
+        """``dtype``: what lookups return (default: the table's)."""
+        vocab, hidden = table.shape
+        group = group if group and hidden % group == 0 else hidden
+        if group == q8.GROUP:
+            return cls._grouped(table, dtype or table.dtype)
+        codes, scales = [], []
+        for i in range(0, vocab, _CHUNK_ROWS):
+            q, s = kernels.quantize_int8(table[i:i + _CHUNK_ROWS].reshape(-1, group))
+            codes.append(q.reshape(-1, hidden))
+            scales.append(s.float().reshape(-1, hidden // group))
+        return cls(torch.cat(codes), torch.cat(scales), dtype or table.dtype, hidden)
+
+    @classmethod
+    def _grouped(cls, table: torch.Tensor, dtype: torch.dtype) -> "QuantizedEmbedding":
+        hidden = table.shape[1]
+        parts = [q8.quantize(table[i:i + _CHUNK_ROWS]) for i in range(0, table.shape[0], _CHUNK_ROWS)]
+        packed = [q8.pack5(codes) for codes, _ in parts]
+        scales = torch.cat([s for _, s in parts])
+        if all(p is not None for p in packed):
+            return cls(torch.cat(packed), scales, dtype, hidden, packed5=True)
+        codes = torch.cat([(q8.deinterleave(c).to(torch.int16) - q8.OFFSET).to(torch.int8) for c, _ in parts])
+        return cls(codes, scales.float(), dtype, hidden)
 
     @property
     def device(self) -> torch.device:
@@ -169,15 +220,19 @@ class QuantizedEmbedding:
 
     @property
     def shape(self) -> torch.Size:
-        return self.qweight.shape
+        return torch.Size((self.qweight.shape[0], self.hidden or self.qweight.shape[1]))
 
     def lookup(self, input_ids: torch.Tensor) -> torch.Tensor:
-        rows = self.qweight[input_ids].float() * self.scales[input_ids, None]
-        return rows.to(self.dtype)
+        if self.packed5:
+            return q8.rows5(self.qweight, self.scales, input_ids, self.hidden, self.dtype)
+        codes, scales = self.qweight[input_ids].float(), self.scales[input_ids].float()
+        groups = scales.shape[-1]
+        rows = codes.reshape(*codes.shape[:-1], groups, -1) * scales[..., None]
+        return rows.reshape(codes.shape).to(self.dtype)
 
     @property
     def nbytes(self) -> int:
-        return self.qweight.numel() + self.scales.numel() * 4
+        return self.qweight.numel() + self.scales.numel() * self.scales.element_size()
 
     def element_size(self) -> int:
         return 1

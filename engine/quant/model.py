@@ -32,6 +32,7 @@ from engine.quant.layer import (DEFAULT_MAX_ROWS, QuantizedEmbedding, QuantizedL
 from engine.quant.plan import CLASSES, PLANS, PROJECTIONS, QUANT_CHOICES, QuantPlan
 from engine.packed import PackedLinear, pack_weights, packing_available, release_freed_memory
 from engine.quant.restore import free_full_weights, restore_full_weights
+from engine.quant.source import StoredWeights
 from engine.weights import Linear, Qwen2Weights, fuse_projections
 
 logger = logging.getLogger("miniserve.engine.quant")
@@ -65,11 +66,12 @@ def as_plan(plan: QuantPlan | str, group_size: int | None = None) -> QuantPlan:
 def quantize_weights(weights: Qwen2Weights, plan: QuantPlan | str, group_size: int | None = None,
                      max_rows: int = DEFAULT_MAX_ROWS, keep_reference: bool = True,
                      lm_head_mode: str | None = None, importance: dict | None = None,
-                     ) -> tuple[Qwen2Weights, QuantSummary]:
+                     source: str | None = None) -> tuple[Qwen2Weights, QuantSummary]:
     """A copy of ``weights`` whose projections and lm_head are :class:`QuantizedLinear` in the
     formats of ``plan`` (norms, embedding and full-precision tensors shared, not copied).
     ``importance`` ({class: per-layer column weights}, :mod:`engine.quant.calibration`)
-    is required by ``int4-awq`` formats."""
+    is required by ``int4-awq`` formats. ``source`` (the model folder): ``q8`` quantizes the
+    stored values (:mod:`engine.quant.source`) rather than the in-memory (bf16) ones."""
     plan = as_plan(plan, group_size)
     formats = {cls: plan.format_of(cls) for cls in CLASSES}
     if lm_head_mode:
@@ -82,30 +84,39 @@ def quantize_weights(weights: Qwen2Weights, plan: QuantPlan | str, group_size: i
     if plan.needs_calibration and importance is None:
         raise ValueError(f"plan {plan.name} needs calibration statistics (engine.quant.calibration)")
 
-    def convert(projection: Any, name: str, fmt: str, imp: torch.Tensor | None = None) -> QuantizedLinear:
+    def convert(projection: Any, name: str, fmt: str, imp: torch.Tensor | None = None,
+                source_weight: torch.Tensor | None = None) -> QuantizedLinear:
         if not isinstance(projection, Linear):
             raise TypeError(f"{name} is {type(projection).__name__}, not a full-precision Linear")
-        layer = quantize_linear(projection.weight, projection.bias, fmt, group_size=plan.group_size,
+        weight = projection.weight
+        if fmt == "q8" and source_weight is not None and source_weight.shape == weight.shape:
+            weight = source_weight      # the stored values, not their bf16 rounding (engine.quant.source)
+        layer = quantize_linear(weight, projection.bias, fmt, group_size=plan.group_size,
                                 keep_reference=keep_reference, max_rows=max_rows, importance=imp)
         summary.layers += 1
         summary.quantized_bytes += layer.nbytes
         summary.reference_bytes += projection.weight.numel() * projection.weight.element_size()
-        if layer.mode != storage_mode(fmt):
+        if storage_mode(layer.mode) != storage_mode(fmt):
             summary.fallbacks.append(name)
         return layer
 
-    with torch.no_grad():
+    with torch.no_grad(), StoredWeights(source) as stored:
         imp = importance or {}
         layers = [dataclasses.replace(layer, **{p: convert(getattr(layer, p), f"layers.{i}.{p}", formats[p],
-                                                           imp[p][i] if p in imp else None)
+                                                           imp[p][i] if p in imp else None,
+                                                           stored.projection(i, p) if formats[p] == "q8" else None)
                                                 for p in PROJECTIONS})
                   for i, layer in enumerate(weights.layers)]
-        lm_head = convert(weights.lm_head, "lm_head", formats["lm_head"], imp.get("lm_head"))
+        lm_head = convert(weights.lm_head, "lm_head", formats["lm_head"], imp.get("lm_head"),
+                          stored.tensor("lm_head.weight") if formats["lm_head"] == "q8" else None)
         embed = weights.embed
-        if plan.embed == "int8" and isinstance(embed, torch.Tensor) and not weights.config.tied:
-            embed = QuantizedEmbedding.from_table(embed)
+        if plan.embed in ("int8", "q8") and isinstance(embed, torch.Tensor) and not weights.config.tied:
+            table = stored.tensor("model.embed_tokens.weight") if plan.embed == "q8" else None
+            table = table if table is not None and table.shape == embed.shape else embed
+            embed = QuantizedEmbedding.from_table(table, group=32 if plan.embed == "q8" else None,
+                                                  dtype=embed.dtype)
             summary.quantized_bytes += embed.nbytes
-            summary.formats["embed"] = "int8"
+            summary.formats["embed"] = plan.embed
     summary.seconds = time.perf_counter() - started
     return dataclasses.replace(weights, layers=layers, lm_head=lm_head, embed=embed), summary
 
@@ -133,7 +144,7 @@ def quantize_model(model: Any, mode: QuantPlan | str, group_size: int | None = N
 
         importance = input_importance(weights, tokenizer)
     quantized, summary = quantize_weights(weights, plan, max_rows=max_rows, keep_reference=not free_full,
-                                          importance=importance)
+                                          importance=importance, source=source)
     model.__dict__[ATTR] = quantized  # plain attribute: not a submodule, invisible to transformers
     if free_full:
         summary.freed_bytes = free_full_weights(model, source,

@@ -17,7 +17,7 @@ from engine.weights import fuse_projections
 # tiny random model. int8 per channel: measured ~0.02; int4 groups of 32 on Gaussian random
 # weights: ~0.3 (random weights are the worst case for 4 bits, a trained model fares far
 # better, see docs/quantization.md); bounds leave margin for the other dtype.
-LOGIT_TOLERANCE = {"int8": 0.05, "int4": 0.45}
+LOGIT_TOLERANCE = {"int8": 0.05, "int4": 0.45, "q8": 0.05}
 TEXT = "Hello, world! 你好，世界。The quick brown fox jumps over the lazy dog."
 MESSAGES = [{"role": "user", "content": "Write a short poem about the sea."}]
 
@@ -36,7 +36,7 @@ def _rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("mode", ["int8", "int4"])
+@pytest.mark.parametrize("mode", ["int8", "int4", "q8"])
 def test_quantized_logits_close_to_unquantized(quant_model_dir, dtype, mode):
     engine = _engine(quant_model_dir, dtype)
     weights = fuse_projections(engine.loaded.model)
@@ -87,7 +87,7 @@ def test_int4_is_near_exact_on_weights_already_on_a_4bit_grid(quant_model_dir):
     assert _greedy(engine, "custom_cache") == reference
 
 
-@pytest.mark.parametrize("mode", ["int8", "int4", "mixed"])
+@pytest.mark.parametrize("mode", ["int8", "int4", "mixed", "q8"])
 def test_quantized_setting_frees_full_precision_weights(quant_model_dir, mode):
     """Parameter accounting: after load only the low-bit tensors stand for the projections;
     official brings the full-precision ones back on first use, and then matches none."""
@@ -100,7 +100,7 @@ def test_quantized_setting_frees_full_precision_weights(quant_model_dir, mode):
     small = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "norm" in n or "bias" in n)
     embed = model.model.embed_tokens.weight.numel() * model.model.embed_tokens.weight.element_size()
     assert held == small + embed  # nothing else full precision is left
-    assert (embed == 0) == (mode == "mixed")  # mixed holds the embedding as int8 rows
+    assert (embed == 0) == (mode in ("mixed", "q8"))  # these hold the embedding as int8
     many = torch.randn(layer.max_rows + 3, 64, dtype=torch.bfloat16)
     assert torch.allclose(layer(many).float(), torch.nn.functional.linear(many.float(), layer.dequantize()),
                           rtol=2e-2, atol=2e-2)  # many rows: the packed kernel, no bf16 copy
@@ -126,5 +126,5 @@ def test_quant_setting_is_validated(monkeypatch):
     monkeypatch.setenv("MINISERVE_QUANT", "int8")
     assert load_settings().quant == "int8"
     monkeypatch.setenv("MINISERVE_QUANT", "fp8")
-    with pytest.raises(SettingsError, match="MINISERVE_QUANT.*'auto', 'none', 'mixed', 'int8' or 'int4'"):
+    with pytest.raises(SettingsError, match="MINISERVE_QUANT.*'auto', 'none', 'mixed', 'q8', 'int8' or 'int4'"):
         load_settings()

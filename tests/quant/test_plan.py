@@ -10,6 +10,7 @@ from core.settings import load_settings
 from engine.engine import Engine
 from engine.loader import ModelLoadError, load_model
 from engine.quant import QUANT_CHOICES, QuantKernelError, full_weight_bytes, resolve_quant
+from engine.quant import q8
 from engine.quant.kernels import dequantize_int4, dequantize_int8, quantize_int4
 from engine.quant.plan import PLANS, quantize_for
 from engine.quant.rounding import refine_int4
@@ -27,14 +28,20 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
-@pytest.mark.parametrize("fmt,bound", [("int8", 0.01), ("int4", 0.12), ("int4-hqq", 0.12), ("int4-awq", 0.12)])
+@pytest.mark.parametrize("fmt,bound", [("int8", 0.01), ("int4", 0.12), ("int4-hqq", 0.12), ("int4-awq", 0.12),
+                                       ("q8", 0.006)])
 def test_round_trip_per_format(fmt, bound):
     w = _weight()
     importance = torch.rand(128, generator=torch.Generator().manual_seed(1)) if fmt == "int4-awq" else None
     q, params = quantize_for(w, fmt, 32, importance)
-    back = dequantize_int8(q, params) if fmt == "int8" else dequantize_int4(q, params, 32)
+    if fmt == "q8":
+        back = q8.dequantize(q, params)
+    else:
+        back = dequantize_int8(q, params) if fmt == "int8" else dequantize_int4(q, params, 32)
     assert back.shape == w.shape and 0 < _rel(back, w) < bound
-    if fmt != "int8":
+    if fmt == "q8":
+        assert q.dtype == torch.uint8 and params.dtype == torch.float16 and params.shape == (64, 128 // 32)
+    elif fmt != "int8":
         assert int(q.min()) >= 0 and int(q.max()) <= 15  # codes fit in 4 bits
         assert params.dtype == torch.bfloat16 and params.shape == (128 // 32, 64, 2)
 
@@ -59,13 +66,14 @@ def test_activation_weighted_rounding_lowers_the_weighted_error():
     assert weighted(aware) < weighted(plain)
 
 
-def test_auto_is_full_precision_until_a_plan_passes_the_quality_gate():
-    assert resolve_quant("auto", "cpu") == "none" and "mixed" in PLANS
-    assert resolve_quant("auto", "cuda") == "none"
+def test_auto_is_q8_for_bf16_on_cpu_and_full_precision_elsewhere():
+    assert resolve_quant("auto", "cpu") == "q8" and resolve_quant("auto", "cpu", torch.bfloat16) == "q8"
+    assert resolve_quant("auto", "cpu", torch.float32) == "none"     # float32: asked for full precision
+    assert resolve_quant("auto", "cuda") == "none" and "mixed" in PLANS
     assert resolve_quant("int8", "cpu") == "int8"
-    with pytest.raises(ValueError, match="MINISERVE_QUANT.*auto, none, mixed, int8, int4"):
+    with pytest.raises(ValueError, match="MINISERVE_QUANT.*auto, none, mixed, q8, int8, int4"):
         resolve_quant("int3", "cpu")
-    assert QUANT_CHOICES == ("auto", "none", "mixed", "int8", "int4")
+    assert QUANT_CHOICES == ("auto", "none", "mixed", "q8", "int8", "int4")
 
 
 def _broken_kernels(monkeypatch):
@@ -76,7 +84,7 @@ def _broken_kernels(monkeypatch):
 
 def test_explicit_setting_without_its_kernel_fails_at_start(quant_model_dir, monkeypatch):
     _broken_kernels(monkeypatch)
-    with pytest.raises(ModelLoadError, match="MINISERVE_QUANT.*one of auto, none, mixed, int8, int4"):
+    with pytest.raises(ModelLoadError, match="MINISERVE_QUANT.*one of auto, none, mixed, q8, int8, int4"):
         load_model(load_settings(model=str(quant_model_dir), device="cpu", quant="int4"))
 
 
@@ -89,15 +97,16 @@ def test_auto_without_its_kernel_runs_full_precision_and_says_so(quant_model_dir
     assert any("quant_fallback" in r.getMessage() for r in caplog.records)
 
 
-def test_every_handwritten_method_runs_under_the_mixed_plan(quant_model_dir):
+@pytest.mark.parametrize("plan", ["mixed", "q8"])
+def test_every_handwritten_method_runs_under_each_low_bit_plan(quant_model_dir, plan):
     engine = Engine(load_settings(model=str(quant_model_dir), device="cpu", dtype="bfloat16",
-                                  quant="mixed")).load()
-    assert engine.info()["quant"] == "mixed" and full_weight_bytes(engine.loaded.model) == 0
+                                  quant=plan)).load()
+    assert engine.info()["quant"] == plan and full_weight_bytes(engine.loaded.model) == 0
     request = lambda method: GenerationRequest(  # noqa: E731
         messages=[{"role": "user", "content": "Write a short poem about the sea."}],
         sampling=SamplingParams(max_new_tokens=10), method=method)
     outputs = {m: engine.generate(request(m)).token_ids for m in HANDWRITTEN}
     assert all(len(ids) == 10 for ids in outputs.values())
-    # every row count runs the same packed kernels, so the methods agree with each other
+    # a row is computed the same way whatever shares its matmul, so the methods agree
     assert len({tuple(ids) for ids in outputs.values()}) == 1
     assert engine.generate(request("official")).finish_reason == "length"

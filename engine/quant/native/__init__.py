@@ -1,0 +1,104 @@
+"""Our own CPU kernels, in C: compiled once per machine with the system compiler, loaded with ctypes.
+
+Why C and not a torch extension: the kernel is one small file with a plain C interface, so it
+compiles in about a second with ``cc`` (a torch C++ extension takes a minute and needs the
+torch headers), and ``-march=native`` builds exactly the instructions this CPU has. The
+library is cached under ``<cache_dir>/kernels/`` keyed by the source, the flags and the CPU's
+feature list, so a changed source or another machine rebuilds it.
+
+Loaded after torch, the library binds to the OpenMP runtime torch already loaded (same soname,
+``libgomp.so.1``), so our kernels and torch's ops share one thread team instead of two
+spinning against each other on the same cores.
+"""
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch  # noqa: F401 - loaded first: its libgomp is the one our library binds to
+
+SOURCE = Path(__file__).with_name("q8.c")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
+
+
+class NativeBuildError(RuntimeError):
+    """The C kernels could not be compiled or loaded on this machine."""
+
+
+def _cpu_features() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _cache_dir() -> Path:
+    from core.settings import get_settings
+
+    return Path(get_settings().cache_dir) / "kernels"
+
+
+def _compiler() -> str:
+    compiler = os.environ.get("CC", "cc")
+    if shutil.which(compiler) is None:
+        raise NativeBuildError(f"no C compiler: {compiler!r} is not on PATH (install gcc, or set CC)")
+    return compiler
+
+
+def build(directory: Path | None = None) -> Path:
+    """The compiled library for this source, flags and CPU (built under a file lock when missing)."""
+    source = SOURCE.read_bytes()
+    compiler = _compiler()
+    key = hashlib.sha256(source + " ".join((compiler,) + FLAGS).encode() + _cpu_features().encode()).hexdigest()[:16]
+    directory = directory or _cache_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / f"q8-{key}.so"
+    if target.exists():
+        return target
+    with open(directory / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.exists():
+            return target
+        with tempfile.TemporaryDirectory(dir=directory) as tmp:
+            out = Path(tmp) / target.name
+            done = subprocess.run([compiler, *FLAGS, "-o", str(out), str(SOURCE), "-lm"],
+                                  capture_output=True, text=True)
+            if done.returncode != 0:
+                raise NativeBuildError(f"compiling {SOURCE.name} failed: {done.stderr.strip()[-800:]}")
+            os.replace(out, target)
+    return target
+
+
+@functools.lru_cache(maxsize=1)
+def library() -> ctypes.CDLL:
+    """The loaded kernel library (built on first use); raises :class:`NativeBuildError`."""
+    try:
+        lib = ctypes.CDLL(str(build()))
+    except OSError as exc:
+        raise NativeBuildError(f"loading the compiled kernels failed: {exc}") from exc
+    linear_args = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                   ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                   ctypes.c_int, ctypes.c_int]
+    for fn in (lib.ms_q8_linear, lib.ms_q5_linear):
+        fn.restype, fn.argtypes = ctypes.c_int, linear_args
+    lib.ms_q5_row_bytes.restype, lib.ms_q5_row_bytes.argtypes = ctypes.c_int64, [ctypes.c_int64]
+    lib.ms_q5_rows.restype = ctypes.c_int
+    lib.ms_q5_rows.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                               ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+    lib.ms_q8_vnni.restype = ctypes.c_int
+    return lib
+
+
+def has_vnni() -> bool:
+    """Whether the library was built with its AVX512-VNNI path (else a portable C loop, slow)."""
+    return bool(library().ms_q8_vnni())

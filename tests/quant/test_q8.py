@@ -1,0 +1,218 @@
+"""``q8``: int8 in groups of 32 and our C kernel (engine/quant/native/q8.c).
+
+The kernel splits activations per group of 32 into two int8 parts and multiplies in integers,
+so it is checked against an exact emulation of that arithmetic (not only "close to float"), for both
+of its code paths: the AVX512-VNNI one this machine builds and the portable C loop a CPU
+without VNNI gets (built here with generic flags)."""
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+from engine.quant import kernels, native, q8
+from engine.quant.layer import QuantizedEmbedding, quantize_linear
+
+SHAPES = [(1, 896, 64), (3, 96, 40), (7, 4864, 48), (5, 544, 16), (9, 64, 33)]  # M, K, N (K: odd group counts too)
+
+
+def _weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05
+
+
+def _emulate(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, precise: bool = True) -> torch.Tensor:
+    """The kernel's arithmetic: activations per group of 32 as two int8 parts (hi, and the
+    remainder in 1/254 steps; only hi when not ``precise``), integer dots with the codes, then
+    the two scales (float64)."""
+    m, k = x.shape
+    groups = x.float().reshape(m, k // 32, 32)
+    amax = groups.abs().amax(-1)
+    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    scaled = groups * inv[..., None]
+    hi = torch.round(scaled).clamp(-127, 127)
+    lo = torch.round((scaled - hi) * 254).clamp(-127, 127)
+    parts = hi.double() + (lo.double() / 254 if precise else 0)
+    w = (q8.deinterleave(codes).double() - 128).reshape(codes.shape[0], k // 32, 32)
+    dots = torch.einsum("mgj,ngj->mng", parts, w)
+    return (dots * (amax / 127).double()[:, None, :] * scales.double()[None]).sum(-1)
+
+
+def test_round_trip_within_half_a_step_of_each_group():
+    w = _weight(40, 96)
+    w[3, :32] = 0.0                                   # an all-zero group
+    codes, scales = q8.quantize(w)
+    back = q8.dequantize(codes, scales)
+    step = scales.float().repeat_interleave(32, dim=1)
+    assert torch.all((back - w).abs() <= step / 2 + 1e-7)
+    assert torch.all(scales.float().abs() * 127 >= w.abs().reshape(40, 3, 32).amax(-1))  # fp16 rounded up
+    assert torch.equal(back[3, :32], torch.zeros(32))
+    plain = q8.deinterleave(codes)
+    assert int(plain.min()) >= 1 and int(plain.max()) <= 255 and torch.equal(q8.interleave(plain), codes)
+
+
+def test_values_already_on_a_q8_grid_are_kept_exactly():
+    """A Q8_0 / Q5_0 tensor (codes times an fp16 scale per 32) comes back bit for bit."""
+    gen = torch.Generator().manual_seed(3)
+    d = (torch.rand(16, 4, generator=gen) * 0.01 + 1e-3).to(torch.float16).float()  # fp16 scales, as in a GGUF
+    c = torch.randint(-16, 16, (16, 4, 32), generator=gen).float()
+    c[..., 0] = -16                                   # Q5_0's amax is 16 steps
+    w = (c * d[..., None]).reshape(16, 128)
+    codes, scales = q8.quantize(w)
+    assert torch.equal(q8.dequantize(codes, scales), w)
+
+
+def _q5_grid(n: int, k: int, seed: int = 3) -> torch.Tensor:
+    """Weights as a GGUF Q5_0 tensor holds them: d * (u - 16), fp16 d of either sign."""
+    gen = torch.Generator().manual_seed(seed)
+    d = ((torch.rand(n, k // 32, generator=gen) * 0.01 + 1e-3) * (torch.randint(0, 2, (n, k // 32), generator=gen) * 2 - 1))
+    u = torch.randint(0, 32, (n, k // 32, 32), generator=gen).float()
+    u[..., 0] = 0                                     # the extreme weight sits at u = 0
+    return ((u - 16) * d.to(torch.float16).float()[..., None]).reshape(n, k)
+
+
+@pytest.mark.parametrize("k", [896, 4864, 96, 544])
+def test_q5_packing_is_lossless_for_q5_grids_and_refused_otherwise(k):
+    w = _q5_grid(24, k)
+    codes, scales = q8.quantize(w)
+    packed = q8.pack5(codes)
+    assert packed is not None and packed.shape == (24, native.library().ms_q5_row_bytes(k))
+    if k in (896, 4864):                                     # the default model's shapes
+        assert packed.numel() < codes.numel() * 0.75          # 5 bits plus the padding of a last block
+    assert torch.equal(q8.unpack5(packed, k), codes) and torch.equal(q8.dequantize(codes, scales), w)
+    assert q8.pack5(q8.quantize(_weight(24, k))[0]) is None    # plain weights need 8 bits
+
+
+@pytest.mark.parametrize("m", [1, 3, 6])
+@pytest.mark.parametrize("precise", [True, False])
+def test_q5_kernel_equals_the_q8_kernel(m, precise):
+    codes, scales = q8.quantize(_q5_grid(40, 896))
+    x = torch.randn(m, 896).to(torch.bfloat16)
+    bias = torch.randn(40)
+    want = q8.linear(x, codes, scales, bias, precise=precise)
+    got = q8.linear(x, q8.pack5(codes), scales, bias, precise=precise, packed5=True)
+    assert torch.equal(got, want)
+
+
+def test_layer_stores_q5_grids_in_five_bits():
+    w = _q5_grid(32, 896)
+    layer = quantize_linear(w, torch.randn(32), "q8", keep_reference=False)
+    plain = quantize_linear(_weight(32, 896), None, "q8", keep_reference=False)
+    assert layer.mode == "q5" and plain.mode == "q8" and layer.nbytes < plain.nbytes
+    torch.testing.assert_close(layer.dequantize(), w)
+    x = torch.randn(2, 896)
+    torch.testing.assert_close(layer(x), x @ w.T + layer.bias, rtol=1e-4, atol=1e-4)
+
+
+def test_inputs_off_a_multiple_of_32_are_zero_padded():
+    w, x = _weight(8, 40), torch.randn(2, 40)
+    layer = quantize_linear(w, None, "q8", keep_reference=False)
+    assert layer.qweight.shape == (8, 64) and layer.dequantize().shape == (8, 40)
+    torch.testing.assert_close(layer(x), x @ layer.dequantize().T, rtol=0.02, atol=0.02)
+
+
+@pytest.mark.parametrize("m,k,n", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("precise", [True, False])
+def test_kernel_equals_its_integer_arithmetic(m, k, n, dtype, precise):
+    codes, scales = q8.quantize(_weight(n, k, seed=m))
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(k)).to(dtype)
+    bias = torch.randn(n)
+    got = q8.linear(x, codes, scales, bias, precise=precise)
+    want = _emulate(x.float(), codes, scales, precise) + bias.double()
+    assert got.dtype == dtype and got.shape == (m, n)
+    tol = 1e-5 if dtype == torch.float32 else 8e-3     # bf16: the output's own rounding
+    assert ((got.double() - want).abs() / want.abs().max()).max() < tol
+
+
+@pytest.mark.parametrize("precise", [True, False])
+def test_rows_are_independent_of_the_batch(precise):
+    """At one precision a row's result does not depend on which rows share the call (tiles of 4)."""
+    codes, scales = q8.quantize(_weight(24, 896))
+    x = torch.randn(11, 896)
+    together = q8.linear(x, codes, scales, None, precise=precise)
+    alone = torch.cat([q8.linear(x[i:i + 1], codes, scales, None, precise=precise) for i in range(11)])
+    assert torch.equal(together, alone)
+
+
+def test_activations_take_one_byte_only_in_big_batched_decode_steps():
+    """Two-byte activations (error near float) everywhere, prefill included, except calls of
+    more than PRECISE_MAX_ROWS rows inside batched_decode (one byte: ~100x the error)."""
+    w = _weight(64, 896)
+    codes, scales = q8.quantize(w)
+    exact = q8.dequantize(codes, scales)
+
+    def error(rows: int) -> float:
+        x = torch.randn(rows, 896)
+        return ((q8.linear(x, codes, scales, None) - x @ exact.T).norm() / (x @ exact.T).norm()).item()
+
+    assert error(1) < 1e-4 and error(40) < 1e-4
+    with q8.batched_decode():
+        assert error(q8.PRECISE_MAX_ROWS) < 1e-4
+        assert 1e-3 < error(q8.PRECISE_MAX_ROWS + 1) < 2e-2
+    assert error(q8.PRECISE_MAX_ROWS + 1) < 1e-4
+
+
+def test_portable_path_matches_the_vnni_path(tmp_path, monkeypatch):
+    """The C loop a CPU without AVX512-VNNI runs gives the same integers (built with generic flags)."""
+    monkeypatch.setattr(native, "FLAGS", tuple(f for f in native.FLAGS if f != "-march=native") + ("-march=x86-64",))
+    portable = ctypes.CDLL(str(native.build(tmp_path)))
+    portable.ms_q8_linear.argtypes = native.library().ms_q8_linear.argtypes
+    assert portable.ms_q8_vnni() == 0
+    codes, scales = q8.quantize(_weight(20, 544))
+    x = torch.randn(6, 544)
+    out = torch.empty(6, 20)
+    for precise in (0, 1):
+        assert portable.ms_q8_linear(x.data_ptr(), 0, 6, 544, codes.data_ptr(), scales.data_ptr(), 20, None,
+                                     out.data_ptr(), 0, 2, precise) == 0
+        torch.testing.assert_close(out, q8.linear(x, codes, scales, None, precise=bool(precise)),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_library_is_cached_per_source_and_cpu(tmp_path):
+    first = native.build(tmp_path)
+    assert native.build(tmp_path) == first and first.name.startswith("q8-")
+
+
+def test_missing_compiler_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", "no-such-cc")
+    with pytest.raises(native.NativeBuildError, match="no C compiler"):
+        native.build(tmp_path)
+
+
+def test_self_check_passes_here_and_names_the_setting_when_vnni_is_missing(monkeypatch):
+    kernels.check_kernels.cache_clear()
+    kernels.check_kernels("q8")                       # this machine: AVX512-VNNI
+    monkeypatch.setattr(native, "has_vnni", lambda: False)
+    kernels.check_kernels.cache_clear()
+    with pytest.raises(kernels.QuantKernelError, match="MINISERVE_QUANT=q8 needs a CPU with AVX512-VNNI"):
+        kernels.check_kernels("q8")
+    kernels.check_kernels.cache_clear()
+
+
+def test_grouped_embedding_rows():
+    table = _weight(50, 64).to(torch.bfloat16)
+    emb = QuantizedEmbedding.from_table(table, group=32)
+    assert emb.scales.shape == (50, 2)
+    ids = torch.tensor([[0, 7, 49]])
+    got = emb.lookup(ids)
+    assert got.shape == (1, 3, 64) and got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), table[ids].float(), rtol=0.02, atol=2e-3)
+
+
+def test_embedding_on_a_q5_grid_is_packed_and_exact():
+    table = _q5_grid(40, 96)
+    emb = QuantizedEmbedding.from_table(table, group=32, dtype=torch.float32)
+    plain = QuantizedEmbedding.from_table(_weight(40, 96), group=32)
+    assert emb.packed5 and not plain.packed5 and emb.shape == (40, 96)
+    ids = torch.tensor([[3, 0], [39, 3]])
+    assert torch.equal(emb.lookup(ids), table[ids])
+
+
+def test_packed_embedding_rows_match_unpacking_and_reject_bad_ids():
+    table = _q5_grid(40, 896)
+    emb = QuantizedEmbedding.from_table(table, group=32, dtype=torch.bfloat16)
+    ids = torch.tensor([5, 0, 39])
+    assert torch.equal(emb.lookup(ids), table[ids].to(torch.bfloat16))
+    with pytest.raises(IndexError):
+        emb.lookup(torch.tensor([40]))
