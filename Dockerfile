@@ -6,6 +6,9 @@ ARG PIP_EXTRA_INDEX_URL=""
 ENV PIP_EXTRA_INDEX_URL=${PIP_EXTRA_INDEX_URL} PYTHONUNBUFFERED=1 \
     MINISERVE_CACHE_DIR=/cache MINISERVE_HOST=0.0.0.0
 WORKDIR /app
+# a C compiler: the worker builds its q8 kernel (engine/quant/native/q8.c) on first start
+RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 COPY requirements.txt ./
 RUN pip install --no-cache-dir -r requirements.txt
 COPY core core

@@ -1,4 +1,5 @@
-"""Micro-benchmark: the default model's linear shapes, bf16 vs int8 vs int4 packed kernels.
+"""Micro-benchmark: the default model's linear shapes, bf16 (plain and prepacked) vs int8, int4
+and q8 (as in prefill / single decode, and as in a batched decode step).
 
 Run as ``python -m bench.quantization --kernels``. Weights are random (speed does not
 depend on values). Each shape is held in as many copies as the model has layers and one
@@ -13,7 +14,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.quant import quantize_linear
+from engine.packed import PackedLinear
+from engine.quant import q8, quantize_linear
+from engine.weights import Linear
 
 HIDDEN, INTERMEDIATE, LAYERS, VOCAB = 896, 4864, 24, 151936
 SHAPES = {  # name: (out_features, in_features, copies)
@@ -22,7 +25,7 @@ SHAPES = {  # name: (out_features, in_features, copies)
     "gate_proj": (INTERMEDIATE, HIDDEN, LAYERS), "up_proj": (INTERMEDIATE, HIDDEN, LAYERS),
     "down_proj": (HIDDEN, INTERMEDIATE, LAYERS), "lm_head": (VOCAB, HIDDEN, 1),
 }
-MODES = ("bf16", "int8", "int4")
+MODES = ("bf16", "bf16_packed", "int8", "int4", "q8", "q8_batched")
 
 
 @dataclass
@@ -43,11 +46,21 @@ def _ops(n: int, k: int, copies: int, group: int) -> dict[str, list]:
     for _ in range(copies):
         w = (torch.randn(n, k, generator=gen) * 0.02).to(torch.bfloat16)
         ops["bf16"].append(lambda x, w=w: F.linear(x, w))
-        for mode in ("int8", "int4"):
+        ops["bf16_packed"].append(PackedLinear.from_linear(Linear(w)))    # what `none` runs
+        for mode in ("int8", "int4", "q8"):
             layer = quantize_linear(w, None, mode, group_size=group, keep_reference=False,
                                     max_rows=1 << 30)
             ops[mode].append(layer)
+        ops["q8_batched"].append(_in_batched_decode(ops["q8"][-1]))
     return ops
+
+
+def _in_batched_decode(layer):
+    """q8 as the paged scheduler runs it in a decode-only step (one-byte activations above 4 rows)."""
+    def call(x: torch.Tensor) -> torch.Tensor:
+        with q8.batched_decode():
+            return layer(x)
+    return call
 
 
 def _time_pass(fns: list, x: torch.Tensor) -> float:

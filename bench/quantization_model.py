@@ -44,6 +44,7 @@ def _engines(args: argparse.Namespace, modes: tuple[str, ...]) -> tuple[dict[str
         if mode != "none":
             if PLANS[mode].needs_calibration and importance is None:
                 importance = input_importance(weights, loaded.tokenizer)
+            # from the bf16 weights, as a worker quantizes them (engine.quant.model.quantize_model)
             forwards[mode] = Qwen2Forward(quantize_weights(weights, mode, group_size=args.group_size,
                                                            keep_reference=False, importance=importance)[0])
     engines = {}

@@ -5,9 +5,9 @@ libgomp keeps a team of worker threads per *calling* thread. Between regions tho
 spin briefly before sleeping, so the next region starts at once, but only while the process
 has no more OpenMP threads than CPUs: past that, libgomp "throttles" the spin to ~100
 iterations and every region pays a futex wake-up. A second team (the thread that loaded the
-model, a job thread that ran one big op) is enough on a 2-core machine: measured here, the
-default model's q8 linears of one decode token took 22.9 ms on the engine loop thread while
-the loading thread's team existed, 18.7 ms once it was released (docs/quantization.md).
+model, a job thread that ran one big op) is enough on a 2-core machine: ``python -m
+bench.openmp_teams`` measured q8 decode through the loop 1.40x faster, bf16 1.18x, once a
+helper thread's team was released (results/openmp_teams.json, docs/quantization.md).
 
 So the threads that are not the engine loop release their team after heavy torch work
 (:func:`release_thread_team`: ``omp_pause_resource_all``, OpenMP 5.0), and the loop thread's

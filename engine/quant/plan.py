@@ -54,7 +54,8 @@ PLANS = {
     # the rest int4 with activation-aware rounding; embedding as int8 rows (memory only).
     "mixed": QuantPlan("mixed", "int4-awq", {"qkv": "int8", "o": "int8"}, embed="int8"),
     # every projection, lm_head and the embedding as int8 in groups of 32 (our kernel): the
-    # default model's Q5_0/Q8_0 GGUF tensors exactly, its Q4_K/Q6_K ones within half a step.
+    # default model's stored Q5_0/Q8_0 GGUF values exactly when quantized from them (source=),
+    # within half a step otherwise.
     "q8": QuantPlan("q8", "q8", embed="q8"),
     "int8": QuantPlan("int8", "int8"),
     "int4": QuantPlan("int4", "int4"),

@@ -35,6 +35,12 @@ LEVELS = (127, 16)  # candidate steps amax / L per group (quantize)
 # multiplies. Prefill stays precise: the prompt's K/V is reused by every later token, and
 # 8-bit prefill cost free-running agreement with bf16 (0.896 against 0.946, docs/quantization.md).
 PRECISE_MAX_ROWS = 4
+# Calls of at least this many bf16 rows outside a batched decode step (prefill) unpack the
+# weights to bf16 once and run oneDNN's GEMM: there the integer kernel is compute-bound (two
+# multiplies per byte); the unpacked values are the weights rounded to bf16, i.e. the same
+# arithmetic as `none`'s prefill. Break-even near 64 rows (bench.quantization --kernels,
+# results/quant_kernels.csv: q8 at 64 and 280 rows against the bf16 GEMMs).
+DEQUANT_MIN_ROWS = 64
 _state = threading.local()
 
 
@@ -150,6 +156,18 @@ def unpack5(packed: torch.Tensor, k: int) -> torch.Tensor:
     return torch.cat(parts, dim=1).contiguous()
 
 
+def dequantize_bf16(codes: torch.Tensor, scales: torch.Tensor, packed5: bool = False,
+                    threads: int = 0) -> torch.Tensor:
+    """The weight as bf16 ``[N, K]`` (K padded to 32), unpacked by the C library (threaded)."""
+    n, k = codes.shape[0], scales.shape[1] * GROUP
+    out = torch.empty(n, k, dtype=torch.bfloat16)
+    status = native.library().ms_q8_dequant_bf16(codes.data_ptr(), int(packed5), scales.data_ptr(), n, k,
+                                                 out.data_ptr(), threads or torch.get_num_threads())
+    if status != 0:
+        raise RuntimeError(f"q8 unpacking failed with status {status}")
+    return out
+
+
 def rows5(packed: torch.Tensor, scales: torch.Tensor, ids: torch.Tensor, hidden: int,
           dtype: torch.dtype) -> torch.Tensor:
     """Rows ``ids`` of a :func:`pack5`'ed table with its fp16 ``scales``, dequantized:
@@ -180,8 +198,12 @@ def linear(x2d: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: t
     m, n = x.shape[0], codes.shape[0]
     out = torch.empty(m, n, dtype=x.dtype)
     bf16 = int(x.dtype == torch.bfloat16)
+    batched = getattr(_state, "batched_decode", False)
+    if precise is None and x.dtype == torch.bfloat16 and m >= DEQUANT_MIN_ROWS and not batched:
+        weight = dequantize_bf16(codes, scales, packed5, threads)
+        return F.linear(x, weight, None if bias is None else bias.to(x.dtype)).to(dtype)
     if precise is None:
-        precise = m <= PRECISE_MAX_ROWS or not getattr(_state, "batched_decode", False)
+        precise = m <= PRECISE_MAX_ROWS or not batched
     two_bytes = precise
     kernel = native.library().ms_q5_linear if packed5 else native.library().ms_q8_linear
     status = kernel(

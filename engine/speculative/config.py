@@ -6,10 +6,26 @@ from typing import Any
 from engine.speculative.policy import SpecConfig
 
 
-def spec_config(settings: Any, requested: bool | None) -> SpecConfig | None:
+# One more verified row as a fraction of a one-row step, by how the forward multiplies. bf16
+# (oneDNN) steps stay bound by reading the weights up to ~8 rows: ~5% per row. q8's integer
+# kernel is bound by compute after a few rows (results/quant_kernels_step.csv: the linears of a
+# step 23.0 ms at 1 row, 54.0 at 8 in a batched decode step): with the rest of a step, 13-17%
+# of a one-row step per extra row; 0.17 errs towards drafting less.
+ROW_COST_BF16 = 0.05
+ROW_COST_Q8 = 0.17
+
+
+def row_cost(weights: Any) -> float:
+    """The verify-row cost for a forward's weights (q8 when its lm_head runs our kernel)."""
+    return ROW_COST_Q8 if getattr(getattr(weights, "lm_head", None), "mode", None) in ("q8", "q5") else ROW_COST_BF16
+
+
+def spec_config(settings: Any, requested: bool | None, weights: Any = None) -> SpecConfig | None:
     """``requested`` is the request's ``speculative`` flag: True/False force it on/off,
-    None follows ``MINISERVE_SPECULATIVE``. Returns None when the request does not draft."""
+    None follows ``MINISERVE_SPECULATIVE``. Returns None when the request does not draft.
+    ``weights``: the forward's, to price a verified row (:func:`row_cost`)."""
     enabled = settings.speculative != "off" if requested is None else bool(requested)
     if not enabled:
         return None
-    return SpecConfig(num_tokens=settings.spec_tokens, ngram_lengths=tuple(settings.spec_ngram))
+    return SpecConfig(num_tokens=settings.spec_tokens, ngram_lengths=tuple(settings.spec_ngram),
+                      row_cost=row_cost(weights))

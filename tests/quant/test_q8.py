@@ -216,3 +216,23 @@ def test_packed_embedding_rows_match_unpacking_and_reject_bad_ids():
     assert torch.equal(emb.lookup(ids), table[ids].to(torch.bfloat16))
     with pytest.raises(IndexError):
         emb.lookup(torch.tensor([40]))
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_many_row_calls_unpack_to_bf16_and_run_a_gemm(packed):
+    """Prefill-sized bf16 calls: the weights unpacked to bf16 (exactly the stored values,
+    rounded) times x; inside batched_decode the integer kernel runs instead."""
+    w = _q5_grid(48, 896) if packed else _weight(48, 896)
+    codes, scales = q8.quantize(w)
+    if packed:
+        codes = q8.pack5(codes)
+    assert torch.equal(q8.dequantize_bf16(codes, scales, packed), w.to(torch.bfloat16) if packed
+                       else q8.dequantize(codes, scales).to(torch.bfloat16))
+    x = torch.randn(q8.DEQUANT_MIN_ROWS, 896).to(torch.bfloat16)
+    bias = torch.randn(48)
+    want = torch.nn.functional.linear(x, q8.dequantize_bf16(codes, scales, packed), bias.to(torch.bfloat16))
+    assert torch.equal(q8.linear(x, codes, scales, bias, packed5=packed), want)
+    with q8.batched_decode():
+        fast = q8.linear(x, codes, scales, bias, packed5=packed)
+    assert not torch.equal(fast, want)
+    torch.testing.assert_close(fast.float(), want.float(), rtol=0.05, atol=0.05)

@@ -50,3 +50,18 @@ def test_the_chosen_drafts_raise_expected_tokens_per_cost():
             other[index] += delta
             if 0 <= other[index] <= 8:
                 assert rate(other) <= best + 1e-9
+
+
+def test_a_q8_forward_prices_verify_rows_higher():
+    """q8's integer kernel is compute-bound after a few rows: its verify rows cost more, so
+    the same chances buy fewer drafts than in bf16."""
+    from types import SimpleNamespace
+
+    from engine.speculative.config import ROW_COST_BF16, ROW_COST_Q8, row_cost, spec_config
+
+    q8 = SimpleNamespace(lm_head=SimpleNamespace(mode="q5"))
+    assert row_cost(q8) == ROW_COST_Q8 > ROW_COST_BF16 == row_cost(SimpleNamespace(lm_head=object())) == row_cost(None)
+    settings = SimpleNamespace(speculative="ngram", spec_tokens=8, spec_ngram=(4, 3, 2))
+    cheap, dear = spec_config(settings, None), spec_config(settings, None, q8)
+    chances = [[0.8 ** i for i in range(1, 9)]]
+    assert sum(choose_drafts(chances, 1, dear, 8)) < sum(choose_drafts(chances, 1, cheap, 8))

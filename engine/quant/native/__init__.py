@@ -92,6 +92,9 @@ def library() -> ctypes.CDLL:
     for fn in (lib.ms_q8_linear, lib.ms_q5_linear):
         fn.restype, fn.argtypes = ctypes.c_int, linear_args
     lib.ms_q5_row_bytes.restype, lib.ms_q5_row_bytes.argtypes = ctypes.c_int64, [ctypes.c_int64]
+    lib.ms_q8_dequant_bf16.restype = ctypes.c_int
+    lib.ms_q8_dequant_bf16.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
+                                       ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
     lib.ms_q5_rows.restype = ctypes.c_int
     lib.ms_q5_rows.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]

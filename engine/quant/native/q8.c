@@ -394,3 +394,56 @@ int ms_q5_rows(const uint8_t *packed, const uint16_t *scales, int64_t K, int64_t
     }
     return 0;
 }
+
+/* The weights as bf16 [N, K] (plain input order), for calls of many rows: there a bf16 GEMM
+ * (oneDNN) beats the integer kernel, and unpacking once per call costs less than its compute.
+ * q5: packed rows (ms_q5_row_bytes); else q8 rows. Each block is first brought to q8's chunk
+ * bytes (q5: unpacked into 8 chunks of 64), then each group's 32 codes are gathered (4 bytes from
+ * each chunk), scaled and rounded to bf16. */
+static inline void group_to_bf16(const uint8_t *chunks, int64_t stride, int64_t i, int offset, float scale,
+                                 uint16_t *dst) {
+    uint8_t codes[QK];
+    for (int j = 0; j < 8; j++) memcpy(codes + 4 * j, chunks + j * stride + 4 * i, 4);
+#if MS_VNNI && defined(__AVX512BF16__)
+    const __m512 s = _mm512_set1_ps(scale), off = _mm512_set1_ps((float)offset);
+    for (int half = 0; half < 2; half++) {
+        __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + 16 * half))));
+        __m256bh b = _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_sub_ps(v, off), s));
+        _mm256_storeu_si256((__m256i *)(dst + 16 * half), (__m256i)b);
+    }
+#else
+    for (int j = 0; j < QK; j++) dst[j] = f32_to_bf16(scale * (float)((int)codes[j] - offset));
+#endif
+}
+
+int ms_q8_dequant_bf16(const uint8_t *codes, int q5, const uint16_t *scales, int64_t N, int64_t K, uint16_t *out,
+                       int threads) {
+    if (K % QK != 0) return -1;
+    const int64_t groups = K / QK, row_bytes = q5 ? ms_q5_row_bytes(K) : K;
+    #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : omp_get_max_threads())
+    for (int64_t n = 0; n < N; n++) {
+        const uint8_t *row = codes + n * row_bytes;
+        const uint16_t *srow = scales + n * groups;
+        uint8_t plain[8 * 64];
+        for (int64_t b0 = 0, b = 0; b0 < groups; b0 += BLOCK_GROUPS, b++) {
+            const int64_t g = groups - b0 < BLOCK_GROUPS ? groups - b0 : BLOCK_GROUPS;
+            const uint8_t *chunks;
+            int64_t stride;
+            if (q5) {
+                for (int j = 0; j < 8; j++) {
+                    const uint8_t *chunk = row + b * 8 * Q5_CHUNK_BYTES + j * Q5_CHUNK_BYTES;
+                    for (int pos = 0; pos < 64; pos++) {
+                        int nibble = pos < 32 ? chunk[pos] & 0x0f : chunk[pos - 32] >> 4;
+                        plain[j * 64 + pos] = (uint8_t)(nibble | (((chunk[32 + pos / 8] >> (pos % 8)) & 1) << 4));
+                    }
+                }
+                chunks = plain, stride = 64;
+            } else {
+                chunks = row + b0 * QK, stride = 4 * g;
+            }
+            for (int64_t i = 0; i < g; i++)
+                group_to_bf16(chunks, stride, i, q5 ? 16 : 128, f16_to_f32(srow[b0 + i]), out + n * K + (b0 + i) * QK);
+        }
+    }
+    return 0;
+}
