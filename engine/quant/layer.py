@@ -55,8 +55,6 @@ class QuantizedLinear:
         if rows == 0:
             return x.new_zeros(*x.shape[:-1], self.out_features)
         if self.mode in q8.MODES:   # our kernel: every row count, bias added inside, output in x's dtype
-            if self.kernel_bias is None and self.bias is not None:
-                self.kernel_bias = self.bias.float().contiguous()
             y = q8.linear(x2d, self.qweight, self.params, self.kernel_bias, packed5=self.mode == "q5")
             return y.reshape(*x.shape[:-1], self.out_features)
         if rows > self.max_rows and self.reference is not None:

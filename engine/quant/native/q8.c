@@ -127,12 +127,25 @@ static void quantize_row(const void *x, int x_bf16, int64_t K, int offset, int8_
     }
 }
 
+#define Q5_CHUNK_BYTES 40   /* q5 layout, below */
+
 #if MS_VNNI
+static inline __m512i unpack5(const uint8_t *chunk) {
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    __m256i nib = _mm256_loadu_si256((const __m256i *)chunk);
+    __m256i lo = _mm256_and_si256(nib, low4), hi = _mm256_and_si256(_mm256_srli_epi16(nib, 4), low4);
+    uint64_t bits;
+    memcpy(&bits, chunk + 32, 8);
+    __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    return _mm512_or_si512(w, _mm512_maskz_set1_epi8((__mmask64)bits, 0x10));
+}
+
 /* One weight row against ROWS activation rows (a compile-time constant at each call, so the
  * accumulators stay in registers); out[m] gets the dot products. Per group lane:
  * (sum u hi - 128 sum hi) * LO_STEPS + (sum u lo - 128 sum lo), exact in int32. */
 static inline __attribute__((always_inline)) void row_dot_n(const uint8_t *w, const uint16_t *wscales, int64_t K,
-        const int8_t *xi, const float *xs, const int32_t *seed, const int ROWS, const int PRECISE, float *out) {
+        const int8_t *xi, const float *xs, const int32_t *seed, const int ROWS, const int PRECISE, const int Q5,
+        float *out) {
     const int64_t groups = K / QK;
     const __m512i lo_steps = _mm512_set1_epi32(LO_STEPS);
     const __m512 unit = _mm512_set1_ps(PRECISE ? 1.0f / (float)LO_STEPS : 1.0f);
@@ -142,9 +155,10 @@ static inline __attribute__((always_inline)) void row_dot_n(const uint8_t *w, co
         const int64_t g = groups - b0 < BLOCK_GROUPS ? groups - b0 : BLOCK_GROUPS;
         const __mmask16 lanes = (__mmask16)((1u << g) - 1u);
         const __mmask64 bytes = g == BLOCK_GROUPS ? ~0ull : ((1ull << (4 * g)) - 1ull);
-        const uint8_t *wb = w + b0 * QK;
-        __m512i wv[8];
-        for (int j = 0; j < 8; j++) wv[j] = _mm512_maskz_loadu_epi8(bytes, wb + j * 4 * g);
+        __m512i wv[8];     /* q8: the block's chunks as stored; q5: unpacked (same byte order) */
+        for (int j = 0; j < 8; j++)
+            wv[j] = Q5 ? unpack5(w + (b0 / BLOCK_GROUPS * 8 + j) * Q5_CHUNK_BYTES)
+                       : _mm512_maskz_loadu_epi8(bytes, w + b0 * QK + j * 4 * g);
         __m512 wscale = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, wscales + b0)), unit);
         for (int m = 0; m < ROWS; m++) {
             const int8_t *hi = xi + m * 2 * K + b0 * QK, *lo = hi + K;
@@ -171,18 +185,26 @@ static inline __attribute__((always_inline)) void row_dot_n(const uint8_t *w, co
     for (int m = 0; m < ROWS; m++) out[m] = _mm512_reduce_add_ps(acc[m]);
 }
 
+/* dispatch to the compile-time variant: rows 1..4, precise or not, q8 or q5 rows */
+static void row_dot_any(const uint8_t *w, const uint16_t *wscales, int64_t K, const int8_t *xi, const float *xs,
+                        const int32_t *seed, int64_t rows, int precise, int q5, float *out) {
+#define ROW_DOT_CASE(R, P, Q) case (R) * 4 + (P) * 2 + (Q): row_dot_n(w, wscales, K, xi, xs, seed, R, P, Q, out); break;
+#define ROW_DOT_ROWS(R) ROW_DOT_CASE(R, 0, 0) ROW_DOT_CASE(R, 0, 1) ROW_DOT_CASE(R, 1, 0) ROW_DOT_CASE(R, 1, 1)
+    switch ((rows < MT ? rows : MT) * 4 + (precise != 0) * 2 + (q5 != 0)) {
+        ROW_DOT_ROWS(1) ROW_DOT_ROWS(2) ROW_DOT_ROWS(3) ROW_DOT_ROWS(4)
+    }
+#undef ROW_DOT_ROWS
+#undef ROW_DOT_CASE
+}
+
 static void row_dot(const uint8_t *w, const uint16_t *wscales, int64_t K, const int8_t *xi, const float *xs,
                     const int32_t *seed, int64_t rows, int precise, float *out) {
-    switch (rows * 2 + (precise != 0)) {
-        case 2: row_dot_n(w, wscales, K, xi, xs, seed, 1, 0, out); break;
-        case 3: row_dot_n(w, wscales, K, xi, xs, seed, 1, 1, out); break;
-        case 4: row_dot_n(w, wscales, K, xi, xs, seed, 2, 0, out); break;
-        case 5: row_dot_n(w, wscales, K, xi, xs, seed, 2, 1, out); break;
-        case 6: row_dot_n(w, wscales, K, xi, xs, seed, 3, 0, out); break;
-        case 7: row_dot_n(w, wscales, K, xi, xs, seed, 3, 1, out); break;
-        case 8: row_dot_n(w, wscales, K, xi, xs, seed, 4, 0, out); break;
-        default: row_dot_n(w, wscales, K, xi, xs, seed, 4, 1, out); break;
-    }
+    row_dot_any(w, wscales, K, xi, xs, seed, rows, precise, 0, out);
+}
+
+static void row_dot5(const uint8_t *w, const uint16_t *wscales, int64_t K, const int8_t *xi, const float *xs,
+                     const int32_t *seed, int64_t rows, int precise, float *out) {
+    row_dot_any(w, wscales, K, xi, xs, seed, rows, precise, 1, out);
 }
 #else
 static void row_dot(const uint8_t *w, const uint16_t *wscales, int64_t K, const int8_t *xi, const float *xs,
@@ -258,75 +280,12 @@ int ms_q8_linear(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t 
  * to 64 positions and stored in 40 bytes: 32 bytes of nibbles (byte i: position i in the low
  * nibble, position i + 32 in the high one), then 8 bytes holding the fifth bit of position i
  * in bit i. Unpacked, position i is byte i again, so lane l still holds group l. Codes are c + 16. */
-#define Q5_CHUNK_BYTES 40
-
 int64_t ms_q5_row_bytes(int64_t K) {
     const int64_t groups = K / QK;
     return ((groups + BLOCK_GROUPS - 1) / BLOCK_GROUPS) * 8 * Q5_CHUNK_BYTES;
 }
 
 #if MS_VNNI
-static inline __m512i unpack5(const uint8_t *chunk) {
-    const __m256i low4 = _mm256_set1_epi8(0x0f);
-    __m256i nib = _mm256_loadu_si256((const __m256i *)chunk);
-    __m256i lo = _mm256_and_si256(nib, low4), hi = _mm256_and_si256(_mm256_srli_epi16(nib, 4), low4);
-    uint64_t bits;
-    memcpy(&bits, chunk + 32, 8);
-    __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-    return _mm512_or_si512(w, _mm512_maskz_set1_epi8((__mmask64)bits, 0x10));
-}
-
-static inline __attribute__((always_inline)) void row_dot5_n(const uint8_t *w, const uint16_t *wscales, int64_t K,
-        const int8_t *xi, const float *xs, const int32_t *seed, const int ROWS, const int PRECISE, float *out) {
-    const int64_t groups = K / QK;
-    const __m512i lo_steps = _mm512_set1_epi32(LO_STEPS);
-    const __m512 unit = _mm512_set1_ps(PRECISE ? 1.0f / (float)LO_STEPS : 1.0f);
-    __m512 acc[MT];
-    for (int m = 0; m < ROWS; m++) acc[m] = _mm512_setzero_ps();
-    for (int64_t b0 = 0; b0 < groups; b0 += BLOCK_GROUPS) {
-        const int64_t g = groups - b0 < BLOCK_GROUPS ? groups - b0 : BLOCK_GROUPS;
-        const __mmask16 lanes = (__mmask16)((1u << g) - 1u);
-        const __mmask64 bytes = g == BLOCK_GROUPS ? ~0ull : ((1ull << (4 * g)) - 1ull);
-        __m512i wv[8];
-        for (int j = 0; j < 8; j++) wv[j] = unpack5(w + j * Q5_CHUNK_BYTES);
-        w += 8 * Q5_CHUNK_BYTES;
-        __m512 wscale = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, wscales + b0)), unit);
-        for (int m = 0; m < ROWS; m++) {
-            const int8_t *hi = xi + m * 2 * K + b0 * QK, *lo = hi + K;
-            const int32_t *sd = seed + m * 2 * groups + b0;
-            __m512i h0 = _mm512_maskz_loadu_epi32(lanes, sd), h1 = _mm512_setzero_si512();
-            __m512i l0 = _mm512_setzero_si512(), l1 = _mm512_setzero_si512();
-            if (PRECISE) l0 = _mm512_maskz_loadu_epi32(lanes, sd + groups);
-            for (int j = 0; j < 8; j += 2) {
-                h0 = _mm512_dpbusd_epi32(h0, wv[j], _mm512_maskz_loadu_epi8(bytes, hi + j * 4 * g));
-                h1 = _mm512_dpbusd_epi32(h1, wv[j + 1], _mm512_maskz_loadu_epi8(bytes, hi + (j + 1) * 4 * g));
-                if (PRECISE) {
-                    l0 = _mm512_dpbusd_epi32(l0, wv[j], _mm512_maskz_loadu_epi8(bytes, lo + j * 4 * g));
-                    l1 = _mm512_dpbusd_epi32(l1, wv[j + 1], _mm512_maskz_loadu_epi8(bytes, lo + (j + 1) * 4 * g));
-                }
-            }
-            __m512i dot = _mm512_add_epi32(h0, h1);
-            if (PRECISE) dot = _mm512_add_epi32(_mm512_mullo_epi32(dot, lo_steps), _mm512_add_epi32(l0, l1));
-            __m512 scale = _mm512_mul_ps(wscale, _mm512_maskz_loadu_ps(lanes, xs + m * groups + b0));
-            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[m]);
-        }
-    }
-    for (int m = 0; m < ROWS; m++) out[m] = _mm512_reduce_add_ps(acc[m]);
-}
-
-static void row_dot5(const uint8_t *w, const uint16_t *wscales, int64_t K, const int8_t *xi, const float *xs,
-                     const int32_t *seed, int64_t rows, int precise, float *out) {
-    switch (rows * 2 + (precise != 0)) {
-        case 2: row_dot5_n(w, wscales, K, xi, xs, seed, 1, 0, out); break;
-        case 3: row_dot5_n(w, wscales, K, xi, xs, seed, 1, 1, out); break;
-        case 4: row_dot5_n(w, wscales, K, xi, xs, seed, 2, 0, out); break;
-        case 5: row_dot5_n(w, wscales, K, xi, xs, seed, 2, 1, out); break;
-        case 6: row_dot5_n(w, wscales, K, xi, xs, seed, 3, 0, out); break;
-        case 7: row_dot5_n(w, wscales, K, xi, xs, seed, 3, 1, out); break;
-        case 8: row_dot5_n(w, wscales, K, xi, xs, seed, 4, 0, out); break;
-        default: row_dot5_n(w, wscales, K, xi, xs, seed, 4, 1, out); break;
-    }
-}
 #else
 /* portable: unpack the row to q8's interleaved bytes (c + 16), then the same loop */
 static void row_dot5(const uint8_t *w, const uint16_t *wscales, int64_t K, const int8_t *xi, const float *xs,
