@@ -18,7 +18,10 @@
  * activation only: it is computed once per row and group and seeds the integer accumulator.
  * Codes are stored interleaved (below), so that one 32-bit lane accumulates one whole group.
  *
- * Threads: OpenMP over output rows. Loaded after torch, this library binds to the libgomp
+ * Tiles: several activation rows (a batched step, verified drafts) against several weight rows
+ * at a time, so that each load feeds several products (tile_dot).
+ *
+ * Threads: OpenMP over output columns. Loaded after torch, this library binds to the libgomp
  * torch already loaded (same soname), so both share one thread team per calling thread.
  */
 #include <math.h>
@@ -35,7 +38,6 @@
 #endif
 
 #define QK 32      /* inputs per group */
-#define MT 4       /* activation rows sharing one pass over a weight row */
 
 static inline float bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
@@ -97,6 +99,8 @@ static inline int64_t interleaved_at(int64_t group, int byte, int64_t groups) {
  * part (offset: what the weight codes add to c to make it unsigned, 128 for q8, 16 for q5). */
 #define LO_STEPS 254
 
+#if !MS_VNNI   /* (the VNNI build runs quantize_row_vec, below: the same numbers in vectors) */
+
 static void quantize_row(const void *x, int x_bf16, int64_t K, int offset, int8_t *xi, float *xs, int32_t *seed) {
     const int64_t groups = K / QK;
     for (int64_t g = 0; g < groups; g++) {
@@ -127,7 +131,54 @@ static void quantize_row(const void *x, int x_bf16, int64_t K, int offset, int8_
     }
 }
 
+#endif
+
 #define Q5_CHUNK_BYTES 40   /* q5 layout, below */
+
+#if MS_VNNI
+/* quantize_row in vectors: the same float operations lane by lane (one multiply, nearest-even
+ * rounding, clamps), so the codes are bit-identical to the loop above. A decode step quantizes
+ * about 180k activations per row; the scalar loop cost ~0.1 ms per row and linear. */
+static inline __m512 load16(const void *x, int x_bf16, int64_t k) {
+    if (!x_bf16) return _mm512_loadu_ps((const float *)x + k);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)x + k));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+static void quantize_row_vec(const void *x, int x_bf16, int64_t K, int offset, int8_t *xi, float *xs, int32_t *seed) {
+    const int64_t groups = K / QK;
+    const __m512i top = _mm512_set1_epi32(127), bottom = _mm512_set1_epi32(-127);
+    const __m512 lo_steps = _mm512_set1_ps((float)LO_STEPS);
+    for (int64_t g = 0; g < groups; g++) {
+        __m512 v0 = load16(x, x_bf16, g * QK), v1 = load16(x, x_bf16, g * QK + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        __m512 s0 = _mm512_mul_ps(v0, inv), s1 = _mm512_mul_ps(v1, inv);
+        __m512i h0 = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(s0), top), bottom);
+        __m512i h1 = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(s1), top), bottom);
+        __m512i l0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(s0, _mm512_cvtepi32_ps(h0)), lo_steps));
+        __m512i l1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(s1, _mm512_cvtepi32_ps(h1)), lo_steps));
+        l0 = _mm512_max_epi32(_mm512_min_epi32(l0, top), bottom);
+        l1 = _mm512_max_epi32(_mm512_min_epi32(l1, top), bottom);
+        int8_t hb[QK], lb[QK];
+        _mm_storeu_si128((__m128i *)hb, _mm512_cvtepi32_epi8(h0));
+        _mm_storeu_si128((__m128i *)(hb + 16), _mm512_cvtepi32_epi8(h1));
+        _mm_storeu_si128((__m128i *)lb, _mm512_cvtepi32_epi8(l0));
+        _mm_storeu_si128((__m128i *)(lb + 16), _mm512_cvtepi32_epi8(l1));
+        const int64_t at = interleaved_at(g, 0, groups), stride = interleaved_at(g, 4, groups) - at;
+        for (int j = 0; j < 8; j++) {
+            memcpy(xi + at + j * stride, hb + 4 * j, 4);
+            memcpy(xi + K + at + j * stride, lb + 4 * j, 4);
+        }
+        xs[g] = amax / 127.0f;
+        seed[g] = -offset * _mm512_reduce_add_epi32(_mm512_add_epi32(h0, h1));
+        seed[groups + g] = -offset * _mm512_reduce_add_epi32(_mm512_add_epi32(l0, l1));
+    }
+}
+#define QUANTIZE_ROW quantize_row_vec
+#else
+#define QUANTIZE_ROW quantize_row
+#endif
 
 #if MS_VNNI
 static inline __m512i unpack5(const uint8_t *chunk) {
@@ -140,75 +191,127 @@ static inline __m512i unpack5(const uint8_t *chunk) {
     return _mm512_or_si512(w, _mm512_maskz_set1_epi8((__mmask64)bits, 0x10));
 }
 
-/* One weight row against ROWS activation rows (a compile-time constant at each call, so the
- * accumulators stay in registers); out[m] gets the dot products. Per group lane:
- * (sum u hi - 128 sum hi) * LO_STEPS + (sum u lo - 128 sum lo), exact in int32. */
-static inline __attribute__((always_inline)) void row_dot_n(const uint8_t *w, const uint16_t *wscales, int64_t K,
-        const int8_t *xi, const float *xs, const int32_t *seed, const int ROWS, const int PRECISE, const int Q5,
-        float *out) {
+#define MAX_ROWS 4   /* tile bounds (below) */
+#define MAX_COLS 4
+
+/* Chunk j of the block starting at group b0 of one weight row (q8: as stored; q5: unpacked to
+ * the same byte order). */
+static inline __m512i weight_chunk(const uint8_t *w, int64_t b0, int j, int64_t g, __mmask64 bytes, const int Q5) {
+    return Q5 ? unpack5(w + (b0 / BLOCK_GROUPS * 8 + j) * Q5_CHUNK_BYTES)
+              : _mm512_maskz_loadu_epi8(bytes, w + b0 * QK + j * 4 * g);
+}
+
+/* ROWS activation rows against COLS weight rows (compile-time constants at each call, so the
+ * accumulators stay in registers): each activation chunk loaded serves COLS weight rows and
+ * each weight chunk ROWS activation rows, so a tile does ROWS*COLS products per ROWS+COLS loads
+ * (one weight row at a time was bound by loading activations once several rows share a call).
+ * out[r * COLS + c] gets the dot products. Per group lane, exact in int32:
+ * (sum u hi - 128 sum hi) * LO_STEPS + (sum u lo - 128 sum lo); then, per lane and block,
+ * acc += float(dot) * (wscale * xs), and one horizontal sum at the end, in the same order for
+ * every tile shape, so a row's result does not depend on which rows or columns share its tile. */
+static inline __attribute__((always_inline)) void tile_dot(const uint8_t *w, int64_t w_stride,
+        const uint16_t *wscales, int64_t K, const int8_t *xi, const float *xs, const int32_t *seed,
+        const int ROWS, const int COLS, const int PRECISE, const int Q5, float *out) {
     const int64_t groups = K / QK;
     const __m512i lo_steps = _mm512_set1_epi32(LO_STEPS);
     const __m512 unit = _mm512_set1_ps(PRECISE ? 1.0f / (float)LO_STEPS : 1.0f);
-    __m512 acc[MT];
-    for (int m = 0; m < ROWS; m++) acc[m] = _mm512_setzero_ps();
+    __m512 acc[MAX_ROWS][MAX_COLS];   /* fixed sizes (not VLAs), so they stay in registers */
+    _Pragma("GCC unroll 16")
+    for (int r = 0; r < ROWS; r++)
+        _Pragma("GCC unroll 16")
+        for (int c = 0; c < COLS; c++) acc[r][c] = _mm512_setzero_ps();
     for (int64_t b0 = 0; b0 < groups; b0 += BLOCK_GROUPS) {
         const int64_t g = groups - b0 < BLOCK_GROUPS ? groups - b0 : BLOCK_GROUPS;
         const __mmask16 lanes = (__mmask16)((1u << g) - 1u);
         const __mmask64 bytes = g == BLOCK_GROUPS ? ~0ull : ((1ull << (4 * g)) - 1ull);
-        __m512i wv[8];     /* q8: the block's chunks as stored; q5: unpacked (same byte order) */
-        for (int j = 0; j < 8; j++)
-            wv[j] = Q5 ? unpack5(w + (b0 / BLOCK_GROUPS * 8 + j) * Q5_CHUNK_BYTES)
-                       : _mm512_maskz_loadu_epi8(bytes, w + b0 * QK + j * 4 * g);
-        __m512 wscale = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, wscales + b0)), unit);
-        for (int m = 0; m < ROWS; m++) {
-            const int8_t *hi = xi + m * 2 * K + b0 * QK, *lo = hi + K;
-            const int32_t *sd = seed + m * 2 * groups + b0;
-            /* independent accumulation chains (hi/lo x even/odd chunks): vpdpbusd's latency
-             * would otherwise serialise the products of a block */
-            __m512i h0 = _mm512_maskz_loadu_epi32(lanes, sd), h1 = _mm512_setzero_si512();
-            __m512i l0 = _mm512_setzero_si512(), l1 = _mm512_setzero_si512();
-            if (PRECISE) l0 = _mm512_maskz_loadu_epi32(lanes, sd + groups);
-            for (int j = 0; j < 8; j += 2) {
-                h0 = _mm512_dpbusd_epi32(h0, wv[j], _mm512_maskz_loadu_epi8(bytes, hi + j * 4 * g));
-                h1 = _mm512_dpbusd_epi32(h1, wv[j + 1], _mm512_maskz_loadu_epi8(bytes, hi + (j + 1) * 4 * g));
-                if (PRECISE) {
-                    l0 = _mm512_dpbusd_epi32(l0, wv[j], _mm512_maskz_loadu_epi8(bytes, lo + j * 4 * g));
-                    l1 = _mm512_dpbusd_epi32(l1, wv[j + 1], _mm512_maskz_loadu_epi8(bytes, lo + (j + 1) * 4 * g));
+        /* a tile of one or two products gets a second set of chains for the odd chunks, so that
+         * vpdpbusd's latency does not serialise them */
+        const int SPLIT = ROWS * COLS <= 2;
+        __m512i hi[2][MAX_ROWS][MAX_COLS], lo[2][MAX_ROWS][MAX_COLS];
+        _Pragma("GCC unroll 16")
+        for (int r = 0; r < ROWS; r++) {
+            const int32_t *sd = seed + r * 2 * groups + b0;
+            __m512i s_hi = _mm512_maskz_loadu_epi32(lanes, sd);
+            __m512i s_lo = PRECISE ? _mm512_maskz_loadu_epi32(lanes, sd + groups) : s_hi;
+            _Pragma("GCC unroll 16")
+            for (int c = 0; c < COLS; c++) {
+                hi[0][r][c] = s_hi, hi[1][r][c] = _mm512_setzero_si512();
+                if (PRECISE) lo[0][r][c] = s_lo, lo[1][r][c] = _mm512_setzero_si512();
+            }
+        }
+        _Pragma("GCC unroll 16")
+        for (int j = 0; j < 8; j++) {
+            __m512i a_hi[MAX_ROWS], a_lo[MAX_ROWS];
+            _Pragma("GCC unroll 16")
+            for (int r = 0; r < ROWS; r++) {
+                const int8_t *row = xi + r * 2 * K + b0 * QK + j * 4 * g;
+                a_hi[r] = _mm512_maskz_loadu_epi8(bytes, row);
+                if (PRECISE) a_lo[r] = _mm512_maskz_loadu_epi8(bytes, row + K);
+            }
+            _Pragma("GCC unroll 16")
+            for (int c = 0; c < COLS; c++) {
+                const uint8_t *wc = w + c * w_stride;
+                /* the next tile's rows lie right after this one's: fetch its same chunk now
+                 * (reading COLS rows side by side defeats the hardware's stream prefetch) */
+                _mm_prefetch((const char *)(Q5 ? wc + (b0 / BLOCK_GROUPS * 8 + j) * Q5_CHUNK_BYTES
+                                               : wc + b0 * QK + j * 4 * g) + COLS * w_stride, _MM_HINT_T0);
+                const __m512i wv = weight_chunk(wc, b0, j, g, bytes, Q5);
+                _Pragma("GCC unroll 16")
+                for (int r = 0; r < ROWS; r++) {
+                    const int h = SPLIT ? j & 1 : 0;
+                    hi[h][r][c] = _mm512_dpbusd_epi32(hi[h][r][c], wv, a_hi[r]);
+                    if (PRECISE) lo[h][r][c] = _mm512_dpbusd_epi32(lo[h][r][c], wv, a_lo[r]);
                 }
             }
-            __m512i dot = _mm512_add_epi32(h0, h1);
-            if (PRECISE) dot = _mm512_add_epi32(_mm512_mullo_epi32(dot, lo_steps), _mm512_add_epi32(l0, l1));
-            __m512 scale = _mm512_mul_ps(wscale, _mm512_maskz_loadu_ps(lanes, xs + m * groups + b0));
-            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[m]);
+        }
+        __m512 wscale[MAX_COLS];
+        _Pragma("GCC unroll 16")
+        for (int c = 0; c < COLS; c++)
+            wscale[c] = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, wscales + c * groups + b0)), unit);
+        _Pragma("GCC unroll 16")
+        for (int r = 0; r < ROWS; r++) {
+            const __m512 xsr = _mm512_maskz_loadu_ps(lanes, xs + r * groups + b0);
+            _Pragma("GCC unroll 16")
+            for (int c = 0; c < COLS; c++) {
+                __m512i dot = SPLIT ? _mm512_add_epi32(hi[0][r][c], hi[1][r][c]) : hi[0][r][c];
+                if (PRECISE)
+                    dot = _mm512_add_epi32(_mm512_mullo_epi32(dot, lo_steps),
+                                           SPLIT ? _mm512_add_epi32(lo[0][r][c], lo[1][r][c]) : lo[0][r][c]);
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(wscale[c], xsr), acc[r][c]);
+            }
         }
     }
-    for (int m = 0; m < ROWS; m++) out[m] = _mm512_reduce_add_ps(acc[m]);
+    _Pragma("GCC unroll 16")
+    for (int r = 0; r < ROWS; r++)
+        _Pragma("GCC unroll 16")
+        for (int c = 0; c < COLS; c++) out[r * COLS + c] = _mm512_reduce_add_ps(acc[r][c]);
 }
 
-/* dispatch to the compile-time variant: rows 1..4, precise or not, q8 or q5 rows */
-static void row_dot_any(const uint8_t *w, const uint16_t *wscales, int64_t K, const int8_t *xi, const float *xs,
-                        const int32_t *seed, int64_t rows, int precise, int q5, float *out) {
-#define ROW_DOT_CASE(R, P, Q) case (R) * 4 + (P) * 2 + (Q): row_dot_n(w, wscales, K, xi, xs, seed, R, P, Q, out); break;
-#define ROW_DOT_ROWS(R) ROW_DOT_CASE(R, 0, 0) ROW_DOT_CASE(R, 0, 1) ROW_DOT_CASE(R, 1, 0) ROW_DOT_CASE(R, 1, 1)
-    switch ((rows < MT ? rows : MT) * 4 + (precise != 0) * 2 + (q5 != 0)) {
-        ROW_DOT_ROWS(1) ROW_DOT_ROWS(2) ROW_DOT_ROWS(3) ROW_DOT_ROWS(4)
+/* Tile shapes: two-byte activations take twice the registers per row, so their tiles hold half
+ * the rows; tiles are COLS_WIDE weight rows wide, or one (a lone activation row, the last
+ * columns of N: see linear). */
+#define TILE_ROWS(precise) ((precise) ? 2 : 4)
+#define COLS_WIDE MAX_COLS
+#define MAX_TILE (MAX_ROWS * MAX_COLS)
+
+static void tile_any(const uint8_t *w, int64_t w_stride, const uint16_t *wscales, int64_t K, const int8_t *xi,
+                     const float *xs, const int32_t *seed, int rows, int cols, int precise, int q5, float *out) {
+#define TILE_CASE(R, C, P, Q) case (((R) * 8 + (C)) * 2 + (P)) * 2 + (Q): \
+        tile_dot(w, w_stride, wscales, K, xi, xs, seed, R, C, P, Q, out); break;
+#define TILE_PQ(R, C) TILE_CASE(R, C, 0, 0) TILE_CASE(R, C, 0, 1) TILE_CASE(R, C, 1, 0) TILE_CASE(R, C, 1, 1)
+#define TILE_R(R) TILE_PQ(R, 1) TILE_PQ(R, COLS_WIDE)
+    switch (((rows * 8 + cols) * 2 + (precise != 0)) * 2 + (q5 != 0)) {
+        TILE_R(1) TILE_R(2) TILE_R(3) TILE_R(4)
+        default: break;
     }
-#undef ROW_DOT_ROWS
-#undef ROW_DOT_CASE
-}
-
-static void row_dot(const uint8_t *w, const uint16_t *wscales, int64_t K, const int8_t *xi, const float *xs,
-                    const int32_t *seed, int64_t rows, int precise, float *out) {
-    row_dot_any(w, wscales, K, xi, xs, seed, rows, precise, 0, out);
-}
-
-static void row_dot5(const uint8_t *w, const uint16_t *wscales, int64_t K, const int8_t *xi, const float *xs,
-                     const int32_t *seed, int64_t rows, int precise, float *out) {
-    row_dot_any(w, wscales, K, xi, xs, seed, rows, precise, 1, out);
+#undef TILE_R
+#undef TILE_PQ
+#undef TILE_CASE
 }
 #else
+/* portable: one weight row at a time, every activation row of the tile against it */
 static void row_dot(const uint8_t *w, const uint16_t *wscales, int64_t K, const int8_t *xi, const float *xs,
-                    const int32_t *seed, int64_t rows, int precise, float *out) {
+                    const int32_t *seed, int64_t rows, int precise, float *out, int64_t out_stride) {
     const int64_t groups = K / QK;
     for (int64_t m = 0; m < rows; m++) {
         const int8_t *hi = xi + m * 2 * K, *lo = hi + K;
@@ -224,72 +327,13 @@ static void row_dot(const uint8_t *w, const uint16_t *wscales, int64_t K, const 
             int32_t s = precise ? s_hi * LO_STEPS + s_lo : s_hi;
             acc += f16_to_f32(wscales[g]) * (precise ? 1.0f / (float)LO_STEPS : 1.0f) * xs[m * groups + g] * (float)s;
         }
-        out[m] = acc;
+        out[m * out_stride] = acc;
     }
 }
-#endif
 
-/* The activations of one call, prepared once for every weight row. */
-typedef struct { int8_t *xi; float *xs; int32_t *seed; } activations;
-
-static int prepare(const void *x, int x_bf16, int64_t M, int64_t K, int offset, activations *a) {
-    const int64_t groups = K / QK;
-    a->xi = malloc((size_t)(2 * M * K));
-    a->xs = malloc(sizeof(float) * (size_t)(M * groups));
-    a->seed = malloc(sizeof(int32_t) * (size_t)(2 * M * groups));
-    if (!a->xi || !a->xs || !a->seed) return -2;
-    for (int64_t m = 0; m < M; m++)
-        quantize_row((const char *)x + m * K * (x_bf16 ? 2 : 4), x_bf16, K, offset, a->xi + 2 * m * K,
-                     a->xs + m * groups, a->seed + 2 * m * groups);
-    return 0;
-}
-
-static void release(activations *a) { free(a->xi); free(a->xs); free(a->seed); }
-
-static inline void store(void *y, int y_bf16, int64_t at, float v) {
-    if (y_bf16) ((uint16_t *)y)[at] = f32_to_bf16(v);
-    else ((float *)y)[at] = v;
-}
-
-/* y[M, N] = x[M, K] W^T (+ bias). x and y are bf16 or float32; bias float32 or NULL.
- * codes: u8 [N, K] interleaved (see above); scales: fp16 [N, K/32]. precise: both activation
- * parts (about 16 bits); 0: the first byte only (8-bit activations, half the multiplies). */
-int ms_q8_linear(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *codes,
-                 const uint16_t *scales, int64_t N, const float *bias, void *y, int y_bf16, int threads,
-                 int precise) {
-    if (K % QK != 0 || M <= 0 || N <= 0) return -1;
-    const int64_t groups = K / QK;
-    activations a;
-    if (prepare(x, x_bf16, M, K, 128, &a) != 0) { release(&a); return -2; }
-    #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : omp_get_max_threads())
-    for (int64_t n = 0; n < N; n++) {
-        float out[MT];
-        for (int64_t m0 = 0; m0 < M; m0 += MT) {
-            int64_t rows = M - m0 < MT ? M - m0 : MT;
-            row_dot(codes + n * K, scales + n * groups, K, a.xi + 2 * m0 * K, a.xs + m0 * groups,
-                    a.seed + 2 * m0 * groups, rows, precise, out);
-            for (int64_t r = 0; r < rows; r++) store(y, y_bf16, (m0 + r) * N + n, out[r] + (bias ? bias[n] : 0.0f));
-        }
-    }
-    release(&a);
-    return 0;
-}
-
-/* ---- q5: the same numbers when every code lies in -16..15 (the GGUF's Q5_0 tensors), packed
- * in 5 bits. Each chunk of a block (4g codes in the interleaved order above, g <= 16) is padded
- * to 64 positions and stored in 40 bytes: 32 bytes of nibbles (byte i: position i in the low
- * nibble, position i + 32 in the high one), then 8 bytes holding the fifth bit of position i
- * in bit i. Unpacked, position i is byte i again, so lane l still holds group l. Codes are c + 16. */
-int64_t ms_q5_row_bytes(int64_t K) {
-    const int64_t groups = K / QK;
-    return ((groups + BLOCK_GROUPS - 1) / BLOCK_GROUPS) * 8 * Q5_CHUNK_BYTES;
-}
-
-#if MS_VNNI
-#else
-/* portable: unpack the row to q8's interleaved bytes (c + 16), then the same loop */
+/* portable q5: unpack the row to q8's interleaved bytes (c + 16), then the same loop */
 static void row_dot5(const uint8_t *w, const uint16_t *wscales, int64_t K, const int8_t *xi, const float *xs,
-                     const int32_t *seed, int64_t rows, int precise, float *out) {
+                     const int32_t *seed, int64_t rows, int precise, float *out, int64_t out_stride) {
     const int64_t groups = K / QK;
     uint8_t *plain = malloc((size_t)K);
     for (int64_t b0 = 0; b0 < groups; b0 += BLOCK_GROUPS) {
@@ -305,31 +349,111 @@ static void row_dot5(const uint8_t *w, const uint16_t *wscales, int64_t K, const
         }
         w += 8 * Q5_CHUNK_BYTES;
     }
-    row_dot(plain, wscales, K, xi, xs, seed, rows, precise, out);
+    row_dot(plain, wscales, K, xi, xs, seed, rows, precise, out, out_stride);
     free(plain);
 }
+
+#define TILE_ROWS(precise) 4
+#define COLS_WIDE 4
+#define MAX_TILE 16
+
+static void tile_any(const uint8_t *w, int64_t w_stride, const uint16_t *wscales, int64_t K, const int8_t *xi,
+                     const float *xs, const int32_t *seed, int rows, int cols, int precise, int q5, float *out) {
+    for (int c = 0; c < cols; c++)
+        (q5 ? row_dot5 : row_dot)(w + c * w_stride, wscales + c * (K / QK), K, xi, xs, seed, rows, precise,
+                                  out + c, cols);
+}
 #endif
+
+/* ---- q5: the same numbers when every code lies in -16..15 (the GGUF's Q5_0 tensors), packed
+ * in 5 bits. Each chunk of a block (4g codes in the interleaved order above, g <= 16) is padded
+ * to 64 positions and stored in 40 bytes: 32 bytes of nibbles (byte i: position i in the low
+ * nibble, position i + 32 in the high one), then 8 bytes holding the fifth bit of position i
+ * in bit i. Unpacked, position i is byte i again, so lane l still holds group l. Codes are c + 16. */
+int64_t ms_q5_row_bytes(int64_t K) {
+    const int64_t groups = K / QK;
+    return ((groups + BLOCK_GROUPS - 1) / BLOCK_GROUPS) * 8 * Q5_CHUNK_BYTES;
+}
+
+/* The activations of one call, quantized once for every weight row. */
+typedef struct { int8_t *xi; float *xs; int32_t *seed; } activations;
+
+static int allocate(int64_t M, int64_t K, activations *a) {
+    const int64_t groups = K / QK;
+    a->xi = malloc((size_t)(2 * M * K));
+    a->xs = malloc(sizeof(float) * (size_t)(M * groups));
+    a->seed = malloc(sizeof(int32_t) * (size_t)(2 * M * groups));
+    return a->xi && a->xs && a->seed ? 0 : -2;
+}
+
+static void release(activations *a) { free(a->xi); free(a->xs); free(a->seed); }
+
+static inline void store(void *y, int y_bf16, int64_t at, float v) {
+    if (y_bf16) ((uint16_t *)y)[at] = f32_to_bf16(v);
+    else ((float *)y)[at] = v;
+}
+
+/* Weight rows n .. n + cols - 1 against every activation row, written to y (+ bias). */
+static void column_tile(const activations *a, int64_t M, int64_t K, const uint8_t *weights, int64_t row_bytes,
+                        int q5, const uint16_t *scales, int64_t N, int64_t n, int cols, const float *bias,
+                        void *y, int y_bf16, int precise) {
+    const int64_t groups = K / QK;
+    const int tile_rows = TILE_ROWS(precise);
+    float out[MAX_TILE];
+    for (int64_t m0 = 0; m0 < M; m0 += tile_rows) {
+        const int rows = (int)(M - m0 < tile_rows ? M - m0 : tile_rows);
+        tile_any(weights + n * row_bytes, row_bytes, scales + n * groups, K, a->xi + 2 * m0 * K, a->xs + m0 * groups,
+                 a->seed + 2 * m0 * groups, rows, cols, precise, q5, out);
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < cols; c++)
+                store(y, y_bf16, (m0 + r) * N + n + c, out[r * cols + c] + (bias ? bias[n + c] : 0.0f));
+    }
+}
+
+/* y[M, N] = x[M, K] W^T (+ bias), weights as rows of row_bytes (q8 codes or q5-packed).
+ * One parallel region: the threads first quantize the activation rows between them, then
+ * share the output columns in tiles of COLS_WIDE. A lone activation row goes one column at a
+ * time: it is bound by reading the weights, which one sequential stream reads best (measured:
+ * the lm_head at one row took ~1.4x as long in tiles of 4). */
+static int linear(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *weights, int64_t row_bytes,
+                  int q5, const uint16_t *scales, int64_t N, const float *bias, void *y, int y_bf16, int threads,
+                  int precise) {
+    if (K % QK != 0 || M <= 0 || N <= 0) return -1;
+    const int64_t groups = K / QK, tiles = (N + COLS_WIDE - 1) / COLS_WIDE;
+    activations a;
+    if (allocate(M, K, &a) != 0) { release(&a); return -2; }
+    #pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads())
+    {
+        #pragma omp for schedule(static)
+        for (int64_t m = 0; m < M; m++)
+            QUANTIZE_ROW((const char *)x + m * K * (x_bf16 ? 2 : 4), x_bf16, K, q5 ? 16 : 128, a.xi + 2 * m * K,
+                         a.xs + m * groups, a.seed + 2 * m * groups);
+        #pragma omp for schedule(static)
+        for (int64_t t = 0; t < tiles; t++) {
+            const int64_t end = (t + 1) * COLS_WIDE < N ? (t + 1) * COLS_WIDE : N;
+            const int cols = M == 1 || end - t * COLS_WIDE < COLS_WIDE ? 1 : COLS_WIDE;
+            for (int64_t n = t * COLS_WIDE; n < end; n += cols)
+                column_tile(&a, M, K, weights, row_bytes, q5, scales, N, n, cols, bias, y, y_bf16, precise);
+        }
+    }
+    release(&a);
+    return 0;
+}
+
+/* y[M, N] = x[M, K] W^T (+ bias). x and y are bf16 or float32; bias float32 or NULL.
+ * codes: u8 [N, K] interleaved (see above); scales: fp16 [N, K/32]. precise: both activation
+ * parts (about 16 bits); 0: the first byte only (8-bit activations, half the multiplies). */
+int ms_q8_linear(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *codes,
+                 const uint16_t *scales, int64_t N, const float *bias, void *y, int y_bf16, int threads,
+                 int precise) {
+    return linear(x, x_bf16, M, K, codes, K, 0, scales, N, bias, y, y_bf16, threads, precise);
+}
 
 /* As ms_q8_linear, with q5-packed rows (ms_q5_row_bytes(K) bytes each). */
 int ms_q5_linear(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *packed,
                  const uint16_t *scales, int64_t N, const float *bias, void *y, int y_bf16, int threads,
                  int precise) {
-    if (K % QK != 0 || M <= 0 || N <= 0) return -1;
-    const int64_t groups = K / QK, row_bytes = ms_q5_row_bytes(K);
-    activations a;
-    if (prepare(x, x_bf16, M, K, 16, &a) != 0) { release(&a); return -2; }
-    #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : omp_get_max_threads())
-    for (int64_t n = 0; n < N; n++) {
-        float out[MT];
-        for (int64_t m0 = 0; m0 < M; m0 += MT) {
-            int64_t rows = M - m0 < MT ? M - m0 : MT;
-            row_dot5(packed + n * row_bytes, scales + n * groups, K, a.xi + 2 * m0 * K, a.xs + m0 * groups,
-                     a.seed + 2 * m0 * groups, rows, precise, out);
-            for (int64_t r = 0; r < rows; r++) store(y, y_bf16, (m0 + r) * N + n, out[r] + (bias ? bias[n] : 0.0f));
-        }
-    }
-    release(&a);
-    return 0;
+    return linear(x, x_bf16, M, K, packed, ms_q5_row_bytes(K), 1, scales, N, bias, y, y_bf16, threads, precise);
 }
 
 /* Rows `ids` of a q5-packed table (an embedding: rows of ms_q5_row_bytes(K) bytes, fp16 scales
