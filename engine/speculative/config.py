@@ -8,11 +8,13 @@ from engine.speculative.policy import SpecConfig
 
 # One more verified row as a fraction of a one-row step, by how the forward multiplies. bf16
 # (oneDNN) steps stay bound by reading the weights up to ~8 rows: ~5% per row. q8's integer
-# kernel is bound by compute after a few rows (results/quant_kernels_step.csv: the linears of a
-# step 23.0 ms at 1 row, 54.0 at 8 in a batched decode step): with the rest of a step, 13-17%
-# of a one-row step per extra row; 0.17 errs towards drafting less.
+# kernel multiplies tiles of rows against tiles of weights (q8.c): its linears take 23.9 ms at
+# 1 row, 25.5 at 4 and 41.1 at 8 with two-byte activations (results/quant_kernels_step.csv), so
+# rows are nearly free up to 4 and then cost compute. Through the whole forward (400 tokens of
+# context, a one-off timing under the lock) a verify step of 2, 5 and 9 rows took 26.4, 34.3
+# and 51.5 ms: ~0.10 of a step per row beyond the first few.
 ROW_COST_BF16 = 0.05
-ROW_COST_Q8 = 0.17
+ROW_COST_Q8 = 0.10
 
 
 def row_cost(weights: Any) -> float:

@@ -193,6 +193,7 @@ static inline __m512i unpack5(const uint8_t *chunk) {
 
 #define MAX_ROWS 4   /* tile bounds (below) */
 #define MAX_COLS 4
+#define PREFETCH_TILES 4   /* measured best of 1-32 (T0 into L1 did not help) */
 
 /* Chunk j of the block starting at group b0 of one weight row (q8: as stored; q5: unpacked to
  * the same byte order). */
@@ -224,10 +225,7 @@ static inline __attribute__((always_inline)) void tile_dot(const uint8_t *w, int
         const int64_t g = groups - b0 < BLOCK_GROUPS ? groups - b0 : BLOCK_GROUPS;
         const __mmask16 lanes = (__mmask16)((1u << g) - 1u);
         const __mmask64 bytes = g == BLOCK_GROUPS ? ~0ull : ((1ull << (4 * g)) - 1ull);
-        /* a tile of one or two products gets a second set of chains for the odd chunks, so that
-         * vpdpbusd's latency does not serialise them */
-        const int SPLIT = ROWS * COLS <= 2;
-        __m512i hi[2][MAX_ROWS][MAX_COLS], lo[2][MAX_ROWS][MAX_COLS];
+        __m512i hi[MAX_ROWS][MAX_COLS], lo[MAX_ROWS][MAX_COLS];
         _Pragma("GCC unroll 16")
         for (int r = 0; r < ROWS; r++) {
             const int32_t *sd = seed + r * 2 * groups + b0;
@@ -235,8 +233,8 @@ static inline __attribute__((always_inline)) void tile_dot(const uint8_t *w, int
             __m512i s_lo = PRECISE ? _mm512_maskz_loadu_epi32(lanes, sd + groups) : s_hi;
             _Pragma("GCC unroll 16")
             for (int c = 0; c < COLS; c++) {
-                hi[0][r][c] = s_hi, hi[1][r][c] = _mm512_setzero_si512();
-                if (PRECISE) lo[0][r][c] = s_lo, lo[1][r][c] = _mm512_setzero_si512();
+                hi[r][c] = s_hi;
+                if (PRECISE) lo[r][c] = s_lo;
             }
         }
         _Pragma("GCC unroll 16")
@@ -251,16 +249,17 @@ static inline __attribute__((always_inline)) void tile_dot(const uint8_t *w, int
             _Pragma("GCC unroll 16")
             for (int c = 0; c < COLS; c++) {
                 const uint8_t *wc = w + c * w_stride;
-                /* the next tile's rows lie right after this one's: fetch its same chunk now
-                 * (reading COLS rows side by side defeats the hardware's stream prefetch) */
+                /* the tiles that follow lie right after this one: fetch the same chunk of the one
+                 * PREFETCH_TILES ahead into L2 now (COLS rows read side by side defeat the
+                 * hardware's stream prefetch: without this, 2-4 rows ran at ~60% of the bandwidth) */
                 _mm_prefetch((const char *)(Q5 ? wc + (b0 / BLOCK_GROUPS * 8 + j) * Q5_CHUNK_BYTES
-                                               : wc + b0 * QK + j * 4 * g) + COLS * w_stride, _MM_HINT_T0);
+                                               : wc + b0 * QK + j * 4 * g) + PREFETCH_TILES * COLS * w_stride,
+                             _MM_HINT_T1);
                 const __m512i wv = weight_chunk(wc, b0, j, g, bytes, Q5);
                 _Pragma("GCC unroll 16")
                 for (int r = 0; r < ROWS; r++) {
-                    const int h = SPLIT ? j & 1 : 0;
-                    hi[h][r][c] = _mm512_dpbusd_epi32(hi[h][r][c], wv, a_hi[r]);
-                    if (PRECISE) lo[h][r][c] = _mm512_dpbusd_epi32(lo[h][r][c], wv, a_lo[r]);
+                    hi[r][c] = _mm512_dpbusd_epi32(hi[r][c], wv, a_hi[r]);
+                    if (PRECISE) lo[r][c] = _mm512_dpbusd_epi32(lo[r][c], wv, a_lo[r]);
                 }
             }
         }
@@ -273,10 +272,8 @@ static inline __attribute__((always_inline)) void tile_dot(const uint8_t *w, int
             const __m512 xsr = _mm512_maskz_loadu_ps(lanes, xs + r * groups + b0);
             _Pragma("GCC unroll 16")
             for (int c = 0; c < COLS; c++) {
-                __m512i dot = SPLIT ? _mm512_add_epi32(hi[0][r][c], hi[1][r][c]) : hi[0][r][c];
-                if (PRECISE)
-                    dot = _mm512_add_epi32(_mm512_mullo_epi32(dot, lo_steps),
-                                           SPLIT ? _mm512_add_epi32(lo[0][r][c], lo[1][r][c]) : lo[0][r][c]);
+                __m512i dot = hi[r][c];
+                if (PRECISE) dot = _mm512_add_epi32(_mm512_mullo_epi32(dot, lo_steps), lo[r][c]);
                 acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(wscale[c], xsr), acc[r][c]);
             }
         }
@@ -288,8 +285,7 @@ static inline __attribute__((always_inline)) void tile_dot(const uint8_t *w, int
 }
 
 /* Tile shapes: two-byte activations take twice the registers per row, so their tiles hold half
- * the rows; tiles are COLS_WIDE weight rows wide, or one (a lone activation row, the last
- * columns of N: see linear). */
+ * the rows; tiles are COLS_WIDE weight rows wide, or one (the last columns of N). */
 #define TILE_ROWS(precise) ((precise) ? 2 : 4)
 #define COLS_WIDE MAX_COLS
 #define MAX_TILE (MAX_ROWS * MAX_COLS)
@@ -393,6 +389,17 @@ static inline void store(void *y, int y_bf16, int64_t at, float v) {
     else ((float *)y)[at] = v;
 }
 
+/* Activation rows first .. end - 1 of x, quantized into a. A few rows are quantized before the
+ * parallel region (microseconds; one barrier less), many inside it, shared by the threads. */
+#define PARALLEL_MIN_ROWS 4
+
+static void quantize_rows(const void *x, int x_bf16, int64_t first, int64_t end, int64_t K, int q5, activations *a) {
+    const int64_t groups = K / QK;
+    for (int64_t m = first; m < end; m++)
+        QUANTIZE_ROW((const char *)x + m * K * (x_bf16 ? 2 : 4), x_bf16, K, q5 ? 16 : 128, a->xi + 2 * m * K,
+                     a->xs + m * groups, a->seed + 2 * m * groups);
+}
+
 /* Weight rows n .. n + cols - 1 against every activation row, written to y (+ bias). */
 static void column_tile(const activations *a, int64_t M, int64_t K, const uint8_t *weights, int64_t row_bytes,
                         int q5, const uint16_t *scales, int64_t N, int64_t n, int cols, const float *bias,
@@ -411,27 +418,27 @@ static void column_tile(const activations *a, int64_t M, int64_t K, const uint8_
 }
 
 /* y[M, N] = x[M, K] W^T (+ bias), weights as rows of row_bytes (q8 codes or q5-packed).
- * One parallel region: the threads first quantize the activation rows between them, then
- * share the output columns in tiles of COLS_WIDE. A lone activation row goes one column at a
- * time: it is bound by reading the weights, which one sequential stream reads best (measured:
- * the lm_head at one row took ~1.4x as long in tiles of 4). */
+ * One parallel region: the threads share the output columns in tiles of COLS_WIDE (and first
+ * the quantizing of many activation rows). */
 static int linear(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *weights, int64_t row_bytes,
                   int q5, const uint16_t *scales, int64_t N, const float *bias, void *y, int y_bf16, int threads,
                   int precise) {
     if (K % QK != 0 || M <= 0 || N <= 0) return -1;
-    const int64_t groups = K / QK, tiles = (N + COLS_WIDE - 1) / COLS_WIDE;
+    const int64_t tiles = (N + COLS_WIDE - 1) / COLS_WIDE;
     activations a;
     if (allocate(M, K, &a) != 0) { release(&a); return -2; }
+    const int parallel_rows = M >= PARALLEL_MIN_ROWS;
+    if (!parallel_rows) quantize_rows(x, x_bf16, 0, M, K, q5, &a);
     #pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads())
     {
-        #pragma omp for schedule(static)
-        for (int64_t m = 0; m < M; m++)
-            QUANTIZE_ROW((const char *)x + m * K * (x_bf16 ? 2 : 4), x_bf16, K, q5 ? 16 : 128, a.xi + 2 * m * K,
-                         a.xs + m * groups, a.seed + 2 * m * groups);
+        if (parallel_rows) {
+            #pragma omp for schedule(static)
+            for (int64_t m = 0; m < M; m++) quantize_rows(x, x_bf16, m, m + 1, K, q5, &a);
+        }
         #pragma omp for schedule(static)
         for (int64_t t = 0; t < tiles; t++) {
             const int64_t end = (t + 1) * COLS_WIDE < N ? (t + 1) * COLS_WIDE : N;
-            const int cols = M == 1 || end - t * COLS_WIDE < COLS_WIDE ? 1 : COLS_WIDE;
+            const int cols = end - t * COLS_WIDE < COLS_WIDE ? 1 : COLS_WIDE;
             for (int64_t n = t * COLS_WIDE; n < end; n += cols)
                 column_tile(&a, M, K, weights, row_bytes, q5, scales, N, n, cols, bias, y, y_bf16, precise);
         }
