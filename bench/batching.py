@@ -4,7 +4,7 @@ transformers, same prompts, same run.
 For each concurrency N (default 1, 2, 4, 8, 16) the first N prompts run
 * ``batched``: all N submitted at once to :class:`engine.loop.EngineLoop` (one loop,
   one batched forward per step over the paged KV cache) with the default
-  ``MINISERVE_QUANT`` (``auto``: the ``mixed`` low-bit plan on CPU);
+  ``MINISERVE_QUANT`` (``auto``: ``q8`` on CPU);
 * ``batched_none``: the same with ``MINISERVE_QUANT=none`` (bf16, greedy-identical to
   ``official``);
 * ``batched_shared``: ``batched`` with prefix sharing on (the worker's setting, so the
@@ -18,8 +18,9 @@ For each concurrency N (default 1, 2, 4, 8, 16) the first N prompts run
 * ``hf_padded``: transformers ``generate`` on the N prompts left-padded into one batch,
   bf16 (the second anchor).
 Reported: aggregate tokens/s (generated tokens / wall time, prefill included), p50/p90
-time to first token (not available for ``hf_padded``), and ratios. Modes are interleaved
-(rotating order per N) after a warmup. Greedy, the model's repetition penalty. A last mode
+time to first token (not available for ``hf_padded``), and ratios. After a warmup, modes run in
+``--repeats`` interleaved rounds (rotating order) and each mode reports its median run (one run
+per mode let a noisy moment on a shared machine move a ratio by 20%). Greedy, the model's repetition penalty. A last mode
 (skip it with ``--no-queue``), ``queue``, sends the same N jobs at once through the real
 stack (web -> Redis -> one Celery worker process with a threads pool feeding the paged
 scheduler, default settings: prefix sharing on -> Redis -> SSE; see
@@ -166,6 +167,8 @@ def main() -> None:
                         help="skip the jobs through web -> Redis -> one Celery worker process")
     parser.add_argument("--quant", default="auto",
                         help="MINISERVE_QUANT of the 'batched' modes (the bf16 modes always run none)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="interleaved rounds per concurrency; each mode's median run is reported")
     parser.add_argument("--output", default=str(RESULTS / "batching.csv"))
     args = parser.parse_args()
     sizes = {"max_batch": max(args.concurrency), "max_batched_tokens": max(512, 64 * max(args.concurrency))}
@@ -199,9 +202,13 @@ def main() -> None:
         for index, n in enumerate(args.concurrency):
             if "hf_cb" in modes:
                 warm_hf_cb(bf16, n, args.new_tokens)
-            names = list(modes)
-            names = names[index % len(names):] + names[:index % len(names)]
-            measured = {name: modes[name](prompts(n)) for name in names}
+            runs: dict[str, list[dict]] = {name: [] for name in modes}
+            for round_ in range(args.repeats):      # interleaved rounds, each in a rotated order
+                names = list(modes)
+                shift = (index + round_) % len(names)
+                for name in names[shift:] + names[:shift]:
+                    runs[name].append(modes[name](prompts(n)))
+            measured = {name: median_run(r) for name, r in runs.items()}
             for name in modes:
                 m = measured[name]
                 rows.append({"concurrency": n, "mode": name, "tokens": m["tokens"],
@@ -221,6 +228,12 @@ def main() -> None:
     path = write_csv(Path(args.output), rows)
     plot(rows, path.with_suffix(".png"))
     print(f"wrote {path}, {path.with_suffix('.png')}")
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median tokens/s (its wall time and TTFTs go together)."""
+    ordered = sorted(runs, key=lambda r: r["tok_per_s"])
+    return ordered[(len(ordered) - 1) // 2]
 
 
 def add_ratios(rows: list[dict]) -> None:
