@@ -72,3 +72,20 @@ def test_all_methods_equal_official_fp32(real_engine_fp32, lang):
         assert result.token_ids == official.token_ids, method
         assert result.text == official.text
     assert result.usage.cached_tokens > 0
+
+
+def test_tokenizer_without_its_init_tables_works_as_loaded(real_engine):
+    """load_model drops the Python vocab/merges copies (~60 MB) the tokenizer no longer reads:
+    encoding, decoding, the chat template and the vocabulary match a freshly loaded one."""
+    from transformers import AutoTokenizer
+
+    ours = real_engine.loaded.tokenizer
+    fresh = AutoTokenizer.from_pretrained(real_engine.loaded.path)
+    assert len(fresh._vocab) > 150_000 and not ours._vocab and not ours._merges
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "用一句话介绍北京, and rename foo_bar()."}]
+    rendered = ours.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert rendered == fresh.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = ours.encode(rendered, add_special_tokens=False)
+    assert ids == fresh.encode(rendered, add_special_tokens=False)
+    assert ours.decode(ids) == fresh.decode(ids) == rendered
+    assert ours.get_vocab() == fresh.get_vocab() and ours.eos_token_id == fresh.eos_token_id
