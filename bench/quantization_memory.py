@@ -1,7 +1,8 @@
 """Resident memory of the loaded model per ``MINISERVE_QUANT`` setting, in a fresh process.
 
 ``python -m bench.quantization_memory --quant int8`` prints one JSON line: RSS after the
-imports, after ``load_model`` (which quantizes and frees the bf16 copies), and after a
+imports, what importing transformers' Qwen2 model adds (``model_imports_mb``, part of the
+runtime a worker holds), what one more copy of the tokenizer adds (``tokenizer_mb``), after ``load_model`` (which quantizes and frees the bf16 copies), and after a
 first 8-token ``custom_cache`` generation (forward built). ``worker_mb`` adds the paged KV
 pool at its default size (``MINISERVE_KV_NUM_BLOCKS`` x ``MINISERVE_KV_BLOCK_SIZE``
 tokens), which a worker allocates for its batches; ``full_weight_mb`` is the parameter
@@ -38,6 +39,8 @@ def measure(quant: str, threads: int, model: str) -> dict:
     from engine.types import GenerationRequest, SamplingParams
 
     before = rss_mb()
+    import transformers.models.qwen2.modeling_qwen2  # noqa: F401  (what load_model imports first)
+    after_imports = rss_mb()
     settings = load_settings(model=model, quant=quant, threads=threads, device="cpu", dtype="bfloat16")
     loaded = load_model(settings)
     after_load = rss_mb()
@@ -50,11 +53,25 @@ def measure(quant: str, threads: int, model: str) -> dict:
     pool = (settings.kv_num_blocks * settings.kv_block_size * cfg.num_layers * 2 * cfg.kv_size
             * torch.empty((), dtype=weights.dtype).element_size())
     return {"quant": quant, "loaded_as": loaded.quant, "rss_before_mb": round(before, 1),
+            "model_imports_mb": round(after_imports - before, 1),
+            "tokenizer_mb": round(_tokenizer_mb(loaded.tokenizer), 1),
             "rss_loaded_mb": round(after_load, 1), "rss_after_gen_mb": round(after_gen, 1),
             "model_rss_mb": round(after_gen - before, 1), "process_rss_mb": round(after_gen, 1),
             "kv_pool_mb": round(pool / 2**20, 1), "worker_mb": round(after_gen - before + pool / 2**20, 1),
             "quantized_mb": round(quantized_bytes(weights) / 2**20, 1),
             "full_weight_mb": round(full_weight_bytes(loaded.model) / 2**20, 1)}
+
+
+def _tokenizer_mb(tokenizer) -> float:
+    """What one more copy of the worker's tokenizer (loaded as load_model loads it) adds."""
+    from engine.loader import drop_init_tables
+    from transformers import AutoTokenizer
+
+    before = rss_mb()
+    copy = drop_init_tables(AutoTokenizer.from_pretrained(tokenizer.name_or_path))
+    grown = rss_mb() - before
+    del copy
+    return grown
 
 
 def main() -> None:

@@ -4,8 +4,9 @@ On the prompt set ``data/speculative_prompts.json`` (half copy-heavy, half with 
 copy; English and Chinese), for each quantization mode:
 
 * batch 1: each prompt alone through the paged scheduler (the default generation method),
-  speculation off and on back to back, the order alternating from prompt to prompt;
-  decode tokens/s from the result's timings, greedy agreement token for token;
+  speculation off and on back to back, ``--batch1-repeats`` times (3; the order alternating),
+  each side's median run; decode tokens/s from the result's timings, greedy agreement token
+  for token;
 * a serving batch of 8: a closed loop of 8 slots fed from a queue of 24 jobs (copy-heavy and
   nothing-to-copy alternating, the same list and order on and off; a new job takes a slot as
   soon as one ends), aggregate completion tokens/s from the first submission to the last
@@ -118,16 +119,20 @@ def _row(quant: str, mode: str, prompt: dict[str, Any], speculative: bool, resul
 
 
 def batch_one(runner: Runner, quant: str, prompts: list[dict[str, Any]], new_tokens: int,
-              rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+              rows: list[dict[str, Any]], repeats: int = 1) -> list[dict[str, Any]]:
+    """Each prompt off and on, ``repeats`` interleaved times (alternating order); each side's
+    median run by decode tokens/s (one run per side let a disturbed moment of a shared machine
+    turn a 1.7x prompt into 0.87x)."""
     per_prompt = []
     for index, prompt in enumerate(prompts):
-        order = (False, True) if index % 2 == 0 else (True, False)
-        results = {}
-        for speculative in order:
-            (result,), wall = runner.run([prompt["prompt"]], speculative, new_tokens)
-            results[speculative] = result
-            rows.append(_row(quant, "batch1", prompt, speculative, result, wall))
-        off, on = results[False], results[True]
+        runs: dict[bool, list[GenerationResult]] = {False: [], True: []}
+        for repeat in range(repeats):
+            order = (False, True) if (index + repeat) % 2 == 0 else (True, False)
+            for speculative in order:
+                (result,), wall = runner.run([prompt["prompt"]], speculative, new_tokens)
+                runs[speculative].append(result)
+                rows.append(_row(quant, "batch1", prompt, speculative, result, wall))
+        off, on = (_median_result(runs[side]) for side in (False, True))
         same = on.token_ids == off.token_ids
         diverge = next((i for i, (a, b) in enumerate(zip(on.token_ids, off.token_ids)) if a != b),
                        None if same else min(len(on.token_ids), len(off.token_ids)))
@@ -142,6 +147,11 @@ def batch_one(runner: Runner, quant: str, prompts: list[dict[str, Any]], new_tok
               f"on {on.timings.decode_tokens_per_s:6.2f} tok/s  x{speedup:.2f}  accept {accept:.2f}  "
               f"identical={same}", flush=True)
     return per_prompt
+
+
+def _median_result(results: list[GenerationResult]) -> GenerationResult:
+    ordered = sorted(results, key=lambda r: r.timings.decode_tokens_per_s)
+    return ordered[(len(ordered) - 1) // 2]
 
 
 def serving_queue(prompts: list[dict[str, Any]], jobs: int) -> list[dict[str, Any]]:
@@ -257,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=128, help="max new tokens per batch-1 job")
     parser.add_argument("--batch-new-tokens", type=int, default=192,
                         help="max new tokens per job of the batch of 8 (room for the copy jobs' natural length)")
+    parser.add_argument("--batch1-repeats", type=int, default=3,
+                        help="interleaved off/on runs of each batch-1 prompt (median reported)")
     parser.add_argument("--batch-rounds", type=int, default=3, help="interleaved off/on rounds of the serving loop")
     parser.add_argument("--together-rounds", type=int, default=1, help="rounds of the 8-started-together batch")
     parser.add_argument("--queue-jobs", type=int, default=24, help="jobs in the serving closed loop's queue")
@@ -290,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         info["torch_threads"] = torch.get_num_threads()          # MINISERVE_THREADS applies at load
         runner.run([prompts[0]["prompt"]], True, 8)                      # warm-up
         runner.run([prompts[0]["prompt"]], False, 8)
-        per_prompt += batch_one(runner, quant, prompts, args.new_tokens, rows)
+        per_prompt += batch_one(runner, quant, prompts, args.new_tokens, rows, args.batch1_repeats)
         batch8.append(batched(runner, quant, prompts, args.batch_new_tokens, args.batch_rounds, args.together_rounds,
                               args.queue_jobs, rows))
     summary = summarize(per_prompt, batch8)
