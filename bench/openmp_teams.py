@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from bench.stats import cpu_model, machine_info, read_bandwidth_gbs, write_csv, write_json
+from bench.stats import cpu_model, finish_plot, machine_info, read_bandwidth_gbs, write_csv, write_json
 from core.settings import load_settings
 from engine.engine import Engine
 from engine.openmp import release_thread_team
@@ -104,10 +104,7 @@ def plot(summary: dict[str, dict[str, float]], path: Path) -> None:
     ax.bar([i + 0.2 for i in x], [summary[n]["one_team_tok_s"] for n in names], 0.4, label="only the loop's team")
     ax.set_xticks(list(x), names)
     ax.set_ylabel("decode tok/s, batch 1, via the engine loop")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    finish_plot(fig, ax, path)
 
 
 if __name__ == "__main__":

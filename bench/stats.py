@@ -74,3 +74,13 @@ def read_bandwidth_gbs(mb: int = 512, repeats: int = 7) -> float:
         data.sum()
         times.append(time.perf_counter() - started)
     return data.numel() * 4 / percentile(times, 50) / 1e9
+
+
+def finish_plot(fig: Any, ax: Any, path: Path) -> None:
+    """Legend, layout, save (110 dpi) and close: the tail every benchmark plot shares."""
+    import matplotlib.pyplot as plt
+
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -187,6 +187,13 @@ def forward_weights(model: Any) -> Qwen2Weights:
     return quantized if quantized is not None else fuse_projections(model)
 
 
+def exact_attention(weights: Qwen2Weights) -> bool:
+    """Whether a contiguous cache should round attention as transformers does: full-precision
+    weights promise ``official``'s greedy tokens; low-bit weights do not, and take the faster
+    one-token decode attention (:func:`engine.kv_cache.grouped_attention`)."""
+    return quantized_bytes(weights) == 0
+
+
 def quantized_bytes(weights: Qwen2Weights) -> int:
     """Bytes held by the low-bit projections (and embedding) of ``weights`` (0 when not quantized)."""
     parts = [getattr(layer, p) for layer in weights.layers for p in PROJECTIONS] + [weights.lm_head, weights.embed]

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from engine.forward import Qwen2Forward
-from engine.kv_cache import ContiguousKVCache, NoCache
+from engine.kv_cache import ContiguousKVCache, NoCache, grouped_attention
 from engine.weights import fuse_projections
 from tests.tiny_model import make_tiny_model_dir
 
@@ -98,3 +98,19 @@ def test_prefill_computes_only_the_last_row_by_default(model_dir):
     with torch.inference_mode():
         logits = forward(torch.arange(12), NoCache())
     assert logits.shape == (1, model.config.vocab_size) and logits.dtype == torch.float32
+
+
+@pytest.mark.parametrize("context", [1, 37, 300])
+def test_folded_decode_attention_equals_the_exact_one_in_float32(context):
+    """exact=False (quantized weights) folds the query group for a one-token step: the same
+    attention, rounded differently (checked in float32); steps of several tokens never fold."""
+    gen = torch.Generator().manual_seed(context)
+    q = torch.randn(1, 14, 64, generator=gen)
+    keys, values = torch.randn(2, context, 64, generator=gen), torch.randn(2, context, 64, generator=gen)
+    exact = grouped_attention(q, keys, values, context - 1)
+    torch.testing.assert_close(grouped_attention(q, keys, values, context - 1, exact=False), exact,
+                               rtol=1e-5, atol=1e-6)
+    rows = torch.randn(3, 14, 64, generator=gen)
+    many = torch.randn(2, context + 2, 64, generator=gen)
+    assert torch.equal(grouped_attention(rows, many, many, context - 1, exact=False),
+                       grouped_attention(rows, many, many, context - 1))

@@ -8,7 +8,7 @@ from core.settings import SettingsError, load_settings
 from engine.engine import Engine
 from engine.forward import Qwen2Forward
 from engine.kv_cache import NoCache
-from engine.quant import (QuantizedLinear, forward_weights, full_weight_bytes, quantize_model,
+from engine.quant import (QuantizedLinear, exact_attention, forward_weights, full_weight_bytes, quantize_model,
                           quantize_weights)
 from engine.types import GenerationRequest, SamplingParams
 from engine.weights import fuse_projections
@@ -128,3 +128,18 @@ def test_quant_setting_is_validated(monkeypatch):
     monkeypatch.setenv("MINISERVE_QUANT", "fp8")
     with pytest.raises(SettingsError, match="MINISERVE_QUANT.*'auto', 'none', 'mixed', 'q8', 'int8' or 'int4'"):
         load_settings()
+
+
+@pytest.mark.parametrize("quant", ["none", "q8"])
+def test_only_full_precision_caches_round_attention_like_transformers(quant_model_dir, quant):
+    """`none` promises official's greedy tokens, so its contiguous caches keep transformers'
+    attention call; a quantized forward takes the faster folded one-token attention."""
+    from engine.handwritten import _new_cache, forward_for
+
+    engine = _engine(quant_model_dir, "bfloat16", quant)
+    forward = forward_for(engine)
+    request = GenerationRequest(messages=MESSAGES, sampling=SamplingParams(max_new_tokens=4))
+    cache = _new_cache(forward, engine.prompt(request), request)
+    assert exact_attention(forward.weights) is (quant == "none") and cache.exact is (quant == "none")
+    assert len(_greedy(engine, "custom_cache", 6)) == 6
+    engine.close()
