@@ -28,8 +28,8 @@ def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     match ``generate`` bit for bit. ``exact=False`` (quantized weights, which promise no such
     equality) runs a one-token decode step with the query group folded into the query axis,
     as the paged decode does: it rounds differently in bf16, but SDPA's ``enable_gqa`` path
-    for one query grows with the context (measured per layer: 84 / 239 / 749 us at 100 / 300
-    / 1000 tokens, against 22 / 31 / 71 us folded).
+    for one query grows with the context, ~10x the folded call by 1,000 tokens
+    (``python -m bench.decode_attention``, results/decode_attention.json).
     """
     n, heads, dim = q.shape
     if n == 1 and not exact:
