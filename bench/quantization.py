@@ -79,18 +79,26 @@ def model_main(args: argparse.Namespace) -> int:
     rows = result["rows"]
     for row in rows:
         mem = memory.get(row["setting"]) or {}
-        for key in ("model_rss_mb", "quantized_mb", "kv_pool_mb", "worker_mb", "process_rss_mb"):
+        for key in ("model_rss_mb", "quantized_mb", "kv_pool_mb", "worker_mb", "process_rss_mb",
+                    "worker_corpus_mb"):
             row[key] = mem.get(key, row.get(key, ""))
     llama = next((r for r in rows if r["setting"] == "llama.cpp"), None)
     if llama:
         llama["worker_mb"] = llama["model_rss_mb"]  # its KV (n_ctx 2048) is allocated and inside
         for row in rows:
             row["memory_vs_llama"] = round(row["worker_mb"] / llama["worker_mb"], 2) if row.get("worker_mb") else ""
+            # after every token of a long corpus has been looked up (a mapped embedding's steady state)
+            row["corpus_memory_vs_llama"] = (round(row["worker_corpus_mb"] / llama["worker_mb"], 2)
+                                             if row.get("worker_corpus_mb") else "")
         default = next((r for r in rows if r["setting"] == DEFAULT_SETTING), None)
         if default and default.get("memory_vs_llama") != "":
             result["checks"][f"{DEFAULT_SETTING} memory <= 1.5x llama.cpp"] = default["memory_vs_llama"] <= 1.5
+        if default and default.get("corpus_memory_vs_llama") != "":
+            result["checks"][f"{DEFAULT_SETTING} memory after a long corpus <= 1.5x llama.cpp"] = (
+                default["corpus_memory_vs_llama"] <= 1.5)
     columns = ["setting", "decode_tps_b1", "speedup_b1", "vs_llama_b1", "pct_of_floor", "ttft_ms",
-               "decode_tps_batched", "batched_vs_none", "worker_mb", "memory_vs_llama", "agree_tf",
+               "decode_tps_batched", "batched_vs_none", "worker_mb", "memory_vs_llama", "corpus_memory_vs_llama",
+               "agree_tf",
                "agree_free", "identical"]
     print()
     print_table(rows, columns)

@@ -49,6 +49,13 @@ def measure(quant: str, threads: int, model: str) -> dict:
                                       sampling=SamplingParams(max_new_tokens=8), method="custom_cache"))
     after_gen = rss_mb()
     weights = forward_weights(loaded.model)
+    embed_after_gen = _embed_resident_mb(weights)
+    corpus = _corpus_ids(loaded.tokenizer)
+    if isinstance(weights.embed, torch.Tensor):
+        weights.embed[torch.tensor(corpus)].sum()
+    else:
+        weights.embed.lookup(torch.tensor(corpus)).sum()
+    after_corpus = rss_mb()
     cfg = weights.config
     pool = (settings.kv_num_blocks * settings.kv_block_size * cfg.num_layers * 2 * cfg.kv_size
             * torch.empty((), dtype=weights.dtype).element_size())
@@ -59,7 +66,28 @@ def measure(quant: str, threads: int, model: str) -> dict:
             "model_rss_mb": round(after_gen - before, 1), "process_rss_mb": round(after_gen, 1),
             "kv_pool_mb": round(pool / 2**20, 1), "worker_mb": round(after_gen - before + pool / 2**20, 1),
             "quantized_mb": round(quantized_bytes(weights) / 2**20, 1),
+            "embed_resident_mb": embed_after_gen, "corpus_tokens": len(corpus),
+            "corpus_distinct_tokens": len(set(corpus)), "embed_resident_corpus_mb": _embed_resident_mb(weights),
+            "worker_corpus_mb": round(after_corpus - before + pool / 2**20, 1),
             "full_weight_mb": round(full_weight_bytes(loaded.model) / 2**20, 1)}
+
+
+def _embed_resident_mb(weights) -> float | None:
+    """Resident MB of the embedding's file mapping (None: the table is in the heap)."""
+    from engine.quant.mapped import resident_bytes
+
+    table = getattr(weights.embed, "qweight", weights.embed)
+    held = resident_bytes(table)
+    return None if held is None else round(held / 2**20, 1)
+
+
+def _corpus_ids(tokenizer) -> list[int]:
+    """Token ids of the repo's own English and code text: README, docs and data prompts."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    files = [root / "README.md", *sorted((root / "docs").glob("*.md")), *sorted((root / "data").glob("*.json"))]
+    return [i for path in files if path.is_file() for i in tokenizer.encode(path.read_text())]
 
 
 def _tokenizer_mb(tokenizer) -> float:

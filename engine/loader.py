@@ -102,12 +102,14 @@ def apply_threads(settings: Settings) -> None:
         torch.set_num_threads(settings.threads)
 
 
-def apply_quant(model: Any, setting: str, device: Any, source: str, tokenizer: Any = None) -> str:
+def apply_quant(model: Any, setting: str, device: Any, source: str, tokenizer: Any = None,
+                table_dir: Path | None = None) -> str:
     """Quantize per ``MINISERVE_QUANT``; returns what runs, as ``Engine.info`` shows it.
 
     An explicit setting whose kernel this CPU/torch lacks is a start error naming the
     variable and the choices. ``auto`` never fails the start, but a fallback to ``none`` is
-    said loudly: a WARNING log event and ``none (auto: ...)`` on ``/workers``."""
+    said loudly: a WARNING log event and ``none (auto: ...)`` on ``/workers``. ``table_dir``:
+    where a quantized embedding table is kept as a mapped file (only rows in use resident)."""
     from engine.quant import QUANT_CHOICES, QuantKernelError, pack_model, quantize_model, resolve_quant
 
     plan = resolve_quant(setting, device.type, getattr(model, "dtype", None))
@@ -117,7 +119,7 @@ def apply_quant(model: Any, setting: str, device: Any, source: str, tokenizer: A
             return label
         return label + _unpacked_note(model, device)
     try:
-        quantize_model(model, plan, source=source, tokenizer=tokenizer)
+        quantize_model(model, plan, source=source, tokenizer=tokenizer, table_dir=table_dir)
     except QuantKernelError as exc:
         if setting != "auto":
             raise ModelLoadError(f"{exc}. MINISERVE_QUANT must be one of {', '.join(QUANT_CHOICES)}; "
@@ -176,7 +178,7 @@ def load_model(settings: Settings) -> LoadedModel:
                   model_type=getattr(model.config, "model_type", None))
     model.to(device).eval()
     torch.set_grad_enabled(False)
-    quant = apply_quant(model, settings.quant, device, source, tokenizer)
+    quant = apply_quant(model, settings.quant, device, source, tokenizer, Path(settings.cache_dir) / "tables")
     load_s = time.perf_counter() - started
     log_event(logger, "model_loaded", model=name, device=str(device), dtype=str(dtype).replace("torch.", ""),
               quant=quant, latency_ms=int(load_s * 1000))

@@ -11,13 +11,16 @@ the packed kernel, in one call (one call over all rows measured faster than slic
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from engine.quant import kernels, q8
 from engine.quant.kernels import KERNEL_DTYPE
+from engine.quant.mapped import map_tensors
 from engine.quant.rounding import refine_int4
 
 QUANT_MODES = ("none", "int8", "int4", "int4-hqq", "int4-awq", "q8")
@@ -219,6 +222,15 @@ class QuantizedEmbedding:
     @property
     def shape(self) -> torch.Size:
         return torch.Size((self.qweight.shape[0], self.hidden or self.qweight.shape[1]))
+
+    def mapped(self, directory: Path) -> "QuantizedEmbedding":
+        """This table read from a file under ``directory`` through a shared-page mapping
+        (:mod:`engine.quant.mapped`): only the rows a worker looks up become resident.
+        Itself unchanged when the file cannot be written."""
+        views = map_tensors([self.qweight, self.scales], directory)
+        if views is None:
+            return self
+        return dataclasses.replace(self, qweight=views[0], scales=views[1])
 
     def lookup(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.packed5:

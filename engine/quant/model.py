@@ -21,6 +21,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -123,11 +124,14 @@ def quantize_weights(weights: Qwen2Weights, plan: QuantPlan | str, group_size: i
 
 def quantize_model(model: Any, mode: QuantPlan | str, group_size: int | None = None,
                    max_rows: int = DEFAULT_MAX_ROWS, free_full: bool = True,
-                   source: str | None = None, tokenizer: Any = None) -> QuantSummary:
+                   source: str | None = None, tokenizer: Any = None,
+                   table_dir: Path | None = None) -> QuantSummary:
     """Quantize ``model``'s forward weights and keep them on it for :func:`forward_weights`.
 
     ``free_full`` releases the full-precision matrices afterwards (``official`` reloads them
-    from ``source``, the model folder, on first use). ``none`` removes the quantized weights.
+    from ``source``, the model folder, on first use). ``table_dir``: a quantized embedding
+    is kept in a file there and mapped (:meth:`QuantizedEmbedding.mapped`), so only the rows
+    in use are resident. ``none`` removes the quantized weights.
     Raises ``ValueError`` for an unknown mode and
     :class:`~engine.quant.kernels.QuantKernelError` when this torch lacks the kernel."""
     if mode == "none":
@@ -148,6 +152,8 @@ def quantize_model(model: Any, mode: QuantPlan | str, group_size: int | None = N
     # docs/quantization.md), though the stored values pack the GGUF's Q5_0 tensors in 5 bits.
     quantized, summary = quantize_weights(weights, plan, max_rows=max_rows, keep_reference=not free_full,
                                           importance=importance)
+    if table_dir is not None and isinstance(quantized.embed, QuantizedEmbedding):
+        quantized = dataclasses.replace(quantized, embed=quantized.embed.mapped(table_dir))
     model.__dict__[ATTR] = quantized  # plain attribute: not a submodule, invisible to transformers
     if free_full:
         summary.freed_bytes = free_full_weights(model, source,

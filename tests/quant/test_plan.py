@@ -9,7 +9,8 @@ import torch
 from core.settings import load_settings
 from engine.engine import Engine
 from engine.loader import ModelLoadError, load_model
-from engine.quant import QUANT_CHOICES, QuantKernelError, full_weight_bytes, resolve_quant
+from engine.quant import QUANT_CHOICES, QuantKernelError, forward_weights, full_weight_bytes, resolve_quant
+from engine.quant.mapped import resident_bytes
 from engine.quant import q8
 from engine.quant.kernels import dequantize_int4, dequantize_int8, quantize_int4
 from engine.quant.plan import PLANS, quantize_for
@@ -98,10 +99,13 @@ def test_auto_without_its_kernel_runs_full_precision_and_says_so(quant_model_dir
 
 
 @pytest.mark.parametrize("plan", ["mixed", "q8"])
-def test_every_handwritten_method_runs_under_each_low_bit_plan(quant_model_dir, plan):
+def test_every_handwritten_method_runs_under_each_low_bit_plan(quant_model_dir, plan, tmp_path):
     engine = Engine(load_settings(model=str(quant_model_dir), device="cpu", dtype="bfloat16",
-                                  quant=plan)).load()
+                                  quant=plan, cache_dir=tmp_path)).load()
     assert engine.info()["quant"] == plan and full_weight_bytes(engine.loaded.model) == 0
+    # the quantized embedding is read from a mapped file under the cache dir, not the heap
+    embed = forward_weights(engine.loaded.model).embed
+    assert resident_bytes(embed.qweight) is not None and len(list((tmp_path / "tables").glob("*.bin"))) == 1
     request = lambda method: GenerationRequest(  # noqa: E731
         messages=[{"role": "user", "content": "Write a short poem about the sea."}],
         sampling=SamplingParams(max_new_tokens=10), method=method)
