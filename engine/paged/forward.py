@@ -67,9 +67,11 @@ class PagedQwen2:
         every token with ``all_logits``, or of the packed tokens ``rows`` names: speculative
         verification needs a sequence's last ``1 + drafts`` positions). ``decode_only``: every
         sequence feeds only its newest token (and drafts), no prompt (see engine.quant.q8)."""
-        # a decode-only step of many sequences is compute-bound: q8 may use one-byte activations
+        # a decode-only step of many sequences is compute-bound: q8 may use one-byte activations,
+        # in the head too, as bench.quantization --kernels times a step's linears
+        # (results/quant_kernels_step.csv: 41.1 ms at 8 rows with two bytes, 28.9 with one)
         with q8.batched_decode() if decode_only else nullcontext():
             hidden = self.forward_model.hidden(input_ids, PagedAttentionCache(pool, batch))
-        if rows is not None:
-            return self.forward_model.logits(hidden[rows])
-        return self.forward_model.logits(hidden if all_logits else hidden[batch.last_index])
+            if rows is not None:
+                return self.forward_model.logits(hidden[rows])
+            return self.forward_model.logits(hidden if all_logits else hidden[batch.last_index])
