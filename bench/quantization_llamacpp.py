@@ -84,6 +84,42 @@ def gguf_bytes_per_token(gguf: str) -> int:
     return sum(int(t.n_bytes) for t in GGUFReader(gguf).tensors if t.name != "token_embd.weight")
 
 
+def memory_breakdown(gguf: str) -> dict:
+    """Where llama.cpp's resident memory lies after loading (n_ctx 2048) and a 4-token
+    generation: anonymous (KV, compute buffers, runtime) vs file-backed, and how much of the
+    GGUF's own mapping is resident (llama.cpp maps the file and prefetches it)."""
+    from llama_cpp import Llama
+
+    before = _status()
+    llm = Llama(model_path=gguf, n_ctx=2048, n_threads=2, n_threads_batch=2, n_batch=512, verbose=False)
+    for index, _ in enumerate(llm.generate([9707, 11, 1879], top_k=1, temp=0.0, reset=True)):
+        if index >= 3:
+            break
+    after = _status()
+    mapped = 0
+    with open("/proc/self/smaps") as smaps:
+        current = ""
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and not fields[0].endswith(":"):
+                current = fields[5] if len(fields) > 5 else ""
+            elif fields[0] == "Rss:" and current == str(Path(gguf).resolve()):
+                mapped += int(fields[1])
+    return {"gguf_mb": round(Path(gguf).stat().st_size / 2**20, 1),
+            "gguf_mapping_resident_mb": round(mapped / 1024, 1),
+            **{f"{key}_before_mb": value for key, value in before.items()},
+            **{f"{key}_after_mb": value for key, value in after.items()}}
+
+
+def _status() -> dict:
+    out = {}
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(("VmRSS:", "RssAnon:", "RssFile:")):
+                out[line.split(":")[0].lower()] = round(int(line.split()[1]) / 1024, 1)
+    return out
+
+
 def serve(gguf: str, threads: int) -> None:
     from llama_cpp import Llama
 
@@ -112,10 +148,22 @@ def serve(gguf: str, threads: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--serve", required=True, help="GGUF file")
+    parser.add_argument("--serve", help="GGUF file: serve generations over stdin/stdout")
+    parser.add_argument("--memory", help="GGUF file: print where llama.cpp's resident memory lies")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--output", help="with --memory: also write the reading to this JSON file")
     args = parser.parse_args()
-    serve(args.serve, args.threads)
+    if args.memory:
+        reading = memory_breakdown(args.memory)
+        print(json.dumps(reading), flush=True)
+        if args.output:
+            from bench.quantization_memory import write_reading
+
+            write_reading(args.output, reading, "bench.quantization_llamacpp")
+    elif args.serve:
+        serve(args.serve, args.threads)
+    else:
+        parser.error("one of --serve or --memory is required")
 
 
 if __name__ == "__main__":

@@ -51,10 +51,9 @@ def measure(quant: str, threads: int, model: str) -> dict:
     weights = forward_weights(loaded.model)
     embed_after_gen = _embed_resident_mb(weights)
     corpus = _corpus_ids(loaded.tokenizer)
-    if isinstance(weights.embed, torch.Tensor):
-        weights.embed[torch.tensor(corpus)].sum()
-    else:
-        weights.embed.lookup(torch.tensor(corpus)).sum()
+    for start in range(0, len(corpus), 512):  # looked up as prefill chunks would
+        ids = torch.tensor(corpus[start:start + 512])
+        weights.embed[ids] if isinstance(weights.embed, torch.Tensor) else weights.embed.lookup(ids)
     after_corpus = rss_mb()
     cfg = weights.config
     pool = (settings.kv_num_blocks * settings.kv_block_size * cfg.num_layers * 2 * cfg.kv_size
@@ -107,8 +106,25 @@ def main() -> None:
     parser.add_argument("--quant", required=True, choices=["auto", "none", "q8", "mixed", "int8", "int4"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default="default")
+    parser.add_argument("--output", help="also write the reading, the command and the machine to this JSON file")
     args = parser.parse_args()
-    print(json.dumps(measure(args.quant, args.threads, args.model)), flush=True)
+    reading = measure(args.quant, args.threads, args.model)
+    print(json.dumps(reading), flush=True)
+    if args.output:
+        write_reading(args.output, reading, "bench.quantization_memory")
+
+
+def write_reading(path: str, reading: dict, module: str) -> None:
+    """A results file: the reading with the command that made it, when, and on what machine."""
+    import sys
+    import time
+
+    from bench.machine import machine_summary
+    from core.results import write_json
+
+    write_json(path, {"command": f"python -m {module} " + " ".join(sys.argv[1:]),
+                      "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                      "machine": machine_summary(), "reading": reading})
 
 
 if __name__ == "__main__":
