@@ -12,6 +12,7 @@ import torch
 
 from engine.forward import Qwen2Forward
 from engine.kv_cache import ContiguousKVCache
+from engine.quant import exact_attention
 
 
 def free_running(reference: list[list[int]], other: list[list[int]]) -> dict[str, float]:
@@ -34,7 +35,9 @@ def teacher_forced(forward: Qwen2Forward, prompts: list[list[int]], reference: l
     weights = forward.weights
     with torch.inference_mode():
         for ids, ref in zip(prompts, reference):
-            cache = ContiguousKVCache(forward.config, len(ids) + len(ref) + 1, weights.dtype, weights.device)
+            # the cache a worker's custom_cache builds for these weights (engine.handwritten)
+            cache = ContiguousKVCache(forward.config, len(ids) + len(ref) + 1, weights.dtype, weights.device,
+                                      exact=exact_attention(weights), fused=forward.fused)
             logits = forward(torch.tensor(ids, dtype=torch.long), cache)
             token = torch.empty(1, dtype=torch.long)
             for expected in ref:

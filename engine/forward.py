@@ -23,6 +23,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from engine import fused as fused_ops
 from engine.weights import ForwardConfig, Qwen2Weights
 
 Positions = int | torch.Tensor
@@ -82,10 +83,22 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 class Qwen2Forward:
     """Stateless apart from the rotary table: ``forward(ids, cache)`` -> logits of chosen rows."""
 
-    def __init__(self, weights: Qwen2Weights) -> None:
+    def __init__(self, weights: Qwen2Weights, fused: bool | None = None) -> None:
+        """``fused``: run norms, rotary and silu * up as one C call each (:mod:`engine.fused`);
+        None decides by the weights (low-bit bf16 on CPU: yes; ``none``: no, exact tokens)."""
         self.weights = weights
         self.config = weights.config
         self.rotary = RotaryTable(self.config, weights.dtype, weights.device)
+        if fused is None:
+            from engine.fused import fused_for
+
+            fused = fused_for(weights)
+        self.fused = fused
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            return fused_ops.rms_norm(x, weight, self.config.rms_eps)
+        return rms_norm(x, weight, self.config.rms_eps)
 
     def hidden(self, input_ids: torch.Tensor, cache: AttentionCache) -> torch.Tensor:
         """Residual-stream states ``[n, hidden]`` (before the final norm) for ``input_ids [n]``."""
@@ -96,23 +109,36 @@ class Qwen2Forward:
         x = w.embed_tokens(input_ids)
         k_end = cfg.q_size + cfg.kv_size
         for index, layer in enumerate(w.layers):
-            h = rms_norm(x, layer.input_norm, cfg.rms_eps)
-            qkv = layer.qkv(h)
-            # q and k sit side by side in qkv: rotate both heads-sets in one pass
-            qk = apply_rotary(qkv[:, :k_end].view(n, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim), cos, sin)
-            q, k = qk[:, :cfg.num_heads], qk[:, cfg.num_heads:]
+            qkv = layer.qkv(self._norm(x, layer.input_norm))
+            q, k = self._rotate(qkv, n, cos, sin)
             v = qkv[:, k_end:].view(n, cfg.num_kv_heads, cfg.head_dim)
             x.add_(layer.o(cache.attend(index, q, k, v)))  # residual, in place: x is ours
-            h = rms_norm(x, layer.post_norm, cfg.rms_eps)
-            gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            x.add_(layer.down(F.silu(gate).mul_(up)))
+            gate_up = layer.gate_up(self._norm(x, layer.post_norm))
+            x.add_(layer.down(self._silu_mul(gate_up)))
         cache.commit(n)
         return x
 
+    def _rotate(self, qkv: torch.Tensor, n: int, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q ``[n, heads, d]`` and k ``[n, kv_heads, d]`` of the fused qkv output, rotated. q and
+        k sit side by side in qkv: both heads-sets rotate in one pass (in place when fused)."""
+        cfg = self.config
+        heads, k_end = cfg.num_heads + cfg.num_kv_heads, cfg.q_size + cfg.kv_size
+        if self.fused:
+            fused_ops.rotary_(qkv, heads, cfg.head_dim, cos, sin)
+            qk = qkv[:, :k_end].view(n, heads, cfg.head_dim)
+        else:
+            qk = apply_rotary(qkv[:, :k_end].view(n, heads, cfg.head_dim), cos, sin)
+        return qk[:, :cfg.num_heads], qk[:, cfg.num_heads:]
+
+    def _silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            return fused_ops.silu_mul(gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate).mul_(up)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits for the given rows (after the final norm), as ``generate`` uses them."""
-        h = rms_norm(hidden, self.weights.norm, self.config.rms_eps)
-        return self.weights.lm_head(h).float()
+        return self.weights.lm_head(self._norm(hidden, self.weights.norm)).float()
 
     def __call__(self, input_ids: torch.Tensor, cache: AttentionCache, last_only: bool = True) -> torch.Tensor:
         """Run the new tokens through the model; logits for the last one (or all) ``[m, vocab]``."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.fused import attend_decode
 from engine.weights import ForwardConfig
 
 
@@ -53,14 +54,17 @@ class ContiguousKVCache:
     """Keys/values of one sequence in preallocated contiguous buffers."""
 
     def __init__(self, config: ForwardConfig, capacity: int, dtype: torch.dtype, device: torch.device,
-                 exact: bool = True) -> None:
-        """``exact``: attention rounded as transformers' (see :func:`grouped_attention`)."""
+                 exact: bool = True, fused: bool = False) -> None:
+        """``exact``: attention rounded as transformers' (see :func:`grouped_attention`);
+        ``fused`` (a low-bit bf16 forward on CPU, :mod:`engine.fused`): a one-token step writes
+        its k/v and attends in one C call."""
         shape = (config.num_layers, config.num_kv_heads, max(1, capacity), config.head_dim)
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)
         self.length = 0
         self._start = 0
         self.exact = exact
+        self.fused = fused and not exact
 
     @property
     def capacity(self) -> int:
@@ -81,6 +85,8 @@ class ContiguousKVCache:
         return self._start
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.fused and q.shape[0] == 1:
+            return attend_decode(q, k, v, self.k[layer], self.v[layer], self._start)
         end = self._start + q.shape[0]
         self.k[layer, :, self._start:end].copy_(k.transpose(0, 1))
         self.v[layer, :, self._start:end].copy_(v.transpose(0, 1))

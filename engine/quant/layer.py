@@ -53,6 +53,8 @@ class QuantizedLinear:
     kernel_bias: torch.Tensor | None = None  # q8: the bias in float32, as the kernel adds it
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and x.shape[0] and x.shape[1] == self.in_features and self.mode in q8.MODES:  # no reshapes
+            return q8.linear(x, self.qweight, self.params, self.kernel_bias, packed5=self.mode == "q5")
         x2d = x.reshape(-1, self.in_features)
         rows = x2d.shape[0]
         if rows == 0:

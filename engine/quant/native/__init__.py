@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch  # noqa: F401 - loaded first: its libgomp is the one our library binds to
 
-SOURCE = Path(__file__).with_name("q8.c")
+SOURCE = Path(__file__).with_name("q8.c")                # the q8 / q5 linear kernels
+SOURCES = (SOURCE, Path(__file__).with_name("decode.c"))  # + the decode step's small operations
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 
 
@@ -56,8 +57,8 @@ def _compiler() -> str:
 
 
 def build(directory: Path | None = None) -> Path:
-    """The compiled library for this source, flags and CPU (built under a file lock when missing)."""
-    source = SOURCE.read_bytes()
+    """The compiled library for these sources, flags and CPU (built under a file lock when missing)."""
+    source = b"".join(path.read_bytes() for path in SOURCES)
     compiler = _compiler()
     key = hashlib.sha256(source + " ".join((compiler,) + FLAGS).encode() + _cpu_features().encode()).hexdigest()[:16]
     directory = directory or _cache_dir()
@@ -71,10 +72,11 @@ def build(directory: Path | None = None) -> Path:
             return target
         with tempfile.TemporaryDirectory(dir=directory) as tmp:
             out = Path(tmp) / target.name
-            done = subprocess.run([compiler, *FLAGS, "-o", str(out), str(SOURCE), "-lm"],
+            done = subprocess.run([compiler, *FLAGS, "-o", str(out), *map(str, SOURCES), "-lm"],
                                   capture_output=True, text=True)
             if done.returncode != 0:
-                raise NativeBuildError(f"compiling {SOURCE.name} failed: {done.stderr.strip()[-800:]}")
+                names = ", ".join(path.name for path in SOURCES)
+                raise NativeBuildError(f"compiling {names} failed: {done.stderr.strip()[-800:]}")
             os.replace(out, target)
     return target
 
@@ -99,7 +101,22 @@ def library() -> ctypes.CDLL:
     lib.ms_q5_rows.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
     lib.ms_q8_vnni.restype = ctypes.c_int
+    _declare_decode(lib)
     return lib
+
+
+def _declare_decode(lib: ctypes.CDLL) -> None:
+    """Signatures of decode.c's functions (engine.fused calls them)."""
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    signatures = {
+        "ms_rms_norm_bf16": [ptr, ptr, ptr, i64, i64, ctypes.c_float],
+        "ms_rotary_bf16": [ptr, i64, i64, i64, i64, ptr, ptr],
+        "ms_silu_mul_bf16": [ptr, ptr, i64, i64],
+        "ms_attend_decode_bf16": [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, ctypes.c_float, ptr],
+    }
+    for name, args in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = ctypes.c_int, args
 
 
 def has_vnni() -> bool:

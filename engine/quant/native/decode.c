@@ -1,0 +1,199 @@
+/* The small operations between the linears of a low-bit decode step, one C call each.
+ *
+ * Why: in a one-token step of the default (q8) setting the linears read the weights in ~18 ms
+ * and everything between them took ~4 ms more, mostly the fixed cost of torch calls (a
+ * dozen per layer, 24 layers): RMSNorm alone is 7 of them. Each function here does one such
+ * piece in one call on bf16 tensors, computed as transformers computes it in bf16 (float32
+ * inside, rounded to bf16 where torch rounds), except that sums and exponentials may round
+ * in a different order: only low-bit settings use them, which promise no token equality
+ * with `official` (engine/fused.py).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+static inline float bf(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t to_bf(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);   /* NaN stays NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);                                            /* nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+static inline float round_bf(float f) { return bf(to_bf(f)); }
+
+#ifdef __AVX512F__
+static inline __m512 load_bf16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* exp(x) for 16 floats: x = n ln2 + r, |r| <= ln2/2, a degree-6 polynomial for exp(r) (within
+ * ~2 float ulps), times 2^n; inputs below -87 give 0 (softmax and silu only need that range). */
+static inline __m512 exp16(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(-87.0f), hi = _mm512_set1_ps(88.0f);
+    x = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+#endif
+
+/* RMSNorm of `rows` rows of `dim` as transformers' Qwen2RMSNorm in bf16: h = x * rsqrt(mean(x^2)
+ * + eps) in float32, rounded to bf16, times the bf16 weight (rounded). */
+int ms_rms_norm_bf16(const uint16_t *x, const uint16_t *weight, uint16_t *out, int64_t rows, int64_t dim, float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *xr = x + r * dim;
+        uint16_t *o = out + r * dim;
+        float partial[16] = {0};
+        int64_t i = 0;
+        for (; i + 16 <= dim; i += 16)
+            for (int j = 0; j < 16; j++) partial[j] += bf(xr[i + j]) * bf(xr[i + j]);
+        float sum = 0.0f;
+        for (int j = 0; j < 16; j++) sum += partial[j];
+        for (; i < dim; i++) sum += bf(xr[i]) * bf(xr[i]);
+        float scale = 1.0f / sqrtf(sum / (float)dim + eps);
+        for (i = 0; i < dim; i++) o[i] = to_bf(bf(weight[i]) * round_bf(bf(xr[i]) * scale));
+    }
+    return 0;
+}
+
+/* Rotary embedding in place on the first `heads` heads of `dim` of each row (rows `stride`
+ * elements apart), as transformers' apply_rotary_pos_emb in bf16: x * cos + rotate_half(x) *
+ * sin, each product and the sum rounded to bf16. cos, sin: [rows, dim] bf16. */
+int ms_rotary_bf16(uint16_t *x, int64_t rows, int64_t stride, int64_t heads, int64_t dim,
+                   const uint16_t *cos, const uint16_t *sin) {
+    int64_t half = dim / 2;
+    if (dim > 1024 || dim % 2) return 1;
+    float v[1024];
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *c = cos + r * dim, *s = sin + r * dim;
+        for (int64_t h = 0; h < heads; h++) {
+            uint16_t *p = x + r * stride + h * dim;
+            for (int64_t i = 0; i < dim; i++) v[i] = bf(p[i]);
+            for (int64_t i = 0; i < dim; i++) {
+                float rotated = i < half ? -v[i + half] : v[i - half];
+                p[i] = to_bf(round_bf(v[i] * bf(c[i])) + round_bf(rotated * bf(s[i])));
+            }
+        }
+    }
+    return 0;
+}
+
+/* silu(gate) * up for rows of [gate | up] (2 * inter each): silu rounded to bf16, then the
+ * product rounded, as F.silu(gate).mul_(up) in bf16. out: [rows, inter]. */
+int ms_silu_mul_bf16(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t inter) {
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *g = gate_up + r * 2 * inter, *u = g + inter;
+        uint16_t *o = out + r * inter;
+        int64_t i = 0;
+#ifdef __AVX512F__
+        for (; i + 16 <= inter; i += 16) {
+            __m512 x = load_bf16(g + i);
+            __m512 silu = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+            float sv[16], uv[16];
+            _mm512_storeu_ps(sv, silu);
+            _mm512_storeu_ps(uv, load_bf16(u + i));
+            for (int j = 0; j < 16; j++) o[i + j] = to_bf(round_bf(sv[j]) * uv[j]);
+        }
+#endif
+        for (; i < inter; i++) {
+            float x = bf(g[i]);
+            o[i] = to_bf(round_bf(x / (1.0f + expf(-x))) * bf(u[i]));
+        }
+    }
+    return 0;
+}
+
+static void softmax(float *s, int64_t n) {
+    float top = -INFINITY, total = 0.0f;
+    for (int64_t j = 0; j < n; j++) top = s[j] > top ? s[j] : top;
+    int64_t j = 0;
+#ifdef __AVX512F__
+    __m512 sum = _mm512_setzero_ps();
+    for (; j + 16 <= n; j += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(top)));
+        _mm512_storeu_ps(s + j, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    total = _mm512_reduce_add_ps(sum);
+#endif
+    for (; j < n; j++) {
+        s[j] = expf(s[j] - top);
+        total += s[j];
+    }
+    for (j = 0; j < n; j++) s[j] /= total;
+}
+
+static float dot_bf16(const uint16_t *a, const uint16_t *b, int64_t dim) {
+    int64_t i = 0;
+    float total = 0.0f;
+#ifdef __AVX512F__
+    __m512 acc = _mm512_setzero_ps();
+    for (; i + 16 <= dim; i += 16) acc = _mm512_fmadd_ps(load_bf16(a + i), load_bf16(b + i), acc);
+    total = _mm512_reduce_add_ps(acc);
+#endif
+    for (; i < dim; i++) total += bf(a[i]) * bf(b[i]);
+    return total;
+}
+
+static void add_scaled_bf16(float *acc, float p, const uint16_t *v, int64_t dim) {
+    int64_t i = 0;
+#ifdef __AVX512F__
+    for (; i + 16 <= dim; i += 16)
+        _mm512_storeu_ps(acc + i, _mm512_fmadd_ps(_mm512_set1_ps(p), load_bf16(v + i), _mm512_loadu_ps(acc + i)));
+#endif
+    for (; i < dim; i++) acc[i] += p * bf(v[i]);
+}
+
+/* One new token of one sequence in a contiguous cache: write its k, v ([kv_heads, dim]) at
+ * position `pos` of keys/values ([kv_heads, capacity, dim]), then attend its q ([heads, dim],
+ * each group of heads / kv_heads query heads sharing a kv head) over positions 0..pos.
+ * float32 inside (scores, softmax, weighted sum), out [heads, dim] rounded to bf16.
+ * Returns 1 when a buffer cannot be allocated. */
+int ms_attend_decode_bf16(const uint16_t *q, const uint16_t *k_new, const uint16_t *v_new,
+                          uint16_t *keys, uint16_t *values, int64_t capacity, int64_t pos,
+                          int64_t heads, int64_t kv_heads, int64_t dim, float scale, uint16_t *out) {
+    int64_t group = heads / kv_heads, length = pos + 1;
+    for (int64_t h = 0; h < kv_heads; h++) {
+        memcpy(keys + (h * capacity + pos) * dim, k_new + h * dim, (size_t)dim * 2);
+        memcpy(values + (h * capacity + pos) * dim, v_new + h * dim, (size_t)dim * 2);
+    }
+    float *scores = malloc(sizeof(float) * (size_t)(group * length + group * dim));
+    if (!scores) return 1;
+    float *acc = scores + group * length;
+    for (int64_t h = 0; h < kv_heads; h++) {
+        const uint16_t *k = keys + h * capacity * dim, *v = values + h * capacity * dim;
+        for (int64_t j = 0; j < length; j++)
+            for (int64_t g = 0; g < group; g++)
+                scores[g * length + j] = dot_bf16(q + (h * group + g) * dim, k + j * dim, dim) * scale;
+        for (int64_t g = 0; g < group; g++) softmax(scores + g * length, length);
+        memset(acc, 0, sizeof(float) * (size_t)(group * dim));
+        for (int64_t j = 0; j < length; j++)
+            for (int64_t g = 0; g < group; g++) add_scaled_bf16(acc + g * dim, scores[g * length + j], v + j * dim, dim);
+        for (int64_t g = 0; g < group; g++)
+            for (int64_t i = 0; i < dim; i++) out[(h * group + g) * dim + i] = to_bf(acc[g * dim + i]);
+    }
+    free(scores);
+    return 0;
+}

@@ -1,0 +1,87 @@
+"""The low-bit forward's fused C operations (engine/fused.py, engine/quant/native/decode.c)
+against the torch operations they replace."""
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import fused
+from engine.forward import apply_rotary, rms_norm
+from engine.kv_cache import grouped_attention
+from engine.quant import native
+
+BF16 = torch.bfloat16
+
+
+def _randn(*shape: int, seed: int = 0, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).to(BF16)
+
+
+def _ulps_apart(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Largest distance in bf16 steps between equal-shaped bf16 tensors."""
+    return int((a.view(torch.int16).int() - b.view(torch.int16).int()).abs().max())
+
+
+@pytest.mark.parametrize("rows,dim", [(1, 896), (5, 896), (3, 72)])
+def test_rms_norm_matches_torch_within_a_rounding_step(rows, dim):
+    x, weight = _randn(rows, dim, scale=3.0), _randn(dim, seed=1)
+    got, want = fused.rms_norm(x, weight, 1e-6), rms_norm(x, weight, 1e-6)
+    assert got.dtype == BF16 and got.shape == want.shape
+    assert _ulps_apart(got, want) <= 1            # the float32 sum may round in another order
+    assert (got == want).float().mean() > 0.99
+
+
+def test_rotary_in_place_is_bit_identical_to_torch():
+    """Elementwise in bf16 with the same roundings: exactly transformers' numbers."""
+    n, heads, kv_heads, dim = 3, 14, 2, 64
+    qkv = _randn(n, (heads + 2 * kv_heads) * dim, scale=2.0)
+    cos, sin = _randn(n, 1, dim, seed=1), _randn(n, 1, dim, seed=2)
+    k_end = (heads + kv_heads) * dim
+    want = apply_rotary(qkv[:, :k_end].view(n, heads + kv_heads, dim), cos, sin)
+    v_before = qkv[:, k_end:].clone()
+    fused.rotary_(qkv, heads + kv_heads, dim, cos, sin)
+    assert torch.equal(qkv[:, :k_end].view(n, heads + kv_heads, dim), want)
+    assert torch.equal(qkv[:, k_end:], v_before)  # v untouched
+
+
+def test_silu_mul_matches_torch():
+    gate_up = _randn(4, 2 * 4864, scale=4.0)
+    gate, up = gate_up.chunk(2, dim=-1)
+    want = F.silu(gate).mul(up)
+    got = fused.silu_mul(gate_up)
+    assert _ulps_apart(got, want) <= 1            # our exp is within ~2 float ulps of torch's
+    assert (got == want).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("position", [0, 5, 130])
+def test_attend_decode_writes_the_cache_and_matches_float32_attention(position):
+    heads, kv_heads, dim, capacity = 14, 2, 64, 200
+    keys, values = _randn(kv_heads, capacity, dim, seed=1), _randn(kv_heads, capacity, dim, seed=2)
+    q, k, v = _randn(1, heads, dim, seed=3), _randn(1, kv_heads, dim, seed=4), _randn(1, kv_heads, dim, seed=5)
+    got = fused.attend_decode(q, k, v, keys, values, position)
+    assert torch.equal(keys[:, position], k[0]) and torch.equal(values[:, position], v[0])
+    end = position + 1
+    want = grouped_attention(q.float(), keys[:, :end].float(), values[:, :end].float(), position)
+    torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)   # bf16 output rounding
+    assert got.shape == (1, heads * dim) and got.dtype == BF16
+
+
+def test_portable_build_of_the_fused_ops_matches_the_avx512_one(tmp_path, monkeypatch):
+    """A CPU without AVX-512 gets the scalar loops: the same numbers up to exp's last bits."""
+    monkeypatch.setattr(native, "FLAGS", tuple(f for f in native.FLAGS if f != "-march=native") + ("-march=x86-64",))
+    portable = ctypes.CDLL(str(native.build(tmp_path)))
+    native._declare_decode(portable)
+    monkeypatch.setattr(fused, "_library", lambda: portable)
+    x, weight = _randn(2, 896, scale=3.0), _randn(896, seed=1)
+    assert _ulps_apart(fused.rms_norm(x, weight, 1e-6), rms_norm(x, weight, 1e-6)) <= 1
+    gate_up = _randn(2, 2 * 320, scale=4.0)
+    gate, up = gate_up.chunk(2, dim=-1)
+    assert _ulps_apart(fused.silu_mul(gate_up), F.silu(gate).mul(up)) <= 1
+    keys, values = _randn(2, 50, 64, seed=1), _randn(2, 50, 64, seed=2)
+    q, k, v = _randn(1, 14, 64, seed=3), _randn(1, 2, 64, seed=4), _randn(1, 2, 64, seed=5)
+    got = fused.attend_decode(q, k, v, keys, values, 20)      # writes position 20 first
+    want = grouped_attention(q.float(), keys[:, :21].float(), values[:, :21].float(), 20)
+    torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)
