@@ -26,6 +26,7 @@ import torch  # noqa: F401 - loaded first: its libgomp is the one our library bi
 
 SOURCE = Path(__file__).with_name("q8.c")                # the q8 / q5 linear kernels
 SOURCES = (SOURCE, Path(__file__).with_name("decode.c"))  # + the decode step's small operations
+HEADERS = (Path(__file__).with_name("bf16.h"),)            # included by both: part of the build key
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 
 
@@ -58,7 +59,7 @@ def _compiler() -> str:
 
 def build(directory: Path | None = None) -> Path:
     """The compiled library for these sources, flags and CPU (built under a file lock when missing)."""
-    source = b"".join(path.read_bytes() for path in SOURCES)
+    source = b"".join(path.read_bytes() for path in SOURCES + HEADERS)
     compiler = _compiler()
     key = hashlib.sha256(source + " ".join((compiler,) + FLAGS).encode() + _cpu_features().encode()).hexdigest()[:16]
     directory = directory or _cache_dir()

@@ -13,26 +13,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
+
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
 
-static inline float bf(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t to_bf(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);   /* NaN stays NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);                                            /* nearest even */
-    return (uint16_t)(u >> 16);
-}
-
-static inline float round_bf(float f) { return bf(to_bf(f)); }
+static inline float round_bf(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
 #ifdef __AVX512F__
 static inline __m512 load_bf16(const uint16_t *p) {
@@ -68,12 +55,12 @@ int ms_rms_norm_bf16(const uint16_t *x, const uint16_t *weight, uint16_t *out, i
         float partial[16] = {0};
         int64_t i = 0;
         for (; i + 16 <= dim; i += 16)
-            for (int j = 0; j < 16; j++) partial[j] += bf(xr[i + j]) * bf(xr[i + j]);
+            for (int j = 0; j < 16; j++) partial[j] += bf16_to_f32(xr[i + j]) * bf16_to_f32(xr[i + j]);
         float sum = 0.0f;
         for (int j = 0; j < 16; j++) sum += partial[j];
-        for (; i < dim; i++) sum += bf(xr[i]) * bf(xr[i]);
+        for (; i < dim; i++) sum += bf16_to_f32(xr[i]) * bf16_to_f32(xr[i]);
         float scale = 1.0f / sqrtf(sum / (float)dim + eps);
-        for (i = 0; i < dim; i++) o[i] = to_bf(bf(weight[i]) * round_bf(bf(xr[i]) * scale));
+        for (i = 0; i < dim; i++) o[i] = f32_to_bf16(bf16_to_f32(weight[i]) * round_bf(bf16_to_f32(xr[i]) * scale));
     }
     return 0;
 }
@@ -90,10 +77,10 @@ int ms_rotary_bf16(uint16_t *x, int64_t rows, int64_t stride, int64_t heads, int
         const uint16_t *c = cos + r * dim, *s = sin + r * dim;
         for (int64_t h = 0; h < heads; h++) {
             uint16_t *p = x + r * stride + h * dim;
-            for (int64_t i = 0; i < dim; i++) v[i] = bf(p[i]);
+            for (int64_t i = 0; i < dim; i++) v[i] = bf16_to_f32(p[i]);
             for (int64_t i = 0; i < dim; i++) {
                 float rotated = i < half ? -v[i + half] : v[i - half];
-                p[i] = to_bf(round_bf(v[i] * bf(c[i])) + round_bf(rotated * bf(s[i])));
+                p[i] = f32_to_bf16(round_bf(v[i] * bf16_to_f32(c[i])) + round_bf(rotated * bf16_to_f32(s[i])));
             }
         }
     }
@@ -114,18 +101,21 @@ int ms_silu_mul_bf16(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64
             float sv[16], uv[16];
             _mm512_storeu_ps(sv, silu);
             _mm512_storeu_ps(uv, load_bf16(u + i));
-            for (int j = 0; j < 16; j++) o[i + j] = to_bf(round_bf(sv[j]) * uv[j]);
+            for (int j = 0; j < 16; j++) o[i + j] = f32_to_bf16(round_bf(sv[j]) * uv[j]);
         }
 #endif
         for (; i < inter; i++) {
-            float x = bf(g[i]);
-            o[i] = to_bf(round_bf(x / (1.0f + expf(-x))) * bf(u[i]));
+            float x = bf16_to_f32(g[i]);
+            o[i] = f32_to_bf16(round_bf(x / (1.0f + expf(-x))) * bf16_to_f32(u[i]));
         }
     }
     return 0;
 }
 
-static void softmax(float *s, int64_t n) {
+/* exp(s - max) of the scores, each rounded to bf16 as the weights of the value sum (SDPA's
+ * CPU kernel in bf16 multiplies bf16 probabilities with V); returns their float32 sum (before
+ * rounding), which the weighted sum is divided by at the end, as that kernel does. */
+static float exp_scores(float *s, int64_t n) {
     float top = -INFINITY, total = 0.0f;
     for (int64_t j = 0; j < n; j++) top = s[j] > top ? s[j] : top;
     int64_t j = 0;
@@ -142,7 +132,8 @@ static void softmax(float *s, int64_t n) {
         s[j] = expf(s[j] - top);
         total += s[j];
     }
-    for (j = 0; j < n; j++) s[j] /= total;
+    for (j = 0; j < n; j++) s[j] = round_bf(s[j]);
+    return total;
 }
 
 static float dot_bf16(const uint16_t *a, const uint16_t *b, int64_t dim) {
@@ -153,7 +144,7 @@ static float dot_bf16(const uint16_t *a, const uint16_t *b, int64_t dim) {
     for (; i + 16 <= dim; i += 16) acc = _mm512_fmadd_ps(load_bf16(a + i), load_bf16(b + i), acc);
     total = _mm512_reduce_add_ps(acc);
 #endif
-    for (; i < dim; i++) total += bf(a[i]) * bf(b[i]);
+    for (; i < dim; i++) total += bf16_to_f32(a[i]) * bf16_to_f32(b[i]);
     return total;
 }
 
@@ -163,18 +154,22 @@ static void add_scaled_bf16(float *acc, float p, const uint16_t *v, int64_t dim)
     for (; i + 16 <= dim; i += 16)
         _mm512_storeu_ps(acc + i, _mm512_fmadd_ps(_mm512_set1_ps(p), load_bf16(v + i), _mm512_loadu_ps(acc + i)));
 #endif
-    for (; i < dim; i++) acc[i] += p * bf(v[i]);
+    for (; i < dim; i++) acc[i] += p * bf16_to_f32(v[i]);
 }
 
 /* One new token of one sequence in a contiguous cache: write its k, v ([kv_heads, dim]) at
  * position `pos` of keys/values ([kv_heads, capacity, dim]), then attend its q ([heads, dim],
  * each group of heads / kv_heads query heads sharing a kv head) over positions 0..pos.
- * float32 inside (scores, softmax, weighted sum), out [heads, dim] rounded to bf16.
- * Returns 1 when a buffer cannot be allocated. */
+ * Scores and sums in float32, the probabilities rounded to bf16 before they weight V (as SDPA's
+ * CPU kernel does in bf16: with float32 probabilities q8's free-running agreement with bf16
+ * fell to 0.869, results/quantization_q8_f32_attention_probs.json), out [heads, dim] rounded
+ * to bf16.
+ * Returns 1 when a buffer cannot be allocated, 2 for more than 64 query heads per kv head. */
 int ms_attend_decode_bf16(const uint16_t *q, const uint16_t *k_new, const uint16_t *v_new,
                           uint16_t *keys, uint16_t *values, int64_t capacity, int64_t pos,
                           int64_t heads, int64_t kv_heads, int64_t dim, float scale, uint16_t *out) {
     int64_t group = heads / kv_heads, length = pos + 1;
+    if (group > 64) return 2;
     for (int64_t h = 0; h < kv_heads; h++) {
         memcpy(keys + (h * capacity + pos) * dim, k_new + h * dim, (size_t)dim * 2);
         memcpy(values + (h * capacity + pos) * dim, v_new + h * dim, (size_t)dim * 2);
@@ -187,12 +182,13 @@ int ms_attend_decode_bf16(const uint16_t *q, const uint16_t *k_new, const uint16
         for (int64_t j = 0; j < length; j++)
             for (int64_t g = 0; g < group; g++)
                 scores[g * length + j] = dot_bf16(q + (h * group + g) * dim, k + j * dim, dim) * scale;
-        for (int64_t g = 0; g < group; g++) softmax(scores + g * length, length);
+        float totals[64];
+        for (int64_t g = 0; g < group; g++) totals[g] = exp_scores(scores + g * length, length);
         memset(acc, 0, sizeof(float) * (size_t)(group * dim));
         for (int64_t j = 0; j < length; j++)
             for (int64_t g = 0; g < group; g++) add_scaled_bf16(acc + g * dim, scores[g * length + j], v + j * dim, dim);
         for (int64_t g = 0; g < group; g++)
-            for (int64_t i = 0; i < dim; i++) out[(h * group + g) * dim + i] = to_bf(acc[g * dim + i]);
+            for (int64_t i = 0; i < dim; i++) out[(h * group + g) * dim + i] = f32_to_bf16(acc[g * dim + i] / totals[g]);
     }
     free(scores);
     return 0;
