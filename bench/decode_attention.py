@@ -1,18 +1,22 @@
-"""One-token decode attention, transformers' call against the folded one: ``python -m bench.decode_attention``.
+"""One-token decode attention: transformers' call, the folded one, and our fused C call: ``python -m bench.decode_attention``.
 
 A contiguous cache (``custom_cache``, ``prefix_cache``) rounds attention as transformers does
 (SDPA with ``enable_gqa``) when the weights are full precision, so ``none`` keeps ``official``'s
-greedy tokens; with low-bit weights it folds each kv head's query group into the query axis
-(``engine.kv_cache.grouped_attention(exact=False)``), as the paged decode does. This measures
-both calls per layer at several context lengths (the model's shapes: 14 query heads, 2 kv heads,
-64 dims, bf16; median of 200), and batch-1 decode through the engine loop under ``q8`` with a
-long prompt, the cache's attention forced either way (interleaved rounds, medians). Writes
+greedy tokens; with low-bit weights a one-token step runs :func:`engine.fused.attend_decode`
+(one C call that writes the token's k/v and attends, rounding as SDPA's CPU kernel does), and
+before that folded each kv head's query group into the query axis
+(``engine.kv_cache.grouped_attention(exact=False)``). This measures the three calls per layer
+at several context lengths (the model's shapes: 14 query heads, 2 kv heads, 64 dims, bf16;
+median of 200), and batch-1 decode through the engine loop under ``q8`` with a long prompt in
+three modes: ``exact`` (transformers' call, torch's small ops), ``folded`` (torch's ops) and
+``fused`` (engine.fused: every small op in C), interleaved rounds, medians. Writes
 ``results/decode_attention.{json,csv,png}``.
 """
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -23,6 +27,7 @@ import torch
 from bench.stats import cpu_model, finish_plot, machine_info, read_bandwidth_gbs, write_csv, write_json
 from core.settings import load_settings
 from engine.engine import Engine
+from engine.fused import attend_decode
 from engine.kv_cache import grouped_attention
 from engine.types import GenerationRequest, SamplingParams
 
@@ -48,15 +53,25 @@ def layer_rows(contexts: list[int]) -> list[dict[str, Any]]:
         keys, values = torch.randn(2, context, 64).bfloat16(), torch.randn(2, context, 64).bfloat16()
         exact = per_call_us(lambda: grouped_attention(q, keys, values, context - 1))
         folded = per_call_us(lambda: grouped_attention(q, keys, values, context - 1, exact=False))
+        k_new, v_new = keys[None, :, -1], values[None, :, -1]
+        fused = per_call_us(lambda: attend_decode(q, k_new, v_new, keys, values, context - 1))
         rows.append({"context": context, "exact_us": round(exact, 1), "folded_us": round(folded, 1),
-                     "x": round(exact / folded, 2)})
-        print(f"context {context}: exact {exact:.0f} us, folded {folded:.0f} us per layer", flush=True)
+                     "fused_us": round(fused, 1), "x": round(exact / folded, 2), "x_fused": round(exact / fused, 2)})
+        print(f"context {context}: exact {exact:.0f} us, folded {folded:.0f} us, fused (C, with the k/v write) "
+              f"{fused:.0f} us per layer", flush=True)
     return rows
 
 
-def decode_rate(engine: Engine, tokens: int, exact: bool) -> tuple[float, int]:
+MODES = {"exact": (True, False), "folded": (False, False), "fused": (False, True)}  # (exact, fused)
+
+
+def decode_rate(engine: Engine, tokens: int, mode: str) -> tuple[float, int]:
+    """``exact``: transformers' attention call and torch's small ops; ``folded``: the folded
+    SDPA call, torch's ops; ``fused``: every small op and the attention in C (engine.fused)."""
+    exact, fused = MODES[mode]
     request = GenerationRequest(messages=[{"role": "user", "content": NOTE + "\nSummarize the note."}],
                                 method="custom_cache", sampling=SamplingParams(max_new_tokens=tokens))
+    engine._state["forward"].fused = fused  # noqa: SLF001 - the loop is idle between generations
     with mock.patch("engine.handwritten.exact_attention", lambda weights: exact):
         result = engine.generate(request)
     return result.timings.decode_tokens_per_s, result.usage.prompt_tokens
@@ -72,24 +87,24 @@ def main(argv: list[str] | None = None) -> int:
     bandwidth = read_bandwidth_gbs()
     layers = layer_rows([int(c) for c in args.contexts.split(",")])
     engine = Engine(load_settings(quant="q8")).load()
-    decode_rate(engine, 8, exact=False)                                  # warm up
-    rates: dict[bool, list[float]] = {True: [], False: []}
+    decode_rate(engine, 8, "fused")                                      # warm up: builds the forward
+    rates: dict[str, list[float]] = {mode: [] for mode in MODES}
     prompt_tokens = 0
     for round_ in range(args.rounds):
-        for exact in ((True, False) if round_ % 2 == 0 else (False, True)):
-            rate, prompt_tokens = decode_rate(engine, args.tokens, exact)
-            rates[exact].append(rate)
-            print(f"round {round_} {'exact' if exact else 'folded'}: {rate:.1f} tok/s", flush=True)
+        for mode in (list(MODES) if round_ % 2 == 0 else list(reversed(MODES))):
+            rate, prompt_tokens = decode_rate(engine, args.tokens, mode)
+            rates[mode].append(rate)
+            print(f"round {round_} {mode}: {rate:.1f} tok/s", flush=True)
     engine.close()
-    exact_rate, folded_rate = statistics.median(rates[True]), statistics.median(rates[False])
+    medians = {mode: statistics.median(values) for mode, values in rates.items()}
     decode = {"quant": "q8", "prompt_tokens": prompt_tokens, "new_tokens": args.tokens,
-              "exact_tok_s": round(exact_rate, 2), "folded_tok_s": round(folded_rate, 2),
-              "x": round(folded_rate / exact_rate, 3), "rounds": args.rounds}
-    print(f"q8 decode, {prompt_tokens}-token prompt: exact {exact_rate:.1f} tok/s, folded {folded_rate:.1f} "
-          f"tok/s: {folded_rate / exact_rate:.2f}x")
+              **{f"{mode}_tok_s": round(rate, 2) for mode, rate in medians.items()},
+              "x": round(medians["folded"] / medians["exact"], 3),
+              "x_fused": round(medians["fused"] / medians["exact"], 3), "rounds": args.rounds}
+    print(f"q8 decode, {prompt_tokens}-token prompt: " + ", ".join(f"{m} {r:.1f} tok/s" for m, r in medians.items()))
     out = Path(args.out)
     machine = {**machine_info(), "cpu_model": cpu_model(), "read_bandwidth_gbs": bandwidth,
-               "command": "python -m bench.decode_attention " + " ".join(argv or [])}
+               "command": "python -m bench.decode_attention " + " ".join(sys.argv[1:] if argv is None else argv)}
     write_json(out / "decode_attention.json", {"machine": machine, "layers": layers, "decode": decode})
     write_csv(out / "decode_attention.csv", layers)
     plot(layers, out / "decode_attention.png")
@@ -107,6 +122,7 @@ def plot(layers: list[dict[str, Any]], path: Path) -> None:
     contexts = [row["context"] for row in layers]
     ax.plot(contexts, [row["exact_us"] for row in layers], marker="o", label="SDPA enable_gqa (transformers' call)")
     ax.plot(contexts, [row["folded_us"] for row in layers], marker="o", label="query group folded")
+    ax.plot(contexts, [row["fused_us"] for row in layers], marker="o", label="fused C call (k/v write included)")
     ax.set_xlabel("context tokens")
     ax.set_ylabel("us per layer, one decode token")
     finish_plot(fig, ax, path)

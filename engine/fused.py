@@ -85,7 +85,27 @@ def attend_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch
     out = q.new_empty(1, heads * dim)
     status = _library().ms_attend_decode_bf16(q.data_ptr(), k.data_ptr(), v.data_ptr(), keys.data_ptr(),
                                               values.data_ptr(), capacity, position, heads, kv_heads, dim,
-                                              1.0 / math.sqrt(dim), out.data_ptr())
+                                              1.0 / math.sqrt(dim), out.data_ptr(), torch.get_num_threads())
     if status != 0:
         raise MemoryError("attend_decode could not allocate its score buffer")
+    return out
+
+
+def paged_decode(pool: Any, layer: int, block_tables: torch.Tensor, positions: torch.Tensor, q: torch.Tensor,
+                 k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """A decode-only paged step, one layer: each sequence's new token (``q [B, heads, d]``,
+    ``k, v [B, kv_heads, d]``, at ``positions [B]``) is written to its slot of ``pool`` and
+    attends over its blocks (``block_tables [B, max_blocks]``), in C without gathering the
+    blocks. Returns ``[B, heads, d]``."""
+    batch, heads, dim = q.shape
+    geometry = pool.geometry
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    tables, positions = block_tables.contiguous(), positions.contiguous()
+    out = torch.empty_like(q)
+    status = _library().ms_paged_decode_bf16(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), pool.k.data_ptr(), pool.v.data_ptr(), geometry.num_layers, layer,
+        pool.block_size, tables.data_ptr(), tables.shape[1], positions.data_ptr(), batch, heads,
+        geometry.num_kv_heads, dim, 1.0 / math.sqrt(dim), out.data_ptr(), torch.get_num_threads())
+    if status != 0:
+        raise RuntimeError(f"paged decode attention failed with status {status}")
     return out

@@ -16,6 +16,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from engine.fused import paged_decode
 from engine.paged.pool import KVBlockPool
 from engine.speculative.attention import MAX_FOLDED_QUERIES, verify_attention
 
@@ -104,9 +105,13 @@ def build_batch(chunks: Sequence[SeqChunk], block_size: int,
 
 def paged_attention(pool: KVBlockPool, layer: int, batch: PagedBatch, q: torch.Tensor,
                     k_new: torch.Tensor, v_new: torch.Tensor,
-                    scale: float | None = None) -> torch.Tensor:
+                    scale: float | None = None, fused: bool = False) -> torch.Tensor:
     """Store ``k_new``/``v_new`` (``[n_tokens, kv_heads, dim]``) and attend the packed queries
-    ``q`` (``[n_tokens, heads, dim]``) over their sequences. Returns ``[n_tokens, heads, dim]``."""
+    ``q`` (``[n_tokens, heads, dim]``) over their sequences. Returns ``[n_tokens, heads, dim]``.
+    ``fused`` (a low-bit forward, :mod:`engine.fused`): a decode-only step (one new token per
+    sequence) writes and attends in one C call, reading the blocks where they lie."""
+    if fused and scale is None and batch.q_index.shape[1] == 1 and q.dtype == pool.dtype == torch.bfloat16:
+        return paged_decode(pool, layer, batch.block_tables, batch.positions, q, k_new, v_new)
     pool.write_layer(layer, batch.slot_mapping, k_new, v_new, batch.slot_split)
     keys, values = pool.gather_layer(layer, batch.block_tables)    # [B, T, Hkv, D]
     mask = batch.bias(q.dtype)

@@ -22,8 +22,9 @@ from engine.paged.pool import KVBlockPool, KVGeometry
 class PagedAttentionCache:
     """The ``AttentionCache`` of one step: positions and attention come from ``batch``."""
 
-    def __init__(self, pool: KVBlockPool, batch: PagedBatch):
-        self.pool, self.batch = pool, batch
+    def __init__(self, pool: KVBlockPool, batch: PagedBatch, fused: bool = False):
+        """``fused``: decode-only steps attend in C (a low-bit forward, :mod:`engine.fused`)."""
+        self.pool, self.batch, self.fused = pool, batch, fused
 
     def begin(self, num_new: int) -> torch.Tensor:
         if num_new != self.batch.num_tokens:
@@ -31,7 +32,7 @@ class PagedAttentionCache:
         return self.batch.positions
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        out = paged_attention(self.pool, layer, self.batch, q, k, v)
+        out = paged_attention(self.pool, layer, self.batch, q, k, v, fused=self.fused)
         return out.reshape(q.shape[0], -1)
 
     def commit(self, num_new: int) -> None:
@@ -71,7 +72,7 @@ class PagedQwen2:
         # in the head too, as bench.quantization --kernels times a step's linears
         # (results/quant_kernels_step.csv: 41.1 ms at 8 rows with two bytes, 28.9 with one)
         with q8.batched_decode() if decode_only else nullcontext():
-            hidden = self.forward_model.hidden(input_ids, PagedAttentionCache(pool, batch))
+            hidden = self.forward_model.hidden(input_ids, PagedAttentionCache(pool, batch, self.forward_model.fused))
             if rows is not None:
                 return self.forward_model.logits(hidden[rows])
             return self.forward_model.logits(hidden if all_logits else hidden[batch.last_index])

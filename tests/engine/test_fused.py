@@ -85,3 +85,23 @@ def test_portable_build_of_the_fused_ops_matches_the_avx512_one(tmp_path, monkey
     got = fused.attend_decode(q, k, v, keys, values, 20)      # writes position 20 first
     want = grouped_attention(q.float(), keys[:, :21].float(), values[:, :21].float(), 20)
     torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)
+
+
+def test_paged_decode_matches_the_gathering_attention_and_writes_the_same_slots():
+    from engine.paged.attention import SeqChunk, build_batch, paged_attention
+    from engine.paged.pool import KVBlockPool, KVGeometry
+
+    geometry, block_size = KVGeometry(num_layers=3, num_kv_heads=2, head_dim=64), 4
+    pools = [KVBlockPool(12, block_size, geometry, dtype=BF16) for _ in range(2)]
+    for pool in pools:
+        pool.k.copy_(_randn(*pool.k.shape, seed=7))
+        pool.v.copy_(_randn(*pool.v.shape, seed=8))
+    # three sequences decoding one token each, at different lengths, sharing block 2 (a prefix)
+    chunks = [SeqChunk([2, 5, 7], 9, 1), SeqChunk([2, 3], 4, 1), SeqChunk([2, 0, 1, 11], 14, 1)]
+    batch = build_batch(chunks, block_size)
+    q, k, v = _randn(3, 14, 64, seed=1), _randn(3, 2, 64, seed=2), _randn(3, 2, 64, seed=3)
+    want = paged_attention(pools[0], 1, batch, q, k, v)
+    got = paged_attention(pools[1], 1, batch, q, k, v, fused=True)
+    assert torch.equal(pools[0].k, pools[1].k) and torch.equal(pools[0].v, pools[1].v)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    assert got.shape == want.shape == (3, 14, 64)

@@ -136,60 +136,164 @@ static float exp_scores(float *s, int64_t n) {
     return total;
 }
 
-static float dot_bf16(const uint16_t *a, const uint16_t *b, int64_t dim) {
-    int64_t i = 0;
-    float total = 0.0f;
+/* Scaled dot products of `group` float queries (qf [group, dim]) with one bf16 key row:
+ * out[g * stride]. The key row is converted once for the whole group. */
+static void key_scores(const float *qf, const uint16_t *k, int64_t group, int64_t dim, float scale, float *out,
+                       int64_t stride) {
 #ifdef __AVX512F__
-    __m512 acc = _mm512_setzero_ps();
-    for (; i + 16 <= dim; i += 16) acc = _mm512_fmadd_ps(load_bf16(a + i), load_bf16(b + i), acc);
-    total = _mm512_reduce_add_ps(acc);
+    if (dim % 16 == 0 && dim <= 256) {
+        __m512 kv[16];
+        int64_t chunks = dim / 16;
+        for (int64_t c = 0; c < chunks; c++) kv[c] = load_bf16(k + 16 * c);
+        for (int64_t g = 0; g < group; g++) {
+            __m512 acc = _mm512_setzero_ps();
+            for (int64_t c = 0; c < chunks; c++) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qf + g * dim + 16 * c), kv[c], acc);
+            out[g * stride] = _mm512_reduce_add_ps(acc) * scale;
+        }
+        return;
+    }
 #endif
-    for (; i < dim; i++) total += bf16_to_f32(a[i]) * bf16_to_f32(b[i]);
-    return total;
+    for (int64_t g = 0; g < group; g++) {
+        float total = 0.0f;
+        for (int64_t i = 0; i < dim; i++) total += qf[g * dim + i] * bf16_to_f32(k[i]);
+        out[g * stride] = total * scale;
+    }
 }
 
-static void add_scaled_bf16(float *acc, float p, const uint16_t *v, int64_t dim) {
-    int64_t i = 0;
+/* acc[g] += p[g * stride] * v for the group's accumulators (acc [group, dim]); v converted once. */
+static void add_value(float *acc, const float *p, int64_t stride, const uint16_t *v, int64_t group, int64_t dim) {
 #ifdef __AVX512F__
-    for (; i + 16 <= dim; i += 16)
-        _mm512_storeu_ps(acc + i, _mm512_fmadd_ps(_mm512_set1_ps(p), load_bf16(v + i), _mm512_loadu_ps(acc + i)));
+    if (dim % 16 == 0 && dim <= 256) {
+        __m512 vv[16];
+        int64_t chunks = dim / 16;
+        for (int64_t c = 0; c < chunks; c++) vv[c] = load_bf16(v + 16 * c);
+        for (int64_t g = 0; g < group; g++) {
+            __m512 weight = _mm512_set1_ps(p[g * stride]);
+            float *a = acc + g * dim;
+            for (int64_t c = 0; c < chunks; c++)
+                _mm512_storeu_ps(a + 16 * c, _mm512_fmadd_ps(weight, vv[c], _mm512_loadu_ps(a + 16 * c)));
+        }
+        return;
+    }
 #endif
-    for (; i < dim; i++) acc[i] += p * bf16_to_f32(v[i]);
+    for (int64_t g = 0; g < group; g++)
+        for (int64_t i = 0; i < dim; i++) acc[g * dim + i] += p[g * stride] * bf16_to_f32(v[i]);
 }
+
+/* One query group (`group` heads sharing a kv head, q: [group, dim]) over `length` positions
+ * whose key and value rows are krows[j], vrows[j]. Scores and sums in float32, the
+ * probabilities rounded to bf16 before they weight V (as SDPA's CPU kernel does in bf16: with
+ * float32 probabilities q8's free-running agreement with bf16 fell to 0.869,
+ * results/quantization_q8_f32_attention_probs.json); out [group, dim] rounded to bf16. */
+static void attend_group(const uint16_t *q, const uint16_t *const *krows, const uint16_t *const *vrows,
+                         int64_t length, int64_t group, int64_t dim, float scale, float *scores, float *acc,
+                         uint16_t *out) {
+    float totals[64];
+    float *qf = acc;   /* the queries in float, in the accumulators' space until the value pass */
+    for (int64_t i = 0; i < group * dim; i++) qf[i] = bf16_to_f32(q[i]);
+    for (int64_t j = 0; j < length; j++) key_scores(qf, krows[j], group, dim, scale, scores + j, length);
+    for (int64_t g = 0; g < group; g++) totals[g] = exp_scores(scores + g * length, length);
+    memset(acc, 0, sizeof(float) * (size_t)(group * dim));
+    for (int64_t j = 0; j < length; j++) add_value(acc, scores + j, length, vrows[j], group, dim);
+    for (int64_t g = 0; g < group; g++)
+        for (int64_t i = 0; i < dim; i++) out[g * dim + i] = f32_to_bf16(acc[g * dim + i] / totals[g]);
+}
+
+/* Scratch for attend_group over `length` positions: row pointers, scores, accumulators. */
+typedef struct {
+    const uint16_t **krows, **vrows;
+    float *scores, *acc;
+} scratch;
+
+static int scratch_alloc(scratch *s, int64_t length, int64_t group, int64_t dim) {
+    s->krows = malloc(sizeof(uint16_t *) * (size_t)(2 * length));
+    s->scores = malloc(sizeof(float) * (size_t)(group * length + group * dim));
+    if (!s->krows || !s->scores) {
+        free(s->krows);
+        free(s->scores);
+        return 1;
+    }
+    s->vrows = s->krows + length;
+    s->acc = s->scores + group * length;
+    return 0;
+}
+
+static void scratch_free(scratch *s) {
+    free(s->krows);
+    free(s->scores);
+}
+
+/* Contexts from which a one-sequence step splits its kv heads over threads (below, the
+ * fork/join would cost more than the work). */
+#define PARALLEL_LENGTH 256
 
 /* One new token of one sequence in a contiguous cache: write its k, v ([kv_heads, dim]) at
  * position `pos` of keys/values ([kv_heads, capacity, dim]), then attend its q ([heads, dim],
- * each group of heads / kv_heads query heads sharing a kv head) over positions 0..pos.
- * Scores and sums in float32, the probabilities rounded to bf16 before they weight V (as SDPA's
- * CPU kernel does in bf16: with float32 probabilities q8's free-running agreement with bf16
- * fell to 0.869, results/quantization_q8_f32_attention_probs.json), out [heads, dim] rounded
- * to bf16.
- * Returns 1 when a buffer cannot be allocated, 2 for more than 64 query heads per kv head. */
+ * each group of heads / kv_heads query heads sharing a kv head) over positions 0..pos;
+ * out [heads, dim]. Returns 1 when scratch cannot be allocated, 2 for more than 64 query
+ * heads per kv head. */
 int ms_attend_decode_bf16(const uint16_t *q, const uint16_t *k_new, const uint16_t *v_new,
                           uint16_t *keys, uint16_t *values, int64_t capacity, int64_t pos,
-                          int64_t heads, int64_t kv_heads, int64_t dim, float scale, uint16_t *out) {
+                          int64_t heads, int64_t kv_heads, int64_t dim, float scale, uint16_t *out, int threads) {
     int64_t group = heads / kv_heads, length = pos + 1;
     if (group > 64) return 2;
+    int status = 0;
+#pragma omp parallel for num_threads(threads) if (length >= PARALLEL_LENGTH) reduction(| : status)
     for (int64_t h = 0; h < kv_heads; h++) {
-        memcpy(keys + (h * capacity + pos) * dim, k_new + h * dim, (size_t)dim * 2);
-        memcpy(values + (h * capacity + pos) * dim, v_new + h * dim, (size_t)dim * 2);
+        scratch sc;
+        if (scratch_alloc(&sc, length, group, dim)) {
+            status |= 1;
+            continue;
+        }
+        uint16_t *k = keys + h * capacity * dim, *v = values + h * capacity * dim;
+        memcpy(k + pos * dim, k_new + h * dim, (size_t)dim * 2);
+        memcpy(v + pos * dim, v_new + h * dim, (size_t)dim * 2);
+        for (int64_t j = 0; j < length; j++) {
+            sc.krows[j] = k + j * dim;
+            sc.vrows[j] = v + j * dim;
+        }
+        attend_group(q + h * group * dim, sc.krows, sc.vrows, length, group, dim, scale, sc.scores, sc.acc,
+                     out + h * group * dim);
+        scratch_free(&sc);
     }
-    float *scores = malloc(sizeof(float) * (size_t)(group * length + group * dim));
-    if (!scores) return 1;
-    float *acc = scores + group * length;
-    for (int64_t h = 0; h < kv_heads; h++) {
-        const uint16_t *k = keys + h * capacity * dim, *v = values + h * capacity * dim;
-        for (int64_t j = 0; j < length; j++)
-            for (int64_t g = 0; g < group; g++)
-                scores[g * length + j] = dot_bf16(q + (h * group + g) * dim, k + j * dim, dim) * scale;
-        float totals[64];
-        for (int64_t g = 0; g < group; g++) totals[g] = exp_scores(scores + g * length, length);
-        memset(acc, 0, sizeof(float) * (size_t)(group * dim));
-        for (int64_t j = 0; j < length; j++)
-            for (int64_t g = 0; g < group; g++) add_scaled_bf16(acc + g * dim, scores[g * length + j], v + j * dim, dim);
-        for (int64_t g = 0; g < group; g++)
-            for (int64_t i = 0; i < dim; i++) out[(h * group + g) * dim + i] = f32_to_bf16(acc[g * dim + i] / totals[g]);
+    return status;
+}
+
+/* A decode-only step of a paged batch, one layer: sequence b's new token sits at position
+ * positions[b]; its k, v ([batch, kv_heads, dim]) are written to that position's slot (block
+ * tables[b][p / block_size], offset p % block_size) of the pool ([num_blocks, layers,
+ * block_size, kv_heads, dim] for keys and for values), then its q ([batch, heads, dim])
+ * attends over positions 0..p through the block table, as ms_attend_decode_bf16 does.
+ * (sequence, kv head) pairs run in parallel (OpenMP, `threads`) for several sequences or a
+ * long context. out [batch, heads, dim]. */
+int ms_paged_decode_bf16(const uint16_t *q, const uint16_t *k_new, const uint16_t *v_new,
+                         uint16_t *pool_k, uint16_t *pool_v, int64_t layers, int64_t layer, int64_t block_size,
+                         const int64_t *tables, int64_t max_blocks, const int64_t *positions, int64_t batch,
+                         int64_t heads, int64_t kv_heads, int64_t dim, float scale, uint16_t *out, int threads) {
+    int64_t group = heads / kv_heads;
+    if (group > 64) return 2;
+    int status = 0, parallel = batch > 1 || positions[0] + 1 >= PARALLEL_LENGTH;
+#pragma omp parallel for collapse(2) num_threads(threads) if (parallel) schedule(dynamic, 1) reduction(| : status)
+    for (int64_t b = 0; b < batch; b++) {
+        for (int64_t h = 0; h < kv_heads; h++) {
+            int64_t pos = positions[b], length = pos + 1;
+            scratch sc;
+            if (pos / block_size >= max_blocks || scratch_alloc(&sc, length, group, dim)) {
+                status |= 1;
+                continue;
+            }
+            const int64_t *table = tables + b * max_blocks;
+            for (int64_t j = 0; j < length; j++) {
+                int64_t at = ((table[j / block_size] * layers + layer) * block_size + j % block_size) * kv_heads + h;
+                sc.krows[j] = pool_k + at * dim;
+                sc.vrows[j] = pool_v + at * dim;
+            }
+            memcpy((uint16_t *)sc.krows[pos], k_new + (b * kv_heads + h) * dim, (size_t)dim * 2);
+            memcpy((uint16_t *)sc.vrows[pos], v_new + (b * kv_heads + h) * dim, (size_t)dim * 2);
+            attend_group(q + (b * heads + h * group) * dim, sc.krows, sc.vrows, length, group, dim, scale,
+                         sc.scores, sc.acc, out + (b * heads + h * group) * dim);
+            scratch_free(&sc);
+        }
     }
-    free(scores);
-    return 0;
+    return status;
 }
