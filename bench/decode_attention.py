@@ -71,7 +71,9 @@ def decode_rate(engine: Engine, tokens: int, mode: str) -> tuple[float, int]:
     exact, fused = MODES[mode]
     request = GenerationRequest(messages=[{"role": "user", "content": NOTE + "\nSummarize the note."}],
                                 method="custom_cache", sampling=SamplingParams(max_new_tokens=tokens))
-    engine._state["forward"].fused = fused  # noqa: SLF001 - the loop is idle between generations
+    forward = engine._state.get("forward")  # noqa: SLF001 - the loop is idle between generations
+    if forward is not None:                 # (the warm-up call builds it, fused as the worker runs it)
+        forward.fused = fused
     with mock.patch("engine.handwritten.exact_attention", lambda weights: exact):
         result = engine.generate(request)
     return result.timings.decode_tokens_per_s, result.usage.prompt_tokens
