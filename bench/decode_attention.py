@@ -28,6 +28,7 @@ from bench.stats import cpu_model, finish_plot, machine_info, read_bandwidth_gbs
 from core.settings import load_settings
 from engine.engine import Engine
 from engine.fused import attend_decode
+from engine.handwritten import forward_for
 from engine.kv_cache import grouped_attention
 from engine.types import GenerationRequest, SamplingParams
 
@@ -71,9 +72,7 @@ def decode_rate(engine: Engine, tokens: int, mode: str) -> tuple[float, int]:
     exact, fused = MODES[mode]
     request = GenerationRequest(messages=[{"role": "user", "content": NOTE + "\nSummarize the note."}],
                                 method="custom_cache", sampling=SamplingParams(max_new_tokens=tokens))
-    forward = engine._state.get("forward")  # noqa: SLF001 - the loop is idle between generations
-    if forward is not None:                 # (the warm-up call builds it, fused as the worker runs it)
-        forward.fused = fused
+    engine.loop.call(lambda: setattr(forward_for(engine), "fused", fused))  # on the loop thread, its owner
     with mock.patch("engine.handwritten.exact_attention", lambda weights: exact):
         result = engine.generate(request)
     return result.timings.decode_tokens_per_s, result.usage.prompt_tokens

@@ -23,6 +23,7 @@ import torch
 from bench.stats import cpu_model, finish_plot, machine_info, read_bandwidth_gbs, write_json
 from core.settings import load_settings
 from engine.engine import Engine
+from engine.handwritten import forward_for
 from engine.types import GenerationRequest, SamplingParams
 
 PROMPTS = ["Write a Python function that reverses a string.", "用一句话介绍一下长城。",
@@ -38,15 +39,19 @@ def _empty_linear(x2d: torch.Tensor, codes: torch.Tensor, *args: Any, **kwargs: 
     return torch.zeros(x2d.shape[0], codes.shape[0], dtype=x2d.dtype)
 
 
+def _switch(engine: Engine, fused: bool) -> None:
+    """Turn the forward's fused operations on or off, on the engine loop's thread (its owner)."""
+    engine.loop.call(lambda: setattr(forward_for(engine), "fused", fused))
+
+
 def measure(engine: Engine, rounds: int, tokens: int) -> dict[str, Any]:
     engine.generate(_request(PROMPTS[0], 16))                 # warm: builds the forward
-    forward = engine._state["forward"]  # noqa: SLF001 - the loop is idle between generations
     rates: dict[bool, list[float]] = {True: [], False: []}
     outside: dict[bool, list[float]] = {True: [], False: []}
     texts: dict[bool, list[list[int]]] = {True: [], False: []}
     for r in range(rounds):
         for fused in ((True, False) if r % 2 == 0 else (False, True)):
-            forward.fused = fused
+            _switch(engine, fused)
             for prompt in PROMPTS:
                 result = engine.generate(_request(prompt, tokens))
                 rates[fused].append(result.timings.decode_tokens_per_s)
@@ -57,7 +62,7 @@ def measure(engine: Engine, rounds: int, tokens: int) -> dict[str, Any]:
             outside[fused].append(1000.0 / result.timings.decode_tokens_per_s)
         print(f"round {r + 1}/{rounds}: fused {statistics.median(rates[True]):.1f} tok/s, "
               f"torch ops {statistics.median(rates[False]):.1f}", flush=True)
-    forward.fused = True
+    _switch(engine, True)
     on, off = statistics.median(rates[True]), statistics.median(rates[False])
     return {"fused_tok_s": round(on, 2), "torch_ops_tok_s": round(off, 2), "x": round(on / off, 3),
             "outside_linears_ms": {"fused": round(statistics.median(outside[True]), 2),

@@ -26,9 +26,11 @@ def fused_for(weights: Any) -> bool:
 
     if weights.dtype != torch.bfloat16 or weights.device.type != "cpu" or exact_attention(weights):
         return False
+    from engine.quant.native import NativeBuildError
+
     try:
         _library()
-    except Exception as exc:  # noqa: BLE001 - no compiler, odd platform: torch's ops instead
+    except NativeBuildError as exc:  # no compiler, odd platform: torch's ops instead, said loudly
         from core.logs import log_event
 
         log_event(logger, "fused_ops_unavailable", level=logging.WARNING, reason=str(exc))
@@ -91,21 +93,22 @@ def attend_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch
     return out
 
 
-def paged_decode(pool: Any, layer: int, block_tables: torch.Tensor, positions: torch.Tensor, q: torch.Tensor,
-                 k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """A decode-only paged step, one layer: each sequence's new token (``q [B, heads, d]``,
-    ``k, v [B, kv_heads, d]``, at ``positions [B]``) is written to its slot of ``pool`` and
-    attends over its blocks (``block_tables [B, max_blocks]``), in C without gathering the
-    blocks. Returns ``[B, heads, d]``."""
-    batch, heads, dim = q.shape
+def paged_attend(pool: Any, layer: int, block_tables: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
+                 q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, write: bool) -> torch.Tensor:
+    """A paged step's attention in C, reading the blocks where they lie (no gather): packed
+    token ``t`` (``q [n, heads, d]``) of the sequence with block table ``block_tables[rows[t]]``
+    at ``positions[t]`` attends over that sequence's positions ``0..positions[t]``. ``write``:
+    first store each token's ``k, v [n, kv_heads, d]`` in its slot (only for decode-only steps,
+    one token per sequence; otherwise the caller has stored them). Returns ``[n, heads, d]``."""
+    tokens, heads, dim = q.shape
     geometry = pool.geometry
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    tables, positions = block_tables.contiguous(), positions.contiguous()
+    tables, rows, positions = block_tables.contiguous(), rows.contiguous(), positions.contiguous()
     out = torch.empty_like(q)
-    status = _library().ms_paged_decode_bf16(
+    status = _library().ms_paged_attend_bf16(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), pool.k.data_ptr(), pool.v.data_ptr(), geometry.num_layers, layer,
-        pool.block_size, tables.data_ptr(), tables.shape[1], positions.data_ptr(), batch, heads,
-        geometry.num_kv_heads, dim, 1.0 / math.sqrt(dim), out.data_ptr(), torch.get_num_threads())
+        pool.block_size, tables.data_ptr(), tables.shape[1], rows.data_ptr(), positions.data_ptr(), tokens, heads,
+        geometry.num_kv_heads, dim, 1.0 / math.sqrt(dim), out.data_ptr(), torch.get_num_threads(), int(write))
     if status != 0:
-        raise RuntimeError(f"paged decode attention failed with status {status}")
+        raise RuntimeError(f"paged attention failed with status {status}")
     return out

@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from engine.fused import paged_decode
+from engine.fused import paged_attend
 from engine.paged.pool import KVBlockPool
 from engine.speculative.attention import MAX_FOLDED_QUERIES, verify_attention
 
@@ -46,6 +46,7 @@ class PagedBatch:
     q_valid: torch.Tensor        # [batch, max_new] which padded queries are real
     attn_mask: torch.Tensor      # [batch, 1, max_new, max_blocks * block_size] may attend
     last_index: torch.Tensor     # [batch] packed index of each sequence's last new token
+    token_rows: torch.Tensor | None = None  # [n_tokens] the sequence (row of block_tables) of each token
     single: tuple[int, int] | None = None  # (context length, start) when batch_size == 1
     slot_split: tuple[torch.Tensor, torch.Tensor] | None = None  # (block, offset) per slot
     _bias: dict | None = field(default=None, repr=False)  # additive masks per dtype, built on first use, shared by the layers
@@ -98,7 +99,7 @@ def build_batch(chunks: Sequence[SeqChunk], block_size: int,
         block_tables=tables.to(device), slot_mapping=slot_mapping.to(device),
         positions=positions.to(device), q_index=q_index.to(device),
         q_valid=q_valid.to(device), attn_mask=mask[:, None].to(device),
-        last_index=(offsets + counts - 1).to(device),
+        last_index=(offsets + counts - 1).to(device), token_rows=rows.to(device),
         single=(chunks[0].end, chunks[0].start) if len(chunks) == 1 else None,
         slot_split=((slot_mapping // block_size).to(device), (slot_mapping % block_size).to(device)))
 
@@ -108,10 +109,17 @@ def paged_attention(pool: KVBlockPool, layer: int, batch: PagedBatch, q: torch.T
                     scale: float | None = None, fused: bool = False) -> torch.Tensor:
     """Store ``k_new``/``v_new`` (``[n_tokens, kv_heads, dim]``) and attend the packed queries
     ``q`` (``[n_tokens, heads, dim]``) over their sequences. Returns ``[n_tokens, heads, dim]``.
-    ``fused`` (a low-bit forward, :mod:`engine.fused`): a decode-only step (one new token per
-    sequence) writes and attends in one C call, reading the blocks where they lie."""
-    if fused and scale is None and batch.q_index.shape[1] == 1 and q.dtype == pool.dtype == torch.bfloat16:
-        return paged_decode(pool, layer, batch.block_tables, batch.positions, q, k_new, v_new)
+    ``fused`` (a low-bit forward, :mod:`engine.fused`): a step of at most
+    :data:`MAX_FOLDED_QUERIES` tokens per sequence (decodes, verify steps, short chunks)
+    attends in one C call per layer, reading the blocks where they lie; a decode-only step's
+    k/v are written by that call too."""
+    if fused and scale is None and q.dtype == pool.dtype == torch.bfloat16:
+        decode_only = batch.q_index.shape[1] == 1
+        if decode_only or batch.q_index.shape[1] <= MAX_FOLDED_QUERIES:   # decodes, + drafts, short chunks
+            if not decode_only:
+                pool.write_layer(layer, batch.slot_mapping, k_new, v_new, batch.slot_split)
+            return paged_attend(pool, layer, batch.block_tables, batch.token_rows, batch.positions, q, k_new,
+                                v_new, write=decode_only)
     pool.write_layer(layer, batch.slot_mapping, k_new, v_new, batch.slot_split)
     keys, values = pool.gather_layer(layer, batch.block_tables)    # [B, T, Hkv, D]
     mask = batch.bias(q.dtype)

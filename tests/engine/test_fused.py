@@ -105,3 +105,47 @@ def test_paged_decode_matches_the_gathering_attention_and_writes_the_same_slots(
     assert torch.equal(pools[0].k, pools[1].k) and torch.equal(pools[0].v, pools[1].v)
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
     assert got.shape == want.shape == (3, 14, 64)
+
+
+def test_fused_only_for_low_bit_bf16_on_cpu_and_said_when_the_library_is_missing(monkeypatch, caplog):
+    from types import SimpleNamespace
+
+    import engine.quant as quant
+    from engine.quant.native import NativeBuildError
+
+    weights = SimpleNamespace(dtype=BF16, device=torch.device("cpu"))
+    monkeypatch.setattr(quant, "exact_attention", lambda w: True)        # full precision: never
+    assert not fused.fused_for(weights)
+    monkeypatch.setattr(quant, "exact_attention", lambda w: False)       # low-bit bf16 on CPU
+    assert fused.fused_for(weights)
+    assert not fused.fused_for(SimpleNamespace(dtype=torch.float32, device=torch.device("cpu")))
+
+    def missing():
+        raise NativeBuildError("no C compiler: 'cc' is not on PATH")
+    monkeypatch.setattr(fused, "_library", missing)
+    assert not fused.fused_for(weights)
+    assert any("fused_ops_unavailable" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("counts", [[1, 4, 2], [3], [5, 1]])
+def test_paged_steps_with_several_tokens_per_sequence_match_the_torch_path(counts):
+    """Verify-shaped steps (a pending token + drafts) and short chunks: each token attends
+    causally over its own sequence through the block table."""
+    from engine.paged.attention import SeqChunk, build_batch, paged_attention
+    from engine.paged.pool import KVBlockPool, KVGeometry
+
+    geometry, block_size = KVGeometry(num_layers=2, num_kv_heads=2, head_dim=64), 4
+    pools = [KVBlockPool(16, block_size, geometry, dtype=BF16) for _ in range(2)]
+    for pool in pools:
+        pool.k.copy_(_randn(*pool.k.shape, seed=9))
+        pool.v.copy_(_randn(*pool.v.shape, seed=10))
+    tables = [[2, 5, 7, 9], [2, 3, 4], [2, 0, 1, 11, 12]]
+    starts = [9, 6, 14]
+    chunks = [SeqChunk(tables[i], starts[i], n) for i, n in enumerate(counts)]
+    batch = build_batch(chunks, block_size)
+    n = sum(counts)
+    q, k, v = _randn(n, 14, 64, seed=1), _randn(n, 2, 64, seed=2), _randn(n, 2, 64, seed=3)
+    want = paged_attention(pools[0], 0, batch, q, k, v)
+    got = paged_attention(pools[1], 0, batch, q, k, v, fused=True)
+    assert torch.equal(pools[0].k, pools[1].k) and torch.equal(pools[0].v, pools[1].v)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)

@@ -67,3 +67,22 @@ def test_q8_holds_the_ggufs_q5_0_tensors_exactly_in_five_bits(real):
         ids = __import__("torch").tensor([0, 1000, 151000])
         table = stored.tensor("model.embed_tokens.weight")
         assert (quantized.embed.lookup(ids).float() == table[ids].to(quantized.embed.dtype).float()).all()
+
+
+@pytest.mark.slow
+def test_q8_paged_decode_in_c_gives_the_tokens_of_the_contiguous_cache():
+    """Under q8 both caches decode with the same C attention (engine.fused): the paged one
+    reads the block table, the contiguous one its buffer. Rows are computed alike whatever
+    else shares a matmul, so one request's greedy tokens agree exactly; the mapped embedding
+    and the fused forward are what a worker runs."""
+    engine = Engine(load_settings(model="default", device="cpu", dtype="bfloat16", quant="q8"))
+    try:
+        sampling = SamplingParams(max_new_tokens=24, repetition_penalty=1.0)
+        for prompt in PROMPTS:
+            runs = {method: engine.generate(GenerationRequest(messages=[{"role": "user", "content": prompt}],
+                                                              sampling=sampling, method=method)).token_ids
+                    for method in ("custom_cache", "paged")}
+            assert runs["custom_cache"] == runs["paged"] and runs["paged"]
+        assert engine.info()["quant"] == "q8"
+    finally:
+        engine.close()

@@ -259,39 +259,45 @@ int ms_attend_decode_bf16(const uint16_t *q, const uint16_t *k_new, const uint16
     return status;
 }
 
-/* A decode-only step of a paged batch, one layer: sequence b's new token sits at position
- * positions[b]; its k, v ([batch, kv_heads, dim]) are written to that position's slot (block
- * tables[b][p / block_size], offset p % block_size) of the pool ([num_blocks, layers,
- * block_size, kv_heads, dim] for keys and for values), then its q ([batch, heads, dim])
- * attends over positions 0..p through the block table, as ms_attend_decode_bf16 does.
- * (sequence, kv head) pairs run in parallel (OpenMP, `threads`) for several sequences or a
- * long context. out [batch, heads, dim]. */
-int ms_paged_decode_bf16(const uint16_t *q, const uint16_t *k_new, const uint16_t *v_new,
+/* A paged step's attention, one layer, for steps whose tokens each attend over their own
+ * sequence's positions 0..p (decode tokens, verify steps' drafts, short chunks): token t
+ * (q [n_tokens, heads, dim]) belongs to the sequence whose block table is
+ * tables[rows[t]] and sits at position positions[t]; it attends over 0..p through that
+ * table (block tables[row][j / block_size], offset j % block_size of the pool, [num_blocks,
+ * layers, block_size, kv_heads, dim] for keys and for values) as ms_attend_decode_bf16
+ * does. `write`: first store the token's k, v ([n_tokens, kv_heads, dim]) at its slot, which
+ * is only safe when every token is its sequence's only one (a decode-only step); otherwise
+ * the caller has stored them. (token, kv head) pairs run in parallel (OpenMP, `threads`) for
+ * several tokens or a long context. out [n_tokens, heads, dim]. */
+int ms_paged_attend_bf16(const uint16_t *q, const uint16_t *k_new, const uint16_t *v_new,
                          uint16_t *pool_k, uint16_t *pool_v, int64_t layers, int64_t layer, int64_t block_size,
-                         const int64_t *tables, int64_t max_blocks, const int64_t *positions, int64_t batch,
-                         int64_t heads, int64_t kv_heads, int64_t dim, float scale, uint16_t *out, int threads) {
+                         const int64_t *tables, int64_t max_blocks, const int64_t *rows, const int64_t *positions,
+                         int64_t tokens, int64_t heads, int64_t kv_heads, int64_t dim, float scale, uint16_t *out,
+                         int threads, int write) {
     int64_t group = heads / kv_heads;
     if (group > 64) return 2;
-    int status = 0, parallel = batch > 1 || positions[0] + 1 >= PARALLEL_LENGTH;
+    int status = 0, parallel = tokens > 1 || positions[0] + 1 >= PARALLEL_LENGTH;
 #pragma omp parallel for collapse(2) num_threads(threads) if (parallel) schedule(dynamic, 1) reduction(| : status)
-    for (int64_t b = 0; b < batch; b++) {
+    for (int64_t t = 0; t < tokens; t++) {
         for (int64_t h = 0; h < kv_heads; h++) {
-            int64_t pos = positions[b], length = pos + 1;
+            int64_t pos = positions[t], length = pos + 1;
             scratch sc;
             if (pos / block_size >= max_blocks || scratch_alloc(&sc, length, group, dim)) {
                 status |= 1;
                 continue;
             }
-            const int64_t *table = tables + b * max_blocks;
+            const int64_t *table = tables + rows[t] * max_blocks;
             for (int64_t j = 0; j < length; j++) {
                 int64_t at = ((table[j / block_size] * layers + layer) * block_size + j % block_size) * kv_heads + h;
                 sc.krows[j] = pool_k + at * dim;
                 sc.vrows[j] = pool_v + at * dim;
             }
-            memcpy((uint16_t *)sc.krows[pos], k_new + (b * kv_heads + h) * dim, (size_t)dim * 2);
-            memcpy((uint16_t *)sc.vrows[pos], v_new + (b * kv_heads + h) * dim, (size_t)dim * 2);
-            attend_group(q + (b * heads + h * group) * dim, sc.krows, sc.vrows, length, group, dim, scale,
-                         sc.scores, sc.acc, out + (b * heads + h * group) * dim);
+            if (write) {
+                memcpy((uint16_t *)sc.krows[pos], k_new + (t * kv_heads + h) * dim, (size_t)dim * 2);
+                memcpy((uint16_t *)sc.vrows[pos], v_new + (t * kv_heads + h) * dim, (size_t)dim * 2);
+            }
+            attend_group(q + (t * heads + h * group) * dim, sc.krows, sc.vrows, length, group, dim, scale,
+                         sc.scores, sc.acc, out + (t * heads + h * group) * dim);
             scratch_free(&sc);
         }
     }
