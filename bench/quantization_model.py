@@ -44,9 +44,11 @@ def _engines(args: argparse.Namespace, modes: tuple[str, ...]) -> tuple[dict[str
         if mode != "none":
             if PLANS[mode].needs_calibration and importance is None:
                 importance = input_importance(weights, loaded.tokenizer)
-            # from the bf16 weights, as a worker quantizes them (engine.quant.model.quantize_model)
+            # as a worker quantizes them (engine.quant.model.quantize_model): q8 from the folder's
+            # stored values, the other plans from the bf16 weights
             forwards[mode] = Qwen2Forward(quantize_weights(weights, mode, group_size=args.group_size,
-                                                           keep_reference=False, importance=importance)[0])
+                                                           keep_reference=False, importance=importance,
+                                                           source=loaded.path)[0])
     engines = {}
     for mode, forward in forwards.items():
         engine = Engine(settings, loaded)
