@@ -61,8 +61,8 @@ PLANS = {
     "int4": QuantPlan("int4", "int4"),
 }
 # ``auto`` picks a low-bit plan on CPU only once it matches llama.cpp's greedy agreement with
-# bf16 (issue 12's quality gate). ``q8`` does (0.946 free-running against llama.cpp's 0.932,
-# docs/quantization.md); ``mixed`` does not (0.649). Only for a bf16 model: float32 is an
+# bf16 (issue 12's quality gate). ``q8`` does (0.995 free-running against llama.cpp's 0.932,
+# results/quantization.json); ``mixed`` does not (0.631). Only for a bf16 model: float32 is an
 # explicit request for full precision (and the tests' exact-equality setting).
 AUTO_CPU_PLAN = "q8"
 QUANT_CHOICES = ("auto", "none") + tuple(PLANS)
