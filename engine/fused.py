@@ -10,6 +10,7 @@ torch's ops and its exact tokens.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from typing import Any
@@ -38,7 +39,9 @@ def fused_for(weights: Any) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=1)
 def _library() -> Any:
+    """The loaded native library, looked up once (every fused call of a step goes through it)."""
     from engine.quant import native
 
     return native.library()

@@ -115,7 +115,7 @@ def paged_attention(pool: KVBlockPool, layer: int, batch: PagedBatch, q: torch.T
     k/v are written by that call too."""
     if fused and scale is None and q.dtype == pool.dtype == torch.bfloat16:
         decode_only = batch.q_index.shape[1] == 1
-        if decode_only or batch.q_index.shape[1] <= MAX_FOLDED_QUERIES:   # decodes, + drafts, short chunks
+        if batch.q_index.shape[1] <= MAX_FOLDED_QUERIES:   # decodes, + drafts, short chunks
             if not decode_only:
                 pool.write_layer(layer, batch.slot_mapping, k_new, v_new, batch.slot_split)
             return paged_attend(pool, layer, batch.block_tables, batch.token_rows, batch.positions, q, k_new,

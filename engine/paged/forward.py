@@ -23,7 +23,8 @@ class PagedAttentionCache:
     """The ``AttentionCache`` of one step: positions and attention come from ``batch``."""
 
     def __init__(self, pool: KVBlockPool, batch: PagedBatch, fused: bool = False):
-        """``fused``: decode-only steps attend in C (a low-bit forward, :mod:`engine.fused`)."""
+        """``fused``: steps of a few tokens per sequence attend in C (a low-bit forward,
+        :func:`engine.paged.attention.paged_attention`)."""
         self.pool, self.batch, self.fused = pool, batch, fused
 
     def begin(self, num_new: int) -> torch.Tensor:

@@ -138,13 +138,24 @@ static float exp_scores(float *s, int64_t n) {
 
 /* Scaled dot products of `group` float queries (qf [group, dim]) with one bf16 key row:
  * out[g * stride]. The key row is converted once for the whole group. */
+#ifdef __AVX512F__
+/* Whether a row of `dim` takes the vector path (whole 16-float chunks, at most 16 of them). */
+static inline int vector_row(int64_t dim) { return dim % 16 == 0 && dim <= 256; }
+
+/* A bf16 row as dim / 16 vectors of floats. */
+static inline int64_t load_row(const uint16_t *row, int64_t dim, __m512 *out) {
+    int64_t chunks = dim / 16;
+    for (int64_t c = 0; c < chunks; c++) out[c] = load_bf16(row + 16 * c);
+    return chunks;
+}
+#endif
+
 static void key_scores(const float *qf, const uint16_t *k, int64_t group, int64_t dim, float scale, float *out,
                        int64_t stride) {
 #ifdef __AVX512F__
-    if (dim % 16 == 0 && dim <= 256) {
+    if (vector_row(dim)) {
         __m512 kv[16];
-        int64_t chunks = dim / 16;
-        for (int64_t c = 0; c < chunks; c++) kv[c] = load_bf16(k + 16 * c);
+        int64_t chunks = load_row(k, dim, kv);
         for (int64_t g = 0; g < group; g++) {
             __m512 acc = _mm512_setzero_ps();
             for (int64_t c = 0; c < chunks; c++) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qf + g * dim + 16 * c), kv[c], acc);
@@ -163,10 +174,9 @@ static void key_scores(const float *qf, const uint16_t *k, int64_t group, int64_
 /* acc[g] += p[g * stride] * v for the group's accumulators (acc [group, dim]); v converted once. */
 static void add_value(float *acc, const float *p, int64_t stride, const uint16_t *v, int64_t group, int64_t dim) {
 #ifdef __AVX512F__
-    if (dim % 16 == 0 && dim <= 256) {
+    if (vector_row(dim)) {
         __m512 vv[16];
-        int64_t chunks = dim / 16;
-        for (int64_t c = 0; c < chunks; c++) vv[c] = load_bf16(v + 16 * c);
+        int64_t chunks = load_row(v, dim, vv);
         for (int64_t g = 0; g < group; g++) {
             __m512 weight = _mm512_set1_ps(p[g * stride]);
             float *a = acc + g * dim;
