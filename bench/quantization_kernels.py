@@ -1,5 +1,7 @@
-"""Micro-benchmark: the default model's linear shapes, bf16 (plain and prepacked) vs int8, int4
-and q8 (as in prefill / single decode, and as in a batched decode step).
+"""Micro-benchmark: the default model's linear shapes, bf16 (plain and prepacked, where this
+CPU's oneDNN has bf16 kernels) vs int8, int4 and q8 (as in prefill / single decode, and as in a
+batched decode step), and q8's 5-bit storage of Q5_0 grids (``q5``) beside it: whether 5 bits
+read faster than 8 on this CPU's vector path is what ``q8.FIVE_BIT_PATHS`` records.
 
 Run as ``python -m bench.quantization --kernels``. Weights are random (speed does not
 depend on values). Each shape is held in as many copies as the model has layers and one
@@ -14,8 +16,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.packed import PackedLinear
+from engine.packed import PackedLinear, packing_available
 from engine.quant import q8, quantize_linear
+from engine.quant.layer import QuantizedLinear
 from engine.weights import Linear
 
 HIDDEN, INTERMEDIATE, LAYERS, VOCAB = 896, 4864, 24, 151936
@@ -25,7 +28,7 @@ SHAPES = {  # name: (out_features, in_features, copies)
     "gate_proj": (INTERMEDIATE, HIDDEN, LAYERS), "up_proj": (INTERMEDIATE, HIDDEN, LAYERS),
     "down_proj": (HIDDEN, INTERMEDIATE, LAYERS), "lm_head": (VOCAB, HIDDEN, 1),
 }
-MODES = ("bf16", "bf16_packed", "int8", "int4", "q8", "q8_batched")
+MODES = ("bf16", "bf16_packed", "int8", "int4", "q8", "q5", "q8_batched")
 
 
 @dataclass
@@ -41,18 +44,30 @@ class KernelRow:
 
 def _ops(n: int, k: int, copies: int, group: int) -> dict[str, list]:
     """Per mode, ``copies`` callables x -> y over distinct weights (packed kernel forced)."""
-    ops: dict[str, list] = {m: [] for m in MODES}
+    packed = packing_available(torch.bfloat16, torch.device("cpu"))
+    ops: dict[str, list] = {m: [] for m in MODES if packed or m != "bf16_packed"}
     gen = torch.Generator().manual_seed(n + k)
     for _ in range(copies):
         w = (torch.randn(n, k, generator=gen) * 0.02).to(torch.bfloat16)
         ops["bf16"].append(lambda x, w=w: F.linear(x, w))
-        ops["bf16_packed"].append(PackedLinear.from_linear(Linear(w)))    # what `none` runs
+        if packed:
+            ops["bf16_packed"].append(PackedLinear.from_linear(Linear(w)))    # what `none` runs
         for mode in ("int8", "int4", "q8"):
             layer = quantize_linear(w, None, mode, group_size=group, keep_reference=False,
                                     max_rows=1 << 30)
             ops[mode].append(layer)
+        ops["q5"].append(_five_bit(ops["q8"][-1]))
         ops["q8_batched"].append(_in_batched_decode(ops["q8"][-1]))
     return ops
+
+
+def _five_bit(layer: QuantizedLinear) -> QuantizedLinear:
+    """The same shape stored as a Q5_0 tensor is (codes clipped to -16..15, packed in 5 bits),
+    whatever this CPU's default storage: values do not change the speed."""
+    codes = q8.deinterleave(layer.qweight).to(torch.int16).clamp(128 - 16, 128 + 15).to(torch.uint8)
+    return QuantizedLinear(mode="q5", in_features=layer.in_features, out_features=layer.out_features,
+                           qweight=q8.pack5(q8.interleave(codes)), params=layer.params, group_size=q8.GROUP,
+                           bias=None, reference=None, max_rows=layer.max_rows, kernel_bias=None)
 
 
 def _in_batched_decode(layer):
@@ -76,14 +91,14 @@ def run_kernels(rows_list: list[int], repeats: int, group: int) -> list[KernelRo
         ops = _ops(n, k, copies, group)
         for rows in rows_list:
             x = torch.randn(rows, k).to(torch.bfloat16)
-            times: dict[str, list[float]] = {m: [] for m in MODES}
-            for mode in MODES:  # warmup
+            times: dict[str, list[float]] = {m: [] for m in ops}
+            for mode in ops:  # warmup
                 _time_pass(ops[mode], x)
             for _ in range(repeats):  # interleaved
-                for mode in MODES:
+                for mode in ops:
                     times[mode].append(_time_pass(ops[mode], x))
             p50 = {m: sorted(t)[len(t) // 2] * 1e3 for m, t in times.items()}
-            for mode in MODES:
+            for mode in ops:
                 out.append(KernelRow(name, n, k, rows, mode, round(p50[mode], 4),
                                      round(p50["bf16"] / p50[mode], 3)))
         del ops

@@ -174,18 +174,19 @@ def check_kernels(mode: str, device: str = "cpu") -> None:
 
 
 def _check_q8() -> None:
-    """Build (or find) our C kernel, insist on its AVX512-VNNI path (the portable C loop is
-    correct but slower than bf16: running it silently would be slow code nobody chose), and
-    compare it with the dequantized matmul."""
+    """Build (or find) our C kernel, insist on a vector path (AVX512-VNNI or AVX2: the portable
+    C loop is correct but slower than bf16, and running it silently would be slow code nobody
+    chose), and compare it with the dequantized matmul."""
     from engine.quant import native, q8
 
     try:
-        vnni = native.has_vnni()
+        path = native.vector_path()
     except native.NativeBuildError as exc:
         raise QuantKernelError(f"MINISERVE_QUANT=q8 needs our C kernel: {exc}") from exc
-    if not vnni:
-        raise QuantKernelError("MINISERVE_QUANT=q8 needs a CPU with AVX512-VNNI (avx512_vnni in "
-                               "/proc/cpuinfo); this one has only the portable, slow kernel")
+    if path == "portable":
+        raise QuantKernelError("MINISERVE_QUANT=q8 needs a CPU with AVX2 (with FMA and F16C) or "
+                               "AVX512-VNNI (avx2 / avx512_vnni in /proc/cpuinfo); this one has "
+                               "only the portable, slow kernel")
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(48, 96, generator=gen)
     x = torch.randn(3, 96, generator=gen)

@@ -135,7 +135,8 @@ def quantize_linear(weight: torch.Tensor, bias: torch.Tensor | None, mode: str,
         mode = rounding = "int8"  # no accepted int4 group divides K: keep this layer at int8
     if mode == "q8":
         parts = [q8.quantize(weight[i:i + _CHUNK_ROWS]) for i in range(0, n, _CHUNK_ROWS)]
-        packed = [q8.pack5(codes) for codes, _ in parts]   # a Q5_0 tensor fits in 5 bits exactly
+        # a Q5_0 tensor fits in 5 bits exactly (where 5 bits are faster: q8.FIVE_BIT_PATHS)
+        packed = [q8.pack5(codes) for codes, _ in parts] if q8.packs_five_bits() else [None]
         if all(p is not None for p in packed):
             mode, parts = "q5", [(p, s) for p, (_, s) in zip(packed, parts)]
         bias_f32 = None if bias is None else bias.detach().float().contiguous()

@@ -5,7 +5,8 @@ no weight leaves the range) and ``c = round(w / scale)``. Groups of 32 keep ever
 half a step of its own group's range, where per-row int8 (``int8``) shares one scale among
 896-4864 inputs; the default model's GGUF stores most tensors as Q5_0 or Q8_0 in groups of 32,
 whose values this format holds exactly. The kernel (:mod:`engine.quant.native`, ``q8.c``)
-quantizes the activations the same way and multiplies in integers (AVX512-VNNI).
+quantizes the activations the same way and multiplies in integers (AVX512-VNNI's vpdpbusd,
+or AVX2's vpmaddubsw where the CPU has no AVX-512).
 
 Storage: ``codes`` uint8 ``[N, K]`` holding ``c + 128`` (the kernel's unsigned operand) in the
 kernel's interleaved order (:func:`interleave`), ``scales`` fp16 ``[N, K / 32]``; K is
@@ -13,6 +14,7 @@ zero-padded to a multiple of 32.
 """
 from __future__ import annotations
 
+import functools
 import threading
 from contextlib import contextmanager
 from typing import Iterator
@@ -41,6 +43,11 @@ PRECISE_MAX_ROWS = 4
 # arithmetic as `none`'s prefill. Break-even near 64 rows (bench.quantization --kernels,
 # results/quant_kernels.csv: q8 at 64 and 280 rows against the bf16 GEMMs).
 DEQUANT_MIN_ROWS = 64
+# Without bf16 GEMM kernels (AVX2 CPUs: oneDNN has none, and torch's bf16 matmul there ran 3-5x
+# slower than float32) the integer kernel keeps prefill up to this many rows (64 rows of a
+# gate_up: 18 ms, against 64 ms through bf16); longer calls unpack to float32 for its GEMM
+# (280 rows: 65 ms against 95 ms in the integer kernel; one-off timings on a 2-core Zen 3).
+DEQUANT_F32_MIN_ROWS = 256
 _state = threading.local()
 
 
@@ -54,6 +61,19 @@ def batched_decode() -> Iterator[None]:
         yield
     finally:
         _state.batched_decode = before
+
+
+# Vector paths on which a Q5_0 tensor is kept in 5 bits (pack5). With AVX512-VNNI unpacking costs
+# 3 instructions per 64 weights and the kernel stays bound by reading them: 5 bits read faster.
+# With AVX2 (no byte masks, vpmaddwd on widened codes) it costs ~30 instructions per 64 and the
+# 5-bit kernel is compute-bound: slower than reading the codes as q8 (``python -m
+# bench.quantization --kernels`` times both, modes q8 and q5).
+FIVE_BIT_PATHS = ("avx512-vnni",)
+
+
+def packs_five_bits() -> bool:
+    """Whether :func:`engine.quant.layer.quantize_linear` stores Q5_0 grids in 5 bits here."""
+    return native.vector_path() in FIVE_BIT_PATHS
 
 
 def pad_inputs(k: int) -> int:
@@ -200,8 +220,12 @@ def linear(x2d: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: t
     bf16 = int(x.dtype == torch.bfloat16)
     batched = getattr(_state, "batched_decode", False)
     if precise is None and x.dtype == torch.bfloat16 and m >= DEQUANT_MIN_ROWS and not batched:
-        weight = dequantize_bf16(codes, scales, packed5, threads)
-        return F.linear(x, weight, None if bias is None else bias.to(x.dtype)).to(dtype)
+        if _fast_bf16_gemm():
+            weight = dequantize_bf16(codes, scales, packed5, threads)
+            return F.linear(x, weight, None if bias is None else bias.to(x.dtype)).to(dtype)
+        if m >= DEQUANT_F32_MIN_ROWS:
+            weight = dequantize_bf16(codes, scales, packed5, threads).float()
+            return F.linear(x.float(), weight, bias).to(dtype)
     if precise is None:
         precise = m <= PRECISE_MAX_ROWS or not batched
     two_bytes = precise
@@ -213,6 +237,14 @@ def linear(x2d: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: t
     if status != 0:
         raise RuntimeError(f"q8 kernel failed with status {status} (M={m}, K={k}, N={n})")
     return out if out.dtype == dtype else out.to(dtype)
+
+
+@functools.lru_cache(maxsize=1)
+def _fast_bf16_gemm() -> bool:
+    """Whether this CPU's oneDNN has bf16 GEMM kernels (AVX512-BF16 / AMX / AVX-NE-CONVERT)."""
+    from engine.packed import packing_available
+
+    return packing_available(torch.bfloat16, torch.device("cpu"))
 
 
 def _fp16_up(values: torch.Tensor) -> torch.Tensor:

@@ -2,8 +2,8 @@
 
 The kernel splits activations per group of 32 into two int8 parts and multiplies in integers,
 so it is checked against an exact emulation of that arithmetic (not only "close to float"), for both
-of its code paths: the AVX512-VNNI one this machine builds and the portable C loop a CPU
-without VNNI gets (built here with generic flags)."""
+of its code paths: the one this machine builds (AVX512-VNNI or AVX2), and the AVX2 and portable
+builds other CPUs get (built here with their -march flags)."""
 from __future__ import annotations
 
 import ctypes
@@ -94,11 +94,14 @@ def test_q5_kernel_equals_the_q8_kernel(m, precise):
     assert torch.equal(got, want)
 
 
-def test_layer_stores_q5_grids_in_five_bits():
+@pytest.mark.parametrize("five_bits", [True, False])
+def test_layer_stores_q5_grids_in_five_bits_where_that_reads_faster(monkeypatch, five_bits):
+    monkeypatch.setattr(q8, "packs_five_bits", lambda: five_bits)
     w = _q5_grid(32, 896)
     layer = quantize_linear(w, torch.randn(32), "q8", keep_reference=False)
     plain = quantize_linear(_weight(32, 896), None, "q8", keep_reference=False)
-    assert layer.mode == "q5" and plain.mode == "q8" and layer.nbytes < plain.nbytes
+    assert plain.mode == "q8"
+    assert (layer.mode, layer.nbytes < plain.nbytes) == (("q5", True) if five_bits else ("q8", False))
     torch.testing.assert_close(layer.dequantize(), w)
     x = torch.randn(2, 896)
     torch.testing.assert_close(layer(x), x @ w.T + layer.bias, rtol=1e-4, atol=1e-4)
@@ -153,20 +156,40 @@ def test_activations_take_one_byte_only_in_big_batched_decode_steps():
     assert error(q8.PRECISE_MAX_ROWS + 1) < 1e-4
 
 
-def test_portable_path_matches_the_vnni_path(tmp_path, monkeypatch):
-    """The C loop a CPU without AVX512-VNNI runs gives the same integers (built with generic flags)."""
-    monkeypatch.setattr(native, "FLAGS", tuple(f for f in native.FLAGS if f != "-march=native") + ("-march=x86-64",))
-    portable = ctypes.CDLL(str(native.build(tmp_path)))
-    portable.ms_q8_linear.argtypes = native.library().ms_q8_linear.argtypes
-    assert portable.ms_q8_vnni() == 0
-    codes, scales = q8.quantize(_weight(20, 544))
-    x = torch.randn(6, 544)
-    out = torch.empty(6, 20)
-    for precise in (0, 1):
-        assert portable.ms_q8_linear(x.data_ptr(), 0, 6, 544, codes.data_ptr(), scales.data_ptr(), 20, None,
-                                     out.data_ptr(), 0, 2, precise) == 0
-        torch.testing.assert_close(out, q8.linear(x, codes, scales, None, precise=bool(precise)),
-                                   rtol=1e-5, atol=1e-6)
+def _cpu_has(*flags: str) -> bool:
+    text = open("/proc/cpuinfo").read()
+    line = next((l for l in text.splitlines() if l.startswith("flags")), "")
+    return all(flag in line.split() for flag in flags)
+
+
+BUILDS = [("x86-64", "portable"), ("x86-64-v3", "avx2")]
+
+
+@pytest.mark.parametrize("march,path", BUILDS)
+def test_every_build_gives_the_kernels_integer_arithmetic(tmp_path, monkeypatch, march, path):
+    """The AVX2 build (CPUs without AVX-512) and the portable C loop, built here with their
+    -march flags: q8 and q5 rows, one and two activation bytes, equal the exact emulation and
+    this machine's own build."""
+    if path == "avx2" and not _cpu_has("avx2", "fma", "f16c"):
+        pytest.skip("this CPU cannot run an AVX2 build")
+    monkeypatch.setattr(native, "FLAGS", tuple(f for f in native.FLAGS if f != "-march=native") + (f"-march={march}",))
+    lib = ctypes.CDLL(str(native.build(tmp_path)))
+    for name in ("ms_q8_linear", "ms_q5_linear"):
+        getattr(lib, name).argtypes = getattr(native.library(), name).argtypes
+    assert native.VECTOR_PATHS[lib.ms_q8_simd()] == path
+    codes, scales = q8.quantize(_q5_grid(20, 896))
+    packed = q8.pack5(codes)
+    for m in (1, 3, 6):
+        x = torch.randn(m, 896, generator=torch.Generator().manual_seed(m))
+        out = torch.empty(m, 20)
+        for precise in (0, 1):
+            want = _emulate(x, codes, scales, bool(precise))
+            for fn, weights in ((lib.ms_q8_linear, codes), (lib.ms_q5_linear, packed)):
+                assert fn(x.data_ptr(), 0, m, 896, weights.data_ptr(), scales.data_ptr(), 20, None,
+                          out.data_ptr(), 0, 2, precise) == 0
+                here = q8.linear(x, codes, scales, None, precise=bool(precise)).double()
+                for reference in (want, here):   # float sums may run in another order: 1e-5 of the range
+                    assert ((out.double() - reference).abs() / reference.abs().max()).max() < 1e-5
 
 
 def test_library_is_cached_per_source_and_cpu(tmp_path):
@@ -180,12 +203,18 @@ def test_missing_compiler_is_a_clear_error(tmp_path, monkeypatch):
         native.build(tmp_path)
 
 
-def test_self_check_passes_here_and_names_the_setting_when_vnni_is_missing(monkeypatch):
+def test_five_bits_are_kept_where_the_vector_path_reads_them_faster(monkeypatch):
+    for path, five in (("avx512-vnni", True), ("avx2", False)):
+        monkeypatch.setattr(native, "vector_path", lambda path=path: path)
+        assert q8.packs_five_bits() is five
+
+
+def test_self_check_passes_here_and_names_the_setting_without_a_vector_path(monkeypatch):
     kernels.check_kernels.cache_clear()
-    kernels.check_kernels("q8")                       # this machine: AVX512-VNNI
-    monkeypatch.setattr(native, "has_vnni", lambda: False)
+    kernels.check_kernels("q8")                       # this machine: AVX512-VNNI or AVX2
+    monkeypatch.setattr(native, "vector_path", lambda: "portable")
     kernels.check_kernels.cache_clear()
-    with pytest.raises(kernels.QuantKernelError, match="MINISERVE_QUANT=q8 needs a CPU with AVX512-VNNI"):
+    with pytest.raises(kernels.QuantKernelError, match="MINISERVE_QUANT=q8 needs a CPU with AVX2"):
         kernels.check_kernels("q8")
     kernels.check_kernels.cache_clear()
 
@@ -219,9 +248,10 @@ def test_packed_embedding_rows_match_unpacking_and_reject_bad_ids():
 
 
 @pytest.mark.parametrize("packed", [False, True])
-def test_many_row_calls_unpack_to_bf16_and_run_a_gemm(packed):
-    """Prefill-sized bf16 calls: the weights unpacked to bf16 (exactly the stored values,
-    rounded) times x; inside batched_decode the integer kernel runs instead."""
+def test_many_row_calls_unpack_to_bf16_and_run_a_gemm(monkeypatch, packed):
+    """Prefill-sized bf16 calls on a CPU with bf16 GEMM kernels: the weights unpacked to bf16
+    (exactly the stored values, rounded) times x; inside batched_decode the integer kernel runs."""
+    monkeypatch.setattr(q8, "_fast_bf16_gemm", lambda: True)
     w = _q5_grid(48, 896) if packed else _weight(48, 896)
     codes, scales = q8.quantize(w)
     if packed:
@@ -236,3 +266,18 @@ def test_many_row_calls_unpack_to_bf16_and_run_a_gemm(packed):
         fast = q8.linear(x, codes, scales, bias, packed5=packed)
     assert not torch.equal(fast, want)
     torch.testing.assert_close(fast.float(), want.float(), rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("fast_bf16", [True, False])
+def test_prefill_calls_take_the_fastest_path_this_cpu_has(monkeypatch, fast_bf16):
+    """Long calls outside batched decode: bf16 GEMM on unpacked weights where the CPU has bf16
+    kernels; without them the integer kernel up to DEQUANT_F32_MIN_ROWS rows, float32 beyond."""
+    monkeypatch.setattr(q8, "_fast_bf16_gemm", lambda: fast_bf16)
+    codes, scales = q8.quantize(_weight(24, 96))
+    exact = q8.dequantize(codes, scales)
+    for rows in (q8.DEQUANT_MIN_ROWS, q8.DEQUANT_F32_MIN_ROWS):
+        x = torch.randn(rows, 96).to(torch.bfloat16)
+        got = q8.linear(x, codes, scales, None)
+        integer = q8.linear(x, codes, scales, None, precise=True)
+        assert torch.equal(got, integer) == (not fast_bf16 and rows < q8.DEQUANT_F32_MIN_ROWS)
+        torch.testing.assert_close(got.float(), x.float() @ exact.T, rtol=0.02, atol=0.02)

@@ -101,7 +101,7 @@ def library() -> ctypes.CDLL:
     lib.ms_q5_rows.restype = ctypes.c_int
     lib.ms_q5_rows.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
-    lib.ms_q8_vnni.restype = ctypes.c_int
+    lib.ms_q8_simd.restype = ctypes.c_int
     _declare_decode(lib)
     return lib
 
@@ -123,6 +123,10 @@ def _declare_decode(lib: ctypes.CDLL) -> None:
         fn.restype, fn.argtypes = ctypes.c_int, args
 
 
-def has_vnni() -> bool:
-    """Whether the library was built with its AVX512-VNNI path (else a portable C loop, slow)."""
-    return bool(library().ms_q8_vnni())
+VECTOR_PATHS = {2: "avx512-vnni", 1: "avx2", 0: "portable"}
+
+
+def vector_path() -> str:
+    """Which path of q8.c this CPU's build runs: ``avx512-vnni``, ``avx2`` (both fast), or
+    ``portable`` (a plain C loop, slower than bf16)."""
+    return VECTOR_PATHS[library().ms_q8_simd()]

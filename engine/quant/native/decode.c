@@ -15,8 +15,14 @@
 
 #include "bf16.h"
 
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
+#endif
+/* CPUs with AVX2 but no AVX-512 (q8.c's AVX2 path): silu and the softmax take 8-float vectors. */
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+#define MS_DECODE_AVX2 1
+#else
+#define MS_DECODE_AVX2 0
 #endif
 
 static inline float round_bf(float f) { return bf16_to_f32(f32_to_bf16(f)); }
@@ -43,6 +49,30 @@ static inline __m512 exp16(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
     p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     return _mm512_scalef_ps(p, n);
+}
+#endif
+
+#if MS_DECODE_AVX2
+static inline __m256 load_bf16_8(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+/* exp16's method in 8 lanes (2^n built in the exponent bits: n stays within -126..127 here). */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
 }
 #endif
 
@@ -103,6 +133,15 @@ int ms_silu_mul_bf16(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64
             _mm512_storeu_ps(uv, load_bf16(u + i));
             for (int j = 0; j < 16; j++) o[i + j] = f32_to_bf16(round_bf(sv[j]) * uv[j]);
         }
+#elif MS_DECODE_AVX2
+        for (; i + 8 <= inter; i += 8) {
+            __m256 x = load_bf16_8(g + i);
+            __m256 silu = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+            float sv[8], uv[8];
+            _mm256_storeu_ps(sv, silu);
+            _mm256_storeu_ps(uv, load_bf16_8(u + i));
+            for (int j = 0; j < 8; j++) o[i + j] = f32_to_bf16(round_bf(sv[j]) * uv[j]);
+        }
 #endif
         for (; i < inter; i++) {
             float x = bf16_to_f32(g[i]);
@@ -127,6 +166,16 @@ static float exp_scores(float *s, int64_t n) {
         sum = _mm512_add_ps(sum, e);
     }
     total = _mm512_reduce_add_ps(sum);
+#elif MS_DECODE_AVX2
+    __m256 sum = _mm256_setzero_ps();
+    for (; j + 8 <= n; j += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(top)));
+        _mm256_storeu_ps(s + j, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, sum);
+    for (int l = 0; l < 8; l++) total += lanes[l];
 #endif
     for (; j < n; j++) {
         s[j] = expf(s[j] - top);

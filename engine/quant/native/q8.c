@@ -32,10 +32,22 @@
 #include "bf16.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#include <immintrin.h>
 #define MS_VNNI 1
 #else
 #define MS_VNNI 0
+#endif
+/* CPUs with AVX2 but no AVX512-VNNI (AMD Zen 2/3, most desktop Intel): 32-byte vectors, and
+ * no byte dot product that cannot saturate (vpmaddubsw's pair sums of u8 * s8 do). There the
+ * two activation parts go in as one 16-bit number, hi * LO_STEPS + lo (at most 32385: it fits),
+ * the codes are widened to 16 bits and vpmaddwd multiplies them: the same integers per group
+ * as the VNNI path's two byte products, in about 3 instructions per 16 weights (the tile below). */
+#if !MS_VNNI && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define MS_AVX2 1
+#else
+#define MS_AVX2 0
+#endif
+#if MS_VNNI || MS_AVX2
+#include <immintrin.h>
 #endif
 
 #define QK 32      /* inputs per group */
@@ -60,7 +72,8 @@ static inline float f16_to_f32(uint16_t h) {
     return f;
 }
 
-int ms_q8_vnni(void) { return MS_VNNI; }
+/* Which vector path this build runs: 2 AVX512-VNNI, 1 AVX2, 0 the portable C loop (slow). */
+int ms_q8_simd(void) { return MS_VNNI ? 2 : (MS_AVX2 ? 1 : 0); }
 
 /* The interleaved layout (weights and activations alike). Groups are taken 16 at a time (a
  * "block", 512 inputs; the last block of a row may hold fewer, g). Inside a block the bytes are
@@ -69,6 +82,15 @@ int ms_q8_vnni(void) { return MS_VNNI; }
  * lane i holding group i's whole dot product: one convert and one multiply-add then scale 16
  * groups at once (a group per lane), instead of 8 lanes per group. */
 #define BLOCK_GROUPS 16
+/* Per activation row, the scales and seeds take ROW_GROUPS(groups) entries and the codes
+ * ROW_GROUPS(groups) * QK: one per group and input, except in the AVX2 build, which pads a
+ * ragged last block to 16 groups with zeros (quantize_row16). */
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__))
+#define ROW_GROUPS(groups) ((((groups) + BLOCK_GROUPS - 1) / BLOCK_GROUPS) * BLOCK_GROUPS)
+#else
+#define ROW_GROUPS(groups) (groups)
+#endif
+#define ROW_CODES(K) (ROW_GROUPS((K) / QK) * QK)
 
 static inline int64_t interleaved_at(int64_t group, int byte, int64_t groups) {
     int64_t block = group / BLOCK_GROUPS, i = group % BLOCK_GROUPS;
@@ -85,7 +107,7 @@ static inline int64_t interleaved_at(int64_t group, int byte, int64_t groups) {
  * part (offset: what the weight codes add to c to make it unsigned, 128 for q8, 16 for q5). */
 #define LO_STEPS 254
 
-#if !MS_VNNI   /* (the VNNI build runs quantize_row_vec, below: the same numbers in vectors) */
+#if !MS_VNNI && !MS_AVX2   /* (vector builds run quantize_row_vec, below: the same numbers) */
 
 static void quantize_row(const void *x, int x_bf16, int64_t K, int offset, int8_t *xi, float *xs, int32_t *seed) {
     const int64_t groups = K / QK;
@@ -161,9 +183,86 @@ static void quantize_row_vec(const void *x, int x_bf16, int64_t K, int offset, i
         seed[groups + g] = -offset * _mm512_reduce_add_epi32(_mm512_add_epi32(l0, l1));
     }
 }
-#define QUANTIZE_ROW quantize_row_vec
+#define QUANTIZE_ROW(x, b, K, o, xi, xs, sd, precise) ((void)(precise), quantize_row_vec(x, b, K, o, xi, xs, sd))
+#elif MS_AVX2
+/* quantize_row in 8-lane vectors: the same float operations lane by lane (bit-identical codes). */
+static inline __m256 load8(const void *x, int x_bf16, int64_t k) {
+    if (!x_bf16) return _mm256_loadu_ps((const float *)x + k);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)x + k));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+static inline __m256i clamp127(__m256i v) {
+    return _mm256_max_epi32(_mm256_min_epi32(v, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+}
+
+static inline int32_t hsum8i(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* AVX2 rows: per group, the same hi and lo as quantize_row (same float operations lane by lane),
+ * stored as one int16 each, v = hi * LO_STEPS + lo (precise) or hi. The AVX2 tile widens 32
+ * weight codes (8 groups of a chunk) with vpunpcklbw / vpunpckhbw, which work per 128-bit lane:
+ * the low unpack holds positions 0-7 and 16-23, the high one 8-15 and 24-31. Each chunk half of
+ * the activations is stored in that order (row_position), so one vpmaddwd pairs them with the
+ * codes. A row holds ROW_CODES(K) int16 (a ragged last block padded with zeros). The group's
+ * scale (times 1 / LO_STEPS when precise) and seed (-offset * sum v) are stored per group. */
+static inline int64_t row_position(int64_t group, int e) {
+    const int64_t block = group / BLOCK_GROUPS, i = group % BLOCK_GROUPS;
+    const int64_t p = 4 * (i % 8) + e % 4;                      /* position in the chunk half */
+    const int64_t in_half = (p % 16 >= 8 ? 16 : 0) + (p / 16) * 8 + p % 8;
+    return block * BLOCK_GROUPS * QK + (e / 4) * 64 + (i / 8) * 32 + in_half;
+}
+
+static void quantize_row16(const void *x, int x_bf16, int64_t K, int offset, int8_t *xi, float *xs, int32_t *seed,
+                           int precise) {
+    const int64_t groups = K / QK, padded = ROW_GROUPS(groups);
+    const __m256 lo_steps = _mm256_set1_ps((float)LO_STEPS);
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i hi_weight = _mm256_set1_epi32(precise ? LO_STEPS : 1);
+    const float unit = precise ? 1.0f / (float)LO_STEPS : 1.0f;
+    int16_t *out = (int16_t *)xi;
+    if (padded > groups) {   /* the ragged last block: zeros where no group is */
+        const int64_t last = groups / BLOCK_GROUPS * BLOCK_GROUPS;
+        memset(out + last * QK, 0, sizeof(int16_t) * (size_t)(BLOCK_GROUPS * QK));
+        for (int64_t g = groups; g < padded; g++) xs[g] = 0.0f, seed[g] = 0;
+    }
+    for (int64_t g = 0; g < groups; g++) {
+        __m256 v[4], m = _mm256_setzero_ps();
+        for (int q = 0; q < 4; q++) {
+            v[q] = load8(x, x_bf16, g * QK + 8 * q);
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[q]));
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float amax = _mm_cvtss_f32(m4);
+        const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        __m256i part[4], sum = _mm256_setzero_si256();
+        for (int q = 0; q < 4; q++) {
+            __m256 scaled = _mm256_mul_ps(v[q], inv);
+            __m256i hi = clamp127(_mm256_cvtps_epi32(scaled));
+            part[q] = _mm256_mullo_epi32(hi, hi_weight);
+            if (precise) {
+                __m256 rest = _mm256_mul_ps(_mm256_sub_ps(scaled, _mm256_cvtepi32_ps(hi)), lo_steps);
+                part[q] = _mm256_add_epi32(part[q], clamp127(_mm256_cvtps_epi32(rest)));
+            }
+            sum = _mm256_add_epi32(sum, part[q]);
+        }
+        int16_t codes[QK];   /* packs work per 128-bit half: a 64-bit permute puts them in order */
+        _mm256_storeu_si256((__m256i *)codes, _mm256_permute4x64_epi64(_mm256_packs_epi32(part[0], part[1]), 0xd8));
+        _mm256_storeu_si256((__m256i *)(codes + 16), _mm256_permute4x64_epi64(_mm256_packs_epi32(part[2], part[3]), 0xd8));
+        for (int j = 0; j < 8; j++) memcpy(out + row_position(g, 4 * j), codes + 4 * j, 8);   /* 4 in a row */
+        xs[g] = amax / 127.0f * unit;
+        seed[g] = -offset * hsum8i(sum);
+    }
+}
+#define QUANTIZE_ROW quantize_row16
 #else
-#define QUANTIZE_ROW quantize_row
+#define QUANTIZE_ROW(x, b, K, o, xi, xs, sd, precise) ((void)(precise), quantize_row(x, b, K, o, xi, xs, sd))
 #endif
 
 #if MS_VNNI
@@ -290,6 +389,151 @@ static void tile_any(const uint8_t *w, int64_t w_stride, const uint16_t *wscales
 #undef TILE_PQ
 #undef TILE_CASE
 }
+#elif MS_AVX2
+/* AVX2: one weight row at a time (one sequential stream per thread, which the hardware prefetch
+ * follows) against up to 2 activation rows. Each 64-byte chunk of a block is taken as 4 quarters
+ * of 16 codes (groups 4q .. 4q + 3), widened to 16-bit lanes; vpmaddwd multiplies them with the
+ * 16-bit activations (quantize_row16), so lanes 2i and 2i + 1 of a quarter's accumulator hold
+ * group i's products. After the block's 8 chunks, hadd gives each group its exact integer (as the
+ * VNNI path has it), scaled by the group's two scales into one float accumulator per row. No
+ * overflow: at most 8 * 2 * 255 * 32385 per lane, seed included. */
+#define MAX_ROWS 2
+
+/* byte i = 0x10 where bit i of `bits` is set (q5's fifth bits of 32 positions) */
+static inline __m256i fifth_bits(uint32_t bits) {
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i select = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i bytes = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread), select);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(bytes, select), _mm256_set1_epi8(0x10));
+}
+
+/* A q5 chunk's 64 codes (c + 16) as bytes: positions 0-31 (half 0) and 32-63 (half 1). */
+static inline void unpack5_halves(const uint8_t *chunk, __m256i half[2]) {
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    __m256i nib = _mm256_loadu_si256((const __m256i *)chunk);
+    uint64_t bits;
+    memcpy(&bits, chunk + 32, 8);
+    half[0] = _mm256_or_si256(_mm256_and_si256(nib, low4), fifth_bits((uint32_t)bits));
+    half[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(nib, 4), low4), fifth_bits((uint32_t)(bits >> 32)));
+}
+
+/* The fp16 scales of 8 groups, n of them present (the rest 0). */
+static inline __m256 eight_f16(const uint16_t *p, int64_t n) {
+    uint16_t part[8] = {0};
+    if (n >= 8) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    if (n > 0) memcpy(part, p, 2 * (size_t)n);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)part));
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+#ifndef AVX2_PREFETCH_BYTES
+#define AVX2_PREFETCH_BYTES 2048   /* how far ahead of the chunk in use its row stream is fetched */
+#endif
+
+/* One block (g groups at b0) of one weight row against ROWS activation rows, into acc. FULL:
+ * g = 16 (every block but a ragged last one). Per chunk, each half (8 groups, 32 codes) widens
+ * in two in-lane unpacks; vpmaddwd with the activations in the same order (row_position) leaves
+ * groups 0, 1, 4, 5 in the low unpack's lane pairs and 2, 3, 6, 7 in the high one's, and after
+ * the 8 chunks one hadd of the two gives the 8 groups' exact integers in order. */
+static inline __attribute__((always_inline)) void block_dot(const uint8_t *w, const uint16_t *wscales,
+        int64_t b0, int64_t g, const int16_t *x16, int64_t row_codes, const float *xs, const int32_t *seed,
+        int64_t row_groups, const int ROWS, const int Q5, const int FULL, __m256 acc[MAX_ROWS]) {
+    const int64_t step = Q5 ? Q5_CHUNK_BYTES : 4 * g;
+    const uint8_t *wb = Q5 ? w + b0 / BLOCK_GROUPS * 8 * Q5_CHUNK_BYTES : w + b0 * QK;
+    const int16_t *ab = x16 + b0 * QK;
+    const int halves = FULL ? 2 : (int)((g + 7) / 8);
+    const __m256i zero = _mm256_setzero_si256();
+    __m256i d[MAX_ROWS][2][2];
+    _Pragma("GCC unroll 4")
+    for (int r = 0; r < ROWS; r++)
+        _Pragma("GCC unroll 2")
+        for (int h = 0; h < 2; h++) d[r][h][0] = d[r][h][1] = zero;
+    _Pragma("GCC unroll 2")
+    for (int j = 0; j < 8; j++) {
+        _mm_prefetch((const char *)(wb + j * step + AVX2_PREFETCH_BYTES), _MM_HINT_T0);
+        __m256i codes[2];
+        if (Q5) {
+            unpack5_halves(wb + j * step, codes);
+        } else {
+            _Pragma("GCC unroll 2")
+            for (int h = 0; h < 2; h++) {
+                if (h >= halves) break;
+                const uint8_t *at = wb + j * step + 32 * h;
+                const int64_t in_half = g - 8 * h;   /* groups of this half: 8 unless ragged */
+                codes[h] = FULL || in_half >= 8 ? _mm256_loadu_si256((const __m256i *)at)
+                         : _mm256_maskload_epi32((const int *)at, _mm256_cmpgt_epi32(
+                               _mm256_set1_epi32((int)in_half), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+            }
+        }
+        _Pragma("GCC unroll 2")
+        for (int h = 0; h < 2; h++) {
+            if (h >= halves) break;
+            const __m256i low = _mm256_unpacklo_epi8(codes[h], zero), high = _mm256_unpackhi_epi8(codes[h], zero);
+            _Pragma("GCC unroll 4")
+            for (int r = 0; r < ROWS; r++) {
+                const int16_t *at = ab + r * row_codes + j * 64 + 32 * h;
+                d[r][h][0] = _mm256_add_epi32(d[r][h][0], _mm256_madd_epi16(low, _mm256_loadu_si256((const __m256i *)at)));
+                d[r][h][1] = _mm256_add_epi32(d[r][h][1], _mm256_madd_epi16(high, _mm256_loadu_si256((const __m256i *)(at + 16))));
+            }
+        }
+    }
+    _Pragma("GCC unroll 2")
+    for (int h = 0; h < 2; h++) {
+        if (h >= halves) break;
+        const __m256 ws = eight_f16(wscales + b0 + 8 * h, FULL ? 8 : g - 8 * h);
+        _Pragma("GCC unroll 4")
+        for (int r = 0; r < ROWS; r++) {
+            const float *xsr = xs + r * row_groups + b0 + 8 * h;
+            const int32_t *sd = seed + r * 2 * row_groups + b0 + 8 * h;
+            const __m256i sums = _mm256_add_epi32(_mm256_hadd_epi32(d[r][h][0], d[r][h][1]),
+                                                  _mm256_loadu_si256((const __m256i *)sd));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(ws, _mm256_loadu_ps(xsr)), acc[r]);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void tile_dot(const uint8_t *w, const uint16_t *wscales, int64_t K,
+        const int8_t *xi, const float *xs, const int32_t *seed, const int ROWS, const int PRECISE, const int Q5,
+        float *out) {
+    const int64_t groups = K / QK, row_groups = ROW_GROUPS(groups), row_codes = ROW_CODES(K);
+    const int16_t *x16 = (const int16_t *)xi;   /* rows of ROW_CODES(K) int16 (quantize_row16) */
+    (void)PRECISE;   /* the scales in xs carry it */
+    __m256 acc[MAX_ROWS];
+    _Pragma("GCC unroll 4")
+    for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
+    int64_t b0 = 0;
+    for (; b0 + BLOCK_GROUPS <= groups; b0 += BLOCK_GROUPS)
+        block_dot(w, wscales, b0, BLOCK_GROUPS, x16, row_codes, xs, seed, row_groups, ROWS, Q5, 1, acc);
+    if (b0 < groups)
+        block_dot(w, wscales, b0, groups - b0, x16, row_codes, xs, seed, row_groups, ROWS, Q5, 0, acc);
+    _Pragma("GCC unroll 4")
+    for (int r = 0; r < ROWS; r++) out[r] = hsum8(acc[r]);
+}
+
+/* One weight row per tile (COLS_WIDE 1); rows of activations 2 at a time (4 + 4 accumulators
+ * per row pair and the 4 widened quarters fit the 16 ymm registers). */
+#define TILE_ROWS(precise) 2
+#define COLS_WIDE 1
+#define MAX_TILE MAX_ROWS
+
+static void tile_any(const uint8_t *w, int64_t w_stride, const uint16_t *wscales, int64_t K, const int8_t *xi,
+                     const float *xs, const int32_t *seed, int rows, int cols, int precise, int q5, float *out) {
+    (void)w_stride, (void)cols;   /* always one weight row */
+#define TILE_CASE(R, P, Q) case ((R) * 2 + (P)) * 2 + (Q): tile_dot(w, wscales, K, xi, xs, seed, R, P, Q, out); break;
+    switch ((rows * 2 + (precise != 0)) * 2 + (q5 != 0)) {
+        TILE_CASE(1, 0, 0) TILE_CASE(1, 0, 1) TILE_CASE(1, 1, 0) TILE_CASE(1, 1, 1)
+        TILE_CASE(2, 0, 0) TILE_CASE(2, 0, 1) TILE_CASE(2, 1, 0) TILE_CASE(2, 1, 1)
+        default: break;
+    }
+#undef TILE_CASE
+}
 #else
 /* portable: one weight row at a time, every activation row of the tile against it */
 static void row_dot(const uint8_t *w, const uint16_t *wscales, int64_t K, const int8_t *xi, const float *xs,
@@ -361,8 +605,8 @@ int64_t ms_q5_row_bytes(int64_t K) {
 typedef struct { int8_t *xi; float *xs; int32_t *seed; } activations;
 
 static int allocate(int64_t M, int64_t K, activations *a) {
-    const int64_t groups = K / QK;
-    a->xi = malloc((size_t)(2 * M * K));
+    const int64_t groups = ROW_GROUPS(K / QK);
+    a->xi = malloc((size_t)(2 * M * ROW_CODES(K)));
     a->xs = malloc(sizeof(float) * (size_t)(M * groups));
     a->seed = malloc(sizeof(int32_t) * (size_t)(2 * M * groups));
     return a->xi && a->xs && a->seed ? 0 : -2;
@@ -379,11 +623,12 @@ static inline void store(void *y, int y_bf16, int64_t at, float v) {
  * parallel region (microseconds; one barrier less), many inside it, shared by the threads. */
 #define PARALLEL_MIN_ROWS 4
 
-static void quantize_rows(const void *x, int x_bf16, int64_t first, int64_t end, int64_t K, int q5, activations *a) {
+static void quantize_rows(const void *x, int x_bf16, int64_t first, int64_t end, int64_t K, int q5, int precise,
+                          activations *a) {
     const int64_t groups = K / QK;
     for (int64_t m = first; m < end; m++)
-        QUANTIZE_ROW((const char *)x + m * K * (x_bf16 ? 2 : 4), x_bf16, K, q5 ? 16 : 128, a->xi + 2 * m * K,
-                     a->xs + m * groups, a->seed + 2 * m * groups);
+        QUANTIZE_ROW((const char *)x + m * K * (x_bf16 ? 2 : 4), x_bf16, K, q5 ? 16 : 128, a->xi + 2 * m * ROW_CODES(K),
+                     a->xs + m * ROW_GROUPS(groups), a->seed + 2 * m * ROW_GROUPS(groups), precise);
 }
 
 /* Weight rows n .. n + cols - 1 against every activation row, written to y (+ bias). */
@@ -395,8 +640,8 @@ static void column_tile(const activations *a, int64_t M, int64_t K, const uint8_
     float out[MAX_TILE];
     for (int64_t m0 = 0; m0 < M; m0 += tile_rows) {
         const int rows = (int)(M - m0 < tile_rows ? M - m0 : tile_rows);
-        tile_any(weights + n * row_bytes, row_bytes, scales + n * groups, K, a->xi + 2 * m0 * K, a->xs + m0 * groups,
-                 a->seed + 2 * m0 * groups, rows, cols, precise, q5, out);
+        tile_any(weights + n * row_bytes, row_bytes, scales + n * groups, K, a->xi + 2 * m0 * ROW_CODES(K),
+                 a->xs + m0 * ROW_GROUPS(groups), a->seed + 2 * m0 * ROW_GROUPS(groups), rows, cols, precise, q5, out);
         for (int r = 0; r < rows; r++)
             for (int c = 0; c < cols; c++)
                 store(y, y_bf16, (m0 + r) * N + n + c, out[r * cols + c] + (bias ? bias[n + c] : 0.0f));
@@ -414,12 +659,12 @@ static int linear(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t
     activations a;
     if (allocate(M, K, &a) != 0) { release(&a); return -2; }
     const int parallel_rows = M >= PARALLEL_MIN_ROWS;
-    if (!parallel_rows) quantize_rows(x, x_bf16, 0, M, K, q5, &a);
+    if (!parallel_rows) quantize_rows(x, x_bf16, 0, M, K, q5, precise, &a);
     #pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads())
     {
         if (parallel_rows) {
             #pragma omp for schedule(static)
-            for (int64_t m = 0; m < M; m++) quantize_rows(x, x_bf16, m, m + 1, K, q5, &a);
+            for (int64_t m = 0; m < M; m++) quantize_rows(x, x_bf16, m, m + 1, K, q5, precise, &a);
         }
         #pragma omp for schedule(static)
         for (int64_t t = 0; t < tiles; t++) {
