@@ -8,6 +8,12 @@ switch, their ratio, and how many greedy texts came out the same. It also times 
 step's work outside the linears: the same generation with every q8 linear replaced by an
 empty result of the right shape (what is left is norms, rotary, attention, the residual
 stream, sampling and Python). Writes ``results/fused_ops.{json,png}``.
+
+``--agreement``: instead, the free-running greedy agreement with bf16 (``none``) on
+bench.quantization's prompts and metric, for torch's small ops, the per-element ones in C
+(rotary, silu * up), and every one in C (RMSNorm and attention too): which of them round
+like torch's kernels on this CPU (engine.fused.reductions_like_torch). Writes
+``fused_agreement.json``.
 """
 from __future__ import annotations
 
@@ -71,6 +77,29 @@ def measure(engine: Engine, rounds: int, tokens: int) -> dict[str, Any]:
             "samples": {"fused": rates[True], "torch_ops": rates[False]}}
 
 
+AGREEMENT_VARIANTS = (("torch ops", False, False), ("rotary and silu in C", True, False), ("all in C", True, True))
+
+
+def agreement(engine: Engine, reference: Engine, tokens: int) -> dict[str, Any]:
+    """Free-running agreement with ``reference`` per variant (fused, C reductions)."""
+    from bench.quantization import PROMPTS as QUALITY_PROMPTS
+    from bench.quantization_quality import free_running
+
+    def texts(eng: Engine) -> list[list[int]]:
+        return [eng.generate(_request(prompt, tokens)).token_ids for prompt in QUALITY_PROMPTS]
+
+    want = texts(reference)
+    forward = engine.loop.call(lambda: forward_for(engine))
+    default = (forward.fused, forward.c_reductions)
+    out = {}
+    for name, fused, reductions in AGREEMENT_VARIANTS:
+        engine.loop.call(lambda: (setattr(forward, "fused", fused), setattr(forward, "c_reductions", reductions)))
+        out[name] = free_running(want, texts(engine))
+        print(f"{name}: {out[name]}", flush=True)
+    engine.loop.call(lambda: (setattr(forward, "fused", default[0]), setattr(forward, "c_reductions", default[1])))
+    return {"this_cpu_default": {"fused": default[0], "c_reductions": default[1]}, "agreement": out}
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -91,12 +120,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--out", default="results")
+    parser.add_argument("--agreement", action="store_true", help="agreement with bf16 per variant, not speed")
     args = parser.parse_args(argv)
     engine = Engine(load_settings(quant="q8", device="cpu", dtype="bfloat16", threads=2)).load()
     machine = {**machine_info(), "cpu_model": cpu_model(), "read_bandwidth_gbs": read_bandwidth_gbs(),
                "command": "python -m bench.fused_ops " + " ".join(sys.argv[1:] if argv is None else argv)}
-    result = measure(engine, args.rounds, args.tokens)
     out = Path(args.out)
+    if args.agreement:
+        reference = Engine(load_settings(quant="none", device="cpu", dtype="bfloat16", threads=2)).load()
+        result = agreement(engine, reference, tokens=32)
+        write_json(out / "fused_agreement.json", {"machine": machine, "args": vars(args), **result})
+        print(f"wrote {out}/fused_agreement.json")
+        reference.close()
+        engine.close()
+        return 0
+    result = measure(engine, args.rounds, args.tokens)
     write_json(out / "fused_ops.json", {"machine": machine, "args": vars(args), **result})
     plot(result, out / "fused_ops.png")
     print(f"fused {result['fused_tok_s']} tok/s vs torch ops {result['torch_ops_tok_s']}: {result['x']}x; "

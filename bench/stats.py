@@ -40,12 +40,31 @@ def machine_info() -> dict[str, Any]:
     import importlib.util
 
     info: dict[str, Any] = {"cpus": os.cpu_count(), "platform": platform.platform(),
-                            "python": platform.python_version()}
+                            "python": platform.python_version(), **_cpu()}
     if importlib.util.find_spec("torch"):
         import torch
 
-        info.update(torch=torch.__version__, torch_threads=torch.get_num_threads())
+        info.update(torch=torch.__version__, torch_threads=torch.get_num_threads(),
+                    torch_cpu_capability=torch.backends.cpu.get_cpu_capability())
+        try:
+            from engine.quant import native
+
+            info["q8_vector_path"] = native.vector_path()
+        except Exception as exc:  # no compiler: say so, the figures are still the run's
+            info["q8_vector_path"] = f"unavailable: {exc}"
     return info
+
+
+def _cpu() -> dict[str, Any]:
+    """The CPU's model name and the vector extensions the kernels care about: an AVX2-only CPU
+    runs other kernel paths (and torch other kernels) than an AVX-512 one."""
+    try:
+        line = next((l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("flags")), "")
+    except OSError:
+        line = ""
+    flags = set(line.split(":", 1)[-1].split())
+    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16")
+    return {"cpu_model": cpu_model(), "cpu_flags": [f for f in wanted if f in flags]}
 
 
 def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:

@@ -7,6 +7,9 @@ are one call each. They round where transformers rounds in bf16, but sums and ex
 may round in another order, so only forwards that promise no token equality with
 ``official`` use them: low-bit weights, bf16, on CPU (:func:`fused_for`). ``none`` keeps
 torch's ops and its exact tokens.
+
+The RMSNorm and the attention sum over a row; how close their rounding comes to torch's
+depends on torch's own kernels, which differ by CPU (:func:`reductions_like_torch`).
 """
 from __future__ import annotations
 
@@ -37,6 +40,20 @@ def fused_for(weights: Any) -> bool:
         log_event(logger, "fused_ops_unavailable", level=logging.WARNING, reason=str(exc))
         return False
     return True
+
+
+# torch CPU capabilities (torch.backends.cpu.get_cpu_capability()) on which the C RMSNorm and
+# attention round closely enough to torch's kernels that q8 keeps its agreement with bf16
+# (AVX-512: 0.995 free-running, results/quantization.json). With torch's AVX2 kernels they did
+# not: 0.838 against 1.000 with torch's RMSNorm and attention (python -m bench.fused_ops
+# --agreement, results/avx2/fused_agreement.json), so there only the per-element operations
+# (rotary, silu * up) run in C.
+REDUCTIONS_LIKE_TORCH = ("AVX512",)
+
+
+def reductions_like_torch() -> bool:
+    """Whether a fused forward also runs the C RMSNorm and decode attention on this CPU."""
+    return torch.backends.cpu.get_cpu_capability() in REDUCTIONS_LIKE_TORCH
 
 
 @functools.lru_cache(maxsize=1)

@@ -149,3 +149,11 @@ def test_paged_steps_with_several_tokens_per_sequence_match_the_torch_path(count
     got = paged_attention(pools[1], 0, batch, q, k, v, fused=True)
     assert torch.equal(pools[0].k, pools[1].k) and torch.equal(pools[0].v, pools[1].v)
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_rms_norm_and_attention_run_in_c_only_where_they_round_like_torchs_kernels(monkeypatch):
+    """Measured: on torch's AVX-512 kernels the C reductions keep q8's agreement with bf16; on
+    its AVX2 ones they did not (results/avx2/fused_agreement.json), so there they stay torch's."""
+    for capability, expected in (("AVX512", True), ("AVX2", False), ("DEFAULT", False)):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+        assert fused.reductions_like_torch() is expected

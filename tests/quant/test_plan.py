@@ -120,3 +120,29 @@ def test_every_handwritten_method_runs_under_each_low_bit_plan(quant_model_dir, 
     outputs = {m: engine.generate(request(m)).token_ids for m in HANDWRITTEN}
     assert len({tuple(ids) for ids in outputs.values()}) == 1
     assert engine.generate(request("official")).finish_reason == "length"
+
+
+@pytest.mark.parametrize("c_reductions", [True, False])
+def test_a_fused_forward_runs_the_c_norm_and_attention_only_with_c_reductions(quant_model_dir, tmp_path,
+                                                                              monkeypatch, c_reductions):
+    import engine.fused as fused_ops
+    import engine.kv_cache as kv_cache
+
+    engine = Engine(load_settings(model=str(quant_model_dir), device="cpu", dtype="bfloat16",
+                                  quant="q8", cache_dir=tmp_path)).load()
+    forward = engine.loop.call(lambda: forward_for(engine))
+    engine.loop.call(lambda: setattr(forward, "c_reductions", c_reductions))
+    calls = {"rms_norm": 0, "attend_decode": 0, "silu_mul": 0}
+
+    def counting(module, name):
+        original = getattr(module, name)
+
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return original(*args, **kwargs)
+        monkeypatch.setattr(module, name, wrapper)
+    counting(fused_ops, "rms_norm"), counting(kv_cache, "attend_decode"), counting(fused_ops, "silu_mul")
+    engine.generate(GenerationRequest(messages=[{"role": "user", "content": "Hi"}], method="custom_cache",
+                                      sampling=SamplingParams(max_new_tokens=3)))
+    assert forward.fused and calls["silu_mul"] > 0
+    assert (calls["rms_norm"] > 0, calls["attend_decode"] > 0) == (c_reductions, c_reductions)
