@@ -94,15 +94,15 @@ class Qwen2Forward:
 
             fused = fused_for(weights)
         self.fused = fused
-        self.c_reductions = fused_ops.reductions_like_torch()
+        self.c_attention = fused_ops.attention_like_torch()
 
     @property
-    def fused_reductions(self) -> bool:
-        """Whether the RMSNorms and decode attention run in C too (engine.fused.reductions_like_torch)."""
-        return self.fused and self.c_reductions
+    def fused_attention(self) -> bool:
+        """Whether the decode attention runs in C too (engine.fused.attention_like_torch)."""
+        return self.fused and self.c_attention
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        if self.fused_reductions:
+        if self.fused:
             return fused_ops.rms_norm(x, weight, self.config.rms_eps)
         return rms_norm(x, weight, self.config.rms_eps)
 

@@ -8,8 +8,10 @@ may round in another order, so only forwards that promise no token equality with
 ``official`` use them: low-bit weights, bf16, on CPU (:func:`fused_for`). ``none`` keeps
 torch's ops and its exact tokens.
 
-The RMSNorm and the attention sum over a row; how close their rounding comes to torch's
-depends on torch's own kernels, which differ by CPU (:func:`reductions_like_torch`).
+How closely the sums over a row (RMSNorm, attention) round like torch's depends on torch's own
+kernels, which differ by CPU: the RMSNorm sums in torch's order where its vectors hold 8 floats
+(:func:`torch_sum_lanes`), and the attention runs in C only where it was measured to keep q8's
+agreement with bf16 (:func:`attention_like_torch`).
 """
 from __future__ import annotations
 
@@ -42,18 +44,17 @@ def fused_for(weights: Any) -> bool:
     return True
 
 
-# torch CPU capabilities (torch.backends.cpu.get_cpu_capability()) on which the C RMSNorm and
-# attention round closely enough to torch's kernels that q8 keeps its agreement with bf16
-# (AVX-512: 0.995 free-running, results/quantization.json). With torch's AVX2 kernels they did
-# not: 0.838 against 1.000 with torch's RMSNorm and attention (python -m bench.fused_ops
-# --agreement, results/avx2/fused_agreement.json), so there only the per-element operations
-# (rotary, silu * up) run in C.
-REDUCTIONS_LIKE_TORCH = ("AVX512",)
+# torch CPU capabilities (torch.backends.cpu.get_cpu_capability()) on which the C decode
+# attention rounds closely enough to torch's SDPA that q8 keeps its agreement with bf16
+# (AVX-512: 0.995 free-running, results/quantization.json). With torch's AVX2 kernels it did
+# not (python -m bench.fused_ops --agreement, results/avx2/fused_agreement.json), so there the
+# decode step attends through torch's SDPA and the other small operations run in C.
+ATTENTION_LIKE_TORCH = ("AVX512",)
 
 
-def reductions_like_torch() -> bool:
-    """Whether a fused forward also runs the C RMSNorm and decode attention on this CPU."""
-    return torch.backends.cpu.get_cpu_capability() in REDUCTIONS_LIKE_TORCH
+def attention_like_torch() -> bool:
+    """Whether a fused forward also attends in C on this CPU."""
+    return torch.backends.cpu.get_cpu_capability() in ATTENTION_LIKE_TORCH
 
 
 @functools.lru_cache(maxsize=1)
@@ -65,12 +66,21 @@ def _library() -> Any:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm of the rows of a contiguous bf16 ``x [n, dim]`` (as engine.forward.rms_norm)."""
+    """RMSNorm of the rows of a contiguous bf16 ``x [n, dim]`` (as engine.forward.rms_norm; bit
+    for bit where torch's vectors hold 8 floats, :func:`torch_sum_lanes`)."""
     x = x.contiguous()
     out = torch.empty_like(x)
     _library().ms_rms_norm_bf16(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // x.shape[-1],
-                                x.shape[-1], eps)
+                                x.shape[-1], eps, torch_sum_lanes())
     return out
+
+
+@functools.lru_cache(maxsize=1)
+def torch_sum_lanes() -> int:
+    """Lanes of torch's float vectors whose summation order the C RMSNorm reproduces: 8 (its
+    AVX2 and default kernels: checked bit for bit here); 0 on AVX-512, where the C sum keeps its
+    own order (16 partial sums), which kept q8's agreement with bf16 there (0.995)."""
+    return 0 if torch.backends.cpu.get_cpu_capability() == "AVX512" else 8
 
 
 def rotary_(rows: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor) -> None:

@@ -86,7 +86,7 @@ def _new_cache(forward: Qwen2Forward, prompt: Prompt, request: GenerationRequest
     """Sized for the whole request; ``extra`` room for drafts verified past the last token."""
     capacity = len(prompt.ids) + request.sampling.max_new_tokens + extra
     return ContiguousKVCache(forward.config, capacity, forward.weights.dtype, forward.weights.device,
-                             exact=exact_attention(forward.weights), fused=forward.fused_reductions)
+                             exact=exact_attention(forward.weights), fused=forward.fused_attention)
 
 
 def _run_cached(engine: Any, prompt: Prompt, run: GenerationRun, request: GenerationRequest, penalty: float,

@@ -73,7 +73,7 @@ class PagedQwen2:
         # in the head too, as bench.quantization --kernels times a step's linears
         # (results/quant_kernels_step.csv: 41.1 ms at 8 rows with two bytes, 28.9 with one)
         with q8.batched_decode() if decode_only else nullcontext():
-            hidden = self.forward_model.hidden(input_ids, PagedAttentionCache(pool, batch, self.forward_model.fused_reductions))
+            hidden = self.forward_model.hidden(input_ids, PagedAttentionCache(pool, batch, self.forward_model.fused_attention))
             if rows is not None:
                 return self.forward_model.logits(hidden[rows])
             return self.forward_model.logits(hidden if all_logits else hidden[batch.last_index])

@@ -110,7 +110,7 @@ def _declare_decode(lib: ctypes.CDLL) -> None:
     """Signatures of decode.c's functions (engine.fused calls them)."""
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     signatures = {
-        "ms_rms_norm_bf16": [ptr, ptr, ptr, i64, i64, ctypes.c_float],
+        "ms_rms_norm_bf16": [ptr, ptr, ptr, i64, i64, ctypes.c_float, ctypes.c_int],
         "ms_rotary_bf16": [ptr, i64, i64, i64, i64, ptr, ptr],
         "ms_silu_mul_bf16": [ptr, ptr, i64, i64],
         "ms_attend_decode_bf16": [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, ctypes.c_float, ptr,

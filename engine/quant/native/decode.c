@@ -76,22 +76,73 @@ static inline __m256 exp8(__m256 x) {
 }
 #endif
 
+/* torch's float32 sum of a contiguous row (aten's SumKernel: vectorized_inner_sum -> row_sum ->
+ * multi_row_sum), for its vectors of `lanes` floats: rows of 4 vectors summed into 4 x 4
+ * accumulator vectors in a cascade of 4 levels, then the 4 vectors, then the lanes in order.
+ * Checked bit for bit against torch with 8 lanes (its AVX2 and default kernels). */
+#define MAX_SUM_LANES 16
+static float torch_row_sum(const float *v, int64_t n, int lanes) {
+    enum { LEVELS = 4, ILP = 4 };
+    const int64_t vectors = n / lanes, rows = vectors / ILP;
+    int64_t ceil_log2 = 0;
+    while (((int64_t)1 << ceil_log2) < rows) ceil_log2++;
+    const int64_t power = ceil_log2 / LEVELS > 4 ? ceil_log2 / LEVELS : 4, step = (int64_t)1 << power;
+    float acc[LEVELS][ILP][MAX_SUM_LANES] = {{{0}}};
+    int64_t i = 0;
+    for (; i + step <= rows;) {
+        for (int64_t j = 0; j < step; j++, i++)
+            for (int k = 0; k < ILP; k++)
+                for (int l = 0; l < lanes; l++) acc[0][k][l] += v[(i * ILP + k) * lanes + l];
+        for (int level = 1; level < LEVELS; level++) {
+            for (int k = 0; k < ILP; k++)
+                for (int l = 0; l < lanes; l++) acc[level][k][l] += acc[level - 1][k][l], acc[level - 1][k][l] = 0.0f;
+            if ((i & ((step - 1) << (level * power))) != 0) break;
+        }
+    }
+    for (; i < rows; i++)
+        for (int k = 0; k < ILP; k++)
+            for (int l = 0; l < lanes; l++) acc[0][k][l] += v[(i * ILP + k) * lanes + l];
+    for (int level = 1; level < LEVELS; level++)
+        for (int k = 0; k < ILP; k++)
+            for (int l = 0; l < lanes; l++) acc[0][k][l] += acc[level][k][l];
+    for (int64_t x = rows * ILP; x < vectors; x++)
+        for (int l = 0; l < lanes; l++) acc[0][0][l] += v[x * lanes + l];
+    for (int k = 1; k < ILP; k++)
+        for (int l = 0; l < lanes; l++) acc[0][0][l] += acc[0][k][l];
+    float total = 0.0f;
+    for (int64_t x = vectors * lanes; x < n; x++) total += v[x];
+    for (int l = 0; l < lanes; l++) total += acc[0][0][l];
+    return total;
+}
+
 /* RMSNorm of `rows` rows of `dim` as transformers' Qwen2RMSNorm in bf16: h = x * rsqrt(mean(x^2)
- * + eps) in float32, rounded to bf16, times the bf16 weight (rounded). */
-int ms_rms_norm_bf16(const uint16_t *x, const uint16_t *weight, uint16_t *out, int64_t rows, int64_t dim, float eps) {
+ * + eps) in float32, rounded to bf16, times the bf16 weight (rounded). torch_lanes > 0: the sum
+ * of squares in torch's order for its vectors of that many floats (then bit-identical to torch's
+ * RMSNorm); 0: in 16 partial sums (within a rounding step of torch's). */
+int ms_rms_norm_bf16(const uint16_t *x, const uint16_t *weight, uint16_t *out, int64_t rows, int64_t dim, float eps,
+                     int torch_lanes) {
+    if (torch_lanes < 0 || torch_lanes > MAX_SUM_LANES) return 1;
+    float *squares = torch_lanes ? malloc(sizeof(float) * (size_t)dim) : NULL;
+    if (torch_lanes && !squares) return 2;
     for (int64_t r = 0; r < rows; r++) {
         const uint16_t *xr = x + r * dim;
         uint16_t *o = out + r * dim;
-        float partial[16] = {0};
-        int64_t i = 0;
-        for (; i + 16 <= dim; i += 16)
-            for (int j = 0; j < 16; j++) partial[j] += bf16_to_f32(xr[i + j]) * bf16_to_f32(xr[i + j]);
         float sum = 0.0f;
-        for (int j = 0; j < 16; j++) sum += partial[j];
-        for (; i < dim; i++) sum += bf16_to_f32(xr[i]) * bf16_to_f32(xr[i]);
+        if (torch_lanes) {
+            for (int64_t i = 0; i < dim; i++) squares[i] = bf16_to_f32(xr[i]) * bf16_to_f32(xr[i]);
+            sum = torch_row_sum(squares, dim, torch_lanes);
+        } else {
+            float partial[16] = {0};
+            int64_t i = 0;
+            for (; i + 16 <= dim; i += 16)
+                for (int j = 0; j < 16; j++) partial[j] += bf16_to_f32(xr[i + j]) * bf16_to_f32(xr[i + j]);
+            for (int j = 0; j < 16; j++) sum += partial[j];
+            for (; i < dim; i++) sum += bf16_to_f32(xr[i]) * bf16_to_f32(xr[i]);
+        }
         float scale = 1.0f / sqrtf(sum / (float)dim + eps);
-        for (i = 0; i < dim; i++) o[i] = f32_to_bf16(bf16_to_f32(weight[i]) * round_bf(bf16_to_f32(xr[i]) * scale));
+        for (int64_t i = 0; i < dim; i++) o[i] = f32_to_bf16(bf16_to_f32(weight[i]) * round_bf(bf16_to_f32(xr[i]) * scale));
     }
+    free(squares);
     return 0;
 }
 
