@@ -6,7 +6,8 @@
  * of the read bandwidth here; bf16 reads twice the bytes. Groups of 32 keep the error of
  * each weight within half a step of its own group (the default model's GGUF tensors are
  * Q5_0 / Q8_0 in groups of 32, so they are stored exactly), and AVX512-VNNI's vpdpbusd does
- * 64 byte products per instruction, so the kernel stays bound by bandwidth.
+ * 64 byte products per instruction, so the kernel stays bound by bandwidth. CPUs with AVX2 only
+ * take another path to the same integers (MS_AVX2, below).
  *
  * Storage (engine/quant/q8.py builds it): codes u8 [N, K] = c + 128 (interleaved, below) (c in -127..127), scales
  * fp16 [N, K/32], w[n, k] = scale[n, k/32] * c[n, k]. K is a multiple of 32.
@@ -391,12 +392,11 @@ static void tile_any(const uint8_t *w, int64_t w_stride, const uint16_t *wscales
 }
 #elif MS_AVX2
 /* AVX2: one weight row at a time (one sequential stream per thread, which the hardware prefetch
- * follows) against up to 2 activation rows. Each 64-byte chunk of a block is taken as 4 quarters
- * of 16 codes (groups 4q .. 4q + 3), widened to 16-bit lanes; vpmaddwd multiplies them with the
- * 16-bit activations (quantize_row16), so lanes 2i and 2i + 1 of a quarter's accumulator hold
- * group i's products. After the block's 8 chunks, hadd gives each group its exact integer (as the
- * VNNI path has it), scaled by the group's two scales into one float accumulator per row. No
- * overflow: at most 8 * 2 * 255 * 32385 per lane, seed included. */
+ * follows) against up to 2 activation rows. Each 32-byte half of a chunk (8 groups) widens to
+ * 16-bit lanes in two in-lane unpacks; vpmaddwd multiplies them with the 16-bit activations,
+ * stored in the unpacks' order (quantize_row16), and after the block's 8 chunks one hadd gives
+ * each group its exact integer (as the VNNI path has it), scaled by the group's two scales into
+ * one float accumulator per row (block_dot). No overflow: at most 8 * 2 * 255 * 32385 per lane. */
 #define MAX_ROWS 2
 
 /* byte i = 0x10 where bit i of `bits` is set (q5's fifth bits of 32 positions) */
@@ -517,8 +517,8 @@ static inline __attribute__((always_inline)) void tile_dot(const uint8_t *w, con
     for (int r = 0; r < ROWS; r++) out[r] = hsum8(acc[r]);
 }
 
-/* One weight row per tile (COLS_WIDE 1); rows of activations 2 at a time (4 + 4 accumulators
- * per row pair and the 4 widened quarters fit the 16 ymm registers). */
+/* One weight row per tile (COLS_WIDE 1); rows of activations 2 at a time (8 integer
+ * accumulators, 2 float ones and the widened codes fit the 16 ymm registers). */
 #define TILE_ROWS(precise) 2
 #define COLS_WIDE 1
 #define MAX_TILE MAX_ROWS
