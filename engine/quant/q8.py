@@ -6,7 +6,7 @@ half a step of its own group's range, where per-row int8 (``int8``) shares one s
 896-4864 inputs; the default model's GGUF stores most tensors as Q5_0 or Q8_0 in groups of 32,
 whose values this format holds exactly. The kernel (:mod:`engine.quant.native`, ``q8.c``)
 quantizes the activations the same way and multiplies in integers (AVX512-VNNI's vpdpbusd,
-or AVX2's vpmaddubsw where the CPU has no AVX-512).
+or AVX2's vpmaddwd on widened codes where the CPU has no AVX-512).
 
 Storage: ``codes`` uint8 ``[N, K]`` holding ``c + 128`` (the kernel's unsigned operand) in the
 kernel's interleaved order (:func:`interleave`), ``scales`` fp16 ``[N, K / 32]``; K is

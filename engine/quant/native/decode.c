@@ -76,12 +76,14 @@ static inline __m256 exp8(__m256 x) {
 }
 #endif
 
-/* torch's float32 sum of a contiguous row (aten's SumKernel: vectorized_inner_sum -> row_sum ->
- * multi_row_sum), for its vectors of `lanes` floats: rows of 4 vectors summed into 4 x 4
+/* torch's float32 sum of the squares of a bf16 row, x.float().pow(2).sum() (aten's SumKernel:
+ * vectorized_inner_sum -> row_sum -> multi_row_sum), for its vectors of `lanes` floats: rows of 4 vectors summed into 4 x 4
  * accumulator vectors in a cascade of 4 levels, then the 4 vectors, then the lanes in order.
  * Checked bit for bit against torch with 8 lanes (its AVX2 and default kernels). */
 #define MAX_SUM_LANES 16
-static float torch_row_sum(const float *v, int64_t n, int lanes) {
+static inline float square_at(const uint16_t *x, int64_t i) { return bf16_to_f32(x[i]) * bf16_to_f32(x[i]); }
+
+static float torch_row_sum(const uint16_t *x, int64_t n, int lanes) {
     enum { LEVELS = 4, ILP = 4 };
     const int64_t vectors = n / lanes, rows = vectors / ILP;
     int64_t ceil_log2 = 0;
@@ -92,7 +94,7 @@ static float torch_row_sum(const float *v, int64_t n, int lanes) {
     for (; i + step <= rows;) {
         for (int64_t j = 0; j < step; j++, i++)
             for (int k = 0; k < ILP; k++)
-                for (int l = 0; l < lanes; l++) acc[0][k][l] += v[(i * ILP + k) * lanes + l];
+                for (int l = 0; l < lanes; l++) acc[0][k][l] += square_at(x, (i * ILP + k) * lanes + l);
         for (int level = 1; level < LEVELS; level++) {
             for (int k = 0; k < ILP; k++)
                 for (int l = 0; l < lanes; l++) acc[level][k][l] += acc[level - 1][k][l], acc[level - 1][k][l] = 0.0f;
@@ -101,16 +103,16 @@ static float torch_row_sum(const float *v, int64_t n, int lanes) {
     }
     for (; i < rows; i++)
         for (int k = 0; k < ILP; k++)
-            for (int l = 0; l < lanes; l++) acc[0][k][l] += v[(i * ILP + k) * lanes + l];
+            for (int l = 0; l < lanes; l++) acc[0][k][l] += square_at(x, (i * ILP + k) * lanes + l);
     for (int level = 1; level < LEVELS; level++)
         for (int k = 0; k < ILP; k++)
             for (int l = 0; l < lanes; l++) acc[0][k][l] += acc[level][k][l];
-    for (int64_t x = rows * ILP; x < vectors; x++)
-        for (int l = 0; l < lanes; l++) acc[0][0][l] += v[x * lanes + l];
+    for (int64_t v = rows * ILP; v < vectors; v++)
+        for (int l = 0; l < lanes; l++) acc[0][0][l] += square_at(x, v * lanes + l);
     for (int k = 1; k < ILP; k++)
         for (int l = 0; l < lanes; l++) acc[0][0][l] += acc[0][k][l];
     float total = 0.0f;
-    for (int64_t x = vectors * lanes; x < n; x++) total += v[x];
+    for (int64_t t = vectors * lanes; t < n; t++) total += square_at(x, t);
     for (int l = 0; l < lanes; l++) total += acc[0][0][l];
     return total;
 }
@@ -122,15 +124,12 @@ static float torch_row_sum(const float *v, int64_t n, int lanes) {
 int ms_rms_norm_bf16(const uint16_t *x, const uint16_t *weight, uint16_t *out, int64_t rows, int64_t dim, float eps,
                      int torch_lanes) {
     if (torch_lanes < 0 || torch_lanes > MAX_SUM_LANES) return 1;
-    float *squares = torch_lanes ? malloc(sizeof(float) * (size_t)dim) : NULL;
-    if (torch_lanes && !squares) return 2;
     for (int64_t r = 0; r < rows; r++) {
         const uint16_t *xr = x + r * dim;
         uint16_t *o = out + r * dim;
         float sum = 0.0f;
         if (torch_lanes) {
-            for (int64_t i = 0; i < dim; i++) squares[i] = bf16_to_f32(xr[i]) * bf16_to_f32(xr[i]);
-            sum = torch_row_sum(squares, dim, torch_lanes);
+            sum = torch_row_sum(xr, dim, torch_lanes);
         } else {
             float partial[16] = {0};
             int64_t i = 0;
@@ -142,7 +141,6 @@ int ms_rms_norm_bf16(const uint16_t *x, const uint16_t *weight, uint16_t *out, i
         float scale = 1.0f / sqrtf(sum / (float)dim + eps);
         for (int64_t i = 0; i < dim; i++) o[i] = f32_to_bf16(bf16_to_f32(weight[i]) * round_bf(bf16_to_f32(xr[i]) * scale));
     }
-    free(squares);
     return 0;
 }
 

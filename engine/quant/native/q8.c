@@ -86,7 +86,7 @@ int ms_q8_simd(void) { return MS_VNNI ? 2 : (MS_AVX2 ? 1 : 0); }
 /* Per activation row, the scales and seeds take ROW_GROUPS(groups) entries and the codes
  * ROW_GROUPS(groups) * QK: one per group and input, except in the AVX2 build, which pads a
  * ragged last block to 16 groups with zeros (quantize_row16). */
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__))
+#if MS_AVX2
 #define ROW_GROUPS(groups) ((((groups) + BLOCK_GROUPS - 1) / BLOCK_GROUPS) * BLOCK_GROUPS)
 #else
 #define ROW_GROUPS(groups) (groups)
