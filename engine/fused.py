@@ -142,3 +142,24 @@ def paged_attend(pool: Any, layer: int, block_tables: torch.Tensor, rows: torch.
     if status != 0:
         raise RuntimeError(f"paged attention failed with status {status}")
     return out
+
+
+def paged_gather(pool: Any, layer: int, block_tables: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,
+                 v: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Store a paged step's new ``k, v [n, kv_heads, d]`` at ``slots`` of one layer, then return
+    positions ``0..length-1`` of each block table's keys and values as ``[batch, kv_heads,
+    length, d]``, for torch's attention: the values torch's indexing, gather and transpose
+    produce, in one C call (those ops cost ~60 us per layer of a decode step)."""
+    geometry = pool.geometry
+    k, v = k.contiguous(), v.contiguous()
+    tables, slots = block_tables.contiguous(), slots.contiguous()
+    batch = tables.shape[0]
+    keys = k.new_empty(batch, geometry.num_kv_heads, length, geometry.head_dim)
+    values = torch.empty_like(keys)
+    status = _library().ms_paged_gather_bf16(
+        k.data_ptr(), v.data_ptr(), slots.data_ptr(), slots.shape[0], pool.k.data_ptr(), pool.v.data_ptr(),
+        geometry.num_layers, layer, pool.block_size, geometry.num_kv_heads, geometry.head_dim, tables.data_ptr(),
+        batch, tables.shape[1], length, keys.data_ptr(), values.data_ptr())
+    if status != 0:
+        raise ValueError(f"paged gather of {length} positions from {tables.shape[1]} blocks of {pool.block_size}")
+    return keys, values

@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from engine.fused import paged_attend
+from engine.fused import paged_attend, paged_gather
 from engine.paged.pool import KVBlockPool
 from engine.speculative.attention import MAX_FOLDED_QUERIES, verify_attention
 
@@ -106,13 +106,15 @@ def build_batch(chunks: Sequence[SeqChunk], block_size: int,
 
 def paged_attention(pool: KVBlockPool, layer: int, batch: PagedBatch, q: torch.Tensor,
                     k_new: torch.Tensor, v_new: torch.Tensor,
-                    scale: float | None = None, fused: bool = False) -> torch.Tensor:
+                    scale: float | None = None, fused: bool = False, gather_in_c: bool = False) -> torch.Tensor:
     """Store ``k_new``/``v_new`` (``[n_tokens, kv_heads, dim]``) and attend the packed queries
     ``q`` (``[n_tokens, heads, dim]``) over their sequences. Returns ``[n_tokens, heads, dim]``.
     ``fused`` (a low-bit forward, :mod:`engine.fused`): a step of at most
     :data:`MAX_FOLDED_QUERIES` tokens per sequence (decodes, verify steps, short chunks)
     attends in one C call per layer, reading the blocks where they lie; a decode-only step's
-    k/v are written by that call too."""
+    k/v are written by that call too. ``gather_in_c`` (a low-bit forward whose attention stays
+    torch's): the write and the gather are one C call (:func:`engine.fused.paged_gather`), the
+    same values torch's indexing gives."""
     if fused and scale is None and q.dtype == pool.dtype == torch.bfloat16:
         decode_only = batch.q_index.shape[1] == 1
         if batch.q_index.shape[1] <= MAX_FOLDED_QUERIES:   # decodes, + drafts, short chunks
@@ -120,18 +122,7 @@ def paged_attention(pool: KVBlockPool, layer: int, batch: PagedBatch, q: torch.T
                 pool.write_layer(layer, batch.slot_mapping, k_new, v_new, batch.slot_split)
             return paged_attend(pool, layer, batch.block_tables, batch.token_rows, batch.positions, q, k_new,
                                 v_new, write=decode_only)
-    pool.write_layer(layer, batch.slot_mapping, k_new, v_new, batch.slot_split)
-    keys, values = pool.gather_layer(layer, batch.block_tables)    # [B, T, Hkv, D]
-    mask = batch.bias(q.dtype)
-    if batch.single is not None:
-        # One sequence: cut the gathered blocks to its length, so a decode step needs no
-        # mask and a fresh prefill is plain causal (SDPA's fast paths).
-        length, start = batch.single
-        keys, values = keys[:, :length], values[:, :length]
-        mask = mask[..., :length]
-        if q.shape[0] == 1:
-            mask = None
-    keys, values = keys.transpose(1, 2).to(q.dtype), values.transpose(1, 2).to(q.dtype)
+    keys, values, mask = _keys_and_values(pool, layer, batch, q, k_new, v_new, gather_in_c)
     if batch.q_index.shape[1] == 1:
         return _decode_attention(q, keys, values, mask, scale)
     if batch.single is None and batch.q_index.shape[1] <= MAX_FOLDED_QUERIES:   # decodes + drafts
@@ -144,6 +135,25 @@ def paged_attention(pool: KVBlockPool, layer: int, batch: PagedBatch, q: torch.T
         out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale,
                                              enable_gqa=keys.shape[1] != queries.shape[1])
     return out.transpose(1, 2)[batch.q_valid]
+
+
+def _keys_and_values(pool: KVBlockPool, layer: int, batch: PagedBatch, q: torch.Tensor, k_new: torch.Tensor,
+                     v_new: torch.Tensor, gather_in_c: bool
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Store the new K/V, then each sequence's keys and values ``[B, Hkv, T, D]`` and the mask."""
+    mask = batch.bias(q.dtype)
+    # One sequence: cut the gathered blocks to its length, so a decode step needs no mask and a
+    # fresh prefill is plain causal (SDPA's fast paths).
+    length = batch.single[0] if batch.single is not None else batch.block_tables.shape[1] * pool.block_size
+    if batch.single is not None:
+        mask = None if q.shape[0] == 1 else mask[..., :length]
+    if gather_in_c and q.dtype == pool.dtype == torch.bfloat16 and pool.device.type == "cpu":
+        keys, values = paged_gather(pool, layer, batch.block_tables, batch.slot_mapping, k_new, v_new, length)
+        return keys, values, mask
+    pool.write_layer(layer, batch.slot_mapping, k_new, v_new, batch.slot_split)
+    keys, values = pool.gather_layer(layer, batch.block_tables)    # [B, T, Hkv, D]
+    keys, values = keys[:, :length], values[:, :length]
+    return keys.transpose(1, 2).to(q.dtype), values.transpose(1, 2).to(q.dtype), mask
 
 
 def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,

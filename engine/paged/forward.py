@@ -22,10 +22,11 @@ from engine.paged.pool import KVBlockPool, KVGeometry
 class PagedAttentionCache:
     """The ``AttentionCache`` of one step: positions and attention come from ``batch``."""
 
-    def __init__(self, pool: KVBlockPool, batch: PagedBatch, fused: bool = False):
+    def __init__(self, pool: KVBlockPool, batch: PagedBatch, fused: bool = False, gather_in_c: bool = False):
         """``fused``: steps of a few tokens per sequence attend in C (a low-bit forward,
-        :func:`engine.paged.attention.paged_attention`)."""
-        self.pool, self.batch, self.fused = pool, batch, fused
+        :func:`engine.paged.attention.paged_attention`); ``gather_in_c``: the other steps write
+        and gather their K/V in C for torch's attention."""
+        self.pool, self.batch, self.fused, self.gather_in_c = pool, batch, fused, gather_in_c
 
     def begin(self, num_new: int) -> torch.Tensor:
         if num_new != self.batch.num_tokens:
@@ -33,7 +34,7 @@ class PagedAttentionCache:
         return self.batch.positions
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        out = paged_attention(self.pool, layer, self.batch, q, k, v, fused=self.fused)
+        out = paged_attention(self.pool, layer, self.batch, q, k, v, fused=self.fused, gather_in_c=self.gather_in_c)
         return out.reshape(q.shape[0], -1)
 
     def commit(self, num_new: int) -> None:
@@ -73,7 +74,9 @@ class PagedQwen2:
         # in the head too, as bench.quantization --kernels times a step's linears
         # (results/quant_kernels_step.csv: 41.1 ms at 8 rows with two bytes, 28.9 with one)
         with q8.batched_decode() if decode_only else nullcontext():
-            hidden = self.forward_model.hidden(input_ids, PagedAttentionCache(pool, batch, self.forward_model.fused_attention))
+            forward = self.forward_model
+            cache = PagedAttentionCache(pool, batch, forward.fused_attention, gather_in_c=forward.fused)
+            hidden = forward.hidden(input_ids, cache)
             if rows is not None:
-                return self.forward_model.logits(hidden[rows])
-            return self.forward_model.logits(hidden if all_logits else hidden[batch.last_index])
+                return forward.logits(hidden[rows])
+            return forward.logits(hidden if all_logits else hidden[batch.last_index])

@@ -168,3 +168,37 @@ def test_rms_norm_is_bit_identical_to_torchs_where_its_vectors_hold_8_floats():
         for seed in range(20):
             x, weight = _randn(3, dim, seed=seed, scale=3.0), _randn(dim, seed=seed + 100)
             assert torch.equal(fused.rms_norm(x, weight, 1e-6), rms_norm(x, weight, 1e-6))
+
+
+@pytest.mark.parametrize("shape", ["one decode", "decodes", "one chunk", "fresh prefill", "verify steps", "mixed"])
+def test_paged_gather_in_c_gives_torchs_attention_the_same_values(shape):
+    """Where the attention stays torch's, a low-bit paged step writes and gathers its K/V in
+    one C call: the pool and the attention's output are bit for bit those of torch's indexing."""
+    from engine.paged.attention import SeqChunk, build_batch, paged_attention
+    from engine.paged.pool import KVBlockPool, KVGeometry
+
+    geometry, block_size = KVGeometry(num_layers=3, num_kv_heads=2, head_dim=64), 4
+    pools = [KVBlockPool(16, block_size, geometry, dtype=BF16) for _ in range(2)]
+    for pool in pools:
+        pool.k.copy_(_randn(*pool.k.shape, seed=11))
+        pool.v.copy_(_randn(*pool.v.shape, seed=12))
+    tables = [[2, 5, 7, 9], [2, 3, 4], [2, 0, 1, 11, 12]]
+    steps = {"one decode": [(0, 13, 1)], "decodes": [(0, 9, 1), (1, 6, 1), (2, 14, 1)],
+             "one chunk": [(2, 6, 9)], "fresh prefill": [(1, 0, 11)], "verify steps": [(0, 9, 4), (2, 14, 3)],
+             "mixed": [(0, 2, 11), (1, 6, 1), (2, 12, 6)]}[shape]
+    batch = build_batch([SeqChunk(tables[row], start, n) for row, start, n in steps], block_size)
+    n = sum(step[2] for step in steps)
+    q, k, v = _randn(n, 14, 64, seed=1), _randn(n, 2, 64, seed=2), _randn(n, 2, 64, seed=3)
+    want = paged_attention(pools[0], 1, batch, q, k, v)
+    got = paged_attention(pools[1], 1, batch, q, k, v, gather_in_c=True)
+    assert torch.equal(pools[0].k, pools[1].k) and torch.equal(pools[0].v, pools[1].v)
+    assert torch.equal(got, want)
+
+
+def test_paged_gather_refuses_positions_beyond_its_blocks():
+    from engine.paged.pool import KVBlockPool, KVGeometry
+
+    pool = KVBlockPool(4, 4, KVGeometry(num_layers=1, num_kv_heads=2, head_dim=64), dtype=BF16)
+    k = _randn(1, 2, 64)
+    with pytest.raises(ValueError, match="9 positions from 2 blocks"):
+        fused.paged_gather(pool, 0, torch.tensor([[1, 2]]), torch.tensor([5]), k, k, 9)

@@ -115,6 +115,7 @@ def _declare_decode(lib: ctypes.CDLL) -> None:
         "ms_silu_mul_bf16": [ptr, ptr, i64, i64],
         "ms_attend_decode_bf16": [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, ctypes.c_float, ptr,
                                   ctypes.c_int],
+        "ms_paged_gather_bf16": [ptr, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, ptr, i64, i64, i64, ptr, ptr],
         "ms_paged_attend_bf16": [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, ptr, i64, ptr, ptr, i64, i64, i64, i64,
                                  ctypes.c_float, ptr, ctypes.c_int, ctypes.c_int],
     }

@@ -367,6 +367,38 @@ int ms_attend_decode_bf16(const uint16_t *q, const uint16_t *k_new, const uint16
     return status;
 }
 
+/* A paged step's keys and values of one layer for torch's attention (CPUs where the decode
+ * attention stays torch's, engine.fused.attention_like_torch): store the n_new tokens' k, v
+ * ([n_new, kv_heads, dim]) at their slots (block slot / block_size, offset slot % block_size of
+ * the pool [num_blocks, layers, block_size, kv_heads, dim]), then copy positions 0..length-1 of
+ * each of the `batch` block tables ([batch, max_blocks], as torch's gather reads them, padding
+ * entries included) into out_k / out_v [batch, kv_heads, length, dim], the layout SDPA reads.
+ * One call instead of four indexing ops, a gather and a transpose per layer: the same values. */
+int ms_paged_gather_bf16(const uint16_t *k_new, const uint16_t *v_new, const int64_t *slots, int64_t n_new,
+                         uint16_t *pool_k, uint16_t *pool_v, int64_t layers, int64_t layer, int64_t block_size,
+                         int64_t kv_heads, int64_t dim, const int64_t *tables, int64_t batch, int64_t max_blocks,
+                         int64_t length, uint16_t *out_k, uint16_t *out_v) {
+    if (length > max_blocks * block_size) return 1;
+    const size_t row = (size_t)dim * 2, token = (size_t)(kv_heads * dim);
+    for (int64_t t = 0; t < n_new; t++) {
+        const int64_t at = ((slots[t] / block_size * layers + layer) * block_size + slots[t] % block_size) * kv_heads;
+        memcpy(pool_k + at * dim, k_new + t * token, row * (size_t)kv_heads);
+        memcpy(pool_v + at * dim, v_new + t * token, row * (size_t)kv_heads);
+    }
+    for (int64_t b = 0; b < batch; b++) {
+        const int64_t *table = tables + b * max_blocks;
+        for (int64_t j = 0; j < length; j++) {
+            const int64_t at = ((table[j / block_size] * layers + layer) * block_size + j % block_size) * kv_heads;
+            for (int64_t h = 0; h < kv_heads; h++) {
+                const int64_t to = ((b * kv_heads + h) * length + j) * dim;
+                memcpy(out_k + to, pool_k + (at + h) * dim, row);
+                memcpy(out_v + to, pool_v + (at + h) * dim, row);
+            }
+        }
+    }
+    return 0;
+}
+
 /* A paged step's attention, one layer, for steps whose tokens each attend over their own
  * sequence's positions 0..p (decode tokens, verify steps' drafts, short chunks): token t
  * (q [n_tokens, heads, dim]) belongs to the sequence whose block table is
