@@ -142,9 +142,13 @@ class Qwen2Forward:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate).mul_(up)
 
+    def head_input(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What the lm_head multiplies: the final norm of ``hidden``."""
+        return self._norm(hidden, self.weights.norm)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits for the given rows (after the final norm), as ``generate`` uses them."""
-        return self.weights.lm_head(self._norm(hidden, self.weights.norm)).float()
+        return self.weights.lm_head(self.head_input(hidden)).float()
 
     def __call__(self, input_ids: torch.Tensor, cache: AttentionCache, last_only: bool = True) -> torch.Tensor:
         """Run the new tokens through the model; logits for the last one (or all) ``[m, vocab]``."""

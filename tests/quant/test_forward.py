@@ -1,6 +1,8 @@
 """The quantized hand-written forward against the unquantized one, on tiny Qwen2 models."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -142,4 +144,24 @@ def test_only_full_precision_caches_round_attention_like_transformers(quant_mode
     cache = _new_cache(forward, engine.prompt(request), request)
     assert exact_attention(forward.weights) is (quant == "none") and cache.exact is (quant == "none")
     assert len(_greedy(engine, "custom_cache", 6)) == 6
+    engine.close()
+
+
+def test_calibration_records_each_projections_inputs_and_the_heads_without_its_logits(quant_model_dir):
+    """input_importance: per projection and for lm_head, the mean squared input of each column
+    over the calibration texts; the head's inputs are recorded without computing its logits."""
+    from engine.quant.calibration import input_importance
+
+    engine = _engine(quant_model_dir, "float32")
+    weights = fuse_projections(engine.loaded.model)
+    forward = Qwen2Forward(weights)
+    ids = torch.tensor(engine.loaded.tokenizer(TEXT)["input_ids"])
+    head_calls = []
+    watched = dataclasses.replace(weights, lm_head=lambda x: head_calls.append(x) or weights.lm_head(x))
+    importance = input_importance(watched, engine.loaded.tokenizer, texts=[TEXT])
+    assert not head_calls
+    normed = forward.head_input(forward.hidden(ids, NoCache()))
+    torch.testing.assert_close(importance["lm_head"], normed.pow(2).mean(0))
+    assert len(importance["qkv"]) == len(weights.layers)
+    assert importance["qkv"][0].shape == importance["lm_head"].shape == (normed.shape[-1],)
     engine.close()
