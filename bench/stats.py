@@ -80,10 +80,16 @@ def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
 def read_bandwidth_gbs(mb: int = 512, repeats: int = 7) -> float:
     """The machine's read bandwidth as torch sees it: GB/s of a plain ``sum`` over a
     ``mb``-MB float32 tensor (far larger than the caches), median of ``repeats``, with the
-    current torch thread count. The floor of a decode step is its bytes read / this."""
+    current torch thread count. The floor of a decode step is its bytes read / this.
+
+    The sums run on the calling thread, which is not the engine loop's: its OpenMP team is
+    released afterwards (engine.openmp), or it would slow every engine step that follows in this
+    process (a one-row q8 forward: 52 ms instead of 35 on the AVX2 machine)."""
     import time
 
     import torch
+
+    from engine.openmp import release_thread_team
 
     data = torch.ones(mb * 2**20 // 4)
     data.sum()
@@ -92,6 +98,7 @@ def read_bandwidth_gbs(mb: int = 512, repeats: int = 7) -> float:
         started = time.perf_counter()
         data.sum()
         times.append(time.perf_counter() - started)
+    release_thread_team()
     return data.numel() * 4 / percentile(times, 50) / 1e9
 
 

@@ -66,3 +66,14 @@ def test_read_bandwidth_is_a_positive_rate():
 
     gbs = read_bandwidth_gbs(mb=16, repeats=3)
     assert 0.1 < gbs < 10_000
+
+
+def test_the_bandwidth_probe_releases_its_threads_openmp_team(monkeypatch):
+    """It runs on a benchmark's main thread, not the engine loop's: a second OpenMP team left
+    behind slowed every engine step that followed (engine.openmp)."""
+    from bench.stats import read_bandwidth_gbs
+
+    released = []
+    monkeypatch.setattr("engine.openmp.release_thread_team", lambda: released.append(True) or True)
+    assert read_bandwidth_gbs(mb=4, repeats=1) > 0
+    assert released == [True]
