@@ -13,13 +13,26 @@ from engine.speculative.policy import SpecConfig
 # rows are nearly free up to 4 and then cost compute. Through the whole forward (400 tokens of
 # context, a one-off timing under the lock) a verify step of 2, 5 and 9 rows took 26.4, 34.3
 # and 51.5 ms: ~0.10 of a step per row beyond the first few.
+#
+# That holds for the AVX512-VNNI kernel. The AVX2 one (engine.quant.native.vector_path) widens
+# each weight to 16 bits and multiplies it with two activation rows at a time, so every row
+# costs compute: ``python -m bench.verify_rows`` on an AVX2 EPYC (results/avx2/verify_rows.json,
+# a context of 400) measured 0.41-0.55 of a one-row step per extra row over 2-9 rows (0.35-0.61
+# in three earlier runs); the portable C loop pays a row in full.
 ROW_COST_BF16 = 0.05
 ROW_COST_Q8 = 0.10
+ROW_COST_Q8_AVX2 = 0.50
+ROW_COST_Q8_BY_PATH = {"avx512-vnni": ROW_COST_Q8, "avx2": ROW_COST_Q8_AVX2, "portable": 1.0}
 
 
 def row_cost(weights: Any) -> float:
-    """The verify-row cost for a forward's weights (q8 when its lm_head runs our kernel)."""
-    return ROW_COST_Q8 if getattr(getattr(weights, "lm_head", None), "mode", None) in ("q8", "q5") else ROW_COST_BF16
+    """The verify-row cost for a forward's weights (q8 when its lm_head runs our kernel, priced by
+    the kernel's vector path on this CPU)."""
+    if getattr(getattr(weights, "lm_head", None), "mode", None) not in ("q8", "q5"):
+        return ROW_COST_BF16
+    from engine.quant.native import vector_path
+
+    return ROW_COST_Q8_BY_PATH[vector_path()]
 
 
 def spec_config(settings: Any, requested: bool | None, weights: Any = None) -> SpecConfig | None:

@@ -1,6 +1,8 @@
 """Sharing a step's drafts by expected value (engine.speculative.budget)."""
 from __future__ import annotations
 
+import pytest
+
 from engine.speculative.budget import choose_drafts
 from engine.speculative.policy import SpecConfig
 
@@ -52,15 +54,21 @@ def test_the_chosen_drafts_raise_expected_tokens_per_cost():
                 assert rate(other) <= best + 1e-9
 
 
-def test_a_q8_forward_prices_verify_rows_higher():
-    """q8's integer kernel is compute-bound after a few rows: its verify rows cost more, so
-    the same chances buy fewer drafts than in bf16."""
+@pytest.mark.parametrize("path", ["avx512-vnni", "avx2", "portable"])
+def test_a_q8_forward_prices_verify_rows_higher(monkeypatch, path):
+    """q8's integer kernel is compute-bound after a few rows (the AVX2 one from the second, the
+    portable loop at once): its verify rows cost more, so the same chances buy fewer drafts
+    than in bf16."""
     from types import SimpleNamespace
 
-    from engine.speculative.config import ROW_COST_BF16, ROW_COST_Q8, row_cost, spec_config
+    from engine.quant import native
+    from engine.speculative.config import (ROW_COST_BF16, ROW_COST_Q8, ROW_COST_Q8_AVX2, row_cost,
+                                           spec_config)
 
+    monkeypatch.setattr(native, "vector_path", lambda: path)
+    price = {"avx512-vnni": ROW_COST_Q8, "avx2": ROW_COST_Q8_AVX2, "portable": 1.0}[path]
     q8 = SimpleNamespace(lm_head=SimpleNamespace(mode="q5"))
-    assert row_cost(q8) == ROW_COST_Q8 > ROW_COST_BF16 == row_cost(SimpleNamespace(lm_head=object())) == row_cost(None)
+    assert row_cost(q8) == price > ROW_COST_BF16 == row_cost(SimpleNamespace(lm_head=object())) == row_cost(None)
     settings = SimpleNamespace(speculative="ngram", spec_tokens=8, spec_ngram=(4, 3, 2))
     cheap, dear = spec_config(settings, None), spec_config(settings, None, q8)
     chances = [[0.8 ** i for i in range(1, 9)]]
