@@ -87,15 +87,22 @@ def test_portable_build_of_the_fused_ops_matches_the_avx512_one(tmp_path, monkey
     torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)
 
 
-def test_paged_decode_matches_the_gathering_attention_and_writes_the_same_slots():
-    from engine.paged.attention import SeqChunk, build_batch, paged_attention
+def _twin_pools(num_blocks: int, num_layers: int, seed: int) -> list:
+    """Two pools holding the same random K/V: one for torch's path, one for the C path."""
     from engine.paged.pool import KVBlockPool, KVGeometry
 
-    geometry, block_size = KVGeometry(num_layers=3, num_kv_heads=2, head_dim=64), 4
-    pools = [KVBlockPool(12, block_size, geometry, dtype=BF16) for _ in range(2)]
+    geometry = KVGeometry(num_layers=num_layers, num_kv_heads=2, head_dim=64)
+    pools = [KVBlockPool(num_blocks, 4, geometry, dtype=BF16) for _ in range(2)]
     for pool in pools:
-        pool.k.copy_(_randn(*pool.k.shape, seed=7))
-        pool.v.copy_(_randn(*pool.v.shape, seed=8))
+        pool.k.copy_(_randn(*pool.k.shape, seed=seed))
+        pool.v.copy_(_randn(*pool.v.shape, seed=seed + 1))
+    return pools
+
+
+def test_paged_decode_matches_the_gathering_attention_and_writes_the_same_slots():
+    from engine.paged.attention import SeqChunk, build_batch, paged_attention
+
+    block_size, pools = 4, _twin_pools(12, 3, seed=7)
     # three sequences decoding one token each, at different lengths, sharing block 2 (a prefix)
     chunks = [SeqChunk([2, 5, 7], 9, 1), SeqChunk([2, 3], 4, 1), SeqChunk([2, 0, 1, 11], 14, 1)]
     batch = build_batch(chunks, block_size)
@@ -132,13 +139,8 @@ def test_paged_steps_with_several_tokens_per_sequence_match_the_torch_path(count
     """Verify-shaped steps (a pending token + drafts) and short chunks: each token attends
     causally over its own sequence through the block table."""
     from engine.paged.attention import SeqChunk, build_batch, paged_attention
-    from engine.paged.pool import KVBlockPool, KVGeometry
 
-    geometry, block_size = KVGeometry(num_layers=2, num_kv_heads=2, head_dim=64), 4
-    pools = [KVBlockPool(16, block_size, geometry, dtype=BF16) for _ in range(2)]
-    for pool in pools:
-        pool.k.copy_(_randn(*pool.k.shape, seed=9))
-        pool.v.copy_(_randn(*pool.v.shape, seed=10))
+    block_size, pools = 4, _twin_pools(16, 2, seed=9)
     tables = [[2, 5, 7, 9], [2, 3, 4], [2, 0, 1, 11, 12]]
     starts = [9, 6, 14]
     chunks = [SeqChunk(tables[i], starts[i], n) for i, n in enumerate(counts)]
@@ -175,13 +177,8 @@ def test_paged_gather_in_c_gives_torchs_attention_the_same_values(shape):
     """Where the attention stays torch's, a low-bit paged step writes and gathers its K/V in
     one C call: the pool and the attention's output are bit for bit those of torch's indexing."""
     from engine.paged.attention import SeqChunk, build_batch, paged_attention
-    from engine.paged.pool import KVBlockPool, KVGeometry
 
-    geometry, block_size = KVGeometry(num_layers=3, num_kv_heads=2, head_dim=64), 4
-    pools = [KVBlockPool(16, block_size, geometry, dtype=BF16) for _ in range(2)]
-    for pool in pools:
-        pool.k.copy_(_randn(*pool.k.shape, seed=11))
-        pool.v.copy_(_randn(*pool.v.shape, seed=12))
+    block_size, pools = 4, _twin_pools(16, 3, seed=11)
     tables = [[2, 5, 7, 9], [2, 3, 4], [2, 0, 1, 11, 12]]
     steps = {"one decode": [(0, 13, 1)], "decodes": [(0, 9, 1), (1, 6, 1), (2, 14, 1)],
              "one chunk": [(2, 6, 9)], "fresh prefill": [(1, 0, 11)], "verify steps": [(0, 9, 4), (2, 14, 3)],
