@@ -18,7 +18,7 @@ RMSNorm in float32, rotary tables computed in float32 and cast to the model dtyp
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +27,10 @@ from engine import fused as fused_ops
 from engine.weights import ForwardConfig, Qwen2Weights
 
 Positions = int | torch.Tensor
+_UNBUILT = object()
+
+if TYPE_CHECKING:
+    from engine.quant.step import DecodeStep
 
 
 class AttentionCache(Protocol):
@@ -95,6 +99,22 @@ class Qwen2Forward:
             fused = fused_for(weights)
         self.fused = fused
         self.c_attention = fused_ops.attention_like_torch()
+        # a one-token step in one C call where every piece of it runs in C (engine.quant.step);
+        # benchmarks turn it off to time the per-operation path beside it
+        self.one_call_step = True
+        self._decode_step: object = _UNBUILT
+
+    @property
+    def decode_step(self) -> "DecodeStep | None":
+        """The one-call decode step (engine.quant.step) when this forward's one-token steps can
+        take it: fused with the C attention, ``one_call_step`` on, every projection q8/q5."""
+        if not (self.fused_attention and self.one_call_step):
+            return None
+        if self._decode_step is _UNBUILT:
+            from engine.quant.step import DecodeStep
+
+            self._decode_step = DecodeStep(self.weights) if DecodeStep.supports(self.weights) else None
+        return self._decode_step
 
     @property
     def fused_attention(self) -> bool:
@@ -152,5 +172,9 @@ class Qwen2Forward:
 
     def __call__(self, input_ids: torch.Tensor, cache: AttentionCache, last_only: bool = True) -> torch.Tensor:
         """Run the new tokens through the model; logits for the last one (or all) ``[m, vocab]``."""
+        if input_ids.shape[0] == 1 and getattr(cache, "takes_decode_step", False):
+            step = self.decode_step
+            if step is not None:
+                return cache.run_decode_step(step, self.weights.embed_tokens(input_ids), self.rotary)
         x = self.hidden(input_ids, cache)
         return self.logits(x[-1:] if last_only else x)

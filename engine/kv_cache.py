@@ -12,6 +12,8 @@ heads that share a kv head read it directly (SDPA ``enable_gqa``), so keys and v
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -94,6 +96,21 @@ class ContiguousKVCache:
 
     def commit(self, num_new: int) -> None:
         self.length += num_new
+
+    @property
+    def takes_decode_step(self) -> bool:
+        """Whether a one-token step may run as one C call (engine.quant.step): the same
+        numbers as :meth:`attend`'s fused path, which only a fused cache takes."""
+        return self.fused
+
+    def run_decode_step(self, step: Any, x: torch.Tensor, rotary: Any) -> torch.Tensor:
+        """One token (embedding ``x [1, hidden]``) through ``step``: its k/v land at the next
+        position; returns its float32 logits ``[1, vocab]``."""
+        position = self.begin(1)
+        cos, sin = rotary.lookup(position, 1)
+        logits = step(x, self.k, self.v, self.capacity, None, 0, position, cos, sin)
+        self.commit(1)
+        return logits
 
     def truncate(self, length: int) -> None:
         """Forget every position from ``length`` on (speculative decoding's rejected drafts):

@@ -73,6 +73,10 @@ class PagedQwen2:
         # a decode-only step of many sequences is compute-bound: q8 may use one-byte activations,
         # in the head too, as bench.quantization --kernels times a step's linears
         # (results/quant_kernels_step.csv: 41.1 ms at 8 rows with two bytes, 28.9 with one)
+        if decode_only and rows is None and not all_logits and input_ids.shape[0] == 1:
+            logits = self._one_call_step(input_ids, batch, pool)
+            if logits is not None:
+                return logits
         with q8.batched_decode() if decode_only else nullcontext():
             forward = self.forward_model
             cache = PagedAttentionCache(pool, batch, forward.fused_attention, gather_in_c=forward.fused)
@@ -80,3 +84,15 @@ class PagedQwen2:
             if rows is not None:
                 return forward.logits(hidden[rows])
             return forward.logits(hidden if all_logits else hidden[batch.last_index])
+
+    def _one_call_step(self, input_ids: torch.Tensor, batch: PagedBatch, pool: KVBlockPool) -> torch.Tensor | None:
+        """A lone sequence's decode token as one C call (engine.quant.step) where the forward
+        takes it: the same numbers as the per-operation path below. None where it does not."""
+        forward = self.forward_model
+        step = forward.decode_step
+        if step is None or pool.dtype != torch.bfloat16:
+            return None
+        position = int(batch.positions[0])
+        cos, sin = forward.rotary.lookup(position, 1)
+        return step(forward.weights.embed_tokens(input_ids), pool.k, pool.v, 0, batch.block_tables[0].contiguous(),
+                    pool.block_size, position, cos, sin)

@@ -130,7 +130,8 @@ def test_a_fused_forward_attends_in_c_only_with_c_attention(quant_model_dir, tmp
     engine = Engine(load_settings(model=str(quant_model_dir), device="cpu", dtype="bfloat16",
                                   quant="q8", cache_dir=tmp_path)).load()
     forward = engine.loop.call(lambda: forward_for(engine))
-    engine.loop.call(lambda: setattr(forward, "c_attention", c_attention))
+    # the per-operation path (the one-call step, engine.quant.step, has its own tests)
+    engine.loop.call(lambda: (setattr(forward, "c_attention", c_attention), setattr(forward, "one_call_step", False)))
     calls = {"rms_norm": 0, "attend_decode": 0, "silu_mul": 0}
 
     def counting(module, name):

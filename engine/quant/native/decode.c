@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "kernels.h"
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
@@ -335,6 +336,33 @@ static void scratch_free(scratch *s) {
  * fork/join would cost more than the work). */
 #define PARALLEL_LENGTH 256
 
+static inline int64_t kv_row_at(const kv_rows *kv, int64_t h, int64_t j) {
+    if (!kv->table) return h * kv->capacity + j;
+    return ((kv->table[j / kv->block_size] * kv->layers + kv->layer) * kv->block_size + j % kv->block_size)
+           * kv->kv_heads + h;
+}
+
+/* One token's query group h (heads h * group ..) at position pos: optionally store its k, v
+ * (k_new / v_new: [dim] of kv head h), then attend over positions 0..pos. 1: no scratch. */
+int ms_attend_head(const kv_rows *kv, int64_t h, int64_t pos, const uint16_t *q, const uint16_t *k_new,
+                       const uint16_t *v_new, int64_t group, int64_t dim, float scale, uint16_t *out) {
+    const int64_t length = pos + 1;
+    scratch sc;
+    if (scratch_alloc(&sc, length, group, dim)) return 1;
+    for (int64_t j = 0; j < length; j++) {
+        const int64_t at = kv_row_at(kv, h, j);
+        sc.krows[j] = kv->keys + at * dim;
+        sc.vrows[j] = kv->values + at * dim;
+    }
+    if (k_new) {
+        memcpy((uint16_t *)sc.krows[pos], k_new, (size_t)dim * 2);
+        memcpy((uint16_t *)sc.vrows[pos], v_new, (size_t)dim * 2);
+    }
+    attend_group(q, sc.krows, sc.vrows, length, group, dim, scale, sc.scores, sc.acc, out);
+    scratch_free(&sc);
+    return 0;
+}
+
 /* One new token of one sequence in a contiguous cache: write its k, v ([kv_heads, dim]) at
  * position `pos` of keys/values ([kv_heads, capacity, dim]), then attend its q ([heads, dim],
  * each group of heads / kv_heads query heads sharing a kv head) over positions 0..pos;
@@ -345,25 +373,12 @@ int ms_attend_decode_bf16(const uint16_t *q, const uint16_t *k_new, const uint16
                           int64_t heads, int64_t kv_heads, int64_t dim, float scale, uint16_t *out, int threads) {
     int64_t group = heads / kv_heads, length = pos + 1;
     if (group > 64) return 2;
+    const kv_rows kv = {keys, values, capacity, NULL, 0, 0, 1, kv_heads};
     int status = 0;
 #pragma omp parallel for num_threads(threads) if (length >= PARALLEL_LENGTH) reduction(| : status)
-    for (int64_t h = 0; h < kv_heads; h++) {
-        scratch sc;
-        if (scratch_alloc(&sc, length, group, dim)) {
-            status |= 1;
-            continue;
-        }
-        uint16_t *k = keys + h * capacity * dim, *v = values + h * capacity * dim;
-        memcpy(k + pos * dim, k_new + h * dim, (size_t)dim * 2);
-        memcpy(v + pos * dim, v_new + h * dim, (size_t)dim * 2);
-        for (int64_t j = 0; j < length; j++) {
-            sc.krows[j] = k + j * dim;
-            sc.vrows[j] = v + j * dim;
-        }
-        attend_group(q + h * group * dim, sc.krows, sc.vrows, length, group, dim, scale, sc.scores, sc.acc,
-                     out + h * group * dim);
-        scratch_free(&sc);
-    }
+    for (int64_t h = 0; h < kv_heads; h++)
+        status |= ms_attend_head(&kv, h, pos, q + h * group * dim, k_new + h * dim, v_new + h * dim, group, dim, scale,
+                              out + h * group * dim);
     return status;
 }
 
@@ -420,25 +435,14 @@ int ms_paged_attend_bf16(const uint16_t *q, const uint16_t *k_new, const uint16_
 #pragma omp parallel for collapse(2) num_threads(threads) if (parallel) schedule(dynamic, 1) reduction(| : status)
     for (int64_t t = 0; t < tokens; t++) {
         for (int64_t h = 0; h < kv_heads; h++) {
-            int64_t pos = positions[t], length = pos + 1;
-            scratch sc;
-            if (pos / block_size >= max_blocks || scratch_alloc(&sc, length, group, dim)) {
+            const kv_rows kv = {pool_k, pool_v, 0, tables + rows[t] * max_blocks, layers, layer, block_size, kv_heads};
+            const int64_t at = (t * heads + h * group) * dim, kv_at = (t * kv_heads + h) * dim;
+            if (positions[t] / block_size >= max_blocks) {
                 status |= 1;
                 continue;
             }
-            const int64_t *table = tables + rows[t] * max_blocks;
-            for (int64_t j = 0; j < length; j++) {
-                int64_t at = ((table[j / block_size] * layers + layer) * block_size + j % block_size) * kv_heads + h;
-                sc.krows[j] = pool_k + at * dim;
-                sc.vrows[j] = pool_v + at * dim;
-            }
-            if (write) {
-                memcpy((uint16_t *)sc.krows[pos], k_new + (t * kv_heads + h) * dim, (size_t)dim * 2);
-                memcpy((uint16_t *)sc.vrows[pos], v_new + (t * kv_heads + h) * dim, (size_t)dim * 2);
-            }
-            attend_group(q + (t * heads + h * group) * dim, sc.krows, sc.vrows, length, group, dim, scale,
-                         sc.scores, sc.acc, out + (t * heads + h * group) * dim);
-            scratch_free(&sc);
+            status |= ms_attend_head(&kv, h, positions[t], q + at, write ? k_new + kv_at : NULL,
+                                  write ? v_new + kv_at : NULL, group, dim, scale, out + at);
         }
     }
     return status;

@@ -648,6 +648,22 @@ static void column_tile(const activations *a, int64_t M, int64_t K, const uint8_
     }
 }
 
+/* The output columns of one call in tiles of COLS_WIDE, shared by the threads of the team that
+ * calls it (an orphaned omp for: every thread of a parallel region calls this; it ends in the
+ * for's barrier). */
+static void linear_tiles(const activations *a, int64_t M, int64_t K, const uint8_t *weights, int64_t row_bytes,
+                         int q5, const uint16_t *scales, int64_t N, const float *bias, void *y, int y_bf16,
+                         int precise) {
+    const int64_t tiles = (N + COLS_WIDE - 1) / COLS_WIDE;
+    #pragma omp for schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+        const int64_t end = (t + 1) * COLS_WIDE < N ? (t + 1) * COLS_WIDE : N;
+        const int cols = end - t * COLS_WIDE < COLS_WIDE ? 1 : COLS_WIDE;
+        for (int64_t n = t * COLS_WIDE; n < end; n += cols)
+            column_tile(a, M, K, weights, row_bytes, q5, scales, N, n, cols, bias, y, y_bf16, precise);
+    }
+}
+
 /* y[M, N] = x[M, K] W^T (+ bias), weights as rows of row_bytes (q8 codes or q5-packed).
  * One parallel region: the threads share the output columns in tiles of COLS_WIDE (and first
  * the quantizing of many activation rows). */
@@ -655,7 +671,6 @@ static int linear(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t
                   int q5, const uint16_t *scales, int64_t N, const float *bias, void *y, int y_bf16, int threads,
                   int precise) {
     if (K % QK != 0 || M <= 0 || N <= 0) return -1;
-    const int64_t tiles = (N + COLS_WIDE - 1) / COLS_WIDE;
     activations a;
     if (allocate(M, K, &a) != 0) { release(&a); return -2; }
     const int parallel_rows = M >= PARALLEL_MIN_ROWS;
@@ -666,16 +681,40 @@ static int linear(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t
             #pragma omp for schedule(static)
             for (int64_t m = 0; m < M; m++) quantize_rows(x, x_bf16, m, m + 1, K, q5, precise, &a);
         }
-        #pragma omp for schedule(static)
-        for (int64_t t = 0; t < tiles; t++) {
-            const int64_t end = (t + 1) * COLS_WIDE < N ? (t + 1) * COLS_WIDE : N;
-            const int cols = end - t * COLS_WIDE < COLS_WIDE ? 1 : COLS_WIDE;
-            for (int64_t n = t * COLS_WIDE; n < end; n += cols)
-                column_tile(&a, M, K, weights, row_bytes, q5, scales, N, n, cols, bias, y, y_bf16, precise);
-        }
+        linear_tiles(&a, M, K, weights, row_bytes, q5, scales, N, bias, y, y_bf16, precise);
     }
     release(&a);
     return 0;
+}
+
+/* ---- one bf16 row inside a caller's parallel region (step.c: a whole decode step in one
+ * region, without a fork/join per linear): the same numbers as ms_q8_linear / ms_q5_linear with
+ * M = 1 and two-byte activations (precise). One thread quantizes the row into `scratch`
+ * (ms_q8_team_scratch(K) bytes; the offset depends on the weights' format, q5), then every
+ * thread of the team calls ms_q8_team_tiles, which returns after the tiles' barrier. */
+static activations carve(void *scratch, int64_t K) {
+    const int64_t groups = ROW_GROUPS(K / QK);
+    activations a;
+    a.xs = (float *)scratch;
+    a.seed = (int32_t *)(a.xs + groups);
+    a.xi = (int8_t *)(a.seed + 2 * groups);
+    return a;
+}
+
+int64_t ms_q8_team_scratch(int64_t K) {
+    const int64_t groups = ROW_GROUPS(K / QK);
+    return (int64_t)(sizeof(float) * groups + sizeof(int32_t) * 2 * groups) + 2 * ROW_CODES(K);
+}
+
+void ms_q8_team_quantize(const uint16_t *x, int64_t K, int q5, void *scratch) {
+    activations a = carve(scratch, K);
+    quantize_rows(x, 1, 0, 1, K, q5, 1, &a);
+}
+
+void ms_q8_team_tiles(int64_t K, const uint8_t *weights, int q5, const uint16_t *scales, int64_t N,
+                      const float *bias, uint16_t *y, void *scratch) {
+    activations a = carve(scratch, K);
+    linear_tiles(&a, 1, K, weights, q5 ? ms_q5_row_bytes(K) : K, q5, scales, N, bias, y, 1, 1);
 }
 
 /* y[M, N] = x[M, K] W^T (+ bias). x and y are bf16 or float32; bias float32 or NULL.

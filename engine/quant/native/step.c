@@ -1,0 +1,162 @@
+/* A whole one-token decode step of a q8 / q5 model in one call and one parallel region.
+ *
+ * Why: the step's linears read the weights in ~15 ms on a 2-core machine, and the Python
+ * around them (a dozen calls per layer: each linear's wrapper, its allocation, the fused small
+ * operations, the residual adds) plus a fork/join of the thread team per linear cost ~2 ms more
+ * per token. Here the team is forked once per step and meets at barriers between the pieces, as
+ * llama.cpp's graph runner does; the pieces are q8.c's and decode.c's own, in the same order,
+ * so the logits are those of engine.forward's fused path bit for bit (tests/quant/test_step.py).
+ *
+ * The model (ms_step_model) is described once by engine/quant/step.py (pointers into the
+ * loaded weights); each call passes the token's embedding row, where its keys and values go
+ * (a contiguous cache, or one paged sequence's block table) and its rotary row.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <omp.h>
+
+#include "bf16.h"
+#include "kernels.h"
+
+typedef struct {
+    const uint8_t *weights;   /* q8 codes or q5-packed rows */
+    const uint16_t *scales;   /* fp16 [out, in / 32] */
+    const float *bias;        /* float32 [out] or NULL */
+    int64_t in_features, out_features, q5;
+} ms_step_linear;
+
+typedef struct {
+    const uint16_t *input_norm, *post_norm;
+    ms_step_linear qkv, o, gate_up, down;
+} ms_step_layer;
+
+typedef struct {
+    int64_t layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, torch_lanes;
+    float eps;
+    const ms_step_layer *layer;
+    const uint16_t *norm;
+    ms_step_linear head;
+} ms_step_model;
+
+static void quantize_for(const ms_step_linear *lin, const uint16_t *x, void *scratch) {
+    ms_q8_team_quantize(x, lin->in_features, (int)lin->q5, scratch);
+}
+
+static void tiles(const ms_step_linear *lin, uint16_t *y, void *scratch) {
+    ms_q8_team_tiles(lin->in_features, lin->weights, (int)lin->q5, lin->scales, lin->out_features, lin->bias, y,
+                     scratch);
+}
+
+/* x += y in bf16, as torch's x.add_(y): the float sum rounded once. */
+static void add_into(uint16_t *x, const uint16_t *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = f32_to_bf16(bf16_to_f32(x[i]) + bf16_to_f32(y[i]));
+}
+
+typedef struct {
+    uint16_t *h, *qkv, *attn, *y, *gate_up, *act, *logits;
+    void *scratch;
+} step_buffers;
+
+static int buffers_alloc(const ms_step_model *m, step_buffers *b) {
+    const int64_t q = m->heads * m->head_dim, kv = m->kv_heads * m->head_dim;
+    int64_t widest = m->hidden > m->intermediate ? m->hidden : m->intermediate;
+    widest = widest > q ? widest : q;
+    b->h = malloc(sizeof(uint16_t) * (size_t)(m->hidden + (q + 2 * kv) + q + m->hidden + 2 * m->intermediate
+                                              + m->intermediate + m->vocab));
+    b->scratch = malloc((size_t)ms_q8_team_scratch(widest));
+    if (!b->h || !b->scratch) {
+        free(b->h);
+        free(b->scratch);
+        return 1;
+    }
+    b->qkv = b->h + m->hidden;
+    b->attn = b->qkv + q + 2 * kv;
+    b->y = b->attn + q;
+    b->gate_up = b->y + m->hidden;
+    b->act = b->gate_up + 2 * m->intermediate;
+    b->logits = b->act + m->intermediate;
+    return 0;
+}
+
+/* The attention half's middle: rotate each kv head's query group and key (rotary is per head,
+ * so a head's share equals ms_rotary_bf16 over all of them), store k, v, attend. Every thread. */
+static int attend_all(const ms_step_model *m, const step_buffers *b, kv_rows kv, int64_t pos,
+                      const uint16_t *cos, const uint16_t *sin) {
+    const int64_t dim = m->head_dim, group = m->heads / m->kv_heads, q_size = m->heads * dim;
+    const int64_t kv_size = m->kv_heads * dim, stride = q_size + 2 * kv_size;
+    const float scale = (float)(1.0 / sqrt((double)dim));   /* as engine.fused passes it */
+    int status = 0;
+    #pragma omp for schedule(static)
+    for (int64_t h = 0; h < m->kv_heads; h++) {
+        uint16_t *q = b->qkv + h * group * dim, *k = b->qkv + q_size + h * dim;
+        ms_rotary_bf16(q, 1, stride, group, dim, cos, sin);
+        ms_rotary_bf16(k, 1, stride, 1, dim, cos, sin);
+        status |= ms_attend_head(&kv, h, pos, q, k, k + kv_size, group, dim, scale, b->attn + h * group * dim);
+    }
+    return status;
+}
+
+/* One token through every layer, the final norm and the head. x: its embedding row [hidden]
+ * (bf16), left holding the final hidden state. keys / values: a contiguous cache [layers,
+ * kv_heads, capacity, dim] (table NULL) or a paged pool [num_blocks, layers, block_size,
+ * kv_heads, dim] read through `table` (one sequence's block table). The token sits at `pos`;
+ * cos / sin: its rotary row [dim]. logits: float32 [vocab], the head's bf16 outputs widened.
+ * Returns 0, 1 when memory runs out, 2 for more than 64 query heads per kv head. */
+int ms_decode_step(const ms_step_model *m, uint16_t *x, uint16_t *keys, uint16_t *values, int64_t capacity,
+                   const int64_t *table, int64_t block_size, int64_t pos, const uint16_t *cos, const uint16_t *sin,
+                   float *logits, int threads) {
+    if (m->heads / m->kv_heads > 64) return 2;
+    step_buffers b;
+    if (buffers_alloc(m, &b)) return 1;
+    const int64_t layer_elems = m->kv_heads * capacity * m->head_dim;
+    int status = 0;
+    #pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads())
+    {
+        for (int64_t l = 0; l < m->layers; l++) {
+            const ms_step_layer *L = m->layer + l;
+            #pragma omp single
+            {
+                if (l > 0) add_into(x, b.y, m->hidden);   /* the previous layer's MLP residual */
+                ms_rms_norm_bf16(x, L->input_norm, b.h, 1, m->hidden, m->eps, (int)m->torch_lanes);
+                quantize_for(&L->qkv, b.h, b.scratch);
+            }
+            tiles(&L->qkv, b.qkv, b.scratch);
+            kv_rows kv = {keys, values, capacity, table, m->layers, l, block_size, m->kv_heads};
+            if (!table) kv.keys += l * layer_elems, kv.values += l * layer_elems;
+            int failed = attend_all(m, &b, kv, pos, cos, sin);
+            if (failed) {
+                #pragma omp atomic
+                status |= failed;
+            }
+            #pragma omp single
+            quantize_for(&L->o, b.attn, b.scratch);
+            tiles(&L->o, b.y, b.scratch);
+            #pragma omp single
+            {
+                add_into(x, b.y, m->hidden);
+                ms_rms_norm_bf16(x, L->post_norm, b.h, 1, m->hidden, m->eps, (int)m->torch_lanes);
+                quantize_for(&L->gate_up, b.h, b.scratch);
+            }
+            tiles(&L->gate_up, b.gate_up, b.scratch);
+            #pragma omp single
+            {
+                ms_silu_mul_bf16(b.gate_up, b.act, 1, m->intermediate);
+                quantize_for(&L->down, b.act, b.scratch);
+            }
+            tiles(&L->down, b.y, b.scratch);
+        }
+        #pragma omp single
+        {
+            if (m->layers > 0) add_into(x, b.y, m->hidden);
+            ms_rms_norm_bf16(x, m->norm, b.h, 1, m->hidden, m->eps, (int)m->torch_lanes);
+            quantize_for(&m->head, b.h, b.scratch);
+        }
+        tiles(&m->head, b.logits, b.scratch);
+        #pragma omp for schedule(static)
+        for (int64_t i = 0; i < m->vocab; i++) logits[i] = bf16_to_f32(b.logits[i]);
+    }
+    free(b.h);
+    free(b.scratch);
+    return status;
+}

@@ -1,0 +1,105 @@
+"""A one-token decode step of a q8 model in one C call (``native/step.c``).
+
+Why: a ``q8`` decode step spends most of its time reading weights in the C kernel, but each of
+its ~170 calls into C (a linear's wrapper and allocation, the fused small operations, a
+residual add) costs Python and a fork/join of the thread team: ~2 ms of a ~19 ms step on a
+2-core machine. :class:`DecodeStep` describes the model to C once (pointers into the loaded
+weights, which it keeps alive) and then runs the whole step -- every layer, the final norm and
+the head -- in one parallel region. The pieces are the same C functions in the same order, so
+the logits equal the fused Python forward's bit for bit (tests/quant/test_step.py).
+
+Where it runs: a one-token step of a forward whose every projection and head is q8/q5 and whose
+attention runs in C (:attr:`engine.forward.Qwen2Forward.fused_attention`); other steps keep the
+Python forward.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import torch
+
+from engine import fused as fused_ops
+from engine.quant import q8
+from engine.quant.layer import QuantizedLinear
+
+_ptr, _i64 = ctypes.c_void_p, ctypes.c_int64
+
+
+class _Linear(ctypes.Structure):
+    _fields_ = [("weights", _ptr), ("scales", _ptr), ("bias", _ptr), ("in_features", _i64),
+                ("out_features", _i64), ("q5", _i64)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("input_norm", _ptr), ("post_norm", _ptr), ("qkv", _Linear), ("o", _Linear), ("gate_up", _Linear),
+                ("down", _Linear)]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [("layers", _i64), ("hidden", _i64), ("heads", _i64), ("kv_heads", _i64), ("head_dim", _i64),
+                ("intermediate", _i64), ("vocab", _i64), ("torch_lanes", _i64), ("eps", ctypes.c_float),
+                ("layer", ctypes.POINTER(_Layer)), ("norm", _ptr), ("head", _Linear)]
+
+
+def _runs_in_step(linear: Any, in_features: int) -> bool:
+    """A q8/q5 linear whose input needs no padding (the step quantizes the row as it is)."""
+    return (isinstance(linear, QuantizedLinear) and linear.mode in q8.MODES and linear.in_features == in_features
+            and linear.params.shape[1] * q8.GROUP == in_features and linear.qweight.is_contiguous()
+            and linear.params.is_contiguous())
+
+
+def _describe(linear: QuantizedLinear) -> _Linear:
+    bias = linear.kernel_bias
+    return _Linear(linear.qweight.data_ptr(), linear.params.data_ptr(), None if bias is None else bias.data_ptr(),
+                   linear.in_features, linear.out_features, int(linear.mode == "q5"))
+
+
+def _norm(tensor: torch.Tensor) -> bool:
+    return tensor.dtype == torch.bfloat16 and tensor.is_contiguous()
+
+
+class DecodeStep:
+    """The q8 model of ``weights`` as C sees it; ``step(...)`` runs one token."""
+
+    def __init__(self, weights: Any) -> None:
+        cfg = weights.config
+        self.weights = weights   # keeps every pointer below alive
+        self._layers = (_Layer * cfg.num_layers)(*[
+            _Layer(layer.input_norm.data_ptr(), layer.post_norm.data_ptr(), _describe(layer.qkv), _describe(layer.o),
+                   _describe(layer.gate_up), _describe(layer.down)) for layer in weights.layers])
+        self._model = _Model(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                             cfg.intermediate_size, cfg.vocab_size, fused_ops.torch_sum_lanes(), cfg.rms_eps,
+                             self._layers, weights.norm.data_ptr(), _describe(weights.lm_head))
+        self._call = fused_ops._library().ms_decode_step
+
+    @staticmethod
+    def supports(weights: Any) -> bool:
+        """Whether every piece of a one-token step of ``weights`` runs in step.c."""
+        cfg = weights.config
+        if weights.dtype != torch.bfloat16 or weights.device.type != "cpu" or not _norm(weights.norm):
+            return False
+        hidden, inter, q_size = cfg.hidden_size, cfg.intermediate_size, cfg.q_size
+        for layer in weights.layers:
+            if not (_norm(layer.input_norm) and _norm(layer.post_norm) and _runs_in_step(layer.qkv, hidden)
+                    and _runs_in_step(layer.o, q_size) and _runs_in_step(layer.gate_up, hidden)
+                    and _runs_in_step(layer.down, inter)):
+                return False
+        return _runs_in_step(weights.lm_head, hidden) and cfg.num_heads // cfg.num_kv_heads <= 64
+
+    def __call__(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, capacity: int,
+                 table: torch.Tensor | None, block_size: int, position: int, cos: torch.Tensor,
+                 sin: torch.Tensor) -> torch.Tensor:
+        """float32 logits ``[1, vocab]`` of the token whose embedding is ``x [1, hidden]`` (bf16,
+        overwritten) at ``position``: its k/v go into a contiguous cache (``keys/values
+        [layers, kv_heads, capacity, d]``, ``table`` None) or a paged pool read through one
+        sequence's block ``table``. ``cos``/``sin``: its rotary rows (``[1, 1, d]``)."""
+        x = x.contiguous()
+        logits = torch.empty(1, self._model.vocab, dtype=torch.float32)
+        status = self._call(ctypes.byref(self._model), x.data_ptr(), keys.data_ptr(), values.data_ptr(), capacity,
+                            None if table is None else table.data_ptr(), block_size, position,
+                            cos.contiguous().data_ptr(), sin.contiguous().data_ptr(), logits.data_ptr(),
+                            torch.get_num_threads())
+        if status != 0:
+            raise MemoryError(f"the one-call decode step failed with status {status}")
+        return logits

@@ -1,0 +1,145 @@
+"""The one-call q8 decode step (engine/quant/step.py, native/step.c) against the fused Python
+forward it replaces: the same C pieces in the same order, so the same logits bit for bit."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from core.settings import load_settings
+from engine.engine import Engine
+from engine.forward import Qwen2Forward
+from engine.kv_cache import ContiguousKVCache
+from engine.quant import q8, quantize_weights
+from engine.quant.step import DecodeStep
+from engine.weights import fuse_projections
+
+PROMPT = [5, 17, 42, 99, 3, 250, 7, 64, 128, 11]
+
+
+def _snap_to_five_bits(weight: torch.Tensor) -> None:
+    """Put each group of 32 inputs on a Q5_0 grid (d * (-16..15), d in fp16, -16 d present), so
+    that q8 stores the layer in 5 bits (q5) where the CPU packs them."""
+    n, k = weight.shape
+    groups = weight.float().reshape(n, k // 32, 32)
+    d = (groups.abs().amax(-1, keepdim=True) / 16).clamp_min(1e-3).half().float()
+    codes = torch.round(groups / d).clamp(-15, 15)
+    codes[..., :1] = -16                  # the group's extreme, negative: no sign flip
+    weight.copy_((codes * d).reshape(n, k).to(weight.dtype))
+
+
+def _q8_forward(model_dir, five_bits: bool = False) -> Qwen2Forward:
+    engine = Engine(load_settings(model=str(model_dir), dtype="bfloat16", device="cpu", quant="none"))
+    weights = fuse_projections(engine.loaded.model)
+    if five_bits:
+        for layer in weights.layers:
+            for projection in (layer.qkv, layer.o, layer.gate_up, layer.down):
+                _snap_to_five_bits(projection.weight)
+    quantized, _ = quantize_weights(weights, "q8", keep_reference=False)
+    forward = Qwen2Forward(quantized, fused=True)
+    forward.c_attention = True   # the C attention (and so the step) on any CPU, for the comparison
+    return forward
+
+
+def _decode(forward: Qwen2Forward, one_call: bool, tokens: list[int], capacity: int):
+    """Prefill PROMPT, then feed ``tokens`` one at a time; every step's logits and the cache."""
+    forward.one_call_step = one_call
+    cfg = forward.config
+    cache = ContiguousKVCache(cfg, capacity, torch.bfloat16, torch.device("cpu"), exact=False, fused=True)
+    with torch.inference_mode():
+        steps = [forward(torch.tensor(PROMPT), cache)]
+        for token in tokens:
+            steps.append(forward(torch.tensor([token]), cache))
+    return steps, cache
+
+
+@pytest.mark.parametrize("five_bits", [False, True])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_one_call_step_equals_the_fused_forward_bit_for_bit(quant_model_dir, five_bits, threads):
+    forward = _q8_forward(quant_model_dir, five_bits)
+    modes = {layer.qkv.mode for layer in forward.weights.layers}
+    assert modes == ({"q5"} if five_bits and q8.packs_five_bits() else {"q8"})
+    assert forward.decode_step is not None
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        tokens = [1, 300, 77, 2, 45, 45, 9, 380]
+        # capacity below the prompt + tokens: the cache grows in the middle of the decode
+        want, want_cache = _decode(forward, False, tokens, capacity=12)
+        got, got_cache = _decode(forward, True, tokens, capacity=12)
+    finally:
+        torch.set_num_threads(before)
+    for step, (g, w) in enumerate(zip(got, want)):
+        assert g.dtype == torch.float32 and g.shape == w.shape, step
+        assert torch.equal(g, w), f"step {step}: logits differ"
+    assert got_cache.length == want_cache.length == len(PROMPT) + len(tokens)
+    end = got_cache.length
+    assert torch.equal(got_cache.k[:, :, :end], want_cache.k[:, :, :end])
+    assert torch.equal(got_cache.v[:, :, :end], want_cache.v[:, :, :end])
+
+
+def test_the_step_is_taken_only_where_every_piece_runs_in_c(quant_model_dir):
+    engine = Engine(load_settings(model=str(quant_model_dir), dtype="bfloat16", device="cpu", quant="none"))
+    weights = fuse_projections(engine.loaded.model)
+    assert not DecodeStep.supports(weights)                     # bf16 projections: torch's linears
+    quantized, _ = quantize_weights(weights, "int8", keep_reference=False)
+    assert not DecodeStep.supports(quantized)                   # another kernel
+    forward = _q8_forward(quant_model_dir)
+    forward.c_attention = False                                 # attention stays torch's (AVX2 CPUs)
+    assert forward.decode_step is None
+    forward.c_attention, forward.one_call_step = True, False    # turned off by a benchmark
+    assert forward.decode_step is None
+
+
+def test_the_step_runs_in_generation(quant_model_dir, monkeypatch):
+    """custom_cache decoding goes through the step (counted), with the same tokens as without."""
+    forward = _q8_forward(quant_model_dir)
+    step = forward.decode_step
+    calls = []
+    original = DecodeStep.__call__
+    monkeypatch.setattr(DecodeStep, "__call__", lambda self, *a: calls.append(1) or original(self, *a))
+    cfg = forward.config
+
+    def greedy(one_call: bool) -> list[int]:
+        forward.one_call_step = one_call
+        cache = ContiguousKVCache(cfg, 64, torch.bfloat16, torch.device("cpu"), exact=False, fused=True)
+        out, ids = [], torch.tensor(PROMPT)
+        with torch.inference_mode():
+            for _ in range(10):
+                token = int(forward(ids, cache).argmax())
+                out.append(token)
+                ids = torch.tensor([token])
+        return out
+
+    assert greedy(False) == greedy(True)
+    assert step is forward.decode_step and len(calls) == 9      # every step after the prefill
+
+
+@pytest.mark.parametrize("method", ["custom_cache", "prefix_cache", "paged"])
+def test_methods_decode_through_the_step_with_the_same_tokens(quant_model_dir, tmp_path, monkeypatch, method):
+    """A q8 engine's one-token steps take the step (a lone paged sequence too), and its greedy
+    tokens are those of the per-operation path. A fresh engine each: a second request would
+    reuse the first one's prefix (prefix_cache, paged sharing) and prefill differently."""
+    from engine.handwritten import forward_for
+    from engine.types import GenerationRequest, SamplingParams
+
+    calls = []
+    original = DecodeStep.__call__
+    monkeypatch.setattr(DecodeStep, "__call__", lambda self, *a: calls.append(1) or original(self, *a))
+    request = GenerationRequest(messages=[{"role": "user", "content": "Write a short poem about the sea."}],
+                                method=method, sampling=SamplingParams(max_new_tokens=12, temperature=0.0))
+
+    def tokens(one_call: bool) -> list[int]:
+        engine = Engine(load_settings(model=str(quant_model_dir), device="cpu", dtype="bfloat16", quant="q8",
+                                      cache_dir=tmp_path)).load()
+        try:
+            forward = engine.loop.call(lambda: forward_for(engine))
+            engine.loop.call(lambda: (setattr(forward, "c_attention", True), setattr(forward, "one_call_step", one_call)))
+            return engine.generate(request).token_ids
+        finally:
+            engine.close()
+
+    per_operation = tokens(False)
+    assert not calls
+    one_call = tokens(True)
+    assert one_call == per_operation
+    assert len(calls) == len(one_call) - 1 > 0                   # every token after the prefill's
