@@ -106,7 +106,7 @@ class Qwen2Forward:
 
     @property
     def decode_step(self) -> "DecodeStep | None":
-        """The one-call decode step (engine.quant.step) when this forward's one-token steps can
+        """The one-call step (engine.quant.step) when this forward's decode and verify steps can
         take it: fused with the C attention, ``one_call_step`` on, every projection q8/q5."""
         if not (self.fused_attention and self.one_call_step):
             return None
@@ -172,9 +172,10 @@ class Qwen2Forward:
 
     def __call__(self, input_ids: torch.Tensor, cache: AttentionCache, last_only: bool = True) -> torch.Tensor:
         """Run the new tokens through the model; logits for the last one (or all) ``[m, vocab]``."""
-        if input_ids.shape[0] == 1 and getattr(cache, "takes_decode_step", False):
+        takes_step = getattr(cache, "takes_decode_step", None)
+        if takes_step is not None and takes_step(input_ids.shape[0]):
             step = self.decode_step
             if step is not None:
-                return cache.run_decode_step(step, self.weights.embed_tokens(input_ids), self.rotary)
+                return cache.run_decode_step(step, self.weights.embed_tokens(input_ids), self.rotary, last_only)
         x = self.hidden(input_ids, cache)
         return self.logits(x[-1:] if last_only else x)

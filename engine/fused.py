@@ -123,6 +123,26 @@ def attend_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch
     return out
 
 
+def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                start: int) -> torch.Tensor:
+    """A few consecutive tokens of one sequence (a verify step, a short chunk): write their ``k,
+    v [n, kv_heads, d]`` at positions ``start..`` of one layer's contiguous ``keys/values
+    [kv_heads, capacity, d]`` and attend each ``q [n, heads, d]`` causally, as
+    :func:`paged_attend` attends such a step. Returns ``[n, heads * d]``."""
+    n, heads, dim = q.shape
+    kv_heads, capacity = keys.shape[0], keys.shape[1]
+    if not (keys.is_contiguous() and values.is_contiguous()):
+        raise ValueError("attend_rows needs contiguous cache buffers")
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    out = q.new_empty(n, heads * dim)
+    status = _library().ms_attend_rows_bf16(q.data_ptr(), k.data_ptr(), v.data_ptr(), keys.data_ptr(),
+                                            values.data_ptr(), capacity, start, n, heads, kv_heads, dim,
+                                            1.0 / math.sqrt(dim), out.data_ptr(), torch.get_num_threads())
+    if status != 0:
+        raise MemoryError("attend_rows could not allocate its score buffers")
+    return out
+
+
 def paged_attend(pool: Any, layer: int, block_tables: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
                  q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, write: bool) -> torch.Tensor:
     """A paged step's attention in C, reading the blocks where they lie (no gather): packed

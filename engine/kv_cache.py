@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine.fused import attend_decode
+from engine.fused import attend_decode, attend_rows
 from engine.weights import ForwardConfig
 
 
@@ -50,6 +50,11 @@ def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     out = F.scaled_dot_product_attention(qh, keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask,
                                          is_causal=n > 1 and mask is None, enable_gqa=True)
     return out[0].transpose(0, 1).reshape(n, heads * dim)
+
+
+# Steps of at most this many tokens attend in C in a fused cache (as the paged cache's verify
+# steps and short chunks do, engine.paged.attention); longer prefills keep torch's SDPA.
+FUSED_MAX_TOKENS = 16
 
 
 class ContiguousKVCache:
@@ -89,6 +94,8 @@ class ContiguousKVCache:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.fused and q.shape[0] == 1:
             return attend_decode(q, k, v, self.k[layer], self.v[layer], self._start)
+        if self.fused and q.shape[0] <= FUSED_MAX_TOKENS:   # a verify step, a short chunk
+            return attend_rows(q, k, v, self.k[layer], self.v[layer], self._start)
         end = self._start + q.shape[0]
         self.k[layer, :, self._start:end].copy_(k.transpose(0, 1))
         self.v[layer, :, self._start:end].copy_(v.transpose(0, 1))
@@ -97,19 +104,20 @@ class ContiguousKVCache:
     def commit(self, num_new: int) -> None:
         self.length += num_new
 
-    @property
-    def takes_decode_step(self) -> bool:
-        """Whether a one-token step may run as one C call (engine.quant.step): the same
-        numbers as :meth:`attend`'s fused path, which only a fused cache takes."""
-        return self.fused
+    def takes_decode_step(self, num_new: int) -> bool:
+        """Whether a step of ``num_new`` tokens may run as one C call (engine.quant.step): the
+        same numbers as :meth:`attend`'s fused paths, which only a fused cache takes."""
+        return self.fused and num_new <= FUSED_MAX_TOKENS
 
-    def run_decode_step(self, step: Any, x: torch.Tensor, rotary: Any) -> torch.Tensor:
-        """One token (embedding ``x [1, hidden]``) through ``step``: its k/v land at the next
-        position; returns its float32 logits ``[1, vocab]``."""
-        position = self.begin(1)
-        cos, sin = rotary.lookup(position, 1)
-        logits = step(x, self.k, self.v, self.capacity, None, 0, position, cos, sin)
-        self.commit(1)
+    def run_decode_step(self, step: Any, x: torch.Tensor, rotary: Any, last_only: bool) -> torch.Tensor:
+        """The tokens of embeddings ``x [n, hidden]`` through ``step``: their k/v land at the
+        next positions; returns float32 logits of the last (or every) one."""
+        n = x.shape[0]
+        position = self.begin(n)
+        cos, sin = rotary.lookup(position, n)
+        logits = step(x, self.k, self.v, self.capacity, None, 0, position, cos, sin, precise=True,
+                      head_from=n - 1 if last_only else 0)
+        self.commit(n)
         return logits
 
     def truncate(self, length: int) -> None:

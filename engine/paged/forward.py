@@ -16,6 +16,7 @@ import torch
 from engine.forward import Qwen2Forward
 from engine.quant import q8
 from engine.paged.attention import PagedBatch, paged_attention
+from engine.speculative.attention import MAX_FOLDED_QUERIES
 from engine.paged.pool import KVBlockPool, KVGeometry
 
 
@@ -73,8 +74,8 @@ class PagedQwen2:
         # a decode-only step of many sequences is compute-bound: q8 may use one-byte activations,
         # in the head too, as bench.quantization --kernels times a step's linears
         # (results/quant_kernels_step.csv: 41.1 ms at 8 rows with two bytes, 28.9 with one)
-        if decode_only and rows is None and not all_logits and input_ids.shape[0] == 1:
-            logits = self._one_call_step(input_ids, batch, pool)
+        if batch.batch_size == 1 and input_ids.shape[0] <= MAX_FOLDED_QUERIES:
+            logits = self._one_call_step(input_ids, batch, pool, all_logits, rows, decode_only)
             if logits is not None:
                 return logits
         with q8.batched_decode() if decode_only else nullcontext():
@@ -85,14 +86,21 @@ class PagedQwen2:
                 return forward.logits(hidden[rows])
             return forward.logits(hidden if all_logits else hidden[batch.last_index])
 
-    def _one_call_step(self, input_ids: torch.Tensor, batch: PagedBatch, pool: KVBlockPool) -> torch.Tensor | None:
-        """A lone sequence's decode token as one C call (engine.quant.step) where the forward
-        takes it: the same numbers as the per-operation path below. None where it does not."""
-        forward = self.forward_model
+    def _one_call_step(self, input_ids: torch.Tensor, batch: PagedBatch, pool: KVBlockPool, all_logits: bool,
+                       rows: torch.Tensor | None, decode_only: bool) -> torch.Tensor | None:
+        """A lone sequence's step of a few tokens (a decode token, a verify step, a short chunk)
+        as one C call (engine.quant.step) where the forward takes it: the same numbers as the
+        per-operation path (one-byte activations where q8.batched_decode would choose them).
+        None where it does not."""
+        forward, n = self.forward_model, input_ids.shape[0]
         step = forward.decode_step
         if step is None or pool.dtype != torch.bfloat16:
             return None
+        if rows is not None and not torch.equal(rows, torch.arange(n, device=rows.device)):
+            return None
         position = int(batch.positions[0])
-        cos, sin = forward.rotary.lookup(position, 1)
+        cos, sin = forward.rotary.lookup(position, n)
+        head_from = 0 if all_logits or rows is not None else n - 1
+        precise = not decode_only or n <= q8.PRECISE_MAX_ROWS
         return step(forward.weights.embed_tokens(input_ids), pool.k, pool.v, 0, batch.block_tables[0].contiguous(),
-                    pool.block_size, position, cos, sin)
+                    pool.block_size, position, cos, sin, precise=precise, head_from=head_from)

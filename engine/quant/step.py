@@ -89,17 +89,20 @@ class DecodeStep:
 
     def __call__(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, capacity: int,
                  table: torch.Tensor | None, block_size: int, position: int, cos: torch.Tensor,
-                 sin: torch.Tensor) -> torch.Tensor:
-        """float32 logits ``[1, vocab]`` of the token whose embedding is ``x [1, hidden]`` (bf16,
-        overwritten) at ``position``: its k/v go into a contiguous cache (``keys/values
-        [layers, kv_heads, capacity, d]``, ``table`` None) or a paged pool read through one
-        sequence's block ``table``. ``cos``/``sin``: its rotary rows (``[1, 1, d]``)."""
+                 sin: torch.Tensor, precise: bool = True, head_from: int = 0) -> torch.Tensor:
+        """float32 logits ``[n - head_from, vocab]`` of rows ``head_from..`` of ``n`` consecutive
+        tokens of one sequence at ``position..``, whose embeddings are ``x [n, hidden]`` (bf16,
+        overwritten). Their k/v go into a contiguous cache (``keys/values [layers, kv_heads,
+        capacity, d]``, ``table`` None) or a paged pool read through the sequence's block
+        ``table``. ``cos``/``sin``: their rotary rows (``[n, 1, d]``); ``precise``: two-byte
+        activations (engine.quant.q8.linear's rule)."""
         x = x.contiguous()
-        logits = torch.empty(1, self._model.vocab, dtype=torch.float32)
-        status = self._call(ctypes.byref(self._model), x.data_ptr(), keys.data_ptr(), values.data_ptr(), capacity,
-                            None if table is None else table.data_ptr(), block_size, position,
-                            cos.contiguous().data_ptr(), sin.contiguous().data_ptr(), logits.data_ptr(),
-                            torch.get_num_threads())
+        rows = x.shape[0]
+        logits = torch.empty(rows - head_from, self._model.vocab, dtype=torch.float32)
+        status = self._call(ctypes.byref(self._model), x.data_ptr(), rows, int(precise), keys.data_ptr(),
+                            values.data_ptr(), capacity, None if table is None else table.data_ptr(), block_size,
+                            position, cos.contiguous().data_ptr(), sin.contiguous().data_ptr(), head_from,
+                            logits.data_ptr(), torch.get_num_threads())
         if status != 0:
-            raise MemoryError(f"the one-call decode step failed with status {status}")
+            raise RuntimeError(f"the one-call decode step failed with status {status}")
         return logits

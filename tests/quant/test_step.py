@@ -77,6 +77,24 @@ def test_one_call_step_equals_the_fused_forward_bit_for_bit(quant_model_dir, fiv
     assert torch.equal(got_cache.v[:, :, :end], want_cache.v[:, :, :end])
 
 
+def test_a_verify_step_gives_every_row_the_same_logits(quant_model_dir):
+    """Several tokens with logits for each (a verify step: the pending token and its drafts),
+    after a prompt longer than a step (prefilled by torch's attention either way)."""
+    forward = _q8_forward(quant_model_dir)
+    cfg = forward.config
+    prompt = torch.tensor(PROMPT * 3)                            # 30 tokens: not a step
+    results = {}
+    for one_call in (False, True):
+        forward.one_call_step = one_call
+        cache = ContiguousKVCache(cfg, 64, torch.bfloat16, torch.device("cpu"), exact=False, fused=True)
+        with torch.inference_mode():
+            forward(prompt, cache)
+            results[one_call] = forward(torch.tensor([4, 8, 15, 16, 23]), cache, last_only=False), cache
+    (got, got_cache), (want, want_cache) = results[True], results[False]
+    assert got.shape == (5, cfg.vocab_size) and torch.equal(got, want)
+    assert torch.equal(got_cache.k[:, :, :35], want_cache.k[:, :, :35])
+
+
 def test_the_step_is_taken_only_where_every_piece_runs_in_c(quant_model_dir):
     engine = Engine(load_settings(model=str(quant_model_dir), dtype="bfloat16", device="cpu", quant="none"))
     weights = fuse_projections(engine.loaded.model)
@@ -96,7 +114,7 @@ def test_the_step_runs_in_generation(quant_model_dir, monkeypatch):
     step = forward.decode_step
     calls = []
     original = DecodeStep.__call__
-    monkeypatch.setattr(DecodeStep, "__call__", lambda self, *a: calls.append(1) or original(self, *a))
+    monkeypatch.setattr(DecodeStep, "__call__", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
     cfg = forward.config
 
     def greedy(one_call: bool) -> list[int]:
@@ -111,30 +129,37 @@ def test_the_step_runs_in_generation(quant_model_dir, monkeypatch):
         return out
 
     assert greedy(False) == greedy(True)
-    assert step is forward.decode_step and len(calls) == 9      # every step after the prefill
+    assert step is forward.decode_step and len(calls) == 10     # the 10-token prefill and every step
 
 
-@pytest.mark.parametrize("method", ["custom_cache", "prefix_cache", "paged"])
-def test_methods_decode_through_the_step_with_the_same_tokens(quant_model_dir, tmp_path, monkeypatch, method):
+@pytest.mark.parametrize("method,speculative", [("custom_cache", False), ("prefix_cache", False), ("paged", False),
+                                                ("custom_cache", True), ("paged", True)])
+def test_methods_decode_through_the_step_with_the_same_tokens(quant_model_dir, tmp_path, monkeypatch, method,
+                                                              speculative):
     """A q8 engine's one-token steps take the step (a lone paged sequence too), and its greedy
     tokens are those of the per-operation path. A fresh engine each: a second request would
     reuse the first one's prefix (prefix_cache, paged sharing) and prefill differently."""
     from engine.handwritten import forward_for
     from engine.types import GenerationRequest, SamplingParams
 
-    calls = []
+    calls, drafted = [], []
     original = DecodeStep.__call__
-    monkeypatch.setattr(DecodeStep, "__call__", lambda self, *a: calls.append(1) or original(self, *a))
+    monkeypatch.setattr(DecodeStep, "__call__", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    # speculative: verify steps of the pending token and up to 6 drafts (one-byte activations
+    # in a paged verify step of more than 4 rows, as q8.batched_decode chooses)
     request = GenerationRequest(messages=[{"role": "user", "content": "Write a short poem about the sea."}],
-                                method=method, sampling=SamplingParams(max_new_tokens=12, temperature=0.0))
+                                method=method, sampling=SamplingParams(max_new_tokens=24, temperature=0.0),
+                                speculative=speculative)
 
     def tokens(one_call: bool) -> list[int]:
         engine = Engine(load_settings(model=str(quant_model_dir), device="cpu", dtype="bfloat16", quant="q8",
-                                      cache_dir=tmp_path)).load()
+                                      cache_dir=tmp_path, spec_tokens=6, spec_ngram=(2, 1))).load()
         try:
             forward = engine.loop.call(lambda: forward_for(engine))
             engine.loop.call(lambda: (setattr(forward, "c_attention", True), setattr(forward, "one_call_step", one_call)))
-            return engine.generate(request).token_ids
+            result = engine.generate(request)
+            drafted.append(result.usage.draft_tokens)
+            return result.token_ids
         finally:
             engine.close()
 
@@ -142,4 +167,33 @@ def test_methods_decode_through_the_step_with_the_same_tokens(quant_model_dir, t
     assert not calls
     one_call = tokens(True)
     assert one_call == per_operation
-    assert len(calls) == len(one_call) - 1 > 0                   # every token after the prefill's
+    assert drafted[0] == drafted[1] and (drafted[0] > 0) == speculative
+    if not speculative:
+        assert len(calls) == len(one_call) - 1 > 0               # every token after the prefill's
+    assert calls
+
+
+@pytest.mark.parametrize("drafts", [3, 7])
+def test_a_paged_verify_step_equals_the_per_operation_path(quant_model_dir, drafts):
+    """A lone paged sequence's verify step (decode-only, logits for every row): two-byte
+    activations up to 4 rows, one byte beyond (q8.batched_decode's rule), in the step as in
+    the per-operation path; the pool's blocks end the same."""
+    from engine.paged.attention import SeqChunk, build_batch
+    from engine.paged.forward import PagedQwen2
+
+    forward = _q8_forward(quant_model_dir)
+    model = PagedQwen2(forward)
+    prompt, step_ids = PROMPT * 3, [4, 8, 15, 16, 23, 42, 7, 9][:drafts + 1]
+    table = [2, 0, 3]                                             # blocks of 16: 30 + 8 tokens
+    results = {}
+    for one_call in (False, True):
+        forward.one_call_step = one_call
+        pool = model.make_pool(num_blocks=4, block_size=16)
+        model.forward(torch.tensor(prompt), build_batch([SeqChunk(table, 0, len(prompt))], 16), pool)
+        n = len(step_ids)
+        batch = build_batch([SeqChunk(table, len(prompt), n)], 16)
+        logits = model.forward(torch.tensor(step_ids), batch, pool, rows=torch.arange(n), decode_only=True)
+        results[one_call] = logits, pool
+    (got, got_pool), (want, want_pool) = results[True], results[False]
+    assert got.shape == (drafts + 1, forward.config.vocab_size) and torch.equal(got, want)
+    assert torch.equal(got_pool.k, want_pool.k) and torch.equal(got_pool.v, want_pool.v)

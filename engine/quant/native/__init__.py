@@ -117,6 +117,8 @@ def _declare_decode(lib: ctypes.CDLL) -> None:
         "ms_silu_mul_bf16": [ptr, ptr, i64, i64],
         "ms_attend_decode_bf16": [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, ctypes.c_float, ptr,
                                   ctypes.c_int],
+        "ms_attend_rows_bf16": [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ctypes.c_float, ptr,
+                                ctypes.c_int],
         "ms_paged_gather_bf16": [ptr, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, ptr, i64, i64, i64, ptr, ptr],
         "ms_paged_attend_bf16": [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, ptr, i64, ptr, ptr, i64, i64, i64, i64,
                                  ctypes.c_float, ptr, ctypes.c_int, ctypes.c_int],
@@ -126,7 +128,8 @@ def _declare_decode(lib: ctypes.CDLL) -> None:
         fn.restype, fn.argtypes = ctypes.c_int, args
     # step.c (engine.quant.step): the model description, then the token's buffers
     lib.ms_decode_step.restype = ctypes.c_int
-    lib.ms_decode_step.argtypes = [ptr, ptr, ptr, ptr, i64, ptr, i64, i64, ptr, ptr, ptr, ctypes.c_int]
+    lib.ms_decode_step.argtypes = [ptr, ptr, i64, ctypes.c_int, ptr, ptr, i64, ptr, i64, i64, ptr, ptr, i64, ptr,
+                                   ctypes.c_int]
 
 
 VECTOR_PATHS = {2: "avx512-vnni", 1: "avx2", 0: "portable"}

@@ -363,6 +363,40 @@ int ms_attend_head(const kv_rows *kv, int64_t h, int64_t pos, const uint16_t *q,
     return 0;
 }
 
+int ms_attend_tokens(const kv_rows *kv, int64_t h, int64_t pos0, int64_t tokens, const uint16_t *q,
+                     int64_t q_stride, const uint16_t *k_new, const uint16_t *v_new, int64_t kv_stride,
+                     int64_t group, int64_t dim, float scale, uint16_t *out, int64_t out_stride) {
+    for (int64_t t = 0; t < tokens; t++) {
+        const int64_t at = kv_row_at(kv, h, pos0 + t);
+        memcpy(kv->keys + at * dim, k_new + t * kv_stride, (size_t)dim * 2);
+        memcpy(kv->values + at * dim, v_new + t * kv_stride, (size_t)dim * 2);
+    }
+    int status = 0;
+    for (int64_t t = 0; t < tokens && !status; t++)
+        status = ms_attend_head(kv, h, pos0 + t, q + t * q_stride, NULL, NULL, group, dim, scale, out + t * out_stride);
+    return status;
+}
+
+/* A few consecutive tokens of one sequence in a contiguous cache (a verify step: the pending
+ * token and its drafts, or a short chunk): store their k, v ([tokens, kv_heads, dim]) at
+ * positions pos0.. of keys/values ([kv_heads, capacity, dim]), then attend each q ([tokens,
+ * heads, dim]) causally, as ms_paged_attend_bf16 attends such a step; kv heads in parallel.
+ * out [tokens, heads, dim]. */
+int ms_attend_rows_bf16(const uint16_t *q, const uint16_t *k_new, const uint16_t *v_new, uint16_t *keys,
+                        uint16_t *values, int64_t capacity, int64_t pos0, int64_t tokens, int64_t heads,
+                        int64_t kv_heads, int64_t dim, float scale, uint16_t *out, int threads) {
+    const int64_t group = heads / kv_heads;
+    if (group > 64) return 2;
+    const kv_rows kv = {keys, values, capacity, NULL, 0, 0, 1, kv_heads};
+    int status = 0;
+#pragma omp parallel for num_threads(threads) reduction(| : status)
+    for (int64_t h = 0; h < kv_heads; h++)
+        status |= ms_attend_tokens(&kv, h, pos0, tokens, q + h * group * dim, heads * dim, k_new + h * dim,
+                                   v_new + h * dim, kv_heads * dim, group, dim, scale, out + h * group * dim,
+                                   heads * dim);
+    return status;
+}
+
 /* One new token of one sequence in a contiguous cache: write its k, v ([kv_heads, dim]) at
  * position `pos` of keys/values ([kv_heads, capacity, dim]), then attend its q ([heads, dim],
  * each group of heads / kv_heads query heads sharing a kv head) over positions 0..pos;

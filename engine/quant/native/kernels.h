@@ -5,11 +5,11 @@
 
 #include <stdint.h>
 
-/* q8.c: one bf16 row against q8 / q5 weights inside a caller's parallel region. */
-int64_t ms_q8_team_scratch(int64_t K);
-void ms_q8_team_quantize(const uint16_t *x, int64_t K, int q5, void *scratch);
-void ms_q8_team_tiles(int64_t K, const uint8_t *weights, int q5, const uint16_t *scales, int64_t N,
-                      const float *bias, uint16_t *y, void *scratch);
+/* q8.c: M bf16 rows against q8 / q5 weights inside a caller's parallel region. */
+int64_t ms_q8_team_scratch(int64_t M, int64_t K);
+void ms_q8_team_quantize(const uint16_t *x, int64_t M, int64_t K, int q5, int precise, void *scratch);
+void ms_q8_team_tiles(int64_t M, int64_t K, const uint8_t *weights, int q5, const uint16_t *scales, int64_t N,
+                      const float *bias, uint16_t *y, int precise, void *scratch);
 
 /* decode.c */
 int ms_rms_norm_bf16(const uint16_t *x, const uint16_t *weight, uint16_t *out, int64_t rows, int64_t dim, float eps,
@@ -32,5 +32,12 @@ typedef struct {
  * NULL: already stored), then attend over positions 0..pos. Returns 1 when out of memory. */
 int ms_attend_head(const kv_rows *kv, int64_t h, int64_t pos, const uint16_t *q, const uint16_t *k_new,
                    const uint16_t *v_new, int64_t group, int64_t dim, float scale, uint16_t *out);
+
+/* `tokens` consecutive tokens of one sequence at positions pos0.. and kv head h: store every
+ * token's k, v first (rows of k_new / v_new `kv_stride` elements apart), then attend token t
+ * (q rows `q_stride` apart, out rows `out_stride` apart) over positions 0..pos0 + t. */
+int ms_attend_tokens(const kv_rows *kv, int64_t h, int64_t pos0, int64_t tokens, const uint16_t *q,
+                     int64_t q_stride, const uint16_t *k_new, const uint16_t *v_new, int64_t kv_stride,
+                     int64_t group, int64_t dim, float scale, uint16_t *out, int64_t out_stride);
 
 #endif

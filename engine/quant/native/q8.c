@@ -687,34 +687,34 @@ static int linear(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t
     return 0;
 }
 
-/* ---- one bf16 row inside a caller's parallel region (step.c: a whole decode step in one
- * region, without a fork/join per linear): the same numbers as ms_q8_linear / ms_q5_linear with
- * M = 1 and two-byte activations (precise). One thread quantizes the row into `scratch`
- * (ms_q8_team_scratch(K) bytes; the offset depends on the weights' format, q5), then every
- * thread of the team calls ms_q8_team_tiles, which returns after the tiles' barrier. */
-static activations carve(void *scratch, int64_t K) {
+/* ---- a few bf16 rows inside a caller's parallel region (step.c: a whole decode or verify
+ * step in one region, without a fork/join per linear): the same numbers as ms_q8_linear /
+ * ms_q5_linear. One thread quantizes the M rows into `scratch` (ms_q8_team_scratch(M, K)
+ * bytes; the offset depends on the weights' format, q5), then every thread of the team calls
+ * ms_q8_team_tiles, which returns after the tiles' barrier. */
+static activations carve(void *scratch, int64_t M, int64_t K) {
     const int64_t groups = ROW_GROUPS(K / QK);
     activations a;
     a.xs = (float *)scratch;
-    a.seed = (int32_t *)(a.xs + groups);
-    a.xi = (int8_t *)(a.seed + 2 * groups);
+    a.seed = (int32_t *)(a.xs + M * groups);
+    a.xi = (int8_t *)(a.seed + 2 * M * groups);
     return a;
 }
 
-int64_t ms_q8_team_scratch(int64_t K) {
+int64_t ms_q8_team_scratch(int64_t M, int64_t K) {
     const int64_t groups = ROW_GROUPS(K / QK);
-    return (int64_t)(sizeof(float) * groups + sizeof(int32_t) * 2 * groups) + 2 * ROW_CODES(K);
+    return M * ((int64_t)(sizeof(float) * groups + sizeof(int32_t) * 2 * groups) + 2 * ROW_CODES(K));
 }
 
-void ms_q8_team_quantize(const uint16_t *x, int64_t K, int q5, void *scratch) {
-    activations a = carve(scratch, K);
-    quantize_rows(x, 1, 0, 1, K, q5, 1, &a);
+void ms_q8_team_quantize(const uint16_t *x, int64_t M, int64_t K, int q5, int precise, void *scratch) {
+    activations a = carve(scratch, M, K);
+    quantize_rows(x, 1, 0, M, K, q5, precise, &a);
 }
 
-void ms_q8_team_tiles(int64_t K, const uint8_t *weights, int q5, const uint16_t *scales, int64_t N,
-                      const float *bias, uint16_t *y, void *scratch) {
-    activations a = carve(scratch, K);
-    linear_tiles(&a, 1, K, weights, q5 ? ms_q5_row_bytes(K) : K, q5, scales, N, bias, y, 1, 1);
+void ms_q8_team_tiles(int64_t M, int64_t K, const uint8_t *weights, int q5, const uint16_t *scales, int64_t N,
+                      const float *bias, uint16_t *y, int precise, void *scratch) {
+    activations a = carve(scratch, M, K);
+    linear_tiles(&a, M, K, weights, q5 ? ms_q5_row_bytes(K) : K, q5, scales, N, bias, y, 1, precise);
 }
 
 /* y[M, N] = x[M, K] W^T (+ bias). x and y are bf16 or float32; bias float32 or NULL.

@@ -39,13 +39,14 @@ typedef struct {
     ms_step_linear head;
 } ms_step_model;
 
-static void quantize_for(const ms_step_linear *lin, const uint16_t *x, void *scratch) {
-    ms_q8_team_quantize(x, lin->in_features, (int)lin->q5, scratch);
+
+static void quantize_for(const ms_step_linear *lin, const uint16_t *x, int64_t rows, int precise, void *scratch) {
+    ms_q8_team_quantize(x, rows, lin->in_features, (int)lin->q5, precise, scratch);
 }
 
-static void tiles(const ms_step_linear *lin, uint16_t *y, void *scratch) {
-    ms_q8_team_tiles(lin->in_features, lin->weights, (int)lin->q5, lin->scales, lin->out_features, lin->bias, y,
-                     scratch);
+static void tiles(const ms_step_linear *lin, uint16_t *y, int64_t rows, int precise, void *scratch) {
+    ms_q8_team_tiles(rows, lin->in_features, lin->weights, (int)lin->q5, lin->scales, lin->out_features, lin->bias,
+                     y, precise, scratch);
 }
 
 /* x += y in bf16, as torch's x.add_(y): the float sum rounded once. */
@@ -58,30 +59,32 @@ typedef struct {
     void *scratch;
 } step_buffers;
 
-static int buffers_alloc(const ms_step_model *m, step_buffers *b) {
+static int buffers_alloc(const ms_step_model *m, int64_t rows, int64_t head_rows, step_buffers *b) {
     const int64_t q = m->heads * m->head_dim, kv = m->kv_heads * m->head_dim;
     int64_t widest = m->hidden > m->intermediate ? m->hidden : m->intermediate;
     widest = widest > q ? widest : q;
-    b->h = malloc(sizeof(uint16_t) * (size_t)(m->hidden + (q + 2 * kv) + q + m->hidden + 2 * m->intermediate
-                                              + m->intermediate + m->vocab));
-    b->scratch = malloc((size_t)ms_q8_team_scratch(widest));
+    b->h = malloc(sizeof(uint16_t) * (size_t)(rows * (m->hidden + (q + 2 * kv) + q + m->hidden
+                                                      + 2 * m->intermediate + m->intermediate)
+                                              + head_rows * m->vocab));
+    b->scratch = malloc((size_t)ms_q8_team_scratch(rows, widest));
     if (!b->h || !b->scratch) {
         free(b->h);
         free(b->scratch);
         return 1;
     }
-    b->qkv = b->h + m->hidden;
-    b->attn = b->qkv + q + 2 * kv;
-    b->y = b->attn + q;
-    b->gate_up = b->y + m->hidden;
-    b->act = b->gate_up + 2 * m->intermediate;
-    b->logits = b->act + m->intermediate;
+    b->qkv = b->h + rows * m->hidden;
+    b->attn = b->qkv + rows * (q + 2 * kv);
+    b->y = b->attn + rows * q;
+    b->gate_up = b->y + rows * m->hidden;
+    b->act = b->gate_up + rows * 2 * m->intermediate;
+    b->logits = b->act + rows * m->intermediate;
     return 0;
 }
 
-/* The attention half's middle: rotate each kv head's query group and key (rotary is per head,
- * so a head's share equals ms_rotary_bf16 over all of them), store k, v, attend. Every thread. */
-static int attend_all(const ms_step_model *m, const step_buffers *b, kv_rows kv, int64_t pos,
+/* The attention half's middle, one kv head per thread: rotate its query group and key in every
+ * row (rotary is per head, so a head's share equals ms_rotary_bf16 over all of them), store the
+ * rows' k, v, attend each row causally. Every thread calls it. */
+static int attend_all(const ms_step_model *m, const step_buffers *b, kv_rows kv, int64_t pos0, int64_t rows,
                       const uint16_t *cos, const uint16_t *sin) {
     const int64_t dim = m->head_dim, group = m->heads / m->kv_heads, q_size = m->heads * dim;
     const int64_t kv_size = m->kv_heads * dim, stride = q_size + 2 * kv_size;
@@ -90,25 +93,30 @@ static int attend_all(const ms_step_model *m, const step_buffers *b, kv_rows kv,
     #pragma omp for schedule(static)
     for (int64_t h = 0; h < m->kv_heads; h++) {
         uint16_t *q = b->qkv + h * group * dim, *k = b->qkv + q_size + h * dim;
-        ms_rotary_bf16(q, 1, stride, group, dim, cos, sin);
-        ms_rotary_bf16(k, 1, stride, 1, dim, cos, sin);
-        status |= ms_attend_head(&kv, h, pos, q, k, k + kv_size, group, dim, scale, b->attn + h * group * dim);
+        ms_rotary_bf16(q, rows, stride, group, dim, cos, sin);
+        ms_rotary_bf16(k, rows, stride, 1, dim, cos, sin);
+        status |= ms_attend_tokens(&kv, h, pos0, rows, q, stride, k, k + kv_size, stride, group, dim, scale,
+                                   b->attn + h * group * dim, q_size);
     }
     return status;
 }
 
-/* One token through every layer, the final norm and the head. x: its embedding row [hidden]
- * (bf16), left holding the final hidden state. keys / values: a contiguous cache [layers,
- * kv_heads, capacity, dim] (table NULL) or a paged pool [num_blocks, layers, block_size,
- * kv_heads, dim] read through `table` (one sequence's block table). The token sits at `pos`;
- * cos / sin: its rotary row [dim]. logits: float32 [vocab], the head's bf16 outputs widened.
- * Returns 0, 1 when memory runs out, 2 for more than 64 query heads per kv head. */
-int ms_decode_step(const ms_step_model *m, uint16_t *x, uint16_t *keys, uint16_t *values, int64_t capacity,
-                   const int64_t *table, int64_t block_size, int64_t pos, const uint16_t *cos, const uint16_t *sin,
-                   float *logits, int threads) {
+/* `rows` consecutive tokens of one sequence (a decode token, or a verify step's pending token
+ * and drafts) through every layer, the final norm and the head. x: their embedding rows
+ * [rows, hidden] (bf16), left holding the final hidden states. precise: two-byte activations
+ * (q8.c's `precise`). keys / values: a contiguous cache [layers, kv_heads, capacity, dim] (table
+ * NULL) or a paged pool [num_blocks, layers, block_size, kv_heads, dim] read through `table`
+ * (the sequence's block table). The tokens sit at pos0..; cos / sin: their rotary rows [rows,
+ * dim]. logits: float32 [rows - head_from, vocab], the head's bf16 outputs of rows head_from..
+ * widened. Returns 0, 1 when memory runs out, 2 for more than 64 query heads per kv head. */
+int ms_decode_step(const ms_step_model *m, uint16_t *x, int64_t rows, int precise, uint16_t *keys,
+                   uint16_t *values, int64_t capacity, const int64_t *table, int64_t block_size, int64_t pos0,
+                   const uint16_t *cos, const uint16_t *sin, int64_t head_from, float *logits, int threads) {
     if (m->heads / m->kv_heads > 64) return 2;
+    if (rows <= 0 || head_from < 0 || head_from >= rows) return 3;
+    const int64_t head_rows = rows - head_from, hidden = m->hidden;
     step_buffers b;
-    if (buffers_alloc(m, &b)) return 1;
+    if (buffers_alloc(m, rows, head_rows, &b)) return 1;
     const int64_t layer_elems = m->kv_heads * capacity * m->head_dim;
     int status = 0;
     #pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads())
@@ -117,44 +125,44 @@ int ms_decode_step(const ms_step_model *m, uint16_t *x, uint16_t *keys, uint16_t
             const ms_step_layer *L = m->layer + l;
             #pragma omp single
             {
-                if (l > 0) add_into(x, b.y, m->hidden);   /* the previous layer's MLP residual */
-                ms_rms_norm_bf16(x, L->input_norm, b.h, 1, m->hidden, m->eps, (int)m->torch_lanes);
-                quantize_for(&L->qkv, b.h, b.scratch);
+                if (l > 0) add_into(x, b.y, rows * hidden);   /* the previous layer's MLP residual */
+                ms_rms_norm_bf16(x, L->input_norm, b.h, rows, hidden, m->eps, (int)m->torch_lanes);
+                quantize_for(&L->qkv, b.h, rows, precise, b.scratch);
             }
-            tiles(&L->qkv, b.qkv, b.scratch);
+            tiles(&L->qkv, b.qkv, rows, precise, b.scratch);
             kv_rows kv = {keys, values, capacity, table, m->layers, l, block_size, m->kv_heads};
             if (!table) kv.keys += l * layer_elems, kv.values += l * layer_elems;
-            int failed = attend_all(m, &b, kv, pos, cos, sin);
+            int failed = attend_all(m, &b, kv, pos0, rows, cos, sin);
             if (failed) {
                 #pragma omp atomic
                 status |= failed;
             }
             #pragma omp single
-            quantize_for(&L->o, b.attn, b.scratch);
-            tiles(&L->o, b.y, b.scratch);
+            quantize_for(&L->o, b.attn, rows, precise, b.scratch);
+            tiles(&L->o, b.y, rows, precise, b.scratch);
             #pragma omp single
             {
-                add_into(x, b.y, m->hidden);
-                ms_rms_norm_bf16(x, L->post_norm, b.h, 1, m->hidden, m->eps, (int)m->torch_lanes);
-                quantize_for(&L->gate_up, b.h, b.scratch);
+                add_into(x, b.y, rows * hidden);
+                ms_rms_norm_bf16(x, L->post_norm, b.h, rows, hidden, m->eps, (int)m->torch_lanes);
+                quantize_for(&L->gate_up, b.h, rows, precise, b.scratch);
             }
-            tiles(&L->gate_up, b.gate_up, b.scratch);
+            tiles(&L->gate_up, b.gate_up, rows, precise, b.scratch);
             #pragma omp single
             {
-                ms_silu_mul_bf16(b.gate_up, b.act, 1, m->intermediate);
-                quantize_for(&L->down, b.act, b.scratch);
+                ms_silu_mul_bf16(b.gate_up, b.act, rows, m->intermediate);
+                quantize_for(&L->down, b.act, rows, precise, b.scratch);
             }
-            tiles(&L->down, b.y, b.scratch);
+            tiles(&L->down, b.y, rows, precise, b.scratch);
         }
         #pragma omp single
         {
-            if (m->layers > 0) add_into(x, b.y, m->hidden);
-            ms_rms_norm_bf16(x, m->norm, b.h, 1, m->hidden, m->eps, (int)m->torch_lanes);
-            quantize_for(&m->head, b.h, b.scratch);
+            if (m->layers > 0) add_into(x, b.y, rows * hidden);
+            ms_rms_norm_bf16(x + head_from * hidden, m->norm, b.h, head_rows, hidden, m->eps, (int)m->torch_lanes);
+            quantize_for(&m->head, b.h, head_rows, precise, b.scratch);
         }
-        tiles(&m->head, b.logits, b.scratch);
+        tiles(&m->head, b.logits, head_rows, precise, b.scratch);
         #pragma omp for schedule(static)
-        for (int64_t i = 0; i < m->vocab; i++) logits[i] = bf16_to_f32(b.logits[i]);
+        for (int64_t i = 0; i < head_rows * m->vocab; i++) logits[i] = bf16_to_f32(b.logits[i]);
     }
     free(b.h);
     free(b.scratch);
