@@ -38,10 +38,12 @@ LEVELS = (127, 16)  # candidate steps amax / L per group (quantize)
 # 8-bit prefill cost free-running agreement with bf16 (0.896 against 0.946, docs/quantization.md).
 PRECISE_MAX_ROWS = 4
 # Calls of at least this many bf16 rows outside a batched decode step (prefill) unpack the
-# weights to bf16 once and run oneDNN's GEMM: there the integer kernel is compute-bound (two
-# multiplies per byte); the unpacked values are the weights rounded to bf16, i.e. the same
-# arithmetic as `none`'s prefill. Break-even near 64 rows (bench.quantization --kernels,
-# results/quant_kernels.csv: q8 at 64 and 280 rows against the bf16 GEMMs).
+# weights to bf16 once and run oneDNN's GEMM where it is faster than the integer kernel, which
+# is compute-bound there (two multiplies per byte); the unpacked values are the weights rounded
+# to bf16, i.e. the same arithmetic as `none`'s prefill. Break-even near 64 rows on an AMD EPYC
+# (bench.quantization --kernels, results/quant_kernels.csv: q8 at 64 and 280 rows against the
+# bf16 GEMMs); on an Intel Xeon the kernel stayed faster, so the choice is measured once per
+# process (engine.quant.prefill_choice).
 DEQUANT_MIN_ROWS = 64
 # Without bf16 GEMM kernels (AVX2 CPUs: oneDNN has none, and torch's bf16 matmul there ran 3-5x
 # slower than float32) the integer kernel keeps prefill up to this many rows (64 rows of a
@@ -221,9 +223,10 @@ def linear(x2d: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: t
     batched = getattr(_state, "batched_decode", False)
     if precise is None and x.dtype == torch.bfloat16 and m >= DEQUANT_MIN_ROWS and not batched:
         if _fast_bf16_gemm():
-            weight = dequantize_bf16(codes, scales, packed5, threads)
-            return F.linear(x, weight, None if bias is None else bias.to(x.dtype)).to(dtype)
-        if m >= DEQUANT_F32_MIN_ROWS:
+            if _bf16_gemm_wins():
+                weight = dequantize_bf16(codes, scales, packed5, threads)
+                return F.linear(x, weight, None if bias is None else bias.to(x.dtype)).to(dtype)
+        elif m >= DEQUANT_F32_MIN_ROWS:
             weight = dequantize_bf16(codes, scales, packed5, threads).float()
             return F.linear(x.float(), weight, bias).to(dtype)
     if precise is None:
@@ -245,6 +248,15 @@ def _fast_bf16_gemm() -> bool:
     from engine.packed import packing_available
 
     return packing_available(torch.bfloat16, torch.device("cpu"))
+
+
+@functools.lru_cache(maxsize=1)
+def _bf16_gemm_wins() -> bool:
+    """Whether this CPU's bf16 GEMM beats the integer kernel at prefill sizes (measured once per
+    process, :mod:`engine.quant.prefill_choice`)."""
+    from engine.quant.prefill_choice import choose
+
+    return choose()
 
 
 def _fp16_up(values: torch.Tensor) -> torch.Tensor:
