@@ -20,7 +20,7 @@ For each concurrency N (default 1, 2, 4, 8, 16) the first N prompts run
 Reported: aggregate tokens/s (generated tokens / wall time, prefill included), p50/p90
 time to first token (not available for ``hf_padded``), and ratios. After a warmup, modes run in
 ``--repeats`` interleaved rounds (rotating order) and each mode reports its median run (one run
-per mode let a noisy moment on a shared machine move a ratio by 20%). Greedy, the model's repetition penalty. A last mode
+per mode let a noisy moment on a shared machine move a ratio by 20%). Greedy, no repetition penalty in any mode (transformers' continuous batching cannot apply one). A last mode
 (skip it with ``--no-queue``), ``queue``, sends the same N jobs at once through the real
 stack (web -> Redis -> one Celery worker process with a threads pool feeding the paged
 scheduler, default settings: prefix sharing on -> Redis -> SSE; see
@@ -37,7 +37,8 @@ from pathlib import Path
 
 import torch
 
-from bench.paged_common import RESULTS, machine_line, p50, pct, print_table, pyplot, write_csv
+from bench.paged_common import (REPETITION_PENALTY, RESULTS, machine_line, p50, pct, print_table, pyplot,
+                                write_csv)
 from core.settings import load_settings
 from engine.loop import EngineLoop
 from engine.engine import Engine
@@ -57,7 +58,8 @@ def prompts(n: int) -> list[str]:
 
 def request(text: str, new_tokens: int) -> GenerationRequest:
     return GenerationRequest(messages=[{"role": "user", "content": text}], method="paged",
-                             sampling=SamplingParams(max_new_tokens=new_tokens))
+                             sampling=SamplingParams(max_new_tokens=new_tokens,
+                                                     repetition_penalty=REPETITION_PENALTY))
 
 
 def run_batched(batch: EngineLoop, texts: list[str], new_tokens: int) -> dict:
@@ -85,7 +87,7 @@ def _hf_config(engine: Engine, new_tokens: int):
 
     loaded = engine.loaded
     return GenerationConfig(max_new_tokens=new_tokens, do_sample=False,
-                            repetition_penalty=loaded.default_repetition_penalty,
+                            repetition_penalty=REPETITION_PENALTY,
                             eos_token_id=loaded.eos_ids, pad_token_id=loaded.eos_ids[-1])
 
 

@@ -10,6 +10,12 @@ import torch
 
 from bench.stats import percentile, write_csv  # noqa: F401  (re-exported for the paged benches)
 
+# bench.batching's sampling in every mode, ours and transformers': greedy WITHOUT the model's
+# repetition penalty, since transformers' continuous batching drops it ("RepetitionPenaltyLogits
+# Processor isn't supported by CB"): with it, our modes and padded `generate` made a
+# whole-vocabulary pass per token that hf_cb skipped.
+REPETITION_PENALTY = 1.0
+
 RESULTS = Path("results")
 
 # Qwen2.5-0.5B / Qwen2.5-Coder-0.5B K/V geometry (the default model).

@@ -14,6 +14,7 @@ from pathlib import Path
 import requests
 
 from bench.client import submit_and_follow
+from bench.paged_common import REPETITION_PENALTY
 from bench.stack import Stack, start_redis, job_store, wait_until
 from core.workers import list_workers
 
@@ -54,7 +55,8 @@ class QueueBatchRunner:
         """All jobs at once; returns wall time, generated tokens and client-seen TTFTs."""
         def one(text: str):
             trace = submit_and_follow(self.base_url, {"prompt": text, "max_new_tokens": new_tokens,
-                                                      "generation_method": "paged"})
+                                                      "generation_method": "paged",
+                                                      "repetition_penalty": REPETITION_PENALTY})
             return trace, self.store.get(trace.job_id).result
 
         start = time.perf_counter()
