@@ -99,8 +99,8 @@ class Qwen2Forward:
             fused = fused_for(weights)
         self.fused = fused
         self.c_attention = fused_ops.attention_like_torch()
-        # a one-token step in one C call where every piece of it runs in C (engine.quant.step);
-        # benchmarks turn it off to time the per-operation path beside it
+        # a decode or verify step of one sequence in one C call where every piece of it runs in C
+        # (engine.quant.step); benchmarks turn it off to time the per-operation path beside it
         self.one_call_step = True
         self._decode_step: object = _UNBUILT
 

@@ -16,8 +16,8 @@ import torch
 from engine.forward import Qwen2Forward
 from engine.quant import q8
 from engine.paged.attention import PagedBatch, paged_attention
-from engine.speculative.attention import MAX_FOLDED_QUERIES
 from engine.paged.pool import KVBlockPool, KVGeometry
+from engine.speculative.attention import MAX_FOLDED_QUERIES
 
 
 class PagedAttentionCache:

@@ -1,4 +1,4 @@
-"""A one-token decode step of a q8 model in one C call (``native/step.c``).
+"""A decode (or verify) step of one sequence of a q8 model in one C call (``native/step.c``).
 
 Why: a ``q8`` decode step spends most of its time reading weights in the C kernel, but each of
 its ~170 calls into C (a linear's wrapper and allocation, the fused small operations, a
@@ -8,9 +8,11 @@ weights, which it keeps alive) and then runs the whole step -- every layer, the 
 the head -- in one parallel region. The pieces are the same C functions in the same order, so
 the logits equal the fused Python forward's bit for bit (tests/quant/test_step.py).
 
-Where it runs: a one-token step of a forward whose every projection and head is q8/q5 and whose
-attention runs in C (:attr:`engine.forward.Qwen2Forward.fused_attention`); other steps keep the
-Python forward.
+Where it runs: a step of up to 16 consecutive tokens of one sequence (a decode token, a verify
+step's pending token and drafts, a short chunk) of a forward whose every projection and head is
+q8/q5 and whose attention runs in C (:attr:`engine.forward.Qwen2Forward.fused_attention`); a
+contiguous cache (engine.kv_cache) or a lone paged sequence (engine.paged.forward) hands it the
+step. Other steps keep the Python forward.
 """
 from __future__ import annotations
 
@@ -60,7 +62,7 @@ def _norm(tensor: torch.Tensor) -> bool:
 
 
 class DecodeStep:
-    """The q8 model of ``weights`` as C sees it; ``step(...)`` runs one token."""
+    """The q8 model of ``weights`` as C sees it; ``step(...)`` runs a few tokens of one sequence."""
 
     def __init__(self, weights: Any) -> None:
         cfg = weights.config
@@ -69,13 +71,14 @@ class DecodeStep:
             _Layer(layer.input_norm.data_ptr(), layer.post_norm.data_ptr(), _describe(layer.qkv), _describe(layer.o),
                    _describe(layer.gate_up), _describe(layer.down)) for layer in weights.layers])
         self._model = _Model(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                             cfg.intermediate_size, cfg.vocab_size, fused_ops.torch_sum_lanes(), cfg.rms_eps,
+                             cfg.intermediate_size, weights.lm_head.out_features, fused_ops.torch_sum_lanes(),
+                             cfg.rms_eps,
                              self._layers, weights.norm.data_ptr(), _describe(weights.lm_head))
         self._call = fused_ops._library().ms_decode_step
 
     @staticmethod
     def supports(weights: Any) -> bool:
-        """Whether every piece of a one-token step of ``weights`` runs in step.c."""
+        """Whether every piece of a step of ``weights`` runs in step.c."""
         cfg = weights.config
         if weights.dtype != torch.bfloat16 or weights.device.type != "cpu" or not _norm(weights.norm):
             return False

@@ -1,4 +1,5 @@
-/* A whole one-token decode step of a q8 / q5 model in one call and one parallel region.
+/* A whole decode (or verify) step of one sequence of a q8 / q5 model in one call and one
+ * parallel region: up to a few consecutive tokens, every layer, the final norm and the head.
  *
  * Why: the step's linears read the weights in ~15 ms on a 2-core machine, and the Python
  * around them (a dozen calls per layer: each linear's wrapper, its allocation, the fused small
@@ -8,8 +9,9 @@
  * so the logits are those of engine.forward's fused path bit for bit (tests/quant/test_step.py).
  *
  * The model (ms_step_model) is described once by engine/quant/step.py (pointers into the
- * loaded weights); each call passes the token's embedding row, where its keys and values go
- * (a contiguous cache, or one paged sequence's block table) and its rotary row.
+ * loaded weights); each call passes the tokens' embedding rows, where their keys and values go
+ * (a contiguous cache, or one paged sequence's block table), their rotary rows, and whether
+ * their activations go in two bytes (q8.c's `precise`, as engine.quant.q8.linear would choose).
  */
 #include <math.h>
 #include <stdint.h>
