@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from engine import fused as fused_ops
-from engine.quant import q8
+from engine.quant import native, q8
 from engine.quant.layer import QuantizedLinear
 
 _ptr, _i64 = ctypes.c_void_p, ctypes.c_int64
@@ -74,7 +74,7 @@ class DecodeStep:
                              cfg.intermediate_size, weights.lm_head.out_features, fused_ops.torch_sum_lanes(),
                              cfg.rms_eps,
                              self._layers, weights.norm.data_ptr(), _describe(weights.lm_head))
-        self._call = fused_ops._library().ms_decode_step
+        self._call = native.library().ms_decode_step
 
     @staticmethod
     def supports(weights: Any) -> bool:

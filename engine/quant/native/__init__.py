@@ -26,7 +26,7 @@ import torch  # noqa: F401 - loaded first: its libgomp is the one our library bi
 
 SOURCE = Path(__file__).with_name("q8.c")                # the q8 / q5 linear kernels
 SOURCES = (SOURCE, Path(__file__).with_name("decode.c"),  # + the decode step's small operations
-           Path(__file__).with_name("step.c"))               # + a whole one-token step in one call
+           Path(__file__).with_name("step.c"))               # + a decode / verify step of one sequence in one call
 HEADERS = (Path(__file__).with_name("bf16.h"),             # included by the sources: part of the build key
            Path(__file__).with_name("kernels.h"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
@@ -126,7 +126,7 @@ def _declare_decode(lib: ctypes.CDLL) -> None:
     for name, args in signatures.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = ctypes.c_int, args
-    # step.c (engine.quant.step): the model description, then the token's buffers
+    # step.c (engine.quant.step): the model description, then the step's tokens and buffers
     lib.ms_decode_step.restype = ctypes.c_int
     lib.ms_decode_step.argtypes = [ptr, ptr, i64, ctypes.c_int, ptr, ptr, i64, ptr, i64, i64, ptr, ptr, i64, ptr,
                                    ctypes.c_int]

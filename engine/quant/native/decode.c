@@ -345,7 +345,7 @@ static inline int64_t kv_row_at(const kv_rows *kv, int64_t h, int64_t j) {
 /* One token's query group h (heads h * group ..) at position pos: optionally store its k, v
  * (k_new / v_new: [dim] of kv head h), then attend over positions 0..pos. 1: no scratch. */
 int ms_attend_head(const kv_rows *kv, int64_t h, int64_t pos, const uint16_t *q, const uint16_t *k_new,
-                       const uint16_t *v_new, int64_t group, int64_t dim, float scale, uint16_t *out) {
+                   const uint16_t *v_new, int64_t group, int64_t dim, float scale, uint16_t *out) {
     const int64_t length = pos + 1;
     scratch sc;
     if (scratch_alloc(&sc, length, group, dim)) return 1;
@@ -363,6 +363,7 @@ int ms_attend_head(const kv_rows *kv, int64_t h, int64_t pos, const uint16_t *q,
     return 0;
 }
 
+/* (kernels.h) every token's k, v first, then each token attends causally. */
 int ms_attend_tokens(const kv_rows *kv, int64_t h, int64_t pos0, int64_t tokens, const uint16_t *q,
                      int64_t q_stride, const uint16_t *k_new, const uint16_t *v_new, int64_t kv_stride,
                      int64_t group, int64_t dim, float scale, uint16_t *out, int64_t out_stride) {
@@ -411,8 +412,8 @@ int ms_attend_decode_bf16(const uint16_t *q, const uint16_t *k_new, const uint16
     int status = 0;
 #pragma omp parallel for num_threads(threads) if (length >= PARALLEL_LENGTH) reduction(| : status)
     for (int64_t h = 0; h < kv_heads; h++)
-        status |= ms_attend_head(&kv, h, pos, q + h * group * dim, k_new + h * dim, v_new + h * dim, group, dim, scale,
-                              out + h * group * dim);
+        status |= ms_attend_head(&kv, h, pos, q + h * group * dim, k_new + h * dim, v_new + h * dim, group, dim,
+                                 scale, out + h * group * dim);
     return status;
 }
 
@@ -476,7 +477,7 @@ int ms_paged_attend_bf16(const uint16_t *q, const uint16_t *k_new, const uint16_
                 continue;
             }
             status |= ms_attend_head(&kv, h, positions[t], q + at, write ? k_new + kv_at : NULL,
-                                  write ? v_new + kv_at : NULL, group, dim, scale, out + at);
+                                     write ? v_new + kv_at : NULL, group, dim, scale, out + at);
         }
     }
     return status;

@@ -41,7 +41,6 @@ typedef struct {
     ms_step_linear head;
 } ms_step_model;
 
-
 static void quantize_for(const ms_step_linear *lin, const uint16_t *x, int64_t rows, int precise, void *scratch) {
     ms_q8_team_quantize(x, rows, lin->in_features, (int)lin->q5, precise, scratch);
 }
