@@ -83,7 +83,7 @@ def test_q5_packing_is_lossless_for_q5_grids_and_refused_otherwise(k):
     assert q8.pack5(q8.quantize(_weight(24, k))[0]) is None    # plain weights need 8 bits
 
 
-@pytest.mark.parametrize("m", [1, 3, 6])
+@pytest.mark.parametrize("m", [1, 3, 6, 11])   # 6 and 11: tiles from the q5 rows unpacked once (q8.c)
 @pytest.mark.parametrize("precise", [True, False])
 def test_q5_kernel_equals_the_q8_kernel(m, precise):
     codes, scales = q8.quantize(_q5_grid(40, 896))
@@ -130,13 +130,18 @@ def test_kernel_equals_its_integer_arithmetic(m, k, n, dtype, precise):
     assert ((got.double() - want).abs() / want.abs().max()).max() < tol
 
 
+@pytest.mark.parametrize("five_bits", [False, True])
 @pytest.mark.parametrize("precise", [True, False])
-def test_rows_are_independent_of_the_batch(precise):
-    """At one precision a row's result does not depend on which rows share the call (tiles of 4)."""
-    codes, scales = q8.quantize(_weight(24, 896))
+def test_rows_are_independent_of_the_batch(precise, five_bits):
+    """At one precision a row's result does not depend on which rows share the call (tiles of
+    2-4 rows, the first fetching ahead, q5 rows unpacked once for many rows)."""
+    codes, scales = q8.quantize(_q5_grid(24, 896) if five_bits else _weight(24, 896))
+    if five_bits:
+        codes = q8.pack5(codes)
     x = torch.randn(11, 896)
-    together = q8.linear(x, codes, scales, None, precise=precise)
-    alone = torch.cat([q8.linear(x[i:i + 1], codes, scales, None, precise=precise) for i in range(11)])
+    together = q8.linear(x, codes, scales, None, precise=precise, packed5=five_bits)
+    alone = torch.cat([q8.linear(x[i:i + 1], codes, scales, None, precise=precise, packed5=five_bits)
+                       for i in range(11)])
     assert torch.equal(together, alone)
 
 

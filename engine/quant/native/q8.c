@@ -267,25 +267,113 @@ static void quantize_row16(const void *x, int x_bf16, int64_t K, int offset, int
 #endif
 
 #if MS_VNNI
+/* A q5 chunk's 64 codes (c + 16) as bytes. The 32 nibble bytes go to both halves of a vector
+ * (a broadcast load: no vector-port uop), the upper half's words shift right by 4, both keep
+ * their low nibbles, and an add under the fifth bits' mask puts 16 where those are set: 3
+ * vector-port uops per chunk (an insert, a masked broadcast from a register and an or took
+ * 6-7; at one or two rows the q5 kernel was bound by them). */
 static inline __m512i unpack5(const uint8_t *chunk) {
-    const __m256i low4 = _mm256_set1_epi8(0x0f);
-    __m256i nib = _mm256_loadu_si256((const __m256i *)chunk);
-    __m256i lo = _mm256_and_si256(nib, low4), hi = _mm256_and_si256(_mm256_srli_epi16(nib, 4), low4);
+    const __m512i shifts = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    const __m512i nibbles = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)chunk));
+    const __m512i low = _mm512_and_si512(_mm512_srlv_epi16(nibbles, shifts), _mm512_set1_epi8(0x0f));
     uint64_t bits;
     memcpy(&bits, chunk + 32, 8);
-    __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-    return _mm512_or_si512(w, _mm512_maskz_set1_epi8((__mmask64)bits, 0x10));
+    return _mm512_mask_add_epi8(low, _cvtu64_mask64(bits), low, _mm512_set1_epi8(0x10));
 }
 
 #define MAX_ROWS 4   /* tile bounds (below) */
 #define MAX_COLS 4
 #define PREFETCH_TILES 4   /* measured best of 1-32 (T0 into L1 did not help) */
 
+/* Loads of a block's bytes / lanes: plain loads in a full block (g = 16), masked ones in a
+ * ragged last block. A masked load costs a vector-port uop besides the load, which the tile's
+ * vpdpbusd need: a synthetic 2x4 tile ran 2.2 dpbusd/ns with masked loads, 3.5 with plain ones. */
+static inline __m512i load_bytes(const void *p, __mmask64 bytes, const int FULL) {
+    return FULL ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(bytes, p);
+}
+
+static inline __m512i load_lanes(const int32_t *p, __mmask16 lanes, const int FULL) {
+    return FULL ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi32(lanes, p);
+}
+
 /* Chunk j of the block starting at group b0 of one weight row (q8: as stored; q5: unpacked to
  * the same byte order). */
-static inline __m512i weight_chunk(const uint8_t *w, int64_t b0, int j, int64_t g, __mmask64 bytes, const int Q5) {
-    return Q5 ? unpack5(w + (b0 / BLOCK_GROUPS * 8 + j) * Q5_CHUNK_BYTES)
-              : _mm512_maskz_loadu_epi8(bytes, w + b0 * QK + j * 4 * g);
+static inline __m512i weight_chunk(const uint8_t *w, int64_t b0, int j, int64_t g, __mmask64 bytes, const int Q5,
+                                   const int FULL) {
+    return Q5 ? unpack5(w + (b0 / BLOCK_GROUPS * 8 + j) * Q5_CHUNK_BYTES) : load_bytes(w + b0 * QK + j * 4 * g, bytes, FULL);
+}
+
+/* One block (g groups at b0; FULL: g = 16) of a ROWS x COLS tile (tile_dot, below) into acc.
+ * A ragged last block (g < 16; K = 896 has 28 groups: 43% of its work) loads whole vectors too,
+ * reading on into the next chunk, row or the padding after the activation buffers (PAD_BYTES);
+ * a weight chunk whose 64 bytes would run past its row (which may end the tensor) is loaded
+ * masked. Lanes g..15 then sum products of other groups' bytes: their scales are loaded as 0,
+ * so they add 0. */
+static inline __attribute__((always_inline)) void tile_block(const uint8_t *w, int64_t w_stride,
+        const uint16_t *wscales, int64_t K, const int8_t *xi, const float *xs, const int32_t *seed, int64_t b0,
+        int64_t g, const int ROWS, const int COLS, const int PRECISE, const int Q5, const int FULL, const int PREFETCH,
+        __m512 acc[MAX_ROWS][MAX_COLS]) {
+    const int64_t groups = K / QK;
+    const __m512i lo_steps = _mm512_set1_epi32(LO_STEPS);
+    const __m512 unit = _mm512_set1_ps(PRECISE ? 1.0f / (float)LO_STEPS : 1.0f);
+    const __mmask16 lanes = FULL ? (__mmask16)0xffff : (__mmask16)((1u << g) - 1u);
+    const __mmask64 bytes = FULL ? ~0ull : ((1ull << (4 * g)) - 1ull);
+    __m512i hi[MAX_ROWS][MAX_COLS], lo[MAX_ROWS][MAX_COLS];
+    _Pragma("GCC unroll 16")
+    for (int r = 0; r < ROWS; r++) {
+        const int32_t *sd = seed + r * 2 * groups + b0;
+        __m512i s_hi = load_lanes(sd, lanes, FULL);
+        __m512i s_lo = PRECISE ? load_lanes(sd + groups, lanes, FULL) : s_hi;
+        _Pragma("GCC unroll 16")
+        for (int c = 0; c < COLS; c++) {
+            hi[r][c] = s_hi;
+            if (PRECISE) lo[r][c] = s_lo;
+        }
+    }
+    _Pragma("GCC unroll 16")
+    for (int j = 0; j < 8; j++) {
+        __m512i a_hi[MAX_ROWS], a_lo[MAX_ROWS];
+        _Pragma("GCC unroll 16")
+        for (int r = 0; r < ROWS; r++) {
+            const int8_t *row = xi + r * 2 * K + b0 * QK + j * 4 * g;
+            a_hi[r] = _mm512_loadu_si512(row);   /* a ragged block reads on: see tile_block */
+            if (PRECISE) a_lo[r] = _mm512_loadu_si512(row + K);
+        }
+        _Pragma("GCC unroll 16")
+        for (int c = 0; c < COLS; c++) {
+            const uint8_t *wc = w + c * w_stride;
+            /* the tiles that follow lie right after this one: fetch the same chunk of the one
+             * PREFETCH_TILES ahead into L2 now (COLS rows read side by side defeat the
+             * hardware's stream prefetch: without this, 2-4 rows ran at ~60% of the bandwidth) */
+            if (PREFETCH) _mm_prefetch((const char *)(Q5 ? wc + (b0 / BLOCK_GROUPS * 8 + j) * Q5_CHUNK_BYTES
+                                           : wc + b0 * QK + j * 4 * g) + PREFETCH_TILES * COLS * w_stride,
+                         _MM_HINT_T1);
+            const __m512i wv = weight_chunk(wc, b0, j, g, bytes, Q5, FULL || 4 * g * j + 64 <= 32 * g);
+            _Pragma("GCC unroll 16")
+            for (int r = 0; r < ROWS; r++) {
+                hi[r][c] = _mm512_dpbusd_epi32(hi[r][c], wv, a_hi[r]);
+                if (PRECISE) lo[r][c] = _mm512_dpbusd_epi32(lo[r][c], wv, a_lo[r]);
+            }
+        }
+    }
+    __m512 wscale[MAX_COLS];
+    _Pragma("GCC unroll 16")
+    for (int c = 0; c < COLS; c++) {
+        const uint16_t *ws = wscales + c * groups + b0;
+        const __m256i half = FULL ? _mm256_loadu_si256((const __m256i *)ws) : _mm256_maskz_loadu_epi16(lanes, ws);
+        wscale[c] = _mm512_mul_ps(_mm512_cvtph_ps(half), unit);
+    }
+    _Pragma("GCC unroll 16")
+    for (int r = 0; r < ROWS; r++) {
+        const float *xr = xs + r * groups + b0;
+        const __m512 xsr = FULL ? _mm512_loadu_ps(xr) : _mm512_maskz_loadu_ps(lanes, xr);
+        _Pragma("GCC unroll 16")
+        for (int c = 0; c < COLS; c++) {
+            __m512i dot = hi[r][c];
+            if (PRECISE) dot = _mm512_add_epi32(_mm512_mullo_epi32(dot, lo_steps), lo[r][c]);
+            acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(wscale[c], xsr), acc[r][c]);
+        }
+    }
 }
 
 /* ROWS activation rows against COLS weight rows (compile-time constants at each call, so the
@@ -298,72 +386,18 @@ static inline __m512i weight_chunk(const uint8_t *w, int64_t b0, int j, int64_t 
  * every tile shape, so a row's result does not depend on which rows or columns share its tile. */
 static inline __attribute__((always_inline)) void tile_dot(const uint8_t *w, int64_t w_stride,
         const uint16_t *wscales, int64_t K, const int8_t *xi, const float *xs, const int32_t *seed,
-        const int ROWS, const int COLS, const int PRECISE, const int Q5, float *out) {
+        const int ROWS, const int COLS, const int PRECISE, const int Q5, const int PREFETCH, float *out) {
     const int64_t groups = K / QK;
-    const __m512i lo_steps = _mm512_set1_epi32(LO_STEPS);
-    const __m512 unit = _mm512_set1_ps(PRECISE ? 1.0f / (float)LO_STEPS : 1.0f);
     __m512 acc[MAX_ROWS][MAX_COLS];   /* fixed sizes (not VLAs), so they stay in registers */
     _Pragma("GCC unroll 16")
     for (int r = 0; r < ROWS; r++)
         _Pragma("GCC unroll 16")
         for (int c = 0; c < COLS; c++) acc[r][c] = _mm512_setzero_ps();
-    for (int64_t b0 = 0; b0 < groups; b0 += BLOCK_GROUPS) {
-        const int64_t g = groups - b0 < BLOCK_GROUPS ? groups - b0 : BLOCK_GROUPS;
-        const __mmask16 lanes = (__mmask16)((1u << g) - 1u);
-        const __mmask64 bytes = g == BLOCK_GROUPS ? ~0ull : ((1ull << (4 * g)) - 1ull);
-        __m512i hi[MAX_ROWS][MAX_COLS], lo[MAX_ROWS][MAX_COLS];
-        _Pragma("GCC unroll 16")
-        for (int r = 0; r < ROWS; r++) {
-            const int32_t *sd = seed + r * 2 * groups + b0;
-            __m512i s_hi = _mm512_maskz_loadu_epi32(lanes, sd);
-            __m512i s_lo = PRECISE ? _mm512_maskz_loadu_epi32(lanes, sd + groups) : s_hi;
-            _Pragma("GCC unroll 16")
-            for (int c = 0; c < COLS; c++) {
-                hi[r][c] = s_hi;
-                if (PRECISE) lo[r][c] = s_lo;
-            }
-        }
-        _Pragma("GCC unroll 16")
-        for (int j = 0; j < 8; j++) {
-            __m512i a_hi[MAX_ROWS], a_lo[MAX_ROWS];
-            _Pragma("GCC unroll 16")
-            for (int r = 0; r < ROWS; r++) {
-                const int8_t *row = xi + r * 2 * K + b0 * QK + j * 4 * g;
-                a_hi[r] = _mm512_maskz_loadu_epi8(bytes, row);
-                if (PRECISE) a_lo[r] = _mm512_maskz_loadu_epi8(bytes, row + K);
-            }
-            _Pragma("GCC unroll 16")
-            for (int c = 0; c < COLS; c++) {
-                const uint8_t *wc = w + c * w_stride;
-                /* the tiles that follow lie right after this one: fetch the same chunk of the one
-                 * PREFETCH_TILES ahead into L2 now (COLS rows read side by side defeat the
-                 * hardware's stream prefetch: without this, 2-4 rows ran at ~60% of the bandwidth) */
-                _mm_prefetch((const char *)(Q5 ? wc + (b0 / BLOCK_GROUPS * 8 + j) * Q5_CHUNK_BYTES
-                                               : wc + b0 * QK + j * 4 * g) + PREFETCH_TILES * COLS * w_stride,
-                             _MM_HINT_T1);
-                const __m512i wv = weight_chunk(wc, b0, j, g, bytes, Q5);
-                _Pragma("GCC unroll 16")
-                for (int r = 0; r < ROWS; r++) {
-                    hi[r][c] = _mm512_dpbusd_epi32(hi[r][c], wv, a_hi[r]);
-                    if (PRECISE) lo[r][c] = _mm512_dpbusd_epi32(lo[r][c], wv, a_lo[r]);
-                }
-            }
-        }
-        __m512 wscale[MAX_COLS];
-        _Pragma("GCC unroll 16")
-        for (int c = 0; c < COLS; c++)
-            wscale[c] = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, wscales + c * groups + b0)), unit);
-        _Pragma("GCC unroll 16")
-        for (int r = 0; r < ROWS; r++) {
-            const __m512 xsr = _mm512_maskz_loadu_ps(lanes, xs + r * groups + b0);
-            _Pragma("GCC unroll 16")
-            for (int c = 0; c < COLS; c++) {
-                __m512i dot = hi[r][c];
-                if (PRECISE) dot = _mm512_add_epi32(_mm512_mullo_epi32(dot, lo_steps), lo[r][c]);
-                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(wscale[c], xsr), acc[r][c]);
-            }
-        }
-    }
+    int64_t b0 = 0;
+    for (; b0 + BLOCK_GROUPS <= groups; b0 += BLOCK_GROUPS)
+        tile_block(w, w_stride, wscales, K, xi, xs, seed, b0, BLOCK_GROUPS, ROWS, COLS, PRECISE, Q5, 1, PREFETCH, acc);
+    if (b0 < groups)
+        tile_block(w, w_stride, wscales, K, xi, xs, seed, b0, groups - b0, ROWS, COLS, PRECISE, Q5, 0, PREFETCH, acc);
     _Pragma("GCC unroll 16")
     for (int r = 0; r < ROWS; r++)
         _Pragma("GCC unroll 16")
@@ -377,17 +411,21 @@ static inline __attribute__((always_inline)) void tile_dot(const uint8_t *w, int
 #define MAX_TILE (MAX_ROWS * MAX_COLS)
 
 static void tile_any(const uint8_t *w, int64_t w_stride, const uint16_t *wscales, int64_t K, const int8_t *xi,
-                     const float *xs, const int32_t *seed, int rows, int cols, int precise, int q5, float *out) {
-#define TILE_CASE(R, C, P, Q) case (((R) * 8 + (C)) * 2 + (P)) * 2 + (Q): \
-        tile_dot(w, w_stride, wscales, K, xi, xs, seed, R, C, P, Q, out); break;
-#define TILE_PQ(R, C) TILE_CASE(R, C, 0, 0) TILE_CASE(R, C, 0, 1) TILE_CASE(R, C, 1, 0) TILE_CASE(R, C, 1, 1)
-#define TILE_R(R) TILE_PQ(R, 1) TILE_PQ(R, COLS_WIDE)
-    switch (((rows * 8 + cols) * 2 + (precise != 0)) * 2 + (q5 != 0)) {
-        TILE_R(1) TILE_R(2) TILE_R(3) TILE_R(4)
+                     const float *xs, const int32_t *seed, int rows, int cols, int precise, int q5, int prefetch,
+                     float *out) {
+/* the shapes column_tile asks for: 1-2 rows with two-byte activations, 1-4 with one byte */
+#define TILE_CASE(R, C, P, Q, F) case ((((R) * 8 + (C)) * 2 + (P)) * 2 + (Q)) * 2 + (F): \
+        tile_dot(w, w_stride, wscales, K, xi, xs, seed, R, C, P, Q, F, out); break;
+#define TILE_QF(R, C, P) TILE_CASE(R, C, P, 0, 0) TILE_CASE(R, C, P, 0, 1) TILE_CASE(R, C, P, 1, 0) \
+                         TILE_CASE(R, C, P, 1, 1)
+#define TILE_R(R, P) TILE_QF(R, 1, P) TILE_QF(R, COLS_WIDE, P)
+    switch (((((rows * 8 + cols) * 2 + (precise != 0)) * 2 + (q5 != 0))) * 2 + (prefetch != 0)) {
+        TILE_R(1, 1) TILE_R(2, 1)
+        TILE_R(1, 0) TILE_R(2, 0) TILE_R(3, 0) TILE_R(4, 0)
         default: break;
     }
 #undef TILE_R
-#undef TILE_PQ
+#undef TILE_QF
 #undef TILE_CASE
 }
 #elif MS_AVX2
@@ -524,8 +562,9 @@ static inline __attribute__((always_inline)) void tile_dot(const uint8_t *w, con
 #define MAX_TILE MAX_ROWS
 
 static void tile_any(const uint8_t *w, int64_t w_stride, const uint16_t *wscales, int64_t K, const int8_t *xi,
-                     const float *xs, const int32_t *seed, int rows, int cols, int precise, int q5, float *out) {
-    (void)w_stride, (void)cols;   /* always one weight row */
+                     const float *xs, const int32_t *seed, int rows, int cols, int precise, int q5, int prefetch,
+                     float *out) {
+    (void)w_stride, (void)cols, (void)prefetch;   /* always one weight row; its own stream prefetch */
 #define TILE_CASE(R, P, Q) case ((R) * 2 + (P)) * 2 + (Q): tile_dot(w, wscales, K, xi, xs, seed, R, P, Q, out); break;
     switch ((rows * 2 + (precise != 0)) * 2 + (q5 != 0)) {
         TILE_CASE(1, 0, 0) TILE_CASE(1, 0, 1) TILE_CASE(1, 1, 0) TILE_CASE(1, 1, 1)
@@ -584,7 +623,9 @@ static void row_dot5(const uint8_t *w, const uint16_t *wscales, int64_t K, const
 #define MAX_TILE 16
 
 static void tile_any(const uint8_t *w, int64_t w_stride, const uint16_t *wscales, int64_t K, const int8_t *xi,
-                     const float *xs, const int32_t *seed, int rows, int cols, int precise, int q5, float *out) {
+                     const float *xs, const int32_t *seed, int rows, int cols, int precise, int q5, int prefetch,
+                     float *out) {
+    (void)prefetch;
     for (int c = 0; c < cols; c++)
         (q5 ? row_dot5 : row_dot)(w + c * w_stride, wscales + c * (K / QK), K, xi, xs, seed, rows, precise,
                                   out + c, cols);
@@ -604,9 +645,12 @@ int64_t ms_q5_row_bytes(int64_t K) {
 /* The activations of one call, quantized once for every weight row. */
 typedef struct { int8_t *xi; float *xs; int32_t *seed; } activations;
 
+/* Bytes after the activation codes that a ragged block's whole-vector loads may read. */
+#define PAD_BYTES 64
+
 static int allocate(int64_t M, int64_t K, activations *a) {
     const int64_t groups = ROW_GROUPS(K / QK);
-    a->xi = malloc((size_t)(2 * M * ROW_CODES(K)));
+    a->xi = malloc((size_t)(2 * M * ROW_CODES(K) + PAD_BYTES));
     a->xs = malloc(sizeof(float) * (size_t)(M * groups));
     a->seed = malloc(sizeof(int32_t) * (size_t)(2 * M * groups));
     return a->xi && a->xs && a->seed ? 0 : -2;
@@ -631,6 +675,37 @@ static void quantize_rows(const void *x, int x_bf16, int64_t first, int64_t end,
                      a->xs + m * ROW_GROUPS(groups), a->seed + 2 * m * ROW_GROUPS(groups), precise);
 }
 
+#if MS_VNNI
+/* q5 rows n .. n + cols - 1 unpacked to q8's byte layout (codes c + 16) in a buffer of this
+ * thread's (kept for the thread's life: at most COLS_WIDE * K bytes), for calls whose rows take
+ * more than two tiles: each tile unpacks every weight chunk it reads, and beyond two tiles
+ * unpacking once and reading the bytes back from L1 measured faster (bench.kernel_ab). The
+ * integers are the same, so are the results. */
+static const uint8_t *unpacked_columns(const uint8_t *w, int64_t row_bytes, int64_t K, int cols) {
+    static __thread uint8_t *buffer;
+    static __thread int64_t capacity;
+    if (capacity < cols * K) {
+        free(buffer);
+        buffer = malloc((size_t)(cols * K));
+        capacity = buffer ? cols * K : 0;
+        if (!buffer) return NULL;
+    }
+    const int64_t groups = K / QK;
+    for (int c = 0; c < cols; c++)
+        for (int64_t b0 = 0; b0 < groups; b0 += BLOCK_GROUPS) {
+            const int64_t g = groups - b0 < BLOCK_GROUPS ? groups - b0 : BLOCK_GROUPS;
+            const __mmask64 bytes = g == BLOCK_GROUPS ? ~0ull : ((1ull << (4 * g)) - 1ull);
+            for (int j = 0; j < 8; j++) {
+                const uint8_t *chunk = w + c * row_bytes + (b0 / BLOCK_GROUPS * 8 + j) * Q5_CHUNK_BYTES;
+                _mm_prefetch((const char *)chunk + PREFETCH_TILES * cols * row_bytes, _MM_HINT_T1);
+                _mm512_mask_storeu_epi8(buffer + c * K + b0 * QK + j * 4 * g, bytes,
+                                        weight_chunk(w + c * row_bytes, b0, j, g, bytes, 1, 0));
+            }
+        }
+    return buffer;
+}
+#endif
+
 /* Weight rows n .. n + cols - 1 against every activation row, written to y (+ bias). */
 static void column_tile(const activations *a, int64_t M, int64_t K, const uint8_t *weights, int64_t row_bytes,
                         int q5, const uint16_t *scales, int64_t N, int64_t n, int cols, const float *bias,
@@ -638,10 +713,24 @@ static void column_tile(const activations *a, int64_t M, int64_t K, const uint8_
     const int64_t groups = K / QK;
     const int tile_rows = TILE_ROWS(precise);
     float out[MAX_TILE];
+    const uint8_t *w = weights + n * row_bytes;
+#if MS_VNNI
+    int unpacked = 0;
+    if (q5 && M > 2 * tile_rows) {   /* (up to two tiles, unpacking in each measured faster) */
+        const uint8_t *plain = unpacked_columns(w, row_bytes, K, cols);
+        if (plain) w = plain, row_bytes = K, q5 = 0, unpacked = 1;
+    }
+#else
+    const int unpacked = 0;
+#endif
     for (int64_t m0 = 0; m0 < M; m0 += tile_rows) {
         const int rows = (int)(M - m0 < tile_rows ? M - m0 : tile_rows);
-        tile_any(weights + n * row_bytes, row_bytes, scales + n * groups, K, a->xi + 2 * m0 * ROW_CODES(K),
-                 a->xs + m0 * ROW_GROUPS(groups), a->seed + 2 * m0 * ROW_GROUPS(groups), rows, cols, precise, q5, out);
+        /* the first row tile reads the weights from memory (and fetches the next tiles' ahead);
+         * the others find them in cache, where prefetching only costs load slots (10-25%) */
+        const int prefetch = m0 == 0 && !unpacked;
+        tile_any(w, row_bytes, scales + n * groups, K, a->xi + 2 * m0 * ROW_CODES(K),
+                 a->xs + m0 * ROW_GROUPS(groups), a->seed + 2 * m0 * ROW_GROUPS(groups), rows, cols, precise, q5,
+                 prefetch, out);
         for (int r = 0; r < rows; r++)
             for (int c = 0; c < cols; c++)
                 store(y, y_bf16, (m0 + r) * N + n + c, out[r * cols + c] + (bias ? bias[n + c] : 0.0f));
@@ -703,7 +792,7 @@ static activations carve(void *scratch, int64_t M, int64_t K) {
 
 int64_t ms_q8_team_scratch(int64_t M, int64_t K) {
     const int64_t groups = ROW_GROUPS(K / QK);
-    return M * ((int64_t)(sizeof(float) * groups + sizeof(int32_t) * 2 * groups) + 2 * ROW_CODES(K));
+    return M * ((int64_t)(sizeof(float) * groups + sizeof(int32_t) * 2 * groups) + 2 * ROW_CODES(K)) + PAD_BYTES;
 }
 
 void ms_q8_team_quantize(const uint16_t *x, int64_t M, int64_t K, int q5, int precise, void *scratch) {
