@@ -95,7 +95,7 @@ def _run_cached(engine: Any, prompt: Prompt, run: GenerationRun, request: Genera
     forward = forward_for(engine)
     sampler = _sampler(engine, forward, request, penalty, prompt)
     # a constrained request does not draft: drafts are not checked against the grammar
-    spec = spec_config(engine.settings, request.speculative, forward.weights) if request.constraint is None else None
+    spec = spec_config(engine.settings, request.speculative, forward.weights, forward) if request.constraint is None else None
     with torch.inference_mode():
         if run.cancelled():
             return 0

@@ -58,8 +58,8 @@ class PagedService:
         a constrained sequence does not draft (drafts are not checked against the grammar)."""
         sampler = Sampler(sampling, penalty, self.runner.vocab_size, prompt_ids, self.pool.device,
                           constraint=constraint)
-        weights = self.runner.forward_model.weights
-        spec = spec_config(self.settings, speculative, weights) if constraint is None else None
+        forward = self.runner.forward_model
+        spec = spec_config(self.settings, speculative, forward.weights, forward) if constraint is None else None
         return Sequence(seq_id=next(self._ids), prompt_ids=list(prompt_ids), run=run,
                         sampling=sampling, sampler=sampler, on_finish=on_finish,
                         spec=SpecState.start(spec, prompt_ids, run.tokenizer) if spec else None)

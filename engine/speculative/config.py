@@ -35,12 +35,21 @@ def row_cost(weights: Any) -> float:
     return ROW_COST_Q8_BY_PATH[vector_path()]
 
 
-def spec_config(settings: Any, requested: bool | None, weights: Any = None) -> SpecConfig | None:
+def spec_config(settings: Any, requested: bool | None, weights: Any = None,
+                forward: Any = None) -> SpecConfig | None:
     """``requested`` is the request's ``speculative`` flag: True/False force it on/off,
     None follows ``MINISERVE_SPECULATIVE``. Returns None when the request does not draft.
-    ``weights``: the forward's, to price a verified row (:func:`row_cost`)."""
+    ``weights``: the forward's, to price a verified row (:func:`row_cost`); with
+    ``MINISERVE_SPEC_ROW_COST=measured`` and the ``forward`` given, the price is measured on it
+    instead (engine.speculative.row_price; call on the forward's owner thread)."""
     enabled = settings.speculative != "off" if requested is None else bool(requested)
     if not enabled:
         return None
+    if forward is not None and getattr(settings, "spec_row_cost", "fixed") == "measured":
+        from engine.speculative.row_price import measured_row_cost
+
+        price = measured_row_cost(forward)
+    else:
+        price = row_cost(weights)
     return SpecConfig(num_tokens=settings.spec_tokens, ngram_lengths=tuple(settings.spec_ngram),
-                      row_cost=row_cost(weights))
+                      row_cost=price)
