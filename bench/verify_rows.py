@@ -13,44 +13,24 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from bench.stats import cpu_model, machine_info, read_bandwidth_gbs, write_json
 from core.settings import load_settings
 from engine.engine import Engine
 from engine.handwritten import forward_for
-from engine.kv_cache import ContiguousKVCache
-from engine.quant import exact_attention
 from engine.speculative.config import row_cost
+from engine.speculative.row_price import verify_step_times
 
 ROWS = (1, 2, 3, 5, 9)
 
 
-@torch.inference_mode()
 def _timings(engine: Engine, context: int, rounds: int) -> dict[int, list[float]]:
-    """Runs on the engine loop's thread (the forward's owner), as the engine runs a forward."""
-    forward = forward_for(engine)
-    weights = forward.weights
-    cache = ContiguousKVCache(forward.config, context + max(ROWS), weights.dtype, weights.device,
-                              exact=exact_attention(weights), fused=forward.fused_attention)
-    generator = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, forward.config.vocab_size, (context,), generator=generator)
-    forward(prompt, cache)
-    times: dict[int, list[float]] = {n: [] for n in ROWS}
-    for r in range(rounds + 1):                                  # round 0 warms each shape
-        for n in (ROWS if r % 2 == 0 else tuple(reversed(ROWS))):
-            ids = torch.randint(0, forward.config.vocab_size, (n,), generator=generator)
-            start = time.perf_counter()
-            forward(ids, cache, last_only=n == 1)
-            elapsed = time.perf_counter() - start
-            cache.truncate(context)
-            if r:
-                times[n].append(elapsed * 1000.0)
-    return times
+    """Milliseconds per verify forward by row count; runs on the engine loop's thread (the
+    forward's owner), as the engine runs a forward (the same timing as the measured row price)."""
+    times = verify_step_times(forward_for(engine), context, ROWS, rounds)
+    return {n: [t * 1000.0 for t in ts] for n, ts in times.items()}
 
 
 def measure(engine: Engine, context: int, rounds: int) -> dict[str, Any]:

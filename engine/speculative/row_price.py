@@ -45,27 +45,36 @@ def price_from(one_row_s: float, many_rows_s: float, rows: int = ROWS) -> float:
 
 
 @torch.inference_mode()
-def _measure(forward: Any) -> float:
-    from core.logs import log_event
+def verify_step_times(forward: Any, context: int, rows: tuple[int, ...], rounds: int) -> dict[int, list[float]]:
+    """Seconds per forward of each row count in ``rows`` over ``context`` random tokens of a
+    scratch contiguous cache, ``rounds`` interleaved rounds (order alternating) after a warm
+    one; the cache is cut back to the context after each step. On the forward's owner thread."""
     from engine.kv_cache import ContiguousKVCache
     from engine.quant import exact_attention
 
     weights = forward.weights
-    cache = ContiguousKVCache(forward.config, CONTEXT + ROWS, weights.dtype, weights.device,
+    cache = ContiguousKVCache(forward.config, context + max(rows), weights.dtype, weights.device,
                               exact=exact_attention(weights), fused=forward.fused_attention)
     generator = torch.Generator().manual_seed(0)
     vocab = forward.config.vocab_size
-    forward(torch.randint(0, vocab, (CONTEXT,), generator=generator), cache)
-    times: dict[int, list[float]] = {1: [], ROWS: []}
-    for round_ in range(REPEATS + 1):                            # round 0 warms both shapes
-        for rows in ((1, ROWS) if round_ % 2 == 0 else (ROWS, 1)):
-            ids = torch.randint(0, vocab, (rows,), generator=generator)
+    forward(torch.randint(0, vocab, (context,), generator=generator), cache)
+    times: dict[int, list[float]] = {n: [] for n in rows}
+    for round_ in range(rounds + 1):                             # round 0 warms each shape
+        for n in (rows if round_ % 2 == 0 else tuple(reversed(rows))):
+            ids = torch.randint(0, vocab, (n,), generator=generator)
             start = time.perf_counter()
-            forward(ids, cache, last_only=rows == 1)
+            forward(ids, cache, last_only=n == 1)
             elapsed = time.perf_counter() - start
-            cache.truncate(CONTEXT)
+            cache.truncate(context)
             if round_:
-                times[rows].append(elapsed)
+                times[n].append(elapsed)
+    return times
+
+
+def _measure(forward: Any) -> float:
+    from core.logs import log_event
+
+    times = verify_step_times(forward, CONTEXT, (1, ROWS), REPEATS)
     one, many = statistics.median(times[1]), statistics.median(times[ROWS])
     price = price_from(one, many)
     log_event(logger, "spec_row_cost_measured", row_cost=round(price, 3), one_row_ms=round(one * 1000, 2),
