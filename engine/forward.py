@@ -98,6 +98,9 @@ class Qwen2Forward:
 
             fused = fused_for(weights)
         self.fused = fused
+        # a forward that keeps torch's bits may still run the operations C reproduces bit for
+        # bit (RMSNorm in torch's sum order, rotary, the paged K/V gather): checked here, per process
+        self.exact_c_ops = not fused and fused_ops.exact_ops_for(weights)
         self.c_attention = fused_ops.attention_like_torch()
         # a decode or verify step of one sequence in one C call where every piece of it runs in C
         # (engine.quant.step); benchmarks turn it off to time the per-operation path beside it
@@ -124,6 +127,8 @@ class Qwen2Forward:
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self.fused:
             return fused_ops.rms_norm(x, weight, self.config.rms_eps)
+        if self.exact_c_ops:
+            return fused_ops.rms_norm(x, weight, self.config.rms_eps, fused_ops.EXACT_SUM_LANES)
         return rms_norm(x, weight, self.config.rms_eps)
 
     def hidden(self, input_ids: torch.Tensor, cache: AttentionCache) -> torch.Tensor:
@@ -149,7 +154,7 @@ class Qwen2Forward:
         k sit side by side in qkv: both heads-sets rotate in one pass (in place when fused)."""
         cfg = self.config
         heads, k_end = cfg.num_heads + cfg.num_kv_heads, cfg.q_size + cfg.kv_size
-        if self.fused:
+        if self.fused or self.exact_c_ops:
             fused_ops.rotary_(qkv, heads, cfg.head_dim, cos, sin)
             qk = qkv[:, :k_end].view(n, heads, cfg.head_dim)
         else:
