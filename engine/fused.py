@@ -68,7 +68,7 @@ def _library() -> Any:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, lanes: int | None = None) -> torch.Tensor:
     """RMSNorm of the rows of a contiguous bf16 ``x [n, dim]`` (as engine.forward.rms_norm; bit
     for bit where torch's vectors hold 8 floats, :func:`torch_sum_lanes`). ``lanes``: the sum
-    order (default :func:`torch_sum_lanes`; :data:`EXACT_SUM_LANES` for the exact operations)."""
+    order (default :func:`torch_sum_lanes`; engine.exact_ops passes torch's own)."""
     x = x.contiguous()
     out = torch.empty_like(x)
     _library().ms_rms_norm_bf16(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // x.shape[-1],
@@ -82,61 +82,6 @@ def torch_sum_lanes() -> int:
     AVX2 and default kernels: checked bit for bit here); 0 on AVX-512, where the C sum keeps its
     own order (16 partial sums), which kept q8's agreement with bf16 there (0.995)."""
     return 0 if torch.backends.cpu.get_cpu_capability() == "AVX512" else 8
-
-
-# The sum order of torch's RMSNorm: aten's cascade sum over vectors of 8 floats. Its AVX2 and
-# default kernels (checked bit for bit), and measured on the AVX-512 Xeon too (2100 random rows
-# of 7 widths, bit for bit): there q8 still sums in its own order (torch_sum_lanes), which its
-# quality figures were measured with; the exact operations below take this one.
-EXACT_SUM_LANES = 8
-
-
-def exact_ops_for(weights: Any) -> bool:
-    """Whether a forward that must keep torch's bits (``none``: greedy-identical to ``official``)
-    may still run its RMSNorm, rotary embedding and paged K/V gather in C: bf16 on CPU, the
-    library loadable, and :func:`exact_ops_check` passing for the model's widths here. Those
-    three cost ~7 ms of a 90 ms 8-row bf16 decode step as torch ops (dispatch, not arithmetic)."""
-    if weights.dtype != torch.bfloat16 or weights.device.type != "cpu":
-        return False
-    from engine.quant.native import NativeBuildError
-
-    try:
-        _library()
-    except NativeBuildError:
-        return False
-    config = weights.config
-    return exact_ops_check(config.hidden_size, config.head_dim)
-
-
-@functools.lru_cache(maxsize=None)
-def exact_ops_check(hidden: int, head_dim: int, seeds: int = 12) -> bool:
-    """The C RMSNorm (in :data:`EXACT_SUM_LANES` order) and rotary against torch's, bit for bit,
-    on random bf16 rows of these widths, once per process: the RMSNorm's sum order is torch's
-    kernel's, which another torch build or CPU could change. Logged; False keeps torch's ops.
-    (The gather is a copy: equal by construction, tests/engine/test_fused.py checks it.)"""
-    from core.logs import log_event
-    from engine.forward import apply_rotary, rms_norm as torch_rms_norm
-
-    generator = torch.Generator().manual_seed(0)
-
-    def rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
-        return (torch.randn(*shape, generator=generator) * scale).to(torch.bfloat16)
-
-    norm_ok = rotary_ok = True
-    for seed in range(seeds):
-        x, weight = rand(1 + seed % 9, hidden, scale=(0.05, 1.0, 8.0)[seed % 3]), rand(hidden)
-        norm_ok &= torch.equal(rms_norm(x, weight, 1e-6, EXACT_SUM_LANES), torch_rms_norm(x, weight, 1e-6))
-        rows, heads = 1 + seed % 5, 3
-        qk, cos, sin = rand(rows, heads * head_dim), rand(rows, 1, head_dim), rand(rows, 1, head_dim)
-        want = apply_rotary(qk.view(rows, heads, head_dim), cos, sin)
-        try:
-            rotary_(qk, heads, head_dim, cos, sin)
-        except ValueError:                                       # a head width the C rotary refuses
-            rotary_ok = False
-        rotary_ok &= torch.equal(qk.view(rows, heads, head_dim), want)
-    log_event(logger, "exact_c_ops", available=norm_ok and rotary_ok, rms_norm=norm_ok, rotary=rotary_ok,
-              hidden=hidden, head_dim=head_dim, cpu_capability=torch.backends.cpu.get_cpu_capability())
-    return norm_ok and rotary_ok
 
 
 def rotary_(rows: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor) -> None:

@@ -80,7 +80,7 @@ class PagedQwen2:
                 return logits
         with q8.batched_decode() if decode_only else nullcontext():
             forward = self.forward_model
-            cache = PagedAttentionCache(pool, batch, forward.fused_attention, gather_in_c=forward.fused or forward.exact_c_ops)
+            cache = PagedAttentionCache(pool, batch, forward.fused_attention, gather_in_c=forward.fused or forward.exact.norm_rotary)
             hidden = forward.hidden(input_ids, cache)
             if rows is not None:
                 return forward.logits(hidden[rows])

@@ -1,6 +1,6 @@
-"""The C operations a bf16 ``none`` forward takes while keeping torch's bits
-(engine.fused.exact_ops_for): RMSNorm in torch's sum order, rotary, the paged K/V gather.
-``none`` must stay greedy-identical to ``official``, so these tests compare bits, not closeness."""
+"""The C operations a bf16 ``none`` forward takes while keeping torch's bits (engine.exact_ops):
+RMSNorm in torch's sum order, rotary, the paged K/V gather, silu * up. ``none`` must stay
+greedy-identical to ``official``, so these tests compare bits, not closeness."""
 from __future__ import annotations
 
 import logging
@@ -9,52 +9,66 @@ import pytest
 import torch
 
 from core.settings import load_settings
-from engine import fused
+from engine import exact_ops, fused
 from engine.engine import Engine
 from engine.handwritten import forward_for
 from engine.kv_cache import ContiguousKVCache, NoCache
 from engine.paged.attention import SeqChunk, build_batch
 from engine.paged.forward import PagedQwen2
+from tests.tiny_model import make_tiny_model_dir
 
 BF16 = torch.bfloat16
 
 
 @pytest.fixture(scope="module")
-def bf16_none(tiny_model_dir):
-    engine = Engine(load_settings(model=str(tiny_model_dir), dtype="bfloat16", device="cpu", quant="none"))
+def bf16_none(tmp_path_factory):
+    """A tiny model whose widths every exact operation accepts (intermediate a multiple of 64)."""
+    folder = make_tiny_model_dir(tmp_path_factory.mktemp("exact") / "tiny", intermediate_size=128)
+    engine = Engine(load_settings(model=str(folder), dtype="bfloat16", device="cpu", quant="none"))
     yield engine
     engine.close()
 
 
 @pytest.mark.parametrize("hidden,head_dim", [(896, 64), (64, 16), (200, 24)])
 def test_c_rms_norm_and_rotary_reproduce_torch_bit_for_bit_here(hidden, head_dim):
-    """(896, 64) is Qwen2.5-0.5B; the check runs on fresh random rows (not the cached answer)."""
-    assert fused.exact_ops_check.__wrapped__(hidden, head_dim, seeds=30)
+    """(896, 64) is Qwen2.5-0.5B; fresh random rows, not the cached verdict."""
+    assert exact_ops.norm_and_rotary_match(hidden, head_dim, seeds=30)
 
 
-def test_a_failing_check_keeps_torchs_ops_and_says_so(monkeypatch, caplog):
+@pytest.mark.parametrize("intermediate", [4864, 128])
+def test_c_silu_reproduces_torch_for_every_finite_bf16_gate(intermediate):
+    assert exact_ops.silu_matches(intermediate)
+
+
+def test_silu_widths_with_a_scalar_tail_in_torch_keep_torchs_op():
+    assert not exact_ops.silu_matches(136)
+
+
+def test_a_failing_check_keeps_torchs_op_and_says_so(monkeypatch, caplog):
     monkeypatch.setattr(fused, "rotary_", lambda *args: None)   # a C rotary that changed nothing
-    with caplog.at_level(logging.INFO, logger="miniserve.engine.fused"):
-        assert not fused.exact_ops_check.__wrapped__(896, 64)
+    with caplog.at_level(logging.INFO, logger="miniserve.engine.exact_ops"):
+        ops = exact_ops.check.__wrapped__(896, 64, 4864)
+    assert ops == exact_ops.ExactOps(norm_rotary=False, silu=True)
     events = [r for r in caplog.records if r.getMessage() == "exact_c_ops"]
-    assert events and events[-1].available is False and events[-1].rotary is False and events[-1].rms_norm
+    assert events and events[-1].norm_rotary is False and events[-1].silu is True
 
 
 def test_only_full_precision_bf16_forwards_take_them(bf16_none, tiny_engine):
     forward = forward_for(bf16_none)
-    assert forward.exact_c_ops and not forward.fused
-    assert not forward_for(tiny_engine).exact_c_ops            # float32 keeps torch's ops (MKL's order)
+    assert forward.exact == exact_ops.ExactOps(norm_rotary=True, silu=True) and not forward.fused
+    assert not forward_for(tiny_engine).exact.any            # float32 keeps torch's ops (MKL's order)
 
 
 def _with_and_without(forward, run):
     """``run()`` with the exact C operations, then with torch's; the forward is left as found."""
-    assert forward.exact_c_ops
+    ops = forward.exact
+    assert ops.norm_rotary and ops.silu
     try:
         with_c = run()
-        forward.exact_c_ops = False
+        forward.exact = exact_ops.NONE
         return with_c, run()
     finally:
-        forward.exact_c_ops = True
+        forward.exact = ops
 
 
 def test_contiguous_prefill_and_decode_logits_are_the_same_bits(bf16_none):
@@ -64,8 +78,7 @@ def test_contiguous_prefill_and_decode_logits_are_the_same_bits(bf16_none):
     def run():
         cache = ContiguousKVCache(forward.config, 32, BF16, torch.device("cpu"), exact=True)
         steps = [forward(ids[:9], cache, last_only=False)]
-        steps += [forward(ids[i:i + 1], cache) for i in range(9, 12)]
-        steps.append(forward(ids[12:13], cache))
+        steps += [forward(ids[i:i + 1], cache) for i in range(9, 13)]
         return torch.cat(steps), forward(ids, NoCache(), last_only=False)
 
     (cached_c, whole_c), (cached_torch, whole_torch) = _with_and_without(forward, run)
@@ -101,6 +114,21 @@ def test_bf16_none_with_them_stays_greedy_identical_to_official(bf16_none):
                                     sampling=SamplingParams(max_new_tokens=12), method=method)
         return bf16_none.generate(request).token_ids
 
-    assert forward_for(bf16_none).exact_c_ops
+    assert forward_for(bf16_none).exact.any
     reference = greedy("official")
     assert all(greedy(method) == reference for method in ("custom_cache", "paged", "prefix_cache"))
+
+
+def test_the_benchmark_times_both_sides_and_finds_the_same_logits(tmp_path, monkeypatch):
+    from bench import exact_ops as bench
+
+    folder = make_tiny_model_dir(tmp_path / "tiny", intermediate_size=128)
+    monkeypatch.setenv("MINISERVE_MODEL", str(folder))
+    monkeypatch.setenv("MINISERVE_DTYPE", "bfloat16")
+    monkeypatch.setattr(bench, "read_bandwidth_gbs", lambda: 1.0)
+    assert bench.main(["--contexts", "8", "20", "--rounds", "2", "--out", str(tmp_path)]) == 0
+    import json
+
+    report = json.loads((tmp_path / "exact_ops.json").read_text())
+    assert report["logits_identical"] and report["ops"] == {"norm_rotary": True, "silu": True}
+    assert set(report["steps"]) == {"8/c", "8/torch", "20/c", "20/torch"} and (tmp_path / "exact_ops.png").exists()

@@ -51,6 +51,27 @@ static inline __m512 exp16(__m512 x) {
     p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     return _mm512_scalef_ps(p, n);
 }
+
+/* exp16 over the whole float range, as silu needs it: x is clamped only to [-104, 89], beyond
+ * which float's exp is 0 (denormals end near -103.97) or inf anyway, so the 2^n scaling
+ * overflows to inf (and silu of a very negative x gives -0) and underflows to 0 as torch's exp
+ * does. With it the C silu rounds to torch's bf16 result for every finite bf16 input
+ * (engine.fused.exact_ops_check tries all of them). */
+static inline __m512 exp16_full(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(89.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
 #endif
 
 #if MS_DECODE_AVX2
@@ -177,7 +198,7 @@ int ms_silu_mul_bf16(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64
 #ifdef __AVX512F__
         for (; i + 16 <= inter; i += 16) {
             __m512 x = load_bf16(g + i);
-            __m512 silu = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+            __m512 silu = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16_full(_mm512_sub_ps(_mm512_setzero_ps(), x))));
             float sv[16], uv[16];
             _mm512_storeu_ps(sv, silu);
             _mm512_storeu_ps(uv, load_bf16(u + i));
