@@ -33,11 +33,10 @@ static inline __m512 load_bf16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
 
-/* exp(x) for 16 floats: x = n ln2 + r, |r| <= ln2/2, a degree-6 polynomial for exp(r) (within
- * ~2 float ulps), times 2^n; inputs below -87 give 0 (softmax and silu only need that range). */
-static inline __m512 exp16(__m512 x) {
-    const __m512 lo = _mm512_set1_ps(-87.0f), hi = _mm512_set1_ps(88.0f);
-    x = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
+/* exp(x) for 16 floats within [lo, hi]: x = n ln2 + r, |r| <= ln2/2, a degree-6 polynomial for
+ * exp(r) (within ~2 float ulps), times 2^n (scalef: overflows to inf, underflows to 0). */
+static inline __m512 exp16_within(__m512 x, float lo, float hi) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(lo)), _mm512_set1_ps(hi));
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -52,26 +51,14 @@ static inline __m512 exp16(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
-/* exp16 over the whole float range, as silu needs it: x is clamped only to [-104, 89], beyond
- * which float's exp is 0 (denormals end near -103.97) or inf anyway, so the 2^n scaling
- * overflows to inf (and silu of a very negative x gives -0) and underflows to 0 as torch's exp
- * does. With it the C silu rounds to torch's bf16 result for every finite bf16 input
- * (engine.fused.exact_ops_check tries all of them). */
-static inline __m512 exp16_full(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(89.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-}
+/* The softmax's exp: inputs below -87 count as -87 (the scores' range never needs more). */
+static inline __m512 exp16(__m512 x) { return exp16_within(x, -87.0f, 88.0f); }
+
+/* exp over the whole float range, as silu needs it: clamped only to [-104, 89], beyond which
+ * float's exp is 0 (denormals end near -103.97) or inf anyway, so silu of a very negative x
+ * gives -0 as torch's does. With it the C silu rounds to torch's bf16 result for every finite
+ * bf16 input (engine.exact_ops.silu_matches tries all of them). */
+static inline __m512 exp16_full(__m512 x) { return exp16_within(x, -104.0f, 89.0f); }
 #endif
 
 #if MS_DECODE_AVX2
