@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
                                         "steps": rows, "step_speedup": speedup, "logits_identical": identical})
     plot(rows, args.contexts, out / "exact_ops.png", f"none, 8-row decode step ({info['cpu_model']}, 2 threads)")
     for key, row in rows.items():
-        print(f"{key:>12}: step {row['step_ms']:.1f} ms, linears {row['linears_ms']:.1f}, outside {row['outside_ms']:.1f}")
+        print(f"{key:>12}: step {row['step_ms']:.1f} ms, linears {row['linears_ms']:.1f}, "
+              f"outside {row['outside_ms']:.1f}")
     print(f"step speedup {speedup}; logits bit-identical: {identical}")
     engine.close()
     return 0 if identical else 1

@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     ceilings = {k: round(off / replay(jobs, costs, k), 3) for k in range(1, 9)}
     best = max(ceilings, key=ceilings.get)
     info = {**machine(), "cpu_model": cpu_model(), "read_bandwidth_gbs": round(read_bandwidth_gbs(), 1),
-            "quant": quant, "command": "python -m bench.spec_ceiling " + " ".join(argv if argv is not None else sys.argv[1:])}
+            "quant": quant,
+            "command": "python -m bench.spec_ceiling " + " ".join(argv if argv is not None else sys.argv[1:])}
     report: dict[str, Any] = {
         "machine": info, "jobs": len(jobs), "jobs_from": args.jobs_from, "context": args.context,
         "step_ms": {f"{b}x{r}": round(c * 1e3, 2) for (b, r), c in costs.items()},

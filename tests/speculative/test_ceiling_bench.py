@@ -33,7 +33,8 @@ def test_nothing_to_copy_gains_nothing_and_free_rows_gain_the_most():
 
 
 def test_the_jobs_come_from_the_first_spec_off_serving_round(tmp_path):
-    header = "quant,mode,prompt,kind,lang,speculative,completion_tokens,draft_tokens,accepted_draft_tokens,decode_tok_s,wall_s,ttft_s\n"
+    header = ("quant,mode,prompt,kind,lang,speculative,completion_tokens,draft_tokens,accepted_draft_tokens,"
+              "decode_tok_s,wall_s,ttft_s\n")
     rows = ["q8,serving,a,copy,en,False,10,0,0,1,5.0,1", "q8,serving,b,none,en,False,12,0,0,1,5.0,1",
             "q8,serving,a,copy,en,True,10,9,8,1,4.0,1", "q8,serving,a,copy,en,False,11,0,0,1,6.0,1",
             "none,serving,a,copy,en,False,13,0,0,1,5.0,1", "q8,batch1,a,copy,en,False,128,0,0,1,5.0,1"]
