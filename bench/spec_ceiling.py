@@ -64,11 +64,11 @@ def step_costs(engine: Engine, context: int, rounds: int) -> dict[tuple[int, int
     return {shape: statistics.median(t) for shape, t in times.items()}
 
 
-def cost_of(costs: dict[tuple[int, int], float], sequences: int, rows: int) -> float:
+def cost_of(costs: dict[tuple[int, int], float], rows: int) -> float:
     """A step's seconds by its row count: measured decode steps up to 8 rows, then linear between
     the measured 8-sequence verify shapes (and beyond the last, on the last two's slope)."""
     if rows <= SLOTS:
-        return costs[(sequences, 1)] if rows == sequences else costs[(rows, 1)]
+        return costs[(rows, 1)]
     points = sorted((SLOTS * r, costs[(SLOTS, r)]) for r in range(1, 10))
     for (r0, c0), (r1, c1) in zip(points, points[1:]):
         if rows <= r1:
@@ -89,7 +89,7 @@ def replay(jobs: list[tuple[str, int]], costs: dict[tuple[int, int], float], dra
         while queue and len(active) < SLOTS:
             active.append(queue.pop(0))
         takes = {j: min(pending[j], 1 + (drafts if kinds[j] == "copy" else 0)) for j in active}
-        seconds += cost_of(costs, len(active), sum(takes.values()))
+        seconds += cost_of(costs, sum(takes.values()))
         for j, n in takes.items():
             pending[j] -= n
         active = [j for j in active if pending[j] > 0]

@@ -53,26 +53,35 @@ def test_a_failing_check_keeps_torchs_op_and_says_so(monkeypatch, caplog):
     assert events and events[-1].norm_rotary is False and events[-1].silu is True
 
 
+def _forward(engine):
+    """The engine's forward, fetched on its loop thread (engine state has one owner)."""
+    return engine.loop.call(lambda: forward_for(engine))
+
+
 def test_only_full_precision_bf16_forwards_take_them(bf16_none, tiny_engine):
-    forward = forward_for(bf16_none)
+    forward = _forward(bf16_none)
     assert forward.exact == exact_ops.ExactOps(norm_rotary=True, silu=True) and not forward.fused
-    assert not forward_for(tiny_engine).exact.any            # float32 keeps torch's ops (MKL's order)
+    assert not _forward(tiny_engine).exact.any            # float32 keeps torch's ops (MKL's order)
 
 
-def _with_and_without(forward, run):
-    """``run()`` with the exact C operations, then with torch's; the forward is left as found."""
+def _with_and_without(engine, forward, run):
+    """``run()`` with the exact C operations, then with torch's, on the engine's loop thread (the
+    forward's owner); the forward is left as found."""
     ops = forward.exact
     assert ops.norm_rotary and ops.silu
-    try:
-        with_c = run()
-        forward.exact = exact_ops.NONE
-        return with_c, run()
-    finally:
-        forward.exact = ops
+
+    def both():
+        try:
+            with_c = run()
+            forward.exact = exact_ops.NONE
+            return with_c, run()
+        finally:
+            forward.exact = ops
+    return engine.loop.call(both)
 
 
 def test_contiguous_prefill_and_decode_logits_are_the_same_bits(bf16_none):
-    forward = forward_for(bf16_none)
+    forward = _forward(bf16_none)
     ids = torch.randint(0, forward.config.vocab_size, (13,), generator=torch.Generator().manual_seed(1))
 
     def run():
@@ -81,13 +90,13 @@ def test_contiguous_prefill_and_decode_logits_are_the_same_bits(bf16_none):
         steps += [forward(ids[i:i + 1], cache) for i in range(9, 13)]
         return torch.cat(steps), forward(ids, NoCache(), last_only=False)
 
-    (cached_c, whole_c), (cached_torch, whole_torch) = _with_and_without(forward, run)
+    (cached_c, whole_c), (cached_torch, whole_torch) = _with_and_without(bf16_none, forward, run)
     assert torch.equal(cached_c, cached_torch) and torch.equal(whole_c, whole_torch)
 
 
 def test_paged_steps_of_several_sequences_are_the_same_bits(bf16_none):
     """A mixed prefill, a decode-only step and a verify-shaped step (1 + 3 tokens beside a decode)."""
-    forward = forward_for(bf16_none)
+    forward = _forward(bf16_none)
     paged = PagedQwen2(forward)
     generator = torch.Generator().manual_seed(2)
     tables = [[3, 5, 7, 1], [2, 4, 6]]
@@ -102,7 +111,7 @@ def test_paged_steps_of_several_sequences_are_the_same_bits(bf16_none):
         logits = [paged.forward(i, build_batch(s, 4), pool, all_logits=True) for i, s in zip(ids, steps)]
         return torch.cat(logits), pool.k.clone(), pool.v.clone()
 
-    with_c, with_torch = _with_and_without(forward, run)
+    with_c, with_torch = _with_and_without(bf16_none, forward, run)
     assert all(torch.equal(a, b) for a, b in zip(with_c, with_torch))
 
 
@@ -114,7 +123,7 @@ def test_bf16_none_with_them_stays_greedy_identical_to_official(bf16_none):
                                     sampling=SamplingParams(max_new_tokens=12), method=method)
         return bf16_none.generate(request).token_ids
 
-    assert forward_for(bf16_none).exact.any
+    assert _forward(bf16_none).exact.any
     reference = greedy("official")
     assert all(greedy(method) == reference for method in ("custom_cache", "paged", "prefix_cache"))
 

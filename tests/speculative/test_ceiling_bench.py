@@ -16,9 +16,9 @@ def _costs(fixed: float, per_row: float) -> dict[tuple[int, int], float]:
 
 def test_rows_beyond_the_measured_shapes_follow_the_last_slope():
     costs = _costs(0.01, 0.002)
-    assert ceiling.cost_of(costs, 8, 8) == pytest.approx(0.026)
-    assert ceiling.cost_of(costs, 8, 20) == pytest.approx(0.05)      # between 8x2 and 8x3
-    assert ceiling.cost_of(costs, 8, 100) == pytest.approx(0.21)     # past 8x9
+    assert ceiling.cost_of(costs, 8) == pytest.approx(0.026)
+    assert ceiling.cost_of(costs, 20) == pytest.approx(0.05)      # between 8x2 and 8x3
+    assert ceiling.cost_of(costs, 100) == pytest.approx(0.21)     # past 8x9
 
 
 def test_nothing_to_copy_gains_nothing_and_free_rows_gain_the_most():
