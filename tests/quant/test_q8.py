@@ -145,6 +145,19 @@ def test_rows_are_independent_of_the_batch(precise, five_bits):
     assert torch.equal(together, alone)
 
 
+@pytest.mark.parametrize("precise", [True, False])
+def test_bf16_outputs_are_the_float_outputs_rounded_as_torch_rounds(precise):
+    """Whole-width tiles sum and store their outputs in vectors, a last odd column one at a
+    time: both give the float result (+ bias) rounded to bf16 as torch rounds it."""
+    codes, scales = q8.quantize(_weight(27, 896))
+    x = torch.randn(9, 896).bfloat16()
+    bias = torch.randn(27)
+    for m in (1, 2, 3, 4, 9):
+        exact = q8.linear(x[:m].float(), codes, scales, bias, precise=precise)
+        got = q8.linear(x[:m], codes, scales, bias, precise=precise)
+        assert torch.equal(got.view(torch.int16), exact.bfloat16().view(torch.int16))
+
+
 def test_activations_take_one_byte_only_in_big_batched_decode_steps():
     """Two-byte activations (error near float) everywhere, prefill included, except calls of
     more than PRECISE_MAX_ROWS rows inside batched_decode (one byte: ~100x the error)."""

@@ -376,6 +376,30 @@ static inline __attribute__((always_inline)) void tile_block(const uint8_t *w, i
     }
 }
 
+/* The lane sums of 16 vectors at once: lane 4j + i of the result is the sum of v[4i + j]'s lanes.
+ * Why: a tile's 16 accumulators summed one by one took ~8 shuffles and adds each, as many
+ * instructions as the products of a short row (K = 896: 16 vpdpbusd per accumulator). Here the
+ * vectors are added pairwise in a butterfly -- lane l with l + 8, then l + 4, l + 2, l + 1 --
+ * which are exactly the additions _mm512_reduce_add_ps makes, in its order, so every sum has the
+ * same bits; ~45 instructions for all 16. */
+static inline __m512 sums16(const __m512 v[16]) {
+    __m512 halves[8], quarters[4], pairs[2];
+    _Pragma("GCC unroll 8")
+    for (int k = 0; k < 8; k++)   /* lanes 0-7: v[2k]'s l + (l + 8); 8-15: v[2k + 1]'s */
+        halves[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x44),
+                                  _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xee));
+    _Pragma("GCC unroll 4")
+    for (int k = 0; k < 4; k++)   /* 128-bit lane j: v[4k + j]'s l + (l + 4) */
+        quarters[k] = _mm512_add_ps(_mm512_shuffle_f32x4(halves[2 * k], halves[2 * k + 1], 0x88),
+                                    _mm512_shuffle_f32x4(halves[2 * k], halves[2 * k + 1], 0xdd));
+    _Pragma("GCC unroll 2")
+    for (int k = 0; k < 2; k++)   /* + (l + 2) */
+        pairs[k] = _mm512_add_ps(_mm512_shuffle_ps(quarters[2 * k], quarters[2 * k + 1], 0x44),
+                                 _mm512_shuffle_ps(quarters[2 * k], quarters[2 * k + 1], 0xee));
+    return _mm512_add_ps(_mm512_shuffle_ps(pairs[0], pairs[1], 0x88),   /* + (l + 1) */
+                         _mm512_shuffle_ps(pairs[0], pairs[1], 0xdd));
+}
+
 /* ROWS activation rows against COLS weight rows (compile-time constants at each call, so the
  * accumulators stay in registers): each activation chunk loaded serves COLS weight rows and
  * each weight chunk ROWS activation rows, so a tile does ROWS*COLS products per ROWS+COLS loads
@@ -398,6 +422,15 @@ static inline __attribute__((always_inline)) void tile_dot(const uint8_t *w, int
         tile_block(w, w_stride, wscales, K, xi, xs, seed, b0, BLOCK_GROUPS, ROWS, COLS, PRECISE, Q5, 1, PREFETCH, acc);
     if (b0 < groups)
         tile_block(w, w_stride, wscales, K, xi, xs, seed, b0, groups - b0, ROWS, COLS, PRECISE, Q5, 0, PREFETCH, acc);
+    if (COLS == MAX_COLS && ROWS >= 2) {   /* a whole-width tile: its sums in one vector */
+        __m512 v[16];
+        _Pragma("GCC unroll 16")
+        for (int c = 0; c < MAX_COLS; c++)
+            _Pragma("GCC unroll 16")
+            for (int r = 0; r < MAX_ROWS; r++) v[MAX_ROWS * c + r] = r < ROWS ? acc[r][c] : _mm512_setzero_ps();
+        _mm512_storeu_ps(out, sums16(v));   /* lane MAX_COLS * r + c = out[r * COLS + c] */
+        return;
+    }
     _Pragma("GCC unroll 16")
     for (int r = 0; r < ROWS; r++)
         _Pragma("GCC unroll 16")
@@ -663,6 +696,25 @@ static inline void store(void *y, int y_bf16, int64_t at, float v) {
     else ((float *)y)[at] = v;
 }
 
+#if MS_VNNI
+/* store() of 4 consecutive outputs (+ bias, or + 0 as store's callers add) in vectors: the same
+ * bits (f32_to_bf16's nearest even, NaN kept quiet). One output at a time cost as much as the
+ * products of a short row. */
+static inline void store4(void *y, int y_bf16, int64_t at, const float *v, const float *bias) {
+    const __m128 sum = _mm_add_ps(_mm_loadu_ps(v), bias ? _mm_loadu_ps(bias) : _mm_setzero_ps());
+    if (!y_bf16) {
+        _mm_storeu_ps((float *)y + at, sum);
+        return;
+    }
+    const __m128i u = _mm_castps_si128(sum), high = _mm_srli_epi32(u, 16);
+    const __m128i nan = _mm_cmpgt_epi32(_mm_and_si128(u, _mm_set1_epi32(0x7fffffff)), _mm_set1_epi32(0x7f800000));
+    const __m128i even = _mm_add_epi32(_mm_set1_epi32(0x7fff), _mm_and_si128(high, _mm_set1_epi32(1)));
+    const __m128i rounded = _mm_srli_epi32(_mm_add_epi32(u, even), 16);
+    const __m128i bits = _mm_blendv_epi8(rounded, _mm_or_si128(high, _mm_set1_epi32(0x40)), nan);
+    _mm_storel_epi64((__m128i *)((uint16_t *)y + at), _mm_packus_epi32(bits, bits));
+}
+#endif
+
 /* Activation rows first .. end - 1 of x, quantized into a. A few rows are quantized before the
  * parallel region (microseconds; one barrier less), many inside it, shared by the threads. */
 #define PARALLEL_MIN_ROWS 4
@@ -731,9 +783,16 @@ static void column_tile(const activations *a, int64_t M, int64_t K, const uint8_
         tile_any(w, row_bytes, scales + n * groups, K, a->xi + 2 * m0 * ROW_CODES(K),
                  a->xs + m0 * ROW_GROUPS(groups), a->seed + 2 * m0 * ROW_GROUPS(groups), rows, cols, precise, q5,
                  prefetch, out);
-        for (int r = 0; r < rows; r++)
+        for (int r = 0; r < rows; r++) {
+#if MS_VNNI
+            if (cols == 4) {
+                store4(y, y_bf16, (m0 + r) * N + n, out + r * 4, bias ? bias + n : NULL);
+                continue;
+            }
+#endif
             for (int c = 0; c < cols; c++)
                 store(y, y_bf16, (m0 + r) * N + n + c, out[r * cols + c] + (bias ? bias[n + c] : 0.0f));
+        }
     }
 }
 
