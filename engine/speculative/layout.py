@@ -18,6 +18,7 @@ from weakref import WeakKeyDictionary
 
 LAYOUT = "ĠĊĉčĀ"     # byte-level BPE spellings of space, newline, tab, CR
 NEWLINE = "Ċ"
+OPENERS = "{[(:"    # a line ending in one of these opens a block: the next line is indented deeper
 
 
 @dataclass(frozen=True, eq=False)
@@ -31,6 +32,14 @@ class Layout:
 
     keys: dict[int, int | None]
     ends_line: frozenset[int]
+    opens_block: frozenset[int] = frozenset()   # line ends after an opener ({ [ ( :): deeper next
+
+    def key(self, token: int) -> int | None:
+        return self.keys.get(token, token)
+
+    def is_layout(self, token: int) -> bool:
+        """Only spaces, newlines, tabs (an indentation token)."""
+        return token in self.keys and self.keys[token] is None
 
 
 _maps: "WeakKeyDictionary[Any, Layout]" = WeakKeyDictionary()
@@ -39,16 +48,18 @@ _maps: "WeakKeyDictionary[Any, Layout]" = WeakKeyDictionary()
 def layout_keys(vocab: dict[str, int]) -> Layout:
     """The :class:`Layout` of a byte-level BPE vocabulary (piece -> id)."""
     keys: dict[int, int | None] = {}
-    ends_line = set()
+    ends_line, opens_block = set(), set()
     for piece, token in vocab.items():
         stripped = piece.rstrip(LAYOUT)
         if NEWLINE in piece[len(stripped):]:
             ends_line.add(token)
+            if stripped[-1:] in OPENERS:
+                opens_block.add(token)
         if not stripped:
             keys[token] = None
         elif stripped != piece and stripped in vocab:
             keys[token] = vocab[stripped]
-    return Layout(keys=keys, ends_line=frozenset(ends_line))
+    return Layout(keys=keys, ends_line=frozenset(ends_line), opens_block=frozenset(opens_block))
 
 
 def layout_map(tokenizer: Any) -> Layout:

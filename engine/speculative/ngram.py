@@ -13,9 +13,11 @@ at least one following token to propose.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 from engine.speculative.layout import Layout
+from engine.speculative.restyle import Copy, Restyle
 
 
 class _KeyIndex:
@@ -56,11 +58,19 @@ class NgramDrafter:
 
     Matched two ways: token for token, and (with ``layout``, :mod:`engine.speculative.layout`)
     with whitespace skipped, for text copied under a new layout. The longer match wins; on a
-    tie, the exact one. A layout match does not draft right after a line end (the next
-    line's indentation is not in the source)."""
+    tie, the exact one.
+
+    ``follow`` (the default): while the answer keeps writing what the last copy proposed, the
+    next drafts continue that copy instead of jumping to the suffix's most recent occurrence
+    (a JSON array's items share their keys: ``"title": "`` last occurred in the last item); a
+    copy across a new layout is drafted in the answer's own layout (:mod:`engine.speculative.
+    restyle`), indentation included, so it also drafts right after a line end once the
+    answer's indentation is known. ``follow=False`` is the drafter before that (the replay of
+    ``bench.draft_replay`` compares the two): source tokens as they are, and no layout match
+    right after a line end."""
 
     def __init__(self, tokens: Iterable[int], lengths: Sequence[int], max_draft: int,
-                 layout: Layout | None = None) -> None:
+                 layout: Layout | None = None, follow: bool = True) -> None:
         if not lengths or min(lengths) <= 0:
             raise ValueError("n-gram lengths must be positive")
         if max_draft <= 0:
@@ -69,12 +79,23 @@ class NgramDrafter:
         self.max_draft = int(max_draft)
         self.tokens: list[int] = []
         self.layout = layout
+        self.follow = follow
         self._indexes = [_KeyIndex(self.lengths, {})] + ([_KeyIndex(self.lengths, layout.keys)] if layout else [])
         self._index = self._indexes[0].index      # the exact one (tests look at its size)
+        self.restyle = Restyle(layout) if layout and follow else None
+        self._answer_from: int | None = None     # set after the prompt: observed from there on
+        self._pending: _Proposal | None = None
+        self._cursor: _Proposal | None = None    # the copy the answer follows (its start: where on)
         self.extend(tokens)
+        self._answer_from = len(self.tokens)
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    @property
+    def continuation(self) -> int:
+        """The match length reported for a continued copy (its own acceptance estimate)."""
+        return self.lengths[0] + 1
 
     def append(self, token: int) -> None:
         """Add one accepted token."""
@@ -82,6 +103,8 @@ class NgramDrafter:
         self.tokens.append(token)
         for index in self._indexes:
             index.add(token, len(self.tokens) - 1)
+        if self.restyle is not None and self._answer_from is not None:
+            self.restyle.observe(self.tokens[-2] if len(self.tokens) > 1 else None, token)
 
     def extend(self, tokens: Iterable[int]) -> None:
         for token in tokens:
@@ -98,16 +121,87 @@ class NgramDrafter:
         return self.match(limit)[1]
 
     def match(self, limit: int | None = None) -> tuple[int, list[int]]:
-        """``(n, drafts)``: the length of the longest suffix that occurred before and up to
-        ``min(limit, max_draft)`` tokens that followed it; ``(0, [])`` when none did."""
+        """``(n, drafts)``: the length of the longest suffix that occurred before (or
+        :attr:`continuation` for a followed copy) and up to ``min(limit, max_draft)`` tokens
+        that followed it; ``(0, [])`` when none did."""
         want = self.max_draft if limit is None else min(limit, self.max_draft)
+        self._learn()
         if want <= 0:
             return 0, []
-        n, start = self._indexes[0].lookup()
-        if self.layout is not None and self.tokens[-1] not in self.layout.ends_line:
-            keyed_n, keyed_start = self._indexes[1].lookup()
-            if keyed_n > n:
-                n, start = keyed_n, keyed_start
-        if n == 0:
+        proposal = self._proposal(want)
+        if proposal is None:
             return 0, []
-        return n, self.tokens[start:min(start + want, len(self.tokens))]
+        proposal.length = len(self.tokens)
+        self._pending = proposal
+        return (proposal.n, proposal.copy.drafts) if proposal.copy.drafts else (0, [])
+
+    def _proposal(self, want: int) -> "_Proposal | None":
+        exact = _Proposal(*self._indexes[0].lookup(), keyed=False)
+        line_end = self.layout is not None and self.tokens[-1] in self.layout.ends_line
+        best = exact
+        if self.layout is not None and (self.follow or not line_end):
+            keyed = _Proposal(*self._indexes[1].lookup(), keyed=True)
+            best = keyed if keyed.n > exact.n else exact
+        if self._cursor is not None:
+            best = self._cursor
+        if best.n == 0:
+            return None
+        best.copy = self._copy(best.start, want, best.keyed and line_end)
+        if not best.copy.drafts and best.keyed and line_end and exact.n:   # indentation unknown
+            best, best.copy = exact, self._copy(exact.start, want, False)
+        return best
+
+    def _copy(self, start: int, want: int, after_line_end: bool) -> Copy:
+        if self.restyle is None:
+            return Copy.plain(self.tokens, start, want)
+        return self.restyle.draft(self.tokens, start, want, after_line_end)
+
+    def _learn(self) -> None:
+        """Compare the last proposal with the tokens the answer wrote after it: learn its layout
+        and whether it still follows the copy."""
+        proposal = self._pending
+        if proposal is None or len(self.tokens) <= proposal.length:
+            return
+        self._pending = None
+        written, copy = self.tokens[proposal.length:], proposal.copy
+        if self.restyle is not None:
+            self.restyle.learn(copy.sources, copy.drafts, written)
+        if not self.follow:
+            return
+        accepted = 0
+        while accepted < min(len(copy.drafts), len(written)) and copy.drafts[accepted] == written[accepted]:
+            accepted += 1
+        cursor = self._follow(copy.ends[accepted - 1] if accepted else proposal.start, written[accepted:],
+                              proposal.keyed, end=proposal.length)
+        self._cursor = None if cursor is None else _Proposal(self.continuation, cursor, proposal.keyed)
+
+    def _follow(self, cursor: int, written: Sequence[int], keyed: bool, end: int) -> int | None:
+        """The copy's position after the answer wrote ``written`` from ``cursor`` on; None when
+        the answer left it (wrote a token that is not the copy's next) or it reached ``end``
+        (where the answer began writing them). ``keyed``: a copy across a new layout, compared
+        by key with layout on either side skipped."""
+        layout = self.layout if keyed else None
+        for token in written:
+            if layout is not None and layout.is_layout(token):
+                continue                              # the answer's own indentation
+            while layout is not None and cursor < end and layout.is_layout(self.tokens[cursor]):
+                cursor += 1                           # the source's own layout, not written
+            if cursor >= end:
+                return None
+            same = layout.key(token) == layout.key(self.tokens[cursor]) if layout else token == self.tokens[cursor]
+            if not same:
+                return None
+            cursor += 1
+        return cursor if cursor < end else None
+
+
+@dataclass(slots=True)
+class _Proposal:
+    """A copy the drafter proposed (or may): where it starts, how it matched, its drafts, and
+    the sequence's length when it was proposed."""
+
+    n: int
+    start: int
+    keyed: bool
+    copy: Copy = field(default_factory=Copy)
+    length: int = 0

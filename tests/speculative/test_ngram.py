@@ -100,3 +100,61 @@ def test_layout_matching_follows_content_across_a_new_layout():
     # where the exact match is as long, it wins (copying the layout as it is)
     same = NgramDrafter([1, 2, 3, 16, 4, 1, 2, 3], lengths=(3,), max_draft=2, layout=layout)
     assert same.propose() == [16, 4]
+
+
+# a compact source and its pretty-printed copy: ' "k1": "v1", "k2": "v2", ...'
+JSON_VOCAB = {'Ġ"': 1, 'k1': 2, '":': 3, 'v1': 4, '",': 5, 'k2': 6, 'v2': 7, 'k3': 8, 'v3': 9, '",Ċ': 10,
+              'ĠĠ': 11, 'x': 12}
+SOURCE = [12, 1, 2, 3, 1, 4, 5, 1, 6, 3, 1, 7, 5, 1, 8, 3, 1, 9, 5]
+
+
+def test_a_copy_across_a_new_layout_is_drafted_in_the_answers_layout():
+    layout = layout_keys(JSON_VOCAB)
+    drafter = NgramDrafter(SOURCE, lengths=(3, 2), max_draft=8, layout=layout)
+    drafter.extend([11, 1, 2, 3])                        # the answer's first line:   "k1":
+    assert drafter.propose() == [1, 4, 5, 1, 6, 3, 1, 7]   # the source's layout, as before
+    drafter.extend([1, 4, 10])                           # "v1",\n  : the line end rejected the  ",
+    assert drafter.propose() == []                       # the next line's indentation: not known yet
+    drafter.extend([11])                                 # the answer indents by '  '
+    n, drafts = drafter.match()
+    assert n == drafter.continuation                     # the copy goes on where the answer is
+    assert drafts == [1, 6, 3, 1, 7, 10, 11, 1]          #  "k2": "v2",\n   "  in the answer's layout
+    drafter.extend(drafts + [8])
+    assert drafter.propose()[:4] == [3, 1, 9, 10]        #  ": "v3",\n
+
+
+def test_a_layout_variant_is_taken_back_when_the_answer_writes_the_source_token():
+    layout = layout_keys(JSON_VOCAB)
+    drafter = NgramDrafter(SOURCE, lengths=(3, 2), max_draft=8, layout=layout)
+    drafter.extend([11, 1, 2, 3])
+    drafter.propose()
+    drafter.extend([1, 4, 10, 11])                       # learns  ", -> ",\n
+    assert 10 in drafter.propose()
+    drafter.extend([1, 6, 3, 1, 7, 5])                   # ...but this time the answer keeps  ",
+    assert 10 not in drafter.propose()
+
+
+def test_follow_false_is_the_drafter_before_it():
+    layout = layout_keys(JSON_VOCAB)
+    drafter = NgramDrafter(SOURCE, lengths=(3, 2), max_draft=8, layout=layout, follow=False)
+    drafter.extend([11, 1, 2, 3])
+    drafter.propose()
+    drafter.extend([1, 4, 10, 11])
+    assert drafter.propose() == [1, 6, 3, 1, 7, 5, 1, 8]   # the source's tokens as they are
+    drafter.extend([1, 6, 3, 1, 7, 10])
+    assert drafter.propose() == []                       # no layout match right after a line end
+
+
+def test_an_exact_copy_is_continued_rather_than_jumping_to_the_latest_occurrence():
+    prompt = [20, 21, 1, 2, 3, 4, 30, 31, 1, 2, 3, 5]
+    drafter = NgramDrafter(prompt + [20, 21], lengths=(2,), max_draft=2)
+    assert drafter.propose() == [1, 2]
+    drafter.extend([1, 2, 3])                            # both accepted, then the bonus token
+    n, drafts = drafter.match()
+    assert (n, drafts) == (drafter.continuation, [4, 30])   # the suffix  2 3  last preceded 5
+    drafter.extend([9])                                  # the answer leaves the copy
+    assert drafter.match() == (0, [])                    # suffix  3 9  never occurred
+    stale = NgramDrafter(prompt + [20, 21], lengths=(2,), max_draft=2, follow=False)
+    stale.propose()
+    stale.extend([1, 2, 3])
+    assert stale.propose() == [5, 20]                     # the most recent  2 3  was followed by 5
