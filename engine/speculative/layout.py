@@ -12,7 +12,7 @@ model decides, and nothing changes for text whose layout is copied as it is.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from weakref import WeakKeyDictionary
 
@@ -33,6 +33,7 @@ class Layout:
     keys: dict[int, int | None]
     ends_line: frozenset[int]
     opens_block: frozenset[int] = frozenset()   # line ends after an opener ({ [ ( :): deeper next
+    core: dict[int, str] = field(default_factory=dict)   # token -> its text without layout at either end
 
     def key(self, token: int) -> int | None:
         return self.keys.get(token, token)
@@ -48,9 +49,11 @@ _maps: "WeakKeyDictionary[Any, Layout]" = WeakKeyDictionary()
 def layout_keys(vocab: dict[str, int]) -> Layout:
     """The :class:`Layout` of a byte-level BPE vocabulary (piece -> id)."""
     keys: dict[int, int | None] = {}
+    core: dict[int, str] = {}
     ends_line, opens_block = set(), set()
     for piece, token in vocab.items():
         stripped = piece.rstrip(LAYOUT)
+        core[token] = stripped.lstrip(LAYOUT)
         if NEWLINE in piece[len(stripped):]:
             ends_line.add(token)
             if stripped[-1:] in OPENERS:
@@ -59,7 +62,7 @@ def layout_keys(vocab: dict[str, int]) -> Layout:
             keys[token] = None
         elif stripped != piece and stripped in vocab:
             keys[token] = vocab[stripped]
-    return Layout(keys=keys, ends_line=frozenset(ends_line), opens_block=frozenset(opens_block))
+    return Layout(keys=keys, ends_line=frozenset(ends_line), opens_block=frozenset(opens_block), core=core)
 
 
 def layout_map(tokenizer: Any) -> Layout:

@@ -144,12 +144,23 @@ class NgramDrafter:
             best = keyed if keyed.n > exact.n else exact
         if self._cursor is not None:
             best = self._cursor
+            if best.rest:                             # inside a source token the answer broke
+                best.copy = self._rest_of_token(best, want, line_end)
+                return best
         if best.n == 0:
             return None
         best.copy = self._copy(best.start, want, best.keyed and line_end)
         if not best.copy.drafts and best.keyed and line_end and exact.n:   # indentation unknown
             best, best.copy = exact, self._copy(exact.start, want, False)
         return best
+
+    def _rest_of_token(self, cursor: "_Proposal", want: int, line_end: bool) -> Copy:
+        """Drafts after the answer wrote part of the source token at ``cursor.start``: its rest
+        as the answer last wrote it (a learned split), then the copy; none if not learned."""
+        split = self.restyle.splits.get(self.tokens[cursor.start]) if self.restyle else None
+        if split is None or self.layout.core.get(split[1]) != cursor.rest:
+            return Copy()
+        return self.restyle.draft(self.tokens, cursor.start + 1, want, line_end, head=split[1])
 
     def _copy(self, start: int, want: int, after_line_end: bool) -> Copy:
         if self.restyle is None:
@@ -171,28 +182,45 @@ class NgramDrafter:
         accepted = 0
         while accepted < min(len(copy.drafts), len(written)) and copy.drafts[accepted] == written[accepted]:
             accepted += 1
-        cursor = self._follow(copy.ends[accepted - 1] if accepted else proposal.start, written[accepted:],
-                              proposal.keyed, end=proposal.length)
-        self._cursor = None if cursor is None else _Proposal(self.continuation, cursor, proposal.keyed)
+        start, rest = (copy.ends[accepted - 1], "") if accepted else (proposal.start, proposal.rest)
+        followed = self._follow(start, written[accepted:], proposal.keyed, proposal.length, rest)
+        self._cursor = None if followed is None else _Proposal(self.continuation, followed[0], proposal.keyed,
+                                                               rest=followed[1])
 
-    def _follow(self, cursor: int, written: Sequence[int], keyed: bool, end: int) -> int | None:
-        """The copy's position after the answer wrote ``written`` from ``cursor`` on; None when
-        the answer left it (wrote a token that is not the copy's next) or it reached ``end``
-        (where the answer began writing them). ``keyed``: a copy across a new layout, compared
-        by key with layout on either side skipped."""
+    def _follow(self, cursor: int, written: Sequence[int], keyed: bool, end: int,
+                rest: str = "") -> tuple[int, str] | None:
+        """Where the copy is after the answer wrote ``written`` from ``cursor`` on: (position,
+        the part of that position's token still to be written, for a copy across a new layout
+        whose token the answer broke over a line end); None when the answer left the copy (wrote
+        a token that is not the copy's next) or it reached ``end`` (where the answer began
+        writing them). ``keyed``: compared by key, layout on either side skipped."""
         layout = self.layout if keyed else None
         for token in written:
-            if layout is not None and layout.is_layout(token):
-                continue                              # the answer's own indentation
-            while layout is not None and cursor < end and layout.is_layout(self.tokens[cursor]):
-                cursor += 1                           # the source's own layout, not written
-            if cursor >= end:
+            if layout is None:
+                if cursor >= end or token != self.tokens[cursor]:
+                    return None
+                cursor += 1
+                continue
+            if layout.is_layout(token):
+                if not rest and cursor < end and self.tokens[cursor] == token:
+                    cursor += 1                       # the source's own layout, written as it is
+                continue                              # (or the answer's own indentation)
+            if not rest:
+                while cursor < end and layout.is_layout(self.tokens[cursor]):
+                    cursor += 1                       # the source's own layout, not written
+                if cursor >= end:
+                    return None
+                if layout.key(token) == layout.key(self.tokens[cursor]):
+                    cursor += 1
+                    continue
+                rest = layout.core.get(self.tokens[cursor], "")
+            text = layout.core.get(token, "")
+            if not text or not rest.startswith(text):
                 return None
-            same = layout.key(token) == layout.key(self.tokens[cursor]) if layout else token == self.tokens[cursor]
-            if not same:
-                return None
-            cursor += 1
-        return cursor if cursor < end else None
+            rest = rest[len(text):]
+            if not rest:
+                cursor += 1
+        return (cursor, rest) if cursor < end else None
 
 
 @dataclass(slots=True)
@@ -205,3 +233,4 @@ class _Proposal:
     keyed: bool
     copy: Copy = field(default_factory=Copy)
     length: int = 0
+    rest: str = ""     # a followed copy inside its start token: the part not yet written

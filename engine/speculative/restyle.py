@@ -29,6 +29,7 @@ from typing import Sequence
 from engine.speculative.layout import Layout
 
 NO_INDENT = -1     # a line that starts with content (known, and nothing to draft before it)
+CLOSERS = "}])"    # a line starting with one of these closes a block: indented as its opener's line
 
 
 @dataclass
@@ -37,69 +38,124 @@ class Restyle:
 
     layout: Layout
     substitutes: dict[int, int] = field(default_factory=dict)   # source token -> answer's token
+    splits: dict[int, tuple[int, int]] = field(default_factory=dict)   # source -> (line end, next)
     line_indent: int | None = None                              # the current line's indentation
-    after_opener: dict[int, int] = field(default_factory=dict)  # block-opening line end -> indent
+    deeper: dict[int, int] = field(default_factory=dict)        # an opener line's indent -> the next's
+    opened: list[int | None] = field(default_factory=list)      # indents of the open blocks' lines
+    _split: tuple[int, int, str] | None = None                  # (source, line end, rest) unresolved
+    _line_start: bool = False
 
     def observe(self, previous: int | None, token: int) -> None:
         """One more accepted token of the answer (``previous``: the one before it)."""
-        if previous is None or previous not in self.layout.ends_line:
+        layout = self.layout
+        if self._split is not None and not layout.is_layout(token):
+            source, line_end, rest = self._split
+            if layout.core.get(token) == rest:
+                self.splits[source] = (line_end, token)
+            self._split = None
+        if self._line_start and not layout.is_layout(token):
+            self._line_start = False
+            if layout.core.get(token, "")[:1] in CLOSERS and self.opened:
+                self.opened.pop()
+        if previous is None or previous not in layout.ends_line:
             return
-        indent = token if self.layout.is_layout(token) else NO_INDENT
+        indent = token if layout.is_layout(token) else NO_INDENT
+        if previous in layout.opens_block and self.line_indent is not None:
+            self.deeper[self.line_indent] = indent
+            self.opened.append(self.line_indent)
         self.line_indent = indent
-        if previous in self.layout.opens_block:
-            self.after_opener[previous] = indent
+        self._line_start = layout.is_layout(token)
 
     def learn(self, sources: Sequence[int | None], drafts: Sequence[int], actual: Sequence[int]) -> None:
         """The answer's tokens ``actual`` after drafts restyled from ``sources``: at the first
-        rejected draft, learn the layout variant the answer wrote instead (if it is one)."""
+        rejected draft, learn the layout variant the answer wrote instead (if it is one): the
+        same token but for its trailing layout, or the token broken over a line end."""
+        layout = self.layout
         for source, draft, token in zip(sources, drafts, actual):
             if draft == token:
                 continue
-            if source is not None and self.layout.key(token) == self.layout.key(source):
-                if token == source:
-                    self.substitutes.pop(source, None)
-                else:
-                    self.substitutes[source] = token
+            if source is None:
+                return
+            if token == source:                       # the answer keeps the source's layout here
+                self.substitutes.pop(source, None)
+                self.splits.pop(source, None)
+            elif layout.key(token) == layout.key(source):
+                self.substitutes[source] = token
+            elif token in layout.ends_line:
+                whole, head = layout.core.get(source, ""), layout.core.get(token, "")
+                if whole.startswith(head) and whole != head:
+                    self._split = (source, token, whole[len(head):])   # resolved by what follows
             return
 
     def indent_after(self, line_end: int, current: int | None) -> int | None:
         """The indentation the answer would write after ``line_end`` (NO_INDENT: none; None:
-        unknown) when the line it ends is indented ``current``."""
+        unknown) when the line it ends is indented ``current`` (a sibling line, unless it
+        opens a block)."""
         if line_end in self.layout.opens_block:
-            return self.after_opener.get(line_end)
+            return self.deeper.get(current) if current is not None else None
         return current
 
-    def draft(self, tokens: Sequence[int], start: int, want: int, after_line_end: bool) -> Copy:
+    def draft(self, tokens: Sequence[int], start: int, want: int, after_line_end: bool,
+              head: int | None = None) -> Copy:
         """Up to ``want`` drafts copying ``tokens`` from ``start`` in the answer's layout.
         ``after_line_end``: the sequence's last token ended a line, so its indentation comes
-        first (nothing is drafted when it is unknown)."""
-        copy = Copy()
-        current = self.line_indent
-        if after_line_end and self._indent(tokens[-1], current, copy, start) is None:
+        first (nothing is drafted when it is unknown). ``head``: the rest of a source token the
+        answer broke over a line end, drafted first (the copy goes on from ``start``)."""
+        copy, lines = Copy(), _Lines(self, self.line_indent, list(self.opened))
+        following = head if head is not None else (tokens[start] if start < len(tokens) else None)
+        if after_line_end and not lines.indent(tokens[-1], following, copy, start, opened_here=False):
             return Copy()
+        if head is not None:
+            copy.add(head, None, start)
         at = start
         while len(copy.drafts) < want and at < len(tokens):
             source = tokens[at]
             at += 1
-            draft = self.substitutes.get(source, source)
+            split = self.splits.get(source)
+            draft = split[0] if split else self.substitutes.get(source, source)
             if draft != source and draft in self.layout.ends_line:    # a line end the source lacks
                 if at < len(tokens) and self.layout.is_layout(tokens[at]):
                     at += 1                                           # (the source's own layout)
                 copy.add(draft, source, at)
-                current = self._indent(draft, current, copy, at)
-                if current is None:
+                following = split[1] if split else (tokens[at] if at < len(tokens) else None)
+                if not lines.indent(draft, following, copy, at):
                     break
+                if split:
+                    copy.add(split[1], None, at)
             else:
                 copy.add(draft, source, at)
         return copy.cut(want)
 
-    def _indent(self, line_end: int, current: int | None, copy: "Copy", at: int) -> int | None:
-        """Add the indentation after ``line_end`` (nothing for NO_INDENT) and return it;
-        None (nothing added) when it is unknown."""
-        indent = self.indent_after(line_end, current)
-        if indent is not None and indent != NO_INDENT:
+
+@dataclass
+class _Lines:
+    """The indentation state while a draft runs on over line ends."""
+
+    restyle: Restyle
+    current: int | None
+    opened: list[int | None]
+
+    def indent(self, line_end: int, following: int | None, copy: "Copy", at: int, opened_here: bool = True) -> bool:
+        """Add the indentation of the line after ``line_end`` (which starts with ``following``);
+        False when it is unknown. ``opened_here``: ``line_end`` was drafted (the answer has not
+        yet seen it open its block)."""
+        layout = self.restyle.layout
+        if line_end in layout.opens_block:
+            if opened_here or not self.opened or self.opened[-1] != self.current:
+                indent = self.restyle.indent_after(line_end, self.current)
+                self.opened.append(self.current)
+            else:
+                indent = self.current
+        elif following is not None and layout.core.get(following, "")[:1] in CLOSERS:
+            indent = self.opened.pop() if self.opened else None
+        else:
+            indent = self.current
+        if indent is None:
+            return False
+        if indent != NO_INDENT:
             copy.add(indent, None, at)
-        return indent
+        self.current = indent
+        return True
 
 
 @dataclass

@@ -158,3 +158,25 @@ def test_an_exact_copy_is_continued_rather_than_jumping_to_the_latest_occurrence
     stale.propose()
     stale.extend([1, 2, 3])
     assert stale.propose() == [5, 20]                     # the most recent  2 3  was followed by 5
+
+
+# ... "v2"}, in the source; the answer closes the block on a line of its own:  "v2"\n  },\n
+SPLIT_VOCAB = {**JSON_VOCAB, '"},': 22, '"Ċ': 23, 'Ġ},Ċ': 24, 'k4': 25, '"': 26}
+SPLIT_SOURCE = [12, 1, 2, 3, 1, 4, 5, 1, 6, 3, 1, 7, 22, 1, 8, 3, 1, 9, 22, 1, 25, 3]
+
+
+def test_a_source_token_broken_over_a_line_end_is_followed_and_then_drafted_broken():
+    layout = layout_keys(SPLIT_VOCAB)
+    drafter = NgramDrafter(SPLIT_SOURCE, lengths=(3, 2), max_draft=8, layout=layout)
+    drafter.extend([11, 1, 2, 3])
+    drafter.propose()
+    drafter.extend([1, 4, 10, 11])                       # learns  ", -> ",\n  and the indentation
+    assert drafter.propose() == [1, 6, 3, 1, 7, 22, 1, 8]
+    drafter.extend([1, 6, 3, 1, 7, 23])                  # the answer breaks  "},  after its  "
+    assert drafter.propose() == []                       # (how it writes the rest: not known yet)
+    drafter.extend([11, 24])                             # ...  },\n : the copy was followed through it
+    n, drafts = drafter.match()
+    assert n == drafter.continuation
+    assert drafts == [11, 1, 8, 3, 1, 9, 23]             # the next  "},  drafted as the answer wrote it
+    # (then a closing line, whose indentation is the opener's line's: none opened here, so it stops)
+
