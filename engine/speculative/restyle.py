@@ -3,20 +3,23 @@ learned from the answer as it goes and applied to the copied tokens.
 
 Why: matching with layout skipped (:mod:`engine.speculative.layout`) finds where a
 pretty-printed answer is in a compact source, but the source's tokens carry the source's
-layout: its ``",`` is the answer's ``",\\n`` followed by an indentation token. So every line
-of the answer ended in a rejected draft, and the step after the line end drafted nothing (the
-indentation is not in the source): about three verify steps a line instead of one. Replaying
-the default model's answers to the two JSON prompts of ``data/speculative_prompts.json``
-through the drafter (k = 8, every draft checked against the answer): 2.46 -> 2.98 and 2.25 ->
-2.67 tokens per verify step.
+layout: its ``",`` is the answer's ``",\\n`` followed by an indentation token, its ``"},`` the
+answer's ``"\\n``, an indentation and `` },\\n``. So every line of the answer ended in a
+rejected draft, and the step after the line end drafted nothing (the indentation is not in the
+source). ``python -m bench.draft_replay`` (results/draft_replay.json) replays the default
+model's answers to the two JSON prompts of ``data/speculative_prompts.json`` through the
+drafter: 2.46 -> 4.00 and 2.25 -> 3.77 tokens per verify step with this module and the
+drafter's following of the copy (engine.speculative.ngram).
 
 What is learned, from accepted tokens only:
 - substitutions: where the answer rejected a draft ``s`` for ``t`` with the same key (the same
   token but for its trailing layout: ``",`` -> ``",\\n``), later drafts of ``s`` are ``t`` (and
   taken back if the answer later writes ``s`` where ``t`` was drafted);
-- the indentation: after a line end, the current line's indentation (the answer's most recent
-  line's), or after a line that opens a block (ends in ``{ [ ( :``) what followed the same
-  token last time.
+- splits: where the answer broke ``s`` over a line end (``"},`` -> ``"\\n`` ... `` },\\n``: the
+  texts without layout add up to ``s``'s), later drafts of ``s`` are broken the same way;
+- the indentation: after a line end, the current line's (a sibling line); after a line that
+  opens a block (ends in ``{ [ ( :``) the deeper one that followed an opener line indented
+  like this one; for a line that starts by closing a block, its opener line's (a stack).
 
 Text copied with its layout (code) never rejects a draft for a layout variant, so nothing is
 learned there and its drafts are the source's tokens, as before.
@@ -103,7 +106,7 @@ class Restyle:
         answer broke over a line end, drafted first (the copy goes on from ``start``)."""
         copy, lines = Copy(), _Lines(self, self.line_indent, list(self.opened))
         following = head if head is not None else (tokens[start] if start < len(tokens) else None)
-        if after_line_end and not lines.indent(tokens[-1], following, copy, start, opened_here=False):
+        if after_line_end and not lines.indent(tokens[-1], following, copy, start):
             return Copy()
         if head is not None:
             copy.add(head, None, start)
@@ -135,17 +138,14 @@ class _Lines:
     current: int | None
     opened: list[int | None]
 
-    def indent(self, line_end: int, following: int | None, copy: "Copy", at: int, opened_here: bool = True) -> bool:
+    def indent(self, line_end: int, following: int | None, copy: "Copy", at: int) -> bool:
         """Add the indentation of the line after ``line_end`` (which starts with ``following``);
-        False when it is unknown. ``opened_here``: ``line_end`` was drafted (the answer has not
-        yet seen it open its block)."""
+        False when it is unknown. (The answer's own state counts a block as open from the token
+        after its opener line's end on, so an opener is pushed here whether drafted or written.)"""
         layout = self.restyle.layout
         if line_end in layout.opens_block:
-            if opened_here or not self.opened or self.opened[-1] != self.current:
-                indent = self.restyle.indent_after(line_end, self.current)
-                self.opened.append(self.current)
-            else:
-                indent = self.current
+            indent = self.restyle.indent_after(line_end, self.current)
+            self.opened.append(self.current)
         elif following is not None and layout.core.get(following, "")[:1] in CLOSERS:
             indent = self.opened.pop() if self.opened else None
         else:
