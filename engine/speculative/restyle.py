@@ -108,9 +108,12 @@ class Restyle:
         following = head if head is not None else (tokens[start] if start < len(tokens) else None)
         if after_line_end and not lines.indent(tokens[-1], following, copy, start):
             return Copy()
-        if head is not None:
-            copy.add(head, None, start)
         at = start
+        if after_line_end:
+            while at < len(tokens) and self.layout.is_layout(tokens[at]):
+                at += 1                                   # the source's own indentation: replaced
+        if head is not None:
+            copy.add(head, None, at)
         while len(copy.drafts) < want and at < len(tokens):
             source = tokens[at]
             at += 1
