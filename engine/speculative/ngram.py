@@ -83,11 +83,11 @@ class NgramDrafter:
         self._indexes = [_KeyIndex(self.lengths, {})] + ([_KeyIndex(self.lengths, layout.keys)] if layout else [])
         self._index = self._indexes[0].index      # the exact one (tests look at its size)
         self.restyle = Restyle(layout) if layout and follow else None
-        self._answer_from: int | None = None     # set after the prompt: observed from there on
+        self._observing = False                   # the answer's tokens (after the prompt) teach restyle
         self._pending: _Proposal | None = None
         self._cursor: _Proposal | None = None    # the copy the answer follows (its start: where on)
         self.extend(tokens)
-        self._answer_from = len(self.tokens)
+        self._observing = True
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -103,7 +103,7 @@ class NgramDrafter:
         self.tokens.append(token)
         for index in self._indexes:
             index.add(token, len(self.tokens) - 1)
-        if self.restyle is not None and self._answer_from is not None:
+        if self.restyle is not None and self._observing:
             self.restyle.observe(self.tokens[-2] if len(self.tokens) > 1 else None, token)
 
     def extend(self, tokens: Iterable[int]) -> None:
