@@ -292,15 +292,37 @@ def read_scale(root: Path) -> Figures:
             for r in data["a"]["runs"]]
     figures = Figures(["CPU", "worker processes", "jobs/s (median)", "vs one worker"], rows, data["machine"],
                       data.get("command"))
-    kill, redis = data.get("c"), data.get("d")
+    kill = data.get("c")
     if kill:
         figures.notes.append(f"A worker killed: its jobs finished elsewhere within {num(kill['max_finished_after_kill_s'], 1)} s "
                              f"(lease {kill['lease_s']} s); all succeeded: {num(kill['all_succeeded'])}.")
-    if redis:
-        figures.notes.append(f"Redis: {num(redis['ops_per_event'], 2)} commands per streamed event, "
-                             f"{num(redis['ops_per_job_fixed'], 1)} per job, "
-                             f"{num(redis['idle_ops_per_s_one_worker'], 1)} per second from an idle worker.")
+    if (root / SCALE_ROUTING).exists():
+        figures.tables.append(scale_routing(load_json(root, SCALE_ROUTING)))
+    if (root / SCALE_REDIS).exists():
+        figures.tables.append(scale_redis(load_json(root, SCALE_REDIS)))
     return figures
+
+
+SCALE_ROUTING, SCALE_REDIS = "results/scale_routing.json", "results/scale_redis_cost.json"
+
+
+def scale_routing(data: dict[str, Any]) -> tuple[str, list[str], list[Row]]:
+    """Part (b): cache-aware routing off and on, two real-model workers."""
+    part = data["b"]
+    rows = [[mode, part[mode]["jobs"], num(100 * part[mode]["hit_share_repeats"], 0), num(part[mode]["ttft_p50_s"], 2),
+             num(part[mode]["ttft_p90_s"], 2), num(part[mode]["tokens_per_s"], 1)] for mode in ("off", "on")]
+    title = (f"Cache-aware routing, two real-model workers (`{clean_command(data['command'])}`; "
+             f"TTFT p50 {ratio(part['ttft_p50_ratio_off_over_on'], 1)} better with routing on)")
+    return title, ["routing", "jobs", "repeats hitting the cache %", "TTFT p50 s", "TTFT p90 s", "tokens/s"], rows
+
+
+def scale_redis(data: dict[str, Any]) -> tuple[str, list[str], list[Row]]:
+    """Part (d), one event per token: what a job and an event cost Redis."""
+    d = data["d"]
+    rows = [["per streamed event", num(d["ops_per_event"], 1), num(d["server_us_per_event"], 0), num(d["stream_bytes_per_event"], 0)],
+            ["per job (fixed part)", num(d["ops_per_job_fixed"], 1), num(d["server_us_per_job_fixed"], 0), num(d["job_hash_bytes"], 0)],
+            ["per second, one idle worker", num(d["idle_ops_per_s_one_worker"], 1), "-", "-"]]
+    return (f"Redis cost (`{clean_command(data['command'])}`)", ["", "commands", "Redis CPU us", "bytes"], rows)
 
 
 def read_soak(root: Path) -> Figures:
@@ -372,7 +394,8 @@ SECTIONS: tuple[Section, ...] = (
             "python -m bench.load", ("results/load.json", "results/load_kill.json"), read_load, ("results/load.png", "results/load_kill.png")),
     Section("scale", "Scaling out",
             "How does throughput grow with worker processes, and how fast do a dead worker's jobs move?",
-            "python -m bench.scale", ("results/scale.json",), read_scale, ("results/scale.png",)),
+            "python -m bench.scale", ("results/scale.json", "results/scale_routing.json", "results/scale_redis_cost.json"),
+            read_scale, ("results/scale.png", "results/scale_routing.png")),
     Section("soak", "Soak",
             "Over minutes of mixed and hostile traffic with a worker killed and Redis down, is any job lost or any answer a 500?",
             "python -m bench.soak --minutes 10", ("results/soak.json",), read_soak, ("results/soak.png",)),
