@@ -2,7 +2,7 @@
 size, content type, JSON syntax and nesting depth (so routes only ever see a parsed JSON
 body that nothing downstream can overflow the stack on).
 
-Public without a key: ``/healthz`` and the documentation (``/``, ``/docs``,
+Public without a key: ``/healthz``, ``/health`` and the documentation (``/``, ``/docs``,
 ``/openapi.json``, Swagger UI assets under ``/swagger``): they describe the API and hold
 no job data.
 """
@@ -18,7 +18,7 @@ from web.context import ctx
 from web.errors import ApiError
 from web.json_depth import JsonTooDeep, loads_bounded
 
-PUBLIC_PATHS = frozenset({"/", "/healthz", "/docs", "/openapi.json"})
+PUBLIC_PATHS = frozenset({"/", "/healthz", "/health", "/docs", "/openapi.json"})
 PUBLIC_PREFIXES = ("/swagger/", "/swagger", "/static/")
 EXTRA_PUBLIC_CONFIG = "MINISERVE_PUBLIC_PREFIXES"
 JSON_TYPES = ("application/json",)
