@@ -207,6 +207,10 @@ class ModelCard(BaseModel):
     owned_by: str
 
 
+class ModelPath(BaseModel):
+    model: str = Field(max_length=200, description="a model id, as GET /v1/models lists it")
+
+
 class ModelList(BaseModel):
     object: Literal["list"]
     data: list[ModelCard]
