@@ -133,3 +133,12 @@ def test_an_unknown_field_is_a_400_naming_it(client):
     response = client.post("/v1/chat/completions", json={"messages": USER, "min_p": 0.1})
     error = response.get_json()["error"]
     assert response.status_code == 400 and error["param"] == "min_p" and "unknown field" in error["message"]
+
+
+def test_docs_api_table_is_the_code_table():
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
+    section = text[text.index("### `POST /v1/chat/completions`: every request field"):]
+    section = section[:section.index("\n### ", 1)]
+    rows = dict(re.findall(r"^\| `([a-z_]+)` \| (honoured|no_effect|refused) \|", section, re.MULTILINE))
+    assert rows == {name: rule.kind for name, rule in CHAT_FIELDS.items()}
