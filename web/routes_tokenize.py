@@ -18,13 +18,13 @@ from web.context import ctx
 from web.errors import ApiError
 from web.openai.convert import stored_messages
 from web.openai.schemas import ChatMessage, ToolDef
-from web.routes_jobs import GUARD_ERRORS
+from web.routes_jobs import BODY_ERRORS, GUARD_ERRORS
 from web.schemas import ErrorResponse, Strict, json_int
 from web.tokenizer import load_tokenizer
 
 api = APIBlueprint("tokenize", __name__, abp_tags=[Tag(name="tokenizer", description="vLLM-compatible")])
 MAX_TOKENS = 1_000_000
-ERRORS = {422: ErrorResponse, 503: ErrorResponse, **GUARD_ERRORS}
+ERRORS = {**BODY_ERRORS, 503: ErrorResponse, **GUARD_ERRORS}
 
 
 class TokenizeRequest(Strict):
@@ -70,7 +70,11 @@ def tokenize(body: TokenizeRequest):
     tokenizer = _tokenizer()
     text = body.prompt if body.prompt is not None else _render(body)
     special = body.add_special_tokens if body.add_special_tokens is not None else body.prompt is not None
-    encoding = tokenizer.encode(text, add_special_tokens=special)
+    try:
+        encoding = tokenizer.encode(text, add_special_tokens=special)
+    except TypeError:  # text the tokenizer cannot take as UTF-8 (a lone surrogate)
+        name = "prompt" if body.prompt is not None else "messages"
+        raise ApiError(422, "validation_error", f"{name}: not valid Unicode text", field=name) from None
     return jsonify({"count": len(encoding.ids), "max_model_len": ctx().budget.context_length,
                     "tokens": list(encoding.ids), "token_strs": list(encoding.tokens) if body.return_token_strs
                     else None})

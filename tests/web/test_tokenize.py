@@ -3,6 +3,8 @@ model's tokenizer: the web's ids are the ids the worker builds (transformers' ch
 through engine/prompt.py)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from engine.prompt import build_prompt
@@ -73,6 +75,13 @@ def test_bad_tokenize_bodies_name_the_field(tclient, body, field):
 def test_bad_detokenize_bodies_name_the_field(tclient, tokens, field):
     response = tclient.post("/detokenize", json={"tokens": tokens})
     assert response.status_code == 422 and response.get_json()["error"]["field"] == field
+
+
+def test_a_lone_surrogate_is_a_422_not_a_crash(tclient):
+    for body, field in [({"prompt": "a\ud800b"}, "prompt"),
+                        ({"messages": [{"role": "user", "content": "a\ud800b"}]}, "messages")]:
+        response = tclient.post("/tokenize", data=json.dumps(body), content_type="application/json")
+        assert response.status_code == 422 and response.get_json()["error"]["field"] == field
 
 
 def test_without_a_tokenizer_it_is_a_503(make_app, tmp_path):
