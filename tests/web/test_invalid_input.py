@@ -154,3 +154,18 @@ def test_key_builders_refuse_what_is_not_a_job_id():
         for build in (keys.JobId, keys.job_key, keys.events_key, keys.live_channel, keys.cancel_key):
             with pytest.raises(keys.InvalidJobId):
                 build(bad)
+
+
+def test_the_body_is_parsed_once(client, celery, monkeypatch):
+    """The guard's parse is the one routes get (flask-openapi3 does not parse the bytes again)."""
+    import json as json_module
+    real_loads, seen = json_module.loads, []
+
+    def counting_loads(text, *args, **kwargs):
+        if "parsed-once" in (text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)):
+            seen.append(text)
+        return real_loads(text, *args, **kwargs)
+
+    monkeypatch.setattr(json_module, "loads", counting_loads)
+    response = client.post("/jobs", data=json.dumps({"prompt": "parsed-once"}), content_type="application/json")
+    assert response.status_code == 202 and len(seen) == 1
