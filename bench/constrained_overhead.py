@@ -29,8 +29,7 @@ from typing import Any
 import torch
 
 from bench.grammar_cases import CALCULATOR, ORDER, SEARCH, WEATHER
-from bench.machine import machine_summary
-from bench.stats import print_table, write_csv, write_json
+from bench.stats import machine_summary, print_table, pyplot, write_csv, write_json
 from core import grammar
 from core.grammar import ToolSpec
 from engine.constrained.matcher import TokenConstraint
@@ -128,11 +127,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def plot(summary: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.5))
     labels = [f"{s['mode']}\n{s['variant']}" for s in summary]
     ax.bar(labels, [100 * s["grammar_share_median"] for s in summary], color="tab:orange")
