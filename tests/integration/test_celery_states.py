@@ -11,7 +11,7 @@ import time
 import pytest
 from celery import Celery
 
-from bench.stack import wait_until
+from tests.harness.stack import wait_until
 from core.events import CANCELLED, FAILED, SUCCEEDED, TIMEOUT
 from tests.integration.conftest import (
     gen_request, sleep_until_tokens, submit, wait_for_worker, wait_terminal,

@@ -21,7 +21,7 @@ import redis
 from core.jobs import JobStore
 from core.redis_conn import client_for, parse_redis_url
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:

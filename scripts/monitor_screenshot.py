@@ -2,7 +2,7 @@
 a Chinese and an English generation, a prefix-cache hit, an agent job, then the page with
 the agent job's detail open, in Debian's headless Chromium.
 
-    python -m bench.monitor_screenshot [--output results/monitor.png]
+    python -m scripts.monitor_screenshot [--output results/monitor.png]
 """
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import requests
 
-from bench.stack import Stack, start_redis, job_store, wait_until
 from core.events import TERMINAL_STATES
 from core.workers import list_workers
+from tests.harness.stack import Stack, start_redis, job_store, wait_until
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]

@@ -1,4 +1,4 @@
-"""A small HTTP client for MiniServe used by benchmarks: submit jobs and follow their SSE."""
+"""A small HTTP client for MiniServe used by the tests and benchmarks: submit jobs and follow their SSE."""
 from __future__ import annotations
 
 import json

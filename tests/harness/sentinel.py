@@ -1,6 +1,6 @@
 """A local Redis Sentinel set-up from real processes: one master, one replica, three sentinels.
 
-Used by the failover test (tests/scale) and usable by hand (``python -m bench.sentinel``
+Used by the failover test (tests/scale) and usable by hand (``python -m tests.harness.sentinel``
 prints the URL and waits). Timeouts are short (down after 1 s) so a failover completes in
 a few seconds; production values are in docs/deployment.md.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import redis
 
-from bench.stack import Process, free_port, spawn, start_redis, wait_until
+from tests.harness.stack import Process, free_port, spawn, start_redis, wait_until
 
 MASTER_NAME = "mymaster"
 DOWN_AFTER_MS = 1000
