@@ -70,11 +70,7 @@ def tokenize(body: TokenizeRequest):
     tokenizer = _tokenizer()
     text = body.prompt if body.prompt is not None else _render(body)
     special = body.add_special_tokens if body.add_special_tokens is not None else body.prompt is not None
-    try:
-        encoding = tokenizer.encode(text, add_special_tokens=special)
-    except TypeError:  # text the tokenizer cannot take as UTF-8 (a lone surrogate)
-        name = "prompt" if body.prompt is not None else "messages"
-        raise ApiError(422, "validation_error", f"{name}: not valid Unicode text", field=name) from None
+    encoding = tokenizer.encode(text, add_special_tokens=special)  # lone surrogates: refused by web.guards
     return jsonify({"count": len(encoding.ids), "max_model_len": ctx().budget.context_length,
                     "tokens": list(encoding.ids), "token_strs": list(encoding.tokens) if body.return_token_strs
                     else None})

@@ -78,8 +78,9 @@ def test_bad_detokenize_bodies_name_the_field(tclient, tokens, field):
 
 
 def test_a_lone_surrogate_is_a_422_not_a_crash(tclient):
+    """The tokenizer cannot take one (TypeError); the body guard refuses it first."""
     for body, field in [({"prompt": "a\ud800b"}, "prompt"),
-                        ({"messages": [{"role": "user", "content": "a\ud800b"}]}, "messages")]:
+                        ({"messages": [{"role": "user", "content": "a\ud800b"}]}, "messages.0.content")]:
         response = tclient.post("/tokenize", data=json.dumps(body), content_type="application/json")
         assert response.status_code == 422 and response.get_json()["error"]["field"] == field
 
