@@ -40,6 +40,7 @@ from core.logs import log_event
 from engine.batching.service import PagedService
 from engine.constrained import token_constraint
 from engine.handwritten import forward_for
+from engine.model_engine import ModelEngine
 from engine.openmp import release_thread_team
 from engine.run import GenerationRun
 from engine.solo import SoloTask
@@ -171,7 +172,7 @@ class _Call:
 
 
 class EngineLoop:
-    """The owner thread of one :class:`~engine.engine.Engine`'s state (see the module doc).
+    """The owner thread of one :class:`~engine.model_engine.ModelEngine`'s state (see the module doc).
 
     ``paged`` may be a ready :class:`~engine.batching.service.PagedService` (benchmarks
     compare pool settings in extra loops over one engine; such a loop must be given one);
@@ -179,7 +180,7 @@ class EngineLoop:
     thread, on first use.
     """
 
-    def __init__(self, engine: Any, paged: Any = None) -> None:
+    def __init__(self, engine: ModelEngine, paged: PagedService | None = None) -> None:
         self.engine = engine
         self._paged = paged
         self._inbox: queue.SimpleQueue[_Job | _Call | None] = queue.SimpleQueue()
@@ -236,7 +237,7 @@ class EngineLoop:
         return self.post(fn).result(timeout)
 
     @property
-    def paged(self) -> Any:
+    def paged(self) -> PagedService:
         """The paged service (built on first use). Loop thread only, or before it starts."""
         self.check_owner()
         if self._paged is None:
