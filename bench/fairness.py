@@ -1,6 +1,6 @@
 """Loop fairness: does a ``paged`` stream keep its pace while every other method runs?
 
-    python -m bench.fairness [--new-tokens 128] [--model default] [--dtype bfloat16]
+    python -m bench.fairness [--new-tokens 128] [--model default] [--dtype bfloat16] [--threads 0]
 
 One ``paged`` job streams while one job of each other method (``official``, ``no_cache``,
 ``custom_cache``, ``prefix_cache``) runs ``--new-tokens`` tokens on the same engine loop.
@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.stats import finish_plot, machine_info, print_table, write_csv, write_json
+from bench.stats import machine_info, print_table, pyplot, write_csv, write_json
 from core.settings import load_settings
 
 SOLO_METHODS = ("official", "no_cache", "custom_cache", "prefix_cache")
@@ -52,11 +53,7 @@ def _rows(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _plot(arrivals: list[float], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     gaps = [(b - a) * 1000 for a, b in zip(arrivals, arrivals[1:])]
     fig, ax = plt.subplots(figsize=(8, 4))
     ax.plot(range(1, len(gaps) + 1), gaps, label="paged gap between pieces (ms)")
@@ -64,7 +61,16 @@ def _plot(arrivals: list[float], path: Path) -> None:
     ax.set_xlabel("streamed piece")
     ax.set_ylabel("ms")
     ax.set_title("paged stream while official, no_cache, custom_cache, prefix_cache run")
-    finish_plot(fig, ax, path)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,12 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--model", default="default")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--out", default="results")
     args = parser.parse_args(argv)
 
     from engine.engine import Engine
 
-    engine = Engine(load_settings(model=args.model, dtype=args.dtype))
+    engine = Engine(load_settings(model=args.model, dtype=args.dtype, threads=args.threads))
     engine.load()
     for method in ("paged", *SOLO_METHODS):  # first-use costs (forward, pool, generate) out of the mix
         engine.generate(_request(method, 4))
@@ -89,16 +96,21 @@ def main(argv: list[str] | None = None) -> int:
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
     median, largest = statistics.median(gaps), max(gaps)
     rows = _rows(results)
-    summary = {"paged_pieces": len(arrivals), "median_gap_ms": round(median * 1000, 1),
-               "max_gap_ms": round(largest * 1000, 1), "max_over_median": round(largest / median, 2),
-               "target_max_over_median": TARGET_RATIO, "mix_wall_s": round(wall_s, 1),
-               "new_tokens": args.new_tokens, "quant": engine.loaded.quant, "dtype": args.dtype}
+    summary: dict[str, Any] = {
+        "paged_median_gap_ms": round(median * 1000, 1), "paged_max_gap_ms": round(largest * 1000, 1),
+        "max_gap_over_median": round(largest / median, 2), "target_max_over_median": TARGET_RATIO,
+        "paged_pieces": len(arrivals), "new_tokens_per_job": args.new_tokens, "mix_wall_s": round(wall_s, 1),
+        "quant": engine.loaded.quant, "dtype": args.dtype, "threads": torch_threads()}
+    summary.update({row["method"]: f"TTFT {row['ttft_s']} s, {row['decode_tok_s']} tok/s, {row['completion_tokens']} tokens"
+                    for row in rows})
     print_table(rows, list(rows[0]))
-    print({k: summary[k] for k in ("median_gap_ms", "max_gap_ms", "max_over_median", "mix_wall_s")})
+    print({k: summary[k] for k in ("paged_median_gap_ms", "paged_max_gap_ms", "max_gap_over_median", "mix_wall_s")})
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "fairness.json", {"machine": machine_info(), "summary": summary, "methods": rows})
+    command = "python -m bench.fairness " + " ".join(sys.argv[1:] if argv is None else argv)
+    write_json(out / "fairness.json", {"command": command.strip(), "machine": machine_info(),
+                                       "summary": summary, "methods": rows})
     write_csv(out / "fairness.csv", rows)
     _plot(arrivals, out / "fairness.png")
     return 0

@@ -142,11 +142,15 @@ class ModelEngine:
 
     def local_stats(self) -> dict[str, Any]:
         """Counters per cache; read on the loop thread, which publishes them in its snapshot."""
-        out: dict[str, Any] = {"requests": self.requests, "model_loaded": self.is_loaded}
+        out = self._basics()
         for key, obj in list(self._state.items()):
             if hasattr(obj, "stats"):
                 out[key] = obj.stats()
         return out
 
     def stats(self) -> dict[str, Any]:
+        """For any thread: no live cache state (:class:`~engine.engine.Engine` adds its loop's snapshot)."""
+        return self._basics()
+
+    def _basics(self) -> dict[str, Any]:
         return {"requests": self.requests, "model_loaded": self.is_loaded}
