@@ -24,7 +24,8 @@ from core.settings import load_settings
 SOLO_METHODS = ("official", "no_cache", "custom_cache", "prefix_cache")
 TARGET_RATIO = 3.0
 PREFIX = "You are MiniServe's assistant. Answer in plain sentences."
-QUESTION = "Explain how a web service can stream the answer of a language model to many users at once."
+QUESTION = ("Write a long, detailed essay of at least 400 words on how a web service can stream the "
+            "answer of a language model to many users at once.")  # long: every job runs its whole budget
 
 
 def _request(method: str, tokens: int) -> Any:
