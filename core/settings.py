@@ -52,7 +52,7 @@ class Settings(BaseSettings):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     # auto: the quality-matched low-bit plan on CPU, none on CUDA (docs/quantization.md).
-    quant: Literal["auto", "none", "mixed", "q8", "int8", "int4"] = "auto"
+    quant: Literal["auto", "none", "q8"] = "auto"
     threads: int = Field(default=0, ge=0)  # 0 = torch's default
 
     # Web server.

@@ -102,7 +102,7 @@ def apply_threads(settings: Settings) -> None:
         torch.set_num_threads(settings.threads)
 
 
-def apply_quant(model: Any, setting: str, device: Any, source: str, tokenizer: Any = None,
+def apply_quant(model: Any, setting: str, device: Any, source: str,
                 table_dir: Path | None = None) -> str:
     """Quantize per ``MINISERVE_QUANT``; returns what runs, as ``Engine.info`` shows it.
 
@@ -119,7 +119,7 @@ def apply_quant(model: Any, setting: str, device: Any, source: str, tokenizer: A
             return label
         return label + _unpacked_note(model, device)
     try:
-        quantize_model(model, plan, source=source, tokenizer=tokenizer, table_dir=table_dir)
+        quantize_model(model, plan, source=source, table_dir=table_dir)
     except QuantKernelError as exc:
         if setting != "auto":
             raise ModelLoadError(f"{exc}. MINISERVE_QUANT must be one of {', '.join(QUANT_CHOICES)}; "
@@ -178,7 +178,7 @@ def load_model(settings: Settings) -> LoadedModel:
                   model_type=getattr(model.config, "model_type", None))
     model.to(device).eval()
     torch.set_grad_enabled(False)
-    quant = apply_quant(model, settings.quant, device, source, tokenizer, Path(settings.cache_dir) / "tables")
+    quant = apply_quant(model, settings.quant, device, source, Path(settings.cache_dir) / "tables")
     load_s = time.perf_counter() - started
     log_event(logger, "model_loaded", model=name, device=str(device), dtype=str(dtype).replace("torch.", ""),
               quant=quant, latency_ms=int(load_s * 1000))
