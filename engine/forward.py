@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 import torch.nn.functional as F
 
-from engine import exact_ops, fused as fused_ops
+from engine import fused as fused_ops
 from engine.weights import ForwardConfig, Qwen2Weights
 
 Positions = int | torch.Tensor
@@ -98,9 +98,6 @@ class Qwen2Forward:
 
             fused = fused_for(weights)
         self.fused = fused
-        # a forward that keeps torch's bits may still run the operations C reproduces bit for
-        # bit (engine.exact_ops: checked once per process on this model's widths)
-        self.exact = exact_ops.NONE if fused else exact_ops.exact_ops_for(weights)
         self.c_attention = fused_ops.attention_like_torch()
         # a decode or verify step of one sequence in one C call where every piece of it runs in C
         # (engine.quant.step); benchmarks turn it off to time the per-operation path beside it
@@ -127,8 +124,6 @@ class Qwen2Forward:
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self.fused:
             return fused_ops.rms_norm(x, weight, self.config.rms_eps)
-        if self.exact.norm_rotary:
-            return fused_ops.rms_norm(x, weight, self.config.rms_eps, exact_ops.SUM_LANES)
         return rms_norm(x, weight, self.config.rms_eps)
 
     def hidden(self, input_ids: torch.Tensor, cache: AttentionCache) -> torch.Tensor:
@@ -154,7 +149,7 @@ class Qwen2Forward:
         k sit side by side in qkv: both heads-sets rotate in one pass (in place when fused)."""
         cfg = self.config
         heads, k_end = cfg.num_heads + cfg.num_kv_heads, cfg.q_size + cfg.kv_size
-        if self.fused or self.exact.norm_rotary:
+        if self.fused:
             fused_ops.rotary_(qkv, heads, cfg.head_dim, cos, sin)
             qk = qkv[:, :k_end].view(n, heads, cfg.head_dim)
         else:
@@ -162,7 +157,7 @@ class Qwen2Forward:
         return qk[:, :cfg.num_heads], qk[:, cfg.num_heads:]
 
     def _silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        if self.fused or self.exact.silu:
+        if self.fused:
             return fused_ops.silu_mul(gate_up)
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate).mul_(up)

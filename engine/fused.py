@@ -65,14 +65,13 @@ def _library() -> Any:
     return native.library()
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, lanes: int | None = None) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of the rows of a contiguous bf16 ``x [n, dim]`` (as engine.forward.rms_norm; bit
-    for bit where torch's vectors hold 8 floats, :func:`torch_sum_lanes`). ``lanes``: the sum
-    order (default :func:`torch_sum_lanes`; engine.exact_ops passes torch's own)."""
+    for bit where torch's vectors hold 8 floats, :func:`torch_sum_lanes`)."""
     x = x.contiguous()
     out = torch.empty_like(x)
     _library().ms_rms_norm_bf16(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // x.shape[-1],
-                                x.shape[-1], eps, torch_sum_lanes() if lanes is None else lanes)
+                                x.shape[-1], eps, torch_sum_lanes())
     return out
 
 
