@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.packed import PackedLinear, packing_available
-from engine.quant import q8, quantize_linear
+from engine.quant import q8
+from engine.quant.layer import quantize_linear
 from engine.quant.layer import QuantizedLinear
 from engine.weights import Linear
 

@@ -35,7 +35,8 @@ def measure(quant: str, threads: int, model: str) -> dict:
     from core.settings import load_settings
     from engine.engine import Engine
     from engine.loader import load_model
-    from engine.quant import forward_weights, full_weight_bytes, quantized_bytes
+    from engine.quant.model import forward_weights, quantized_bytes
+    from engine.quant.restore import full_weight_bytes
     from engine.types import GenerationRequest, SamplingParams
 
     before = rss_mb()

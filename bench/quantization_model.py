@@ -23,8 +23,8 @@ from engine.engine import Engine
 from engine.openmp import release_thread_team
 from engine.forward import Qwen2Forward
 from engine.loader import load_model
-from engine.packed import pack_weights, packing_available
-from engine.quant import bytes_per_token, quantize_weights
+from engine.packed import packing_available
+from engine.quant.model import bytes_per_token, pack_weights, quantize_weights
 from engine.types import GenerationRequest, SamplingParams
 from engine.weights import fuse_projections
 

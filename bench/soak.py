@@ -44,7 +44,7 @@ from bench.client import iter_sse
 from bench.load import tiny_model
 from bench.stack import Process, Stack, free_port, start_redis, wait_until
 from bench.soak_report import attempt_intervals, check_jobs, concurrent_attempts, plot, summarize
-from bench.job_bytes import cpu_model
+from bench.stats import cpu_model
 from bench.stats import machine_info, write_json
 from core.events import TERMINAL_EVENTS
 from core.jobs import JobStore

@@ -18,19 +18,33 @@ RMSNorm in float32, rotary tables computed in float32 and cast to the model dtyp
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+import logging
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
+from core.logs import log_event
 from engine import fused as fused_ops
+from engine.quant.model import exact_attention
+from engine.quant.step import DecodeStep
 from engine.weights import ForwardConfig, Qwen2Weights
 
+logger = logging.getLogger("miniserve.engine.forward")
 Positions = int | torch.Tensor
 _UNBUILT = object()
 
-if TYPE_CHECKING:
-    from engine.quant.step import DecodeStep
+
+def fused_for(weights: Any) -> bool:
+    """Whether a forward over ``weights`` runs the fused operations (engine.fused): quantized
+    (not exact) bf16 weights on CPU, with the native library loadable (said loudly when not)."""
+    if weights.dtype != torch.bfloat16 or weights.device.type != "cpu" or exact_attention(weights):
+        return False
+    reason = fused_ops.unavailable()
+    if reason is not None:  # no compiler, odd platform: torch's ops instead
+        log_event(logger, "fused_ops_unavailable", level=logging.WARNING, reason=reason)
+        return False
+    return True
 
 
 class AttentionCache(Protocol):
@@ -94,8 +108,6 @@ class Qwen2Forward:
         self.config = weights.config
         self.rotary = RotaryTable(self.config, weights.dtype, weights.device)
         if fused is None:
-            from engine.fused import fused_for
-
             fused = fused_for(weights)
         self.fused = fused
         self.c_attention = fused_ops.attention_like_torch()
@@ -111,8 +123,6 @@ class Qwen2Forward:
         if not (self.fused_attention and self.one_call_step):
             return None
         if self._decode_step is _UNBUILT:
-            from engine.quant.step import DecodeStep
-
             self._decode_step = DecodeStep(self.weights) if DecodeStep.supports(self.weights) else None
         return self._decode_step
 

@@ -30,7 +30,7 @@ from engine.speculative.contiguous import speculative_decode_loop
 from engine.speculative.counters import spec_counters
 from engine.speculative.policy import SpecState
 from engine.types import GenerationRequest
-from engine.quant import exact_attention, forward_weights
+from engine.quant.model import exact_attention, forward_weights
 
 
 def forward_for(engine: Any) -> Qwen2Forward:

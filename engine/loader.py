@@ -110,7 +110,9 @@ def apply_quant(model: Any, setting: str, device: Any, source: str,
     variable and the choices. ``auto`` never fails the start, but a fallback to ``none`` is
     said loudly: a WARNING log event and ``none (auto: ...)`` on ``/workers``. ``table_dir``:
     where a quantized embedding table is kept as a mapped file (only rows in use resident)."""
-    from engine.quant import QUANT_CHOICES, QuantKernelError, pack_model, quantize_model, resolve_quant
+    from engine.quant.plan import QUANT_CHOICES, resolve_quant
+    from engine.quant.kernels import QuantKernelError
+    from engine.quant.model import pack_model, quantize_model
 
     plan = resolve_quant(setting, device.type, getattr(model, "dtype", None))
     if plan == "none":

@@ -31,7 +31,7 @@ from engine.quant.kernels import check_kernels
 from engine.quant.layer import QuantizedEmbedding, QuantizedLinear, quantize_linear
 from engine.quant.q8 import GROUP
 from engine.quant.plan import CLASSES, PLANS, PROJECTIONS, QUANT_CHOICES, QuantPlan
-from engine.packed import PackedLinear, pack_weights, packing_available, release_freed_memory
+from engine.packed import PackedLinear, packing_available, release_freed_memory
 from engine.quant.restore import free_full_weights, restore_full_weights
 from engine.quant.source import StoredWeights
 from engine.weights import Linear, Qwen2Weights, fuse_projections
@@ -142,6 +142,17 @@ def quantize_model(model: Any, mode: QuantPlan | str, free_full: bool = True, so
               freed_mb=round(summary.freed_bytes / 2**20, 1), latency_ms=int(summary.seconds * 1000),
               formats=summary.formats)
     return summary
+
+
+def pack_weights(weights: Qwen2Weights) -> Qwen2Weights:
+    """A copy of ``weights`` whose full-precision projections and lm_head are packed (norms and
+    the embedding shared); anything that is not a plain :class:`Linear` is kept as it is."""
+    def pack(projection):
+        return PackedLinear.from_linear(projection) if isinstance(projection, Linear) else projection
+
+    layers = [dataclasses.replace(layer, **{p: pack(getattr(layer, p)) for p in _PROJECTIONS})
+              for layer in weights.layers]
+    return dataclasses.replace(weights, layers=layers, lm_head=pack(weights.lm_head))
 
 
 def pack_model(model: Any, source: str | None) -> int:

@@ -9,7 +9,7 @@ from core.settings import load_settings
 from engine.forward import Qwen2Forward
 from engine.kv_cache import ContiguousKVCache
 from engine.loader import load_model
-from engine.quant import quantize_weights
+from engine.quant.model import quantize_weights
 from engine.weights import fuse_projections
 
 
@@ -47,7 +47,7 @@ def test_agreement_measures(quant_model_dir):
 
 
 def test_bytes_per_token_counts_what_a_step_reads(quant_model_dir):
-    from engine.quant import bytes_per_token, quantized_bytes
+    from engine.quant.model import bytes_per_token, quantized_bytes
 
     loaded = load_model(load_settings(model=str(quant_model_dir), dtype="bfloat16", device="cpu", quant="none"))
     weights = fuse_projections(loaded.model)

@@ -10,8 +10,9 @@ from core.settings import SettingsError, load_settings
 from engine.engine import Engine
 from engine.forward import Qwen2Forward
 from engine.kv_cache import NoCache
-from engine.quant import (QuantizedLinear, exact_attention, forward_weights, full_weight_bytes, quantize_model,
-                          quantize_weights)
+from engine.quant.layer import QuantizedLinear
+from engine.quant.model import exact_attention, forward_weights, quantize_model, quantize_weights
+from engine.quant.restore import full_weight_bytes
 from engine.types import GenerationRequest, SamplingParams
 from engine.weights import fuse_projections
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.quant import quantize_linear
+from engine.quant.layer import quantize_linear
 
 # Relative error of a whole layer's output (norm of difference / norm of reference) for
 # Gaussian weights: q8 (int8 in groups of 32) keeps well under 1%. The bound leaves room.

@@ -10,7 +10,10 @@ from core.settings import load_settings
 from engine.engine import Engine
 from engine.handwritten import forward_for
 from engine.loader import ModelLoadError, load_model
-from engine.quant import QUANT_CHOICES, QuantKernelError, forward_weights, full_weight_bytes, resolve_quant
+from engine.quant.plan import QUANT_CHOICES, resolve_quant
+from engine.quant.kernels import QuantKernelError
+from engine.quant.model import forward_weights
+from engine.quant.restore import full_weight_bytes
 from engine.quant.mapped import resident_bytes
 from engine.types import GenerationRequest, SamplingParams
 

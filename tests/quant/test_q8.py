@@ -313,10 +313,13 @@ def test_the_prefill_path_is_measured_once_and_keeps_the_gemm_only_where_it_wins
     assert prefill_choice.gemm_wins(kernel_ms=10.0, gemm_ms=8.0)
     assert not prefill_choice.gemm_wins(kernel_ms=10.0, gemm_ms=9.5)     # within the margin: the kernel
     assert not prefill_choice.gemm_wins(kernel_ms=8.0, gemm_ms=10.0)
-    timings = prefill_choice.measure()                                  # real timings, both paths run
+    ran = []
+    timings = prefill_choice.measure(lambda: ran.append("kernel"), lambda: ran.append("gemm"))
     assert timings["kernel_ms"] > 0 and timings["gemm_ms"] > 0
+    assert ran.count("kernel") == ran.count("gemm") == 1 + prefill_choice.REPEATS   # warm-up, then interleaved
     calls = []
-    monkeypatch.setattr(prefill_choice, "measure", lambda: calls.append(1) or {"kernel_ms": 9.0, "gemm_ms": 3.0})
+    monkeypatch.setattr(prefill_choice, "measure",
+                        lambda kernel, gemm: calls.append(1) or {"kernel_ms": 9.0, "gemm_ms": 3.0})
     q8._bf16_gemm_wins.cache_clear()
     try:
         assert q8._bf16_gemm_wins() and q8._bf16_gemm_wins() and calls == [1]

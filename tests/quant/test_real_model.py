@@ -7,7 +7,8 @@ from bench.quantization_quality import teacher_forced
 from core.settings import load_settings
 from engine.engine import Engine
 from engine.forward import Qwen2Forward
-from engine.quant import q8, quantize_weights
+from engine.quant import q8
+from engine.quant.model import quantize_weights
 from engine.types import GenerationRequest, SamplingParams
 from engine.weights import fuse_projections
 

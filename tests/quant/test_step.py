@@ -9,7 +9,8 @@ from core.settings import load_settings
 from engine.engine import Engine
 from engine.forward import Qwen2Forward
 from engine.kv_cache import ContiguousKVCache
-from engine.quant import q8, quantize_weights
+from engine.quant import q8
+from engine.quant.model import quantize_weights
 from engine.quant.step import DecodeStep
 from engine.weights import fuse_projections
 
