@@ -20,6 +20,11 @@ from typing import Any
 from core.logs import log_event
 from core.model_source import local_model_dir, names_a_folder, served_model_name
 from core.settings import DEFAULT_MODEL, Settings
+from engine.packed import packing_available
+from engine.prepare_default import prepare_default_model
+from engine.quant.kernels import QuantKernelError
+from engine.quant.model import pack_model, quantize_model
+from engine.quant.plan import QUANT_CHOICES, resolve_quant
 
 logger = logging.getLogger("miniserve.engine.loader")
 
@@ -82,8 +87,6 @@ def resolve_model_path(settings: Settings) -> tuple[str, str]:
     """(display name, what from_pretrained gets): the prepared default folder, a folder or an id."""
     name = served_model_name(settings)
     if settings.model == DEFAULT_MODEL:
-        from engine.prepare_default import prepare_default_model
-
         return name, str(prepare_default_model(settings))
     folder = local_model_dir(settings)
     if folder is not None:
@@ -110,10 +113,6 @@ def apply_quant(model: Any, setting: str, device: Any, source: str,
     variable and the choices. ``auto`` never fails the start, but a fallback to ``none`` is
     said loudly: a WARNING log event and ``none (auto: ...)`` on ``/workers``. ``table_dir``:
     where a quantized embedding table is kept as a mapped file (only rows in use resident)."""
-    from engine.quant.plan import QUANT_CHOICES, resolve_quant
-    from engine.quant.kernels import QuantKernelError
-    from engine.quant.model import pack_model, quantize_model
-
     plan = resolve_quant(setting, device.type, getattr(model, "dtype", None))
     if plan == "none":
         label = "none (auto)" if setting == "auto" else "none"
@@ -135,8 +134,6 @@ def _unpacked_note(model: Any, device: Any) -> str:
     """Where packing should have applied (bf16 on CPU) but did not: say so in the log and on
     ``/workers`` -- the plain path is about half as fast (issue 12: no silent slow code)."""
     import torch
-
-    from engine.packed import packing_available
 
     if device.type != "cpu" or getattr(model, "dtype", None) != torch.bfloat16:
         return ""

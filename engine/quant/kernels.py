@@ -9,6 +9,8 @@ import functools
 
 import torch
 
+from engine.quant import native, q8
+
 
 class QuantKernelError(RuntimeError):
     """The quantized matmul kernel a setting needs is missing or broken on this machine."""
@@ -32,8 +34,6 @@ def _check_q8() -> None:
     """Build (or find) our C kernel, insist on a vector path (AVX512-VNNI or AVX2: the portable
     C loop is correct but slower than bf16, and running it silently would be slow code nobody
     chose), and compare it with the dequantized matmul."""
-    from engine.quant import native, q8
-
     try:
         path = native.vector_path()
     except native.NativeBuildError as exc:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.quant import native
 from engine.speculative.policy import SpecConfig
 
 
@@ -30,9 +31,7 @@ def row_cost(weights: Any) -> float:
     the kernel's vector path on this CPU)."""
     if getattr(getattr(weights, "lm_head", None), "mode", None) not in ("q8", "q5"):
         return ROW_COST_BF16
-    from engine.quant.native import vector_path
-
-    return ROW_COST_Q8_BY_PATH[vector_path()]
+    return ROW_COST_Q8_BY_PATH[native.vector_path()]
 
 
 def spec_config(settings: Any, requested: bool | None, weights: Any = None) -> SpecConfig | None:
