@@ -56,6 +56,8 @@ LAYER_OF = {
     "engine.official": 3,
     "engine.batching": 3,
     "engine.loop": 4,
+    "engine.solo": 4,                  # the loop's non-batched requests, resumed a token at a time
+    "engine.model_engine": 4,          # the loaded model and its method table
     "engine.engine": 4,
     "engine.methods": 4,
 }
