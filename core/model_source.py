@@ -1,22 +1,44 @@
 """Where the served model's files are and what it is called: one answer for every room.
 
-``MINISERVE_MODEL`` is ``default`` (the bundled Qwen2.5-Coder-0.5B-Instruct, prepared once
-into ``<cache_dir>/models/<name>``), a local folder, or a Hugging Face hub id. The engine
-loads from here, the web counts prompt tokens with the tokenizer found here (it never
-imports the engine), and the OpenAI routes name the model the same way.
+``MINISERVE_MODEL`` is a bundled model's name (``default``: Qwen2.5-Coder-0.5B-Instruct;
+``smollm2-135m``: SmolLM2-135M-Instruct), prepared once into ``<cache_dir>/models/<name>``;
+the path of a ``.gguf`` file, prepared once into ``<cache_dir>/models/gguf-<sha256>``; a
+local folder; or a Hugging Face hub id. The engine loads from here, the web counts prompt
+tokens with the tokenizer found here (it never imports the engine), and the OpenAI routes
+name the model the same way.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+from core.file_digest import file_sha256
 from core.settings import DEFAULT_MODEL, Settings
 
 DEFAULT_MODEL_NAME = "qwen2.5-coder-0.5b-instruct"
+SMOLLM2_MODEL = "smollm2-135m"
+# MINISERVE_MODEL value -> the name clients see and the prepared folder's name.
+BUNDLED_MODELS = {DEFAULT_MODEL: DEFAULT_MODEL_NAME, SMOLLM2_MODEL: "smollm2-135m-instruct"}
+
+
+def bundled_model_dir(cache_dir: Path | str, model: str) -> Path:
+    """Where a bundled model (a key of :data:`BUNDLED_MODELS`) is prepared."""
+    return Path(cache_dir) / "models" / BUNDLED_MODELS[model]
 
 
 def default_model_dir(cache_dir: Path | str) -> Path:
     """Where the prepared default model lives."""
-    return Path(cache_dir) / "models" / DEFAULT_MODEL_NAME
+    return bundled_model_dir(cache_dir, DEFAULT_MODEL)
+
+
+def names_gguf_file(settings: Settings) -> bool:
+    """``MINISERVE_MODEL`` is the path of a GGUF file (it need not exist: that is a load error)."""
+    return settings.model.lower().endswith(".gguf")
+
+
+def gguf_model_dir(cache_dir: Path | str, gguf: Path, show_progress: bool = False) -> Path:
+    """The prepared folder of a GGUF file, keyed by its content: renaming or moving the file
+    reuses it, and a changed file with the same name gets a folder of its own."""
+    return Path(cache_dir) / "models" / f"gguf-{file_sha256(gguf, show_progress)}"
 
 
 def names_a_folder(settings: Settings) -> bool:
@@ -27,16 +49,20 @@ def names_a_folder(settings: Settings) -> bool:
 
 def local_model_dir(settings: Settings) -> Path | None:
     """The model's folder on this machine, when there is one (a hub id has none)."""
-    if settings.model == DEFAULT_MODEL:
-        return default_model_dir(settings.cache_dir)
-    folder = Path(settings.model).expanduser()
-    return folder if folder.is_dir() else None
+    if settings.model in BUNDLED_MODELS:
+        return bundled_model_dir(settings.cache_dir, settings.model)
+    path = Path(settings.model).expanduser()
+    if names_gguf_file(settings):
+        return gguf_model_dir(settings.cache_dir, path) if path.is_file() else None
+    return path if path.is_dir() else None
 
 
 def served_model_name(settings: Settings) -> str:
-    """The name clients see: the bundled model's, a folder's own name, or the hub id."""
-    if settings.model == DEFAULT_MODEL:
-        return DEFAULT_MODEL_NAME
+    """The name clients see: the bundled model's, a GGUF file's stem, a folder's name, or the hub id."""
+    if settings.model in BUNDLED_MODELS:
+        return BUNDLED_MODELS[settings.model]
+    if names_gguf_file(settings):
+        return Path(settings.model).stem
     if names_a_folder(settings):
         return Path(settings.model).expanduser().name
     return settings.model

@@ -1,4 +1,4 @@
-"""Load the model named by the settings: bundled default, a local folder, or a hub id.
+"""Load the model named by the settings: a bundled model, a ``.gguf`` file, a folder or a hub id.
 
 Decisions made here, once per process:
 - device: ``auto`` picks CUDA when present, else CPU; an explicit ``cuda`` without CUDA is an
@@ -18,10 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from core.logs import log_event
-from core.model_source import local_model_dir, names_a_folder, served_model_name
-from core.settings import DEFAULT_MODEL, Settings
+from core.model_source import (BUNDLED_MODELS, gguf_model_dir, local_model_dir, names_a_folder, names_gguf_file,
+                               served_model_name)
+from core.settings import Settings
+from engine.load_errors import ModelLoadError
 from engine.packed import packing_available
-from engine.prepare_default import prepare_default_model
+from engine.prepare_default import prepare_bundled_model
+from engine.prepare_gguf import prepare_gguf_folder
 from engine.quant.kernels import QuantKernelError
 from engine.quant.model import pack_model, quantize_model
 from engine.quant.plan import QUANT_CHOICES, resolve_quant
@@ -29,8 +32,7 @@ from engine.quant.plan import QUANT_CHOICES, resolve_quant
 logger = logging.getLogger("miniserve.engine.loader")
 
 
-class ModelLoadError(RuntimeError):
-    """The configured model, device or dtype cannot be used; the message says why."""
+__all__ = ["LoadedModel", "ModelLoadError", "load_model", "resolve_model_path"]
 
 
 @dataclass
@@ -84,10 +86,12 @@ def resolve_dtype(choice: str, device: Any) -> Any:
 
 
 def resolve_model_path(settings: Settings) -> tuple[str, str]:
-    """(display name, what from_pretrained gets): the prepared default folder, a folder or an id."""
+    """(display name, what from_pretrained gets): a prepared folder (bundled or GGUF), a folder or an id."""
     name = served_model_name(settings)
-    if settings.model == DEFAULT_MODEL:
-        return name, str(prepare_default_model(settings))
+    if settings.model in BUNDLED_MODELS:
+        return name, str(prepare_bundled_model(settings.model, settings))
+    if names_gguf_file(settings):
+        return name, str(prepare_gguf_file(Path(settings.model).expanduser(), settings))
     folder = local_model_dir(settings)
     if folder is not None:
         if not (folder / "config.json").is_file():
@@ -96,6 +100,13 @@ def resolve_model_path(settings: Settings) -> tuple[str, str]:
     if names_a_folder(settings):
         raise ModelLoadError(f"MINISERVE_MODEL folder {Path(settings.model).expanduser()} does not exist")
     return name, settings.model  # a Hugging Face hub id
+
+
+def prepare_gguf_file(gguf: Path, settings: Settings) -> Path:
+    """A user's GGUF file, prepared once into the cache folder keyed by its sha256."""
+    if not gguf.is_file():
+        raise ModelLoadError(f"MINISERVE_MODEL file {gguf} does not exist")
+    return prepare_gguf_folder(gguf_model_dir(settings.cache_dir, gguf, show_progress=True), lambda scratch: gguf)
 
 
 def apply_threads(settings: Settings) -> None:
@@ -171,7 +182,8 @@ def load_model(settings: Settings) -> LoadedModel:
     except OSError as exc:
         raise ModelLoadError(
             f"cannot load MINISERVE_MODEL={settings.model!r}: {exc}. A hub id needs the Hugging "
-            f"Face hub to be reachable; offline, use 'default' or a local folder.") from exc
+            f"Face hub to be reachable; offline, use a bundled model ({', '.join(BUNDLED_MODELS)}), "
+            f"a .gguf file or a local folder.") from exc
     if getattr(model.config, "model_type", None) != "qwen2":
         log_event(logger, "model_not_qwen2", level=logging.WARNING,
                   model_type=getattr(model.config, "model_type", None))

