@@ -66,3 +66,17 @@ def test_greedy_custom_cache_and_paged_equal_transformers_on_the_file(engine, re
         result = engine.generate(dataclasses.replace(request, method=method))
         assert result.token_ids == expected, method
     assert "Paris" in result.text
+
+
+@pytest.mark.xfail(strict=True, reason="bf16 + q8 (the CPU default): the hand-written methods' first token differs "
+                   "from official's on SmolLM2 while fp32 + q8 and bf16 without q8 agree; a q8/forward bug to find")
+def test_bf16_q8_hand_written_methods_agree_with_official_on_the_first_tokens():
+    from engine.engine import Engine
+
+    engine = Engine(load_settings(model=MODEL, device="cpu", dtype="bfloat16", quant="q8")).load()
+    try:
+        request = GenerationRequest(messages=[{"role": "user", "content": QUESTION}], sampling=SamplingParams(max_new_tokens=4))
+        official = engine.generate(dataclasses.replace(request, method="official")).token_ids
+        assert engine.generate(dataclasses.replace(request, method="paged")).token_ids[:2] == official[:2]
+    finally:
+        engine.close()
