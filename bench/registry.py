@@ -40,6 +40,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("quantization", "bench.quantization",
               "How fast are `q8` weights against bf16 and llama.cpp, how much memory do they take, and how often do they pick the same tokens?",
               children=("bench.quantization_memory", "bench.quantization_llamacpp")),
+    Benchmark("models", "bench.models",
+              "How fast does each bundled model decode at batch 1 and 8, in full precision and under `q8`?"),
     Benchmark("constrained_overhead", "bench.constrained_overhead",
               "What does a JSON-schema grammar cost per token, alone and in a batch?"),
     Benchmark("evaluate_agent", "bench.evaluate_agent",
