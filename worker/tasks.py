@@ -11,6 +11,7 @@ from engine.constrained.compiler import GrammarError
 from engine.types import CancelCheck, GenerationRequest, GenerationResult, TextCallback
 from worker.app import app
 from worker.job_runner import JobContext, JobFailed, run_job
+from worker.model_guard import forwarded
 from worker.requests import generation_request_from
 from worker.runtime import WorkerRuntime, runtime
 
@@ -68,7 +69,7 @@ def run_generation(ctx: JobContext) -> dict[str, Any]:
                                                    should_cancel=ctx.should_cancel)
     except GrammarError as exc:  # the request's grammar, not the worker, is at fault
         raise JobFailed("grammar_error", str(exc)) from None
-    return result.to_dict()
+    return {**result.to_dict(), "model": rt.model_id}
 
 
 def counted(rt: WorkerRuntime, on_text):
@@ -96,6 +97,7 @@ def run_agent(ctx: JobContext) -> dict[str, Any]:
                         max_new_tokens=(stored.get("sampling") or {}).get("max_new_tokens"),
                         on_step=lambda step: ctx.emit(TOOL_STEP, step), on_text=ctx.on_text)
     payload = result.to_dict()
+    payload["model"] = rt.model_id
     payload["usage"] = {"prompt_tokens": model.prompt_tokens, "completion_tokens": model.completion_tokens}
     if not result.ok:
         raise JobFailed(result.status, result.error or result.status, trace=payload["trace"],
@@ -105,9 +107,11 @@ def run_agent(ctx: JobContext) -> dict[str, Any]:
 
 @app.task(name=names.GENERATE, ignore_result=True)
 def generate(job_id: str, dispatch: int = 0) -> None:
-    run_job(runtime(), job_id, dispatch, run_generation)
+    if not forwarded(runtime(), app, job_id, dispatch, names.GENERATE, "generation"):
+        run_job(runtime(), job_id, dispatch, run_generation)
 
 
 @app.task(name=names.AGENT, ignore_result=True)
 def agent(job_id: str, dispatch: int = 0) -> None:
-    run_job(runtime(), job_id, dispatch, run_agent)
+    if not forwarded(runtime(), app, job_id, dispatch, names.AGENT, "agent"):
+        run_job(runtime(), job_id, dispatch, run_agent)
