@@ -75,13 +75,17 @@ class Served:
         return base if model == self.own else keys.model_queue(base, model)
 
 
-def served(client: redis.Redis, own: str, max_age_s: float, now: float | None = None) -> Served:
-    """Live workers by model (heartbeats younger than ``max_age_s``) and the models seen lately."""
+def served(client: redis.Redis, own: str, alive_s: float, listed_s: float | None = None,
+           now: float | None = None) -> Served:
+    """Live workers by model (heartbeats younger than ``alive_s``) and the models seen lately.
+    ``listed_s`` (default ``alive_s``) is the age beyond which ``list_workers`` prunes index
+    entries: pass the web's ``MINISERVE_WORKER_MAX_AGE_S`` so this read prunes no more than
+    ``/workers`` does."""
     now = time.time() if now is None else now
     live: dict[str, list[str]] = {}
-    for worker in list_workers(client, max_age_s, now=now):
+    for worker in list_workers(client, max(alive_s, listed_s or 0.0), now=now):
         model = (worker.get("info") or {}).get("model_id")
-        if isinstance(model, str) and model:
+        if worker["age_s"] <= alive_s and isinstance(model, str) and model:
             live.setdefault(model, []).append(worker["name"])
     return Served(own, live, seen_models(client, now))
 

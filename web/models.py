@@ -25,7 +25,8 @@ STARTED_AT = int(time.time())
 def cluster_models() -> Served:
     """Live = a heartbeat within ``core.routing.ALIVE_S`` (three missed beats), as routing counts it."""
     settings = ctx().settings
-    return served(ctx().store.client, model_id(settings.model), min(ALIVE_S, settings.worker_max_age_s))
+    return served(ctx().store.client, model_id(settings.model), min(ALIVE_S, settings.worker_max_age_s),
+                  settings.worker_max_age_s)
 
 
 def own_model_is_explicit() -> bool:

@@ -107,3 +107,9 @@ def test_no_model_named_means_the_webs_model_when_set_else_the_only_one_served(m
         assert reply.status_code == 202 and celery.sent[0]["queue"] == "generation"
     else:
         assert reply.status_code == 202 and celery.sent[0]["queue"] == f"generation.{OTHER}"
+
+
+def test_a_worker_silent_for_three_beats_no_longer_serves_but_is_still_listed(client, redis_client):
+    beat(redis_client, "b@h:1", OTHER, now=time.time() - 20)  # ALIVE_S is 15; /workers shows 30 s
+    assert post_job(client, model=OTHER).status_code == 503
+    assert [w["name"] for w in client.get("/workers").get_json()["workers"]] == ["b@h:1"]
