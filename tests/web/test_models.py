@@ -82,7 +82,7 @@ def test_the_webs_own_model_waits_for_its_first_worker_but_not_for_a_dead_one(cl
 
 def test_a_model_unseen_for_a_day_is_forgotten(redis_client):
     beat(redis_client, "b@h:1", OTHER, now=time.time() - KNOWN_FOR_S - 10)
-    view = served(redis_client, DEFAULT_MODEL_NAME, max_age_s=30)
+    view = served(redis_client, DEFAULT_MODEL_NAME, alive_s=15)
     assert OTHER not in view.seen and OTHER not in view.live
 
 
