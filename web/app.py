@@ -28,7 +28,8 @@ from web.request_log import install_request_log
 from web.schemas import ErrorResponse
 
 API_VERSION = "0.1.0"
-API_MODULES = ("web.routes_jobs", "web.routes_compat", "web.routes_bench", "web.routes_system")
+API_MODULES = ("web.routes_jobs", "web.routes_compat", "web.routes_bench", "web.routes_system",
+               "web.routes_health", "web.routes_tokenize")
 # Modules exposing ``register(app: OpenAPI) -> None`` (``app.register_api(api)`` for an
 # APIBlueprint, ``app.register_blueprint(bp)`` for a plain one). Add yours here, e.g.
 # "web.openai_api", "web.monitor", "web.metrics".

@@ -28,7 +28,10 @@ from web.models import model_cards
 from web.openai.call_stream import ToolStream
 from web.openai.convert import ChatJob, chat_job
 from web.openai.responses import ChunkWriter, completion, model_id
-from web.openai.schemas import ChatCompletion, ChatCompletionRequest, ModelList, OpenAIError
+from web.errors import ApiError
+from web.openai.schemas import (
+    ChatCompletion, ChatCompletionRequest, ModelCard, ModelList, ModelPath, OpenAIError,
+)
 from web.routes_compat import _finished as finished_job  # waits; maps failed/cancelled/timeout to errors
 from web.sse import _stream_over as stream_over
 from web.submit import submit
@@ -66,6 +69,17 @@ def chat_completions(body: ChatCompletionRequest):
          responses={200: ModelList, **ERRORS})
 def list_models():
     return jsonify({"object": "list", "data": model_cards()})
+
+
+@api.get("/models/<path:model>", summary="One model (OpenAI-compatible); unknown id: 404 model_not_found",
+         responses={200: ModelCard, 404: OpenAIError, **ERRORS})
+def retrieve_model(path: ModelPath):
+    cards = model_cards()
+    card = next((card for card in cards if card["id"] == path.model), None)
+    if card is None:
+        raise ApiError(404, "model_not_found", f"The model '{path.model}' does not exist; this cluster "
+                       f"serves {', '.join(repr(c['id']) for c in cards) or 'no model yet'}", field="model")
+    return jsonify(card)
 
 
 def stream_completion(store: JobStore, celery: Any, job: JobRecord, chat: ChatJob, model: str) -> Iterator[str]:
