@@ -7,6 +7,7 @@ from kombu import Exchange, Queue
 
 from core import keys
 from core.model_source import model_id
+from core.models import SHARED_QUEUES
 from core.redis_conn import celery_redis_options
 from core.settings import Settings, get_settings
 
@@ -68,5 +69,5 @@ def _consume_own_queue(sender: str, instance, **_: object) -> None:
 
 def model_queues_of(settings: Settings) -> list[str]:
     """The queues of the model this worker serves (``MINISERVE_MODEL``)."""
-    return [keys.model_queue(base, model_id(settings.model)) for base in ("generation", "agent")]
+    return [keys.model_queue(base, model_id(settings.model)) for base in SHARED_QUEUES]
 
