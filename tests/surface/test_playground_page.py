@@ -70,6 +70,13 @@ def test_page_loads_offline_in_under_a_second(browser, base_url):
     page.goto(base_url, wait_until="load")
     elapsed = time.perf_counter() - started
     assert page.locator("#send").is_enabled() and page.locator("#method option").count() == len(GENERATION_METHODS)
+    page.set_viewport_size({"width": 390, "height": 800})  # a phone: one column, nothing cut off
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    assert page.locator("#settings").bounding_box()["y"] < page.locator("#prompt").bounding_box()["y"]
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.id") == "tab-chat"  # keyboard: the tabs come first
+    page.keyboard.press("ArrowRight")
+    assert page.locator("#view-compare").is_visible() and not page.locator("#view-chat").is_visible()
     context.close()
     assert outside == [] and elapsed < 1.0, (outside, elapsed)
 
@@ -164,3 +171,4 @@ def test_an_agent_run_shows_its_steps(page, surface_store):
     first = turn.locator(".steps > li.step").first
     assert f"step {trace[0]['step']}" in first.inner_text()
     assert first.locator("details pre").text_content() == trace[0]["raw_output"]
+    page.screenshot(path=str(SCREENSHOT.with_name("playground-agent-test.png")), full_page=True)

@@ -123,7 +123,8 @@ async function jobOutcome(jobId) {
 
 function statsLine(outcome) {
   const u = outcome.usage, t = outcome.timings;
-  const parts = [`TTFT ${secs(t.ttft_s)}`, `decode ${fmt(t.decode_tokens_per_s, 1)} tokens/s`,
+  const timed = t.ttft_s !== undefined;  // an agent job's result has usage but no timings
+  const parts = [...(timed ? [`TTFT ${secs(t.ttft_s)}`, `decode ${fmt(t.decode_tokens_per_s, 1)} tokens/s`] : []),
     `prompt ${u.prompt_tokens ?? "–"} tokens (cached ${u.cached_tokens ?? 0})`,
     `answer ${u.completion_tokens ?? "–"} tokens`,
     `drafted ${u.draft_tokens ?? 0}, accepted ${u.accepted_draft_tokens ?? 0}`];

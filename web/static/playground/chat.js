@@ -30,7 +30,7 @@ function stepView(step) {
     el("details", {}, el("summary", {}, "model's raw output"), el("pre", {}, step.raw_output || "")));
   if (step.safeguard_applied) {
     item.append(el("div", { class: "safeguard" }, `safeguard ${step.safeguards.join(", ")} changed the call: `,
-      `the model chose ${step.model_tool_name ?? "–"} ${args(step.model_arguments)}, `,
+      step.model_tool_name ? `the model chose ${step.model_tool_name} ${args(step.model_arguments)}, ` : "the model chose no tool, ",
       `it ran ${step.tool_name} ${args(step.arguments)} instead`));
   }
   if (step.tool_name) item.append(el("div", { class: "args" }, "arguments ", el("code", {}, args(step.arguments))));
@@ -64,7 +64,9 @@ async function finishTurn(turn, jobId, agent) {
   const outcome = await jobOutcome(jobId);
   turn.dataset.state = outcome.job.state;
   if (agent && outcome.text !== undefined) turn.querySelector(".text").textContent = outcome.text;
-  turn.append(el("div", { class: "stats" }, statsLine(outcome)));
+  const payload = outcome.job.result || outcome.job.error || {};
+  const calls = agent && payload.model_calls !== undefined ? ` · ${payload.model_calls} model calls` : "";
+  turn.append(el("div", { class: "stats" }, statsLine(outcome) + calls));
   return outcome.job.state === "succeeded" ? turn.querySelector(".text").textContent : null;
 }
 

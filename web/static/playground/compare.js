@@ -23,7 +23,8 @@ function drawChart() {
   ctx.clearRect(0, 0, width, height);
   const pad = { l: 44, r: 10, t: 10, b: 22 };
   const all = lanes.flatMap((l) => l.samples);
-  const maxT = Math.max(1, ...all.map((s) => s.t)), maxC = Math.max(1, ...all.map((s) => s.chars));
+  const running = lanes.some((l) => !l.outcome);
+  const maxT = Math.max(1, running ? performance.now() - startedAt : 0, ...all.map((s) => s.t)), maxC = Math.max(1, ...all.map((s) => s.chars));
   const x = (t) => pad.l + (t / maxT) * (width - pad.l - pad.r);
   const y = (c) => height - pad.b - (c / maxC) * (height - pad.t - pad.b);
   ctx.strokeStyle = "#dcdfe6"; ctx.fillStyle = "#6b7080"; ctx.font = "11px system-ui";
@@ -35,7 +36,9 @@ function drawChart() {
     ctx.strokeStyle = COLOURS[i % COLOURS.length]; ctx.lineWidth = 2;
     ctx.beginPath();
     ctx.moveTo(x(0), y(0));
-    for (const s of lane.samples) ctx.lineTo(x(s.t), y(s.chars));
+    let chars = 0;  // a step line: flat until each chunk arrives, nothing drawn before it
+    for (const s of lane.samples) { ctx.lineTo(x(s.t), y(chars)); ctx.lineTo(x(s.t), y(s.chars)); chars = s.chars; }
+    if (!lane.outcome) ctx.lineTo(x(performance.now() - startedAt), y(chars));
     ctx.stroke();
   });
 }
