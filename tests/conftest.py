@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import os
 
 import pytest
 
@@ -22,3 +23,38 @@ def _release_memory_after_module():
         ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
     except (OSError, AttributeError, TypeError):
         pass
+
+
+# --- test tiers -------------------------------------------------------------------------------
+# `make test-fast` runs `-m "not slow and not integration"`. Rather than trusting every test to
+# carry its marker, a test is marked by the fixtures it uses (directly or through other
+# fixtures): nobody has to remember, and a new test on these fixtures lands in the right tier.
+SERVER_FIXTURES = frozenset({
+    "redis_proc",         # tests.integration.conftest: a redis-server (under every stack fixture)
+    "restartable_redis",  # tests.reliability.conftest: a redis-server that is stopped and restarted
+})
+REAL_MODEL_FIXTURES = frozenset({
+    "real_engine",        # tests.engine.conftest: the default model in bf16
+    "real_engine_fp32",   # the default model in float32
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & SERVER_FIXTURES:
+            item.add_marker(pytest.mark.integration)
+        if used & REAL_MODEL_FIXTURES:
+            item.add_marker(pytest.mark.slow)
+
+
+def pytest_configure(config):
+    """MINISERVE_TEST_MARCH=x86-64-v3 (AVX2) or x86-64 (portable C) builds our C kernels for
+    that CPU instead of ``-march=native``: with ATEN_CPU_CAPABILITY=avx2 (torch's AVX2 kernels)
+    and ONEDNN_MAX_CPU_ISA=AVX2 (oneDNN's), this machine runs the tests as an AVX2-only CPU
+    would (scripts/run_tests.sh --as-avx2). Test-only: the library is keyed by its flags."""
+    march = os.environ.get("MINISERVE_TEST_MARCH")
+    if march:
+        from engine.quant import native
+
+        native.FLAGS = tuple(f for f in native.FLAGS if f != "-march=native") + (f"-march={march}",)
