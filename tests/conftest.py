@@ -48,11 +48,54 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
+SERVER_PROGRAMS = frozenset({"redis-server", "redis-sentinel", "celery", "gunicorn", "web", "flower"})
+
+
+def _server_in(argv) -> str | None:
+    """The server an argv starts (``redis-server ...``, ``python -m celery|web ...``), if any."""
+    args = [str(a) for a in ([argv] if isinstance(argv, (str, bytes, os.PathLike)) else argv)]
+    names = [os.path.basename(args[0])] if args else []
+    names += [args[i + 1] for i, a in enumerate(args[:-1]) if a == "-m"]
+    return next((n for n in names if n in SERVER_PROGRAMS), None)
+
+
+_running: list = []   # the test item being set up, run or torn down
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _running.append(item)
+    yield
+    _running.pop()
+
+
+def _guard_popen() -> None:
+    """A test without the ``integration`` marker cannot start a server, nor can the fixtures it
+    sets up (module- and session-scoped too): the Popen fails loudly, so a forgotten marker
+    shows at once instead of slowing ``make test-fast``."""
+    import subprocess
+
+    original = subprocess.Popen.__init__
+
+    def guarded(self, args, *rest, **kwargs):
+        item = _running[-1] if _running else None
+        server = _server_in(args)
+        if server and item is not None and not item.get_closest_marker("integration"):
+            raise RuntimeError(f"{item.nodeid} starts {server} but is not marked integration")
+        original(self, args, *rest, **kwargs)
+    subprocess.Popen.__init__ = guarded
+
+
 def pytest_configure(config):
-    """MINISERVE_TEST_MARCH=x86-64-v3 (AVX2) or x86-64 (portable C) builds our C kernels for
-    that CPU instead of ``-march=native``: with ATEN_CPU_CAPABILITY=avx2 (torch's AVX2 kernels)
-    and ONEDNN_MAX_CPU_ISA=AVX2 (oneDNN's), this machine runs the tests as an AVX2-only CPU
-    would (scripts/run_tests.sh --as-avx2). Test-only: the library is keyed by its flags."""
+    _guard_popen()
+    _build_kernels_for_test_march()
+
+
+def _build_kernels_for_test_march() -> None:
+    """MINISERVE_TEST_MARCH=x86-64-v3 (AVX2), icelake-server or x86-64 (portable C) builds our
+    C kernels for that CPU instead of ``-march=native``: with ATEN_CPU_CAPABILITY (torch's
+    kernels) and ONEDNN_MAX_CPU_ISA (oneDNN's) this machine runs the tests as that CPU would
+    (scripts/run_tests.sh --as avx2). Test-only: the library is keyed by its flags."""
     march = os.environ.get("MINISERVE_TEST_MARCH")
     if march:
         from engine.quant import native

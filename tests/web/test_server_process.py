@@ -21,7 +21,8 @@ from tests.web.conftest import parse_sse, run_job
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
-pytestmark = pytest.mark.skipif(not Path(REDIS_SERVER).exists(), reason="redis-server not installed")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not Path(REDIS_SERVER).exists(), reason="redis-server not installed")]
 
 
 def _free_port() -> int:
