@@ -18,6 +18,7 @@ COPY agent agent
 COPY worker worker
 COPY web web
 COPY bench bench
+COPY tests/harness tests/harness
 COPY data data
 RUN useradd --create-home miniserve && mkdir -p /cache && chown miniserve /cache
 USER miniserve

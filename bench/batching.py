@@ -37,13 +37,18 @@ from pathlib import Path
 
 import torch
 
-from bench.paged_common import (REPETITION_PENALTY, RESULTS, machine_line, p50, pct, print_table, pyplot,
-                                write_csv)
+from bench.stats import RESULTS, machine_line, p50, percentile, print_table, pyplot, write_csv
 from core.settings import load_settings
 from engine.loop import EngineLoop
 from engine.engine import Engine
 from engine.openmp import release_thread_team
 from engine.types import GenerationRequest, SamplingParams
+
+# Sampling in every mode, ours and transformers': greedy WITHOUT the model's repetition penalty,
+# since transformers' continuous batching drops it ("RepetitionPenaltyLogitsProcessor isn't
+# supported by CB"): with it, our modes and padded `generate` made a whole-vocabulary pass per
+# token that hf_cb skipped.
+REPETITION_PENALTY = 1.0
 
 TOPICS = ["a KV cache", "paged attention", "continuous batching", "rotary position embeddings",
           "grouped-query attention", "the softmax function", "a hash table", "gradient descent",
@@ -156,7 +161,7 @@ def run_queue(runner, texts: list[str], new_tokens: int) -> dict:
 
 def summarize(wall: float, tokens: list[int], ttfts: list[float]) -> dict:
     return {"wall_s": wall, "tokens": sum(tokens), "tok_per_s": sum(tokens) / wall,
-            "ttft_p50_s": p50(ttfts), "ttft_p90_s": pct(ttfts, 90)}
+            "ttft_p50_s": p50(ttfts), "ttft_p90_s": percentile(ttfts, 90)}
 
 
 def main() -> None:

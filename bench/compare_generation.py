@@ -19,7 +19,7 @@ import argparse
 import time
 from pathlib import Path
 
-from bench.stats import machine_info, percentile, print_table, read_bandwidth_gbs, write_csv, write_json
+from bench.stats import machine_info, percentile, print_table, pyplot, read_bandwidth_gbs, write_csv, write_json
 from core.settings import load_settings
 
 METHODS = ("official", "no_cache", "custom_cache")
@@ -92,11 +92,7 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 
 def plot(summary: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     groups = sorted({(s["dtype"], s["new_tokens"]) for s in summary})
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     width = 0.8 / len(METHODS)

@@ -28,13 +28,34 @@ from typing import Any
 
 import torch
 
-from bench.grammar_cases import CALCULATOR, ORDER, SEARCH, WEATHER
-from bench.machine import machine_summary
-from bench.stats import print_table, write_csv, write_json
+from bench.stats import machine_summary, print_table, pyplot, write_csv, write_json
 from core import grammar
 from core.grammar import ToolSpec
 from engine.constrained.matcher import TokenConstraint
 from engine.types import GenerationRequest, SamplingParams
+
+# The tools the agent would offer (weather, calculator, search) and a nested order object.
+WEATHER = {"type": "object", "properties": {
+    "location": {"type": "string", "description": "city and country"},
+    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "required": ["location", "unit"], "additionalProperties": False}
+CALCULATOR = {"type": "object", "properties": {"expression": {"type": "string"}},
+              "required": ["expression"], "additionalProperties": False}
+SEARCH = {"type": "object", "properties": {
+    "query": {"type": "string"}, "max_results": {"type": "integer", "minimum": 1, "maximum": 50},
+    "safe": {"type": "boolean"}}, "required": ["query", "max_results"], "additionalProperties": False}
+ORDER = {"type": "object", "properties": {
+    "customer": {"type": "object", "properties": {
+        "name": {"type": "string"}, "email": {"type": "string"},
+        "address": {"type": "object", "properties": {"street": {"type": "string"}, "city": {"type": "string"},
+                                                     "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+                    "required": ["street", "city", "zip"], "additionalProperties": False}},
+        "required": ["name", "address"], "additionalProperties": False},
+    "items": {"type": "array", "minItems": 1, "items": {"type": "object", "properties": {
+        "sku": {"type": "string"}, "quantity": {"type": "integer", "minimum": 1},
+        "price": {"type": "number"}}, "required": ["sku", "quantity"], "additionalProperties": False}},
+    "priority": {"type": "string", "enum": ["low", "normal", "high"]}},
+    "required": ["customer", "items", "priority"], "additionalProperties": False}
 
 JSON_PROMPT = "Create an order for Ada (1 Main St, Paris 75001): two A-1 at 9.5, high priority. Answer in JSON."
 TOOL_PROMPT = "What is the weather in Paris in celsius?"
@@ -128,11 +149,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def plot(summary: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.5))
     labels = [f"{s['mode']}\n{s['variant']}" for s in summary]
     ax.bar(labels, [100 * s["grammar_share_median"] for s in summary], color="tab:orange")

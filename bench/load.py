@@ -30,12 +30,12 @@ from pathlib import Path
 
 import requests
 
-from bench.client import JobTrace, submit_and_follow
-from bench.stack import Process, Stack, start_redis, job_store, wait_until
-from bench.stats import machine_info, percentile, print_table, write_csv, write_json
+from bench.stats import machine_info, percentile, print_table, pyplot, write_csv, write_json
 from core.events import TERMINAL_EVENTS
 from core.jobs import JobNotFound, JobStore
 from core.workers import list_workers
+from tests.harness.client import JobTrace, submit_and_follow
+from tests.harness.stack import Process, Stack, start_redis, job_store, wait_until
 
 
 @dataclass
@@ -255,11 +255,7 @@ def report(args, rows: list[JobRow], summary: dict, folder: Path) -> None:
 
 
 def plot(rows: list[JobRow], path: Path, summary: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     done = [r for r in rows if r.terminal == "done"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for metric, label in (("submit_ms", "submit (POST /jobs)"), ("first_event_ms", "first SSE event"),

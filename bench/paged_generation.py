@@ -1,10 +1,15 @@
-"""End-to-end ``paged`` vs ``custom_cache`` on the real model, and KV memory with prefix sharing.
+"""End-to-end ``paged`` vs ``custom_cache`` on the real model, and KV memory: blocks against
+contiguous reservations, and with prefix sharing.
 
 Part 1 (decode speed): the same prompts through ``custom_cache`` (contiguous KV cache) and
 ``paged`` (block pool + block tables read by our attention), interleaved with alternating
 order after a warmup, greedy; p50/mean decode tokens/s and time to first token per method.
 
-Part 2 (memory): N concurrent sequences that share a ~1,000-token system prompt, each with its
+Part 2 (reservation): the original MiniServe workload, requests of 17, 33, 65 and 129 tokens,
+against a contiguous cache that reserves 256 token slots per request: the slots and MiB each
+side allocates (the paged side from the engine's block manager at the engine's block size).
+
+Part 3 (sharing): N concurrent sequences that share a ~1,000-token system prompt, each with its
 own question.  Blocks held are read from the engine's block manager fed with the real
 tokenizer's ids (the same allocation code the engine runs), with and without prefix sharing;
 ``--real-sharing N`` also runs N such requests through the model (the first one alone, then
@@ -18,7 +23,7 @@ import argparse
 import time
 from pathlib import Path
 
-from bench.paged_common import RESULTS, machine_line, p50, print_table, pyplot, write_csv
+from bench.stats import RESULTS, machine_line, p50, print_table, pyplot, write_csv, write_json
 from core.settings import load_settings
 from engine.batching import PagedService
 from engine.engine import Engine
@@ -85,8 +90,7 @@ def memory(engine: Engine, counts: list[int], block_size: int) -> tuple[list[dic
     prompts = [engine.prompt(req(QUESTIONS[i % len(QUESTIONS)], "paged", 1, system)).ids
                for i in range(max(counts))]
     system_tokens = engine.prompt(req("x", "paged", 1, system)).prefix_len
-    g = engine.loop.call(lambda: forward_for(engine)).config
-    bytes_per_token = 2 * g.num_layers * g.num_kv_heads * g.head_dim * engine.loaded.dtype.itemsize
+    bytes_per_token = kv_bytes_per_token(engine)
     rows = []
     for n in counts:
         for sharing in (False, True):
@@ -101,6 +105,34 @@ def memory(engine: Engine, counts: list[int], block_size: int) -> tuple[list[dic
                              s.blocks_used * block_size * bytes_per_token / 2**20, 2),
                          "prefix_hit_tokens": s.prefix_hit_tokens})
     return rows, system_tokens
+
+
+def reservation(lengths: list[int], block_size: int, reserve: int,
+                bytes_per_token: int) -> tuple[list[dict], dict]:
+    """Token slots held per request: paged blocks (what the block manager allocates for each
+    length) vs a contiguous cache reserving ``reserve`` slots per request; and the totals."""
+    blocks = BlockManager(sum(-(-n // block_size) for n in lengths), block_size, prefix_sharing=False)
+    rows = []
+    for seq, n in enumerate(lengths):
+        blocks.allocate(seq, list(range(n)))
+        paged = len(blocks.block_table(seq)) * block_size
+        rows.append({"request": seq, "tokens": n, "contiguous_slots": reserve, "paged_slots": paged,
+                     "contiguous_empty_slots": reserve - n, "paged_empty_slots": paged - n})
+    st = blocks.stats()
+    contiguous, paged = reserve * len(lengths), st.blocks_used * block_size
+    summary = {"block_size": block_size, "reserve": reserve, "tokens": st.logical_tokens,
+               "contiguous_mib": round(contiguous * bytes_per_token / 2**20, 3),
+               "paged_mib": round(paged * bytes_per_token / 2**20, 3),
+               "allocation_saved_pct": round(100 * (1 - paged / contiguous), 2),
+               "paged_fragmentation_pct": round(100 * st.fragmentation, 2),
+               "contiguous_unused_pct": round(100 * (contiguous - st.logical_tokens) / contiguous, 2)}
+    return rows, summary
+
+
+def kv_bytes_per_token(engine: Engine) -> int:
+    """K and V of one token over every layer, at the engine's dtype."""
+    g = engine.loop.call(lambda: forward_for(engine)).config
+    return 2 * g.num_layers * g.num_kv_heads * g.head_dim * engine.loaded.dtype.itemsize
 
 
 def real_sharing(engine: Engine, n: int, new_tokens: int) -> list[dict]:
@@ -129,6 +161,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--sequences", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[17, 33, 65, 129],
+                        help="request lengths of the reservation part")
+    parser.add_argument("--reserve", type=int, default=256, help="contiguous slots reserved per request")
     parser.add_argument("--real-sharing", type=int, default=4, help="0 to skip")
     parser.add_argument("--output", default=str(RESULTS / "paged_generation.csv"))
     args = parser.parse_args()
@@ -138,6 +173,11 @@ def main() -> None:
     speed = decode_speed(engine, args.repeats, args.new_tokens)
     print(f"\ndecode speed, {args.new_tokens} new tokens, greedy:")
     print_table(speed)
+    booked, booked_summary = reservation(args.lengths, settings.kv_block_size, args.reserve,
+                                         kv_bytes_per_token(engine))
+    print(f"\nKV slots per request, paged blocks vs contiguous reserving {args.reserve}:")
+    print_table(booked)
+    print(", ".join(f"{key} {value}" for key, value in booked_summary.items()))
     mem, system_tokens = memory(engine, args.sequences, settings.kv_block_size)
     print(f"\nKV held by N sequences sharing a {system_tokens}-token system prompt "
           f"(block {settings.kv_block_size}):")
@@ -145,13 +185,15 @@ def main() -> None:
     out = Path(args.output)
     write_csv(out, speed)
     write_csv(out.with_name(out.stem + "_memory.csv"), mem)
+    write_json(out.with_name(out.stem + "_reservation.json"), {"rows": booked, "summary": booked_summary})
     if args.real_sharing:
         real = real_sharing(engine, args.real_sharing, 16)
         print(f"\n{args.real_sharing} real requests over the shared system prompt:")
         print_table(real)
         write_csv(out.with_name(out.stem + "_sharing_run.csv"), real)
     plot(speed, mem, out.with_suffix(".png"))
-    print(f"wrote {out}, {out.with_name(out.stem + '_memory.csv')}, {out.with_suffix('.png')}")
+    print(f"wrote {out}, {out.with_name(out.stem + '_memory.csv')}, "
+          f"{out.with_name(out.stem + '_reservation.json')}, {out.with_suffix('.png')}")
 
 
 def plot(speed, mem, path) -> None:

@@ -15,7 +15,7 @@ import argparse
 import time
 from pathlib import Path
 
-from bench.stats import machine_info, percentile, print_table, write_csv, write_json
+from bench.stats import machine_info, percentile, print_table, pyplot, write_csv, write_json
 from core.settings import load_settings
 
 SHORT_PREFIX = "You are MiniServe's assistant. Answer briefly and precisely."
@@ -109,11 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def plot(summary: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     kinds = sorted({s["prefix"] for s in summary}, reverse=True)
     width = 0.8 / len(CASES)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from bench.stats import pyplot
 from engine.packed import PackedLinear, packing_available
 from engine.quant import q8, quantize_linear
 from engine.quant.layer import QuantizedLinear
@@ -120,11 +121,7 @@ def model_totals(rows: list[KernelRow]) -> list[dict]:
 
 
 def plot_totals(totals: list[dict], path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for mode in MODES:
         pts = [(t["rows"], t["step_ms"]) for t in totals if t["mode"] == mode]

@@ -119,7 +119,7 @@ def write_reading(path: str, reading: dict, module: str) -> None:
     import sys
     import time
 
-    from bench.machine import machine_summary
+    from bench.stats import machine_summary
     from core.results import write_json
 
     write_json(path, {"command": f"python -m {module} " + " ".join(sys.argv[1:]),

@@ -17,7 +17,7 @@ import torch
 
 from bench.quantization_batch import batched_greedy
 from bench.quantization_quality import free_running, teacher_forced
-from bench.stats import machine_info, read_bandwidth_gbs, summarize
+from bench.stats import machine_info, pyplot, read_bandwidth_gbs, summarize
 from core.settings import load_settings
 from engine.engine import Engine
 from engine.openmp import release_thread_team
@@ -171,11 +171,7 @@ def run_model_benchmark(args: argparse.Namespace, prompts: list[str], modes: tup
 
 
 def plot(rows: list[dict[str, Any]], path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     names = [r["setting"] for r in rows]
     fig, axes = plt.subplots(1, 4, figsize=(17, 4))
     axes[0].bar(names, [r["decode_tps_b1"] for r in rows], color="tab:blue")

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import requests
 
-from bench.client import submit_and_follow
-from bench.paged_common import REPETITION_PENALTY
-from bench.stack import Stack, start_redis, job_store, wait_until
+from bench.batching import REPETITION_PENALTY
 from core.workers import list_workers
+from tests.harness.client import submit_and_follow
+from tests.harness.stack import Stack, start_redis, job_store, wait_until
 
 
 class QueueBatchRunner:

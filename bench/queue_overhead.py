@@ -16,13 +16,13 @@ from pathlib import Path
 
 import requests
 
-from bench.client import submit_and_follow
-from bench.stack import Stack, start_redis, job_store, wait_until
-from bench.stats import machine_info, print_table, summarize, write_csv, write_json
+from bench.stats import machine_info, print_table, pyplot, summarize, write_csv, write_json
 from core.events import TERMINAL_EVENTS
 from core.jobs import JobStore
 from core.settings import load_settings
 from core.workers import list_workers
+from tests.harness.client import submit_and_follow
+from tests.harness.stack import Stack, start_redis, job_store, wait_until
 
 PROMPT = "Name three primary colors."
 
@@ -149,11 +149,7 @@ def report(args, rows: list[dict], burst_result: dict) -> None:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
     for ax, metric in zip(axes, ("ttft_ms", "total_ms")):
         data = [[r[metric] for r in rows if r["path"] == p] for p in ("direct", "queue")]

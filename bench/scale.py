@@ -35,18 +35,18 @@ from typing import Any
 
 import requests
 
-from core import keys
-from bench.client import submit_and_follow
 from bench.load import _up, tiny_model
 from bench.scale_plot import plot
 from bench.scale_redis_cost import part_d
-from bench.stack import Process, Stack, job_store, start_redis, wait_until
-from bench.stats import cpu_model, machine_info, percentile, print_table, read_bandwidth_gbs, write_csv, write_json
+from bench.stats import cpu_model, machine_summary, percentile, print_table, write_csv, write_json
+from core import keys
 from core.events import TERMINAL_EVENTS, TERMINAL_STATES
 from core.jobs import JobStore
 from core.routing import ALIVE_S
 from core.tasks import QUEUE_FOR_JOB_TYPE, TASK_FOR_JOB_TYPE
 from core.workers import list_workers
+from tests.harness.client import submit_and_follow
+from tests.harness.stack import Process, Stack, job_store, start_redis, wait_until
 
 TOPICS = ("orbital mechanics", "medieval bookbinding", "sourdough fermentation", "tidal power stations")
 
@@ -317,8 +317,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     summary: dict[str, Any] = {"command": " ".join(shlex.quote(a) for a in [sys.executable, "-m", "bench.scale",
                                                                           *sys.argv[1:]]),
-                               "machine": {**machine_info(), "cpu": cpu_model(),
-                                           "read_bandwidth_gbs": read_bandwidth_gbs()},
+                               "machine": {**machine_summary(), "cpu": cpu_model()},
                                "alive_s": ALIVE_S}
     if "a" in parts:
         rows_a = part_a(args, folder, model)

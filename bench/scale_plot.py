@@ -4,13 +4,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bench.stats import pyplot
+
 
 def plot(rows: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     panels = [part for part in ("a", "b", "c") if part in summary]
     if not panels:
         return

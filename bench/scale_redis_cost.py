@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from core import keys
-from bench.client import submit_and_follow
+from tests.harness.client import submit_and_follow
 
 
 def server_cpu_s(client) -> float:

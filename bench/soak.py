@@ -40,15 +40,14 @@ from pathlib import Path
 import redis
 import requests
 
-from bench.client import iter_sse
 from bench.load import tiny_model
-from bench.stack import Process, Stack, free_port, start_redis, wait_until
 from bench.soak_report import attempt_intervals, check_jobs, concurrent_attempts, plot, summarize
-from bench.job_bytes import cpu_model
-from bench.stats import machine_info, write_json
+from bench.stats import cpu_model, machine_info, write_json
 from core.events import TERMINAL_EVENTS
 from core.jobs import JobStore
 from core.workers import list_workers
+from tests.harness.client import iter_sse
+from tests.harness.stack import Process, Stack, free_port, start_redis, wait_until
 
 TERMINAL = set(TERMINAL_EVENTS)
 DEEP = '{"prompt": ' + "[" * 1000 + "]" * 1000 + "}"

@@ -6,6 +6,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from bench.stats import pyplot
 from core.events import TERMINAL_EVENTS
 from core.jobs import JobNotFound, JobStore
 
@@ -88,11 +89,7 @@ def summarize(args, tally, jobs: dict, overlaps: list[str], seconds: float,
 
 
 def plot(tally, summary: dict, ends: list[float], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 4))
     span = max([*ends, 1.0])
     buckets = [0] * (int(span // 5) + 1)

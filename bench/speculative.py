@@ -31,8 +31,7 @@ from typing import Any
 
 import torch
 
-from bench.paged_common import machine, print_table, pyplot
-from bench.stats import cpu_model, read_bandwidth_gbs, write_csv, write_json
+from bench.stats import RESULTS, machine_summary, print_table, pyplot, write_csv, write_json
 from core.settings import load_settings
 from engine.batching.service import PagedService
 from engine.engine import Engine
@@ -42,7 +41,6 @@ from engine.run import GenerationRun
 from engine.types import GenerationRequest, GenerationResult, SamplingParams
 
 PROMPTS = Path("data/speculative_prompts.json")
-RESULTS = Path("results")
 TARGETS = {"copy_batch1_x": 2.0, "none_batch1_x": 0.95, "batch8_x": 1.3}
 
 
@@ -286,13 +284,13 @@ def main(argv: list[str] | None = None) -> int:
     prompts = json.loads(Path(args.prompts).read_text())["prompts"]
     if args.limit:
         prompts = [p for kind in ("copy", "none") for p in [q for q in prompts if q["kind"] == kind][:args.limit]]
-    info = {**machine(), "cpu_model": cpu_model(), "read_bandwidth_gbs": round(read_bandwidth_gbs(), 1),
+    info = {**machine_summary(),
             "command": "python -m bench.speculative " + " ".join(argv if argv is not None else sys.argv[1:]),
             "dtype": args.dtype, "new_tokens": args.new_tokens, "batch_new_tokens": args.batch_new_tokens,
             "queue_jobs": args.queue_jobs, "spec_tokens": spec_tokens, "spec_ngram": spec_ngram,
             "prompts": len(prompts), "default_quant": defaults.quant, "spec_row_cost": defaults.spec_row_cost,
             "default_quant_resolves_to": resolve_quant(defaults.quant, "cpu")}
-    print(f"machine: {info['cpu_model']}, {info['cpu_cores']} cores, read {info['read_bandwidth_gbs']} GB/s; "
+    print(f"machine: {info['cpu_model']}, {info['cpus']} cores, read {info['read_bandwidth_gbs']:.1f} GB/s; "
           f"k={spec_tokens}, ngram={spec_ngram}, {args.new_tokens} new tokens", flush=True)
     rows: list[dict[str, Any]] = []
     per_prompt: list[dict[str, Any]] = []

@@ -1,13 +1,17 @@
-"""Small statistics and output helpers shared by the benchmarks."""
+"""What every benchmark shares: percentiles, the machine it ran on, tables, results paths, plots.
+
+One module, so that each benchmark records its machine and prints its table the same way."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 import platform
 import statistics
-from typing import Any, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from core.results import write_csv, write_json  # noqa: F401 - re-exported for the benchmarks
+
+RESULTS = Path("results")
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -18,6 +22,10 @@ def percentile(values: Sequence[float], q: float) -> float:
     pos = (len(data) - 1) * q / 100
     low, high = int(pos), min(int(pos) + 1, len(data) - 1)
     return data[low] + (data[high] - data[low]) * (pos - low)
+
+
+def p50(values: Iterable[float]) -> float:
+    return percentile(list(values), 50)
 
 
 def summarize(values: Sequence[float]) -> dict[str, float]:
@@ -55,6 +63,20 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
+def machine_summary() -> dict[str, Any]:
+    """:func:`machine_info` plus the measured read bandwidth (a decode step's floor), so
+    figures from different hosts can be told apart."""
+    return {**machine_info(), "read_bandwidth_gbs": read_bandwidth_gbs()}
+
+
+def machine_line(dtype: object = "") -> str:
+    """One printed line: cores, torch and its threads, python (and the dtype, when given)."""
+    info = machine_info()
+    extra = f", dtype {dtype}" if dtype else ""
+    return (f"machine: {info['cpus']} cores, torch {info.get('torch')} with "
+            f"{info.get('torch_threads')} threads, python {info['python']}{extra}")
+
+
 def _cpu() -> dict[str, Any]:
     """The CPU's model name and the vector extensions the kernels care about: an AVX2-only CPU
     runs other kernel paths (and torch other kernels) than an AVX-512 one."""
@@ -67,9 +89,14 @@ def _cpu() -> dict[str, Any]:
     return {"cpu_model": cpu_model(), "cpu_flags": [f for f in wanted if f in flags]}
 
 
-def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
+def print_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> None:
+    """Rows as aligned columns (``columns`` default: the first row's keys); floats to 4 digits."""
+    if not rows:
+        return
+    columns = list(columns or rows[0].keys())
+
     def cell(value: Any) -> str:
-        return f"{value:.3f}" if isinstance(value, float) else str(value)
+        return f"{value:.4g}" if isinstance(value, float) else str(value)
 
     widths = [max(len(c), *(len(cell(r.get(c, ""))) for r in rows)) for c in columns]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
@@ -102,11 +129,11 @@ def read_bandwidth_gbs(mb: int = 512, repeats: int = 7) -> float:
     return data.numel() * 4 / percentile(times, 50) / 1e9
 
 
-def finish_plot(fig: Any, ax: Any, path: Path) -> None:
-    """Legend, layout, save (110 dpi) and close: the tail every benchmark plot shares."""
+def pyplot() -> Any:
+    """matplotlib's pyplot on the file-only Agg backend (benchmarks run without a display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return plt

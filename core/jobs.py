@@ -107,8 +107,8 @@ def _event_body(event_type: str, attempt: int | str, ts: float, data_json: str) 
     return f'"type": {json.dumps(event_type)}, "attempt": {attempt}, "ts": {ts!r}, "data": {data_json}}}'
 
 
-def new_job_id() -> str:
-    return uuid.uuid4().hex
+def new_job_id() -> keys.JobId:
+    return keys.JobId(uuid.uuid4().hex)
 
 
 @dataclass
@@ -166,8 +166,9 @@ class JobStore:
     @staticmethod
     def _new_record(job_type: str, queue: str, request: dict[str, Any], owner: str, max_attempts: int,
                     job_id: str | None) -> JobRecord:
-        return JobRecord(id=job_id or new_job_id(), type=job_type, state=QUEUED, queue=queue,
-                         created_at=time.time(), request=request, owner=owner, max_attempts=max_attempts)
+        record_id = keys.JobId(job_id) if job_id else new_job_id()
+        return JobRecord(id=record_id, type=job_type, state=QUEUED, queue=queue, created_at=time.time(),
+                         request=request, owner=owner, max_attempts=max_attempts)
 
     def _create(self, record: JobRecord, idem: list[str], seen: str) -> str:
         fields = [item for pair in record.to_redis().items() for item in pair]
@@ -199,8 +200,13 @@ class JobStore:
             args=[job_id, repr(time.time()), self.ttl_s, max_redispatches]))
 
     def get(self, job_id: str, owner: str | None = None) -> JobRecord:
-        """The job, or :class:`JobNotFound`; with ``owner`` given, other owners' jobs are hidden."""
-        raw = self.client.hgetall(keys.job_key(job_id))
+        """The job, or :class:`JobNotFound`; with ``owner`` given, other owners' jobs are hidden.
+        Text that is not a job id's shape is not found either (no key is built from it)."""
+        try:
+            key = keys.job_key(job_id)
+        except keys.InvalidJobId:
+            raise JobNotFound(job_id) from None
+        raw = self.client.hgetall(key)
         if not raw:
             raise JobNotFound(job_id)
         record = JobRecord.from_redis(raw)

@@ -1,8 +1,13 @@
 """Every Redis key and channel name MiniServe uses, in one place.
 
-Nobody else spells a key: import the function from here.
+Nobody else spells a key: import the function from here. A job's keys are built only
+from a :class:`JobId`, which only a validating constructor makes: an id from a client
+(``/jobs/<id>:events``, ``/jobs/<id>/x``) can never name another job's stream or flag,
+nor any key that is not a job's.
 """
 from __future__ import annotations
+
+import re
 
 JOBS_INDEX = "jobs:index"  # sorted set: job id -> created_at
 LEASES = "jobs:leases"  # sorted set: running job id -> lease deadline (unix seconds)
@@ -12,24 +17,47 @@ WORKERS_INDEX = "workers:index"  # sorted set: worker name -> last heartbeat
 QUEUES = ("generation", "agent", "bench")  # Celery queue names (kombu keeps each as a Redis list)
 
 
+_JOB_ID_SHAPE = re.compile(r"[0-9a-f]{32}")  # uuid4().hex, as core.jobs.new_job_id makes them
+
+
+class InvalidJobId(ValueError):
+    """Text that is not a job id's shape: no job can have it, and no key is built from it."""
+
+
+class JobId(str):
+    """A string known to be a job id's shape (32 lowercase hex digits).
+
+    ``JobId(text)`` raises :class:`InvalidJobId` for anything else; a ``JobId`` passes
+    through unchanged, so validating again costs one ``isinstance``."""
+
+    __slots__ = ()
+
+    def __new__(cls, text: object) -> "JobId":
+        if isinstance(text, JobId):
+            return text
+        if not isinstance(text, str) or not _JOB_ID_SHAPE.fullmatch(text):
+            raise InvalidJobId(f"not a job id: {str(text)[:80]!r}")
+        return super().__new__(cls, text)
+
+
 def job_key(job_id: str) -> str:
     """Hash holding the job record."""
-    return f"job:{job_id}"
+    return f"job:{JobId(job_id)}"
 
 
 def events_key(job_id: str) -> str:
     """Stream of the job's events; entry ids are ``0-<seq>`` so SSE ids and seq agree."""
-    return f"job:{job_id}:events"
+    return f"job:{JobId(job_id)}:events"
 
 
 def live_channel(job_id: str) -> str:
     """Pub/sub channel mirroring the event stream, live only (no replay)."""
-    return f"job:{job_id}:live"
+    return f"job:{JobId(job_id)}:live"
 
 
 def cancel_key(job_id: str) -> str:
     """Flag a running job's worker checks between tokens."""
-    return f"job:{job_id}:cancel"
+    return f"job:{JobId(job_id)}:cancel"
 
 
 def idempotency_key(owner: str, key: str) -> str:

@@ -1,6 +1,7 @@
-"""``python -m web``: serve the app with gunicorn (gthread workers: one thread per open
-SSE stream, so many streams can be followed at once). Binds MINISERVE_HOST:MINISERVE_PORT
-(127.0.0.1:8000 by default); debug is never on."""
+"""``python -m web``: serve the app with gunicorn (gthread workers, whose own error pages
+are JSON: :mod:`web.gunicorn_worker`; one thread per open SSE stream, so many streams can
+be followed at once). Binds MINISERVE_HOST:MINISERVE_PORT (127.0.0.1:8000 by default);
+debug is never on."""
 from __future__ import annotations
 
 from typing import Any
@@ -29,7 +30,7 @@ class WebServer(BaseApplication):
 def gunicorn_options(settings: Settings) -> dict[str, Any]:
     return {
         "bind": f"{settings.host}:{settings.port}",
-        "worker_class": "gthread",
+        "worker_class": "web.gunicorn_worker.JsonErrorWorker",  # gthread, errors as JSON
         "workers": settings.web_workers,
         "threads": settings.web_threads,
         "timeout": 60,  # gthread workers heartbeat from their main thread: long SSE streams are fine

@@ -16,6 +16,7 @@ from kombu.exceptions import OperationalError as BrokerError
 from pydantic import ValidationError
 from werkzeug.exceptions import HTTPException
 
+from core.keys import InvalidJobId
 from core.logs import log_event
 
 logger = logging.getLogger("miniserve.web")
@@ -110,6 +111,11 @@ def _redis_down(exc: Exception) -> Response:
                           retry_after=REDIS_RETRY_AFTER_S)
 
 
+def _not_a_job_id(exc: InvalidJobId) -> Response:
+    """A backstop: routes turn ids of the wrong shape into 404s themselves (``find_job``)."""
+    return error_response(404, "job_not_found", "no such job")
+
+
 def _unexpected(exc: Exception) -> Response:
     logger.error("unhandled_error", exc_info=exc, extra={"exc_type": type(exc).__name__})
     return error_response(500, "internal_error", "internal error (logged)")
@@ -119,6 +125,7 @@ def install_error_handlers(app: Flask) -> None:
     app.register_error_handler(ApiError, _api_error)
     app.register_error_handler(ValidationError, validation_error_response)
     app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(InvalidJobId, _not_a_job_id)
     app.register_error_handler(redis.ConnectionError, _redis_down)
     app.register_error_handler(redis.TimeoutError, _redis_down)
     app.register_error_handler(BrokerError, _redis_down)  # kombu's wrapper for a lost broker

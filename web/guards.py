@@ -1,6 +1,7 @@
 """Checks that run before any route: API keys, per-key rate limits, and the body's
-size, content type, JSON syntax and nesting depth (so routes only ever see a parsed JSON
-body that nothing downstream can overflow the stack on).
+size, content type, completeness, JSON syntax, nesting depth and text (:mod:`web.body`), so
+routes only ever see a parsed JSON object that nothing downstream can overflow the stack
+on or fail to encode.
 
 Public without a key: ``/healthz`` and the documentation (``/``, ``/docs``,
 ``/openapi.json``, Swagger UI assets under ``/swagger``): they describe the API and hold
@@ -14,9 +15,9 @@ import hmac
 from flask import Flask, current_app, g, request
 
 from core.limits import over_rate_limit
+from web.body import CheckedRequest, load_body, read_body
 from web.context import ctx
 from web.errors import ApiError
-from web.json_depth import JsonTooDeep, loads_bounded
 
 PUBLIC_PATHS = frozenset({"/", "/healthz", "/docs", "/openapi.json"})
 PUBLIC_PREFIXES = ("/swagger/", "/swagger", "/static/")
@@ -73,23 +74,18 @@ def _check_body() -> None:
     chunked = "chunked" in request.headers.get("Transfer-Encoding", "").lower()
     if not length and not chunked:
         return  # no body: routes that need one answer 422
-    limit = ctx().settings.max_body_bytes
-    if length is not None and length > limit:
-        raise ApiError(413, "body_too_large", f"request body over {limit} bytes")
+    settings = ctx().settings
+    if length is not None and length > settings.max_body_bytes:
+        raise ApiError(413, "body_too_large", f"request body over {settings.max_body_bytes} bytes")
     if request.mimetype not in JSON_TYPES and not request.mimetype.endswith("+json"):
         raise ApiError(415, "unsupported_media_type", "send the body as 'Content-Type: application/json'")
-    data = request.get_data(cache=True)  # MAX_CONTENT_LENGTH also stops chunked bodies (413)
-    try:
-        loads_bounded(data)
-    except JsonTooDeep as exc:
-        raise ApiError(400, "json_too_deep", f"body: {exc}",
-                       field="body") from None
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ApiError(400, "malformed_json", f"the body is not valid JSON: {exc}") from None
+    data = read_body(request.environ, length, settings.max_body_bytes, settings.body_timeout_s)
+    load_body(request, data)
 
 
 def install_guards(app: Flask, max_body_bytes: int) -> None:
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
+    app.request_class = CheckedRequest  # routes get the body the guard parsed (web.body)
 
     @app.before_request
     def _guard() -> None:

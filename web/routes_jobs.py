@@ -9,6 +9,7 @@ from flask_openapi3 import APIBlueprint, Tag
 
 from core.events import QUEUED
 from core.jobs import JobNotFound, JobRecord
+from core.keys import InvalidJobId, JobId
 from core.logs import log_event
 from web.context import ctx, note_job, request_owner
 from web.errors import ApiError
@@ -32,6 +33,7 @@ api = APIBlueprint("jobs", __name__, abp_tags=[Tag(name="jobs", description="the
 
 GUARD_ERRORS: dict[int, Any] = {401: ErrorResponse, 429: ErrorResponse, 503: ErrorResponse}
 BODY_ERRORS: dict[int, Any] = {400: ErrorResponse, 413: ErrorResponse, 415: ErrorResponse, 422: ErrorResponse}
+SHOWN_ID_CHARS = 64  # a longer text in place of an id is echoed cut short
 SSE_RESPONSE = {"description": "Server-Sent Events: `id: <seq>`, `event: <type>`, `data: <event JSON>`",
                 "content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}}}
 
@@ -55,8 +57,14 @@ def job_view(job: JobRecord) -> dict[str, Any]:
     return view
 
 
-def find_job(job_id: str) -> JobRecord:
-    """The caller's job, or a 404 (also for another key's job: its existence stays private)."""
+def find_job(text: str) -> JobRecord:
+    """The caller's job, or a 404: for another key's job (its existence stays private), and
+    for text that is not a job id's shape (``<id>:events``), before any Redis key is built."""
+    try:
+        job_id = JobId(text)
+    except InvalidJobId:
+        shown = text if len(text) <= SHOWN_ID_CHARS else text[:SHOWN_ID_CHARS] + "..."
+        raise ApiError(404, "job_not_found", f"no job '{shown}'", job_id=shown) from None
     note_job(job_id)
     try:
         return ctx().store.get(job_id, owner=request_owner())

@@ -170,7 +170,8 @@ class AgentBody(Strict):
 
 # ---- path, query and header parameters ------------------------------------------------------
 class JobPath(BaseModel):
-    job_id: str = Field(min_length=1, max_length=64)
+    job_id: str = Field(min_length=1, description="32 lowercase hex digits; any other text is a 404, "
+                        "as an unknown id is")
 
 
 class JobListQuery(BaseModel):

@@ -126,18 +126,3 @@ def test_bf16_none_with_them_stays_greedy_identical_to_official(bf16_none):
     assert _forward(bf16_none).exact.any
     reference = greedy("official")
     assert all(greedy(method) == reference for method in ("custom_cache", "paged", "prefix_cache"))
-
-
-def test_the_benchmark_times_both_sides_and_finds_the_same_logits(tmp_path, monkeypatch):
-    from bench import exact_ops as bench
-
-    folder = make_tiny_model_dir(tmp_path / "tiny", intermediate_size=128)
-    monkeypatch.setenv("MINISERVE_MODEL", str(folder))
-    monkeypatch.setenv("MINISERVE_DTYPE", "bfloat16")
-    monkeypatch.setattr(bench, "read_bandwidth_gbs", lambda: 1.0)
-    assert bench.main(["--contexts", "8", "20", "--rounds", "2", "--out", str(tmp_path)]) == 0
-    import json
-
-    report = json.loads((tmp_path / "exact_ops.json").read_text())
-    assert report["logits_identical"] and report["ops"] == {"norm_rotary": True, "silu": True}
-    assert set(report["steps"]) == {"8/c", "8/torch", "20/c", "20/torch"} and (tmp_path / "exact_ops.png").exists()

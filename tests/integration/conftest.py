@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from bench.stack import Stack, start_redis, wait_until
 from core.events import TERMINAL_STATES
 from core.jobs import JobRecord, JobStore
 from core.tasks import QUEUE_FOR_JOB_TYPE, TASK_FOR_JOB_TYPE
 from core.workers import list_workers
+from tests.harness.stack import Stack, start_redis, wait_until
 from tests.tiny_model import make_tiny_model_dir
 
 WORKER_ENV = {

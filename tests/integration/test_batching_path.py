@@ -6,8 +6,8 @@ import concurrent.futures as futures
 import pytest
 
 from core.events import SUCCEEDED
-from bench.stack import wait_until
 from core.workers import list_workers
+from tests.harness.stack import wait_until
 from tests.integration.conftest import gen_request, submit, wait_for_worker, wait_terminal
 
 pytestmark = pytest.mark.integration

@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 import redis
 
-from bench.client import submit_and_follow
-from bench.stack import Stack
 from core.jobs import JobStore
 from core.settings import load_settings
+from tests.harness.client import submit_and_follow
+from tests.harness.stack import Stack
 from tests.integration.conftest import wait_for_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -122,7 +122,7 @@ def test_job_that_keeps_killing_its_worker_is_not_retried_forever(store, celery_
 
 
 def wait_until_attempt(store, job_id, attempt):
-    from bench.stack import wait_until
+    from tests.harness.stack import wait_until
 
     wait_until(lambda: store.get(job_id).attempt == attempt and store.get(job_id).state == RUNNING, 90,
                what=f"attempt {attempt}")

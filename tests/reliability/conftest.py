@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from bench.stack import Process, Stack, free_port, start_redis
 from core.jobs import JobStore
+from tests.harness.stack import Process, Stack, free_port, start_redis
 from tests.integration.conftest import (  # noqa: F401 - fixtures, re-exported for this folder
     WORKER_ENV, celery_client, redis_proc, shared_stack, shared_store, shared_worker, stack, store,
     stack_store, tiny_model, worker,

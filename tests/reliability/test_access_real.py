@@ -9,9 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from bench.stack import wait_until
 from core import keys
 from core.events import CANCELLED, RUNNING, SUCCEEDED
+from tests.harness.stack import wait_until
 from tests.integration.conftest import _started_worker, started_web, wait_terminal
 
 pytestmark = pytest.mark.integration

@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from bench.stack import wait_until
 from core.events import CANCELLED, RUNNING
+from tests.harness.stack import wait_until
 from tests.integration.conftest import gen_request, sleep_until_tokens, submit, wait_for_worker, wait_terminal
 
 pytestmark = pytest.mark.integration

@@ -8,8 +8,8 @@ import json
 import pytest
 import requests
 
-from bench.client import iter_sse
 from core.events import SUCCEEDED
+from tests.harness.client import iter_sse
 from tests.integration.conftest import _started_worker, started_web, wait_terminal
 
 pytestmark = pytest.mark.integration

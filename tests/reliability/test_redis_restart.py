@@ -13,9 +13,9 @@ import requests
 
 from concurrent.futures import ThreadPoolExecutor
 
-from bench.client import iter_sse, submit_and_follow
-from bench.stack import wait_until
 from core.events import CANCELLED, RUNNING, SUCCEEDED
+from tests.harness.client import iter_sse, submit_and_follow
+from tests.harness.stack import wait_until
 from tests.integration.conftest import _started_worker, started_web, wait_terminal
 
 pytestmark = pytest.mark.integration

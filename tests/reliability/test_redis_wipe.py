@@ -6,9 +6,9 @@ import pytest
 import redis
 import requests
 
-from bench.stack import Stack, free_port
 from core.events import SUCCEEDED
 from core.jobs import JobStore
+from tests.harness.stack import Stack, free_port
 from tests.integration.conftest import WORKER_ENV, _started_worker, started_web, wait_terminal
 from tests.reliability.conftest import RestartableRedis
 

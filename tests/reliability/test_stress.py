@@ -17,10 +17,10 @@ import time
 import pytest
 import requests
 
-from bench.stack import wait_until
 from core.events import CANCELLED, FAILED, SUCCEEDED, TERMINAL_EVENTS
 from core.tasks import QUEUE_FOR_JOB_TYPE, TASK_FOR_JOB_TYPE
 from core.workers import list_workers
+from tests.harness.stack import wait_until
 from tests.integration.conftest import _started_worker, started_web, wait_terminal
 
 pytestmark = pytest.mark.integration

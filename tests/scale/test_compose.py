@@ -5,7 +5,7 @@ import subprocess
 import pytest
 import yaml
 
-from bench.stack import REPO_ROOT
+from tests.harness.stack import REPO_ROOT
 
 COMPOSE = REPO_ROOT / "docker-compose.yml"
 

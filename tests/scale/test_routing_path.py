@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from bench.stack import wait_until
 from core.events import SUCCEEDED
 from core.routing import ALIVE_S
+from tests.harness.stack import wait_until
 from tests.integration.conftest import _started_worker, started_web, wait_for_worker, wait_terminal
 
 pytestmark = pytest.mark.integration

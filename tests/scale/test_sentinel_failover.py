@@ -16,9 +16,9 @@ import time
 import pytest
 import requests
 
-from bench.sentinel import MASTER_NAME, SentinelCluster
-from bench.stack import Stack, job_store, wait_until
 from core.events import RUNNING, SUCCEEDED, TERMINAL_EVENTS
+from tests.harness.sentinel import MASTER_NAME, SentinelCluster
+from tests.harness.stack import Stack, job_store, wait_until
 from tests.integration.conftest import WORKER_ENV, _started_worker, started_web, wait_terminal
 
 pytestmark = pytest.mark.integration

@@ -7,7 +7,7 @@ import sys
 import pytest
 import requests
 
-from bench.stack import free_port, spawn, wait_until
+from tests.harness.stack import free_port, spawn, wait_until
 
 
 @pytest.fixture(scope="module")

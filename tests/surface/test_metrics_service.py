@@ -5,8 +5,8 @@ from __future__ import annotations
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.stack import wait_until
 from core.events import TERMINAL_STATES
+from tests.harness.stack import wait_until
 
 
 def scrape(base_url: str) -> dict[tuple[str, tuple], float]:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from bench.stack import REPO_ROOT, wait_until
 from core.events import TERMINAL_STATES
+from tests.harness.stack import REPO_ROOT, wait_until
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",

@@ -8,8 +8,8 @@ import openai
 import pytest
 import requests
 
-from bench.stack import wait_until
 from core.events import TERMINAL_STATES
+from tests.harness.stack import wait_until
 
 MESSAGES = [{"role": "system", "content": "You are a terse assistant."},
             {"role": "user", "content": "Hello, how are you today?"}]

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from core import keys
-from web.json_depth import MAX_JSON_DEPTH, JsonTooDeep, depth, loads_bounded
+from web.json_depth import MAX_JSON_DEPTH, JsonTooDeep, depth, parse_json
 
 DEEP = "[" * 1000 + "]" * 1000
 DEEPER = '{"a":' * 50_000 + "1" + "}" * 50_000
@@ -65,9 +65,9 @@ def test_nesting_at_the_limit_is_accepted(make_app, celery):
 
 def test_depth_is_measured_without_recursion():
     assert depth(1) == 0 and depth([]) == 1 and depth({"a": [1, {"b": []}]}) == 4
-    assert loads_bounded('{"a": [[1]]}') == {"a": [[1]]}
+    assert parse_json('{"a": [[1]]}') == {"a": [[1]]}
     with pytest.raises(JsonTooDeep):
-        loads_bounded("[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1))
+        parse_json("[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1))
     with pytest.raises(JsonTooDeep):
-        loads_bounded(DEEPER)
-    assert loads_bounded("[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH) is not None
+        parse_json(DEEPER)
+    assert parse_json("[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH) is not None

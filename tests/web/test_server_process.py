@@ -3,74 +3,32 @@ client puts the task on the Redis queue by name, and SSE streams over real socke
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 import redis
 
 from core.jobs import JobStore
 from tests.web.conftest import parse_sse, run_job
+from tests.web.processes import HAVE_REDIS_SERVER, redis_server, web_server
 
-ROOT = Path(__file__).resolve().parents[2]
-REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(not Path(REDIS_SERVER).exists(), reason="redis-server not installed")]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_for(check, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except Exception:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError("service did not come up")
+              pytest.mark.skipif(not HAVE_REDIS_SERVER, reason="redis-server not installed")]
 
 
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory):
-    port = _free_port()
-    proc = subprocess.Popen([REDIS_SERVER, "--port", str(port), "--save", "", "--appendonly", "no",
-                             "--dir", str(tmp_path_factory.mktemp("redis"))], stdout=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    _wait_for(lambda: redis.Redis.from_url(url).ping())
-    yield url
-    proc.terminate()
-    proc.wait(timeout=10)
+    with redis_server(tmp_path_factory.mktemp("redis")) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def server(redis_url, tmp_path_factory):
-    port = _free_port()
-    env = {**os.environ, "MINISERVE_REDIS_URL": redis_url, "MINISERVE_PORT": str(port),
-           "MINISERVE_HOST": "127.0.0.1", "MINISERVE_CACHE_DIR": str(tmp_path_factory.mktemp("cache")),
-           "MINISERVE_WEB_WORKERS": "1", "MINISERVE_SSE_KEEPALIVE_S": "1", "MINISERVE_API_KEYS": ""}
     log = tmp_path_factory.mktemp("log") / "web.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "web"], cwd=ROOT, env=env, stdout=out, stderr=out)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait_for(lambda: urllib.request.urlopen(f"{base}/healthz", timeout=1).status == 200)
+    with web_server(redis_url, tmp_path_factory.mktemp("cache"), log) as base:
         yield base, log
-    finally:
-        proc.terminate()
-        proc.wait(timeout=15)
 
 
 def _call(method: str, url: str, body: dict | None = None) -> tuple[int, dict, dict]:

@@ -58,7 +58,7 @@ def test_redis_down_is_503_json_with_retry_after(tmp_path):
     from core.settings import load_settings
     client, celery = _down_app(load_settings(cache_dir=tmp_path))
     for method, path, kwargs in [("post", "/jobs", {"json": {"prompt": "hi"}}), ("get", "/jobs", {}),
-                                 ("get", "/jobs/abc", {}), ("get", "/queues", {}), ("get", "/workers", {}),
+                                 ("get", "/jobs/" + "0" * 32, {}), ("get", "/queues", {}), ("get", "/workers", {}),
                                  ("post", "/generate", {"json": {"prompt": "hi"}})]:
         response = getattr(client, method)(path, **kwargs)
         assert response.status_code == 503, path
@@ -112,5 +112,7 @@ def test_server_options_bind_localhost_with_threaded_workers_and_no_debug(client
     from web.__main__ import gunicorn_options
     options = gunicorn_options(load_settings(web_threads=48))
     assert options["bind"] == "127.0.0.1:8000"
-    assert options["worker_class"] == "gthread" and options["threads"] == 48
+    from gunicorn.workers.gthread import ThreadWorker
+    from gunicorn.util import load_class
+    assert issubclass(load_class(options["worker_class"]), ThreadWorker) and options["threads"] == 48
     assert client.application.debug is False

@@ -19,7 +19,7 @@ from typing import Any
 from web import constraints
 from web.context import ctx
 from web.errors import ApiError
-from web.json_depth import JsonTooDeep, loads_bounded
+from web.json_depth import InvalidText, JsonTooDeep, parse_json
 from web.openai.schemas import ChatCompletionRequest, ChatMessage
 from web.openai.tool_calls import ToolSet, compile_tools
 from web.submit import Submission, with_speculative
@@ -47,12 +47,16 @@ def _text(content: str | list[Any] | None) -> str:
 
 def _arguments(text: str, field_name: str) -> Any:
     """A tool call's ``arguments`` string as an object (the chat template renders objects);
-    text that is not JSON stays text, JSON nested too deep is a 400 naming the field."""
+    text that is not JSON stays text; JSON nested too deep is a 400, and JSON whose escapes
+    make text that is not Unicode a 422, naming the field."""
     try:
-        return loads_bounded(text)
+        return parse_json(text)
     except JsonTooDeep as exc:
         raise ApiError(400, "json_too_deep", f"{field_name}: {exc}",
                        field=field_name) from None
+    except InvalidText as exc:
+        inside = f" (at {exc.field})" if exc.field else ""
+        raise ApiError(422, "validation_error", f"{field_name}: {exc}{inside}", field=field_name) from None
     except ValueError:
         return text
 

@@ -4,16 +4,16 @@ from __future__ import annotations
 import pytest
 import requests
 
-from bench.client import iter_sse, submit_and_follow
 from core import keys
 from core.events import CANCELLED, SUCCEEDED
+from tests.harness.client import iter_sse, submit_and_follow
 from tests.integration.conftest import sleep_until_tokens, wait_state, wait_terminal
 
 pytestmark = pytest.mark.integration
 
 
 def poll_until_done(base_url: str, job_id: str, timeout_s: float = 60) -> dict:
-    from bench.stack import wait_until
+    from tests.harness.stack import wait_until
 
     wait_until(lambda: requests.get(f"{base_url}/jobs/{job_id}").json()["state"]
                not in ("queued", "running"), timeout_s, what="job end")
