@@ -3,8 +3,9 @@
 Starts redis-server and ``python -m web`` (no Celery worker: a fake worker thread here runs
 jobs straight in the job store, so the benchmark measures the web and not a model). Then:
 
-1. *unloaded*: ``GET /healthz`` latency, and the time from ``POST /jobs`` to the first
-   token event on the job's SSE stream (TTFT), with nothing else connected;
+1. *unloaded*: ``GET /health`` latency (readiness: the fake worker heartbeats as loaded),
+   and the time from ``POST /jobs`` to the first token event on the job's SSE stream
+   (TTFT), with nothing else connected;
 2. *loaded*: N SSE subscribers held open on running jobs (each emits a token event every
    ``token_every_s``), N/10 more cycling over finished jobs (replay to the end, wait
    ``cycle_pause_s``, reconnect), and M slowloris sockets (half drip their headers, half
@@ -14,7 +15,7 @@ jobs straight in the job store, so the benchmark measures the web and not a mode
    stream its terminal event.
 
 Writes ``<output>.json`` (summary, setup, machine), ``<output>.csv`` (one row per probe)
-and ``<output>.png``. Targets: ``/healthz`` p99 under 100 ms loaded, loaded TTFT p50 within
+and ``<output>.png``. Targets: ``/health`` p99 under 100 ms loaded, loaded TTFT p50 within
 2x unloaded, nothing lost.
 """
 from __future__ import annotations
@@ -33,9 +34,12 @@ import requests
 from bench.connection_clients import raise_fd_limit, run_clients
 from bench.stats import machine_info, percentile, pyplot, write_csv, write_json
 from core.jobs import JobStore
+from core.workers import write_heartbeat
 from tests.harness.stack import Process, Stack, job_store, start_redis, wait_until
 
 FINISHED_EVENTS = 20  # token events of each finished job
+HEARTBEAT_S = 5
+HEALTH_PATH = "/health"  # readiness: Redis, and a worker with its model loaded (the fake one)
 # The web's clocks for this run: slowloris sockets must be cut several times within it.
 WEB_CLOCKS = {"MINISERVE_HEADER_TIMEOUT_S": "5", "MINISERVE_BODY_TIMEOUT_S": "10",
               "MINISERVE_BODY_DEADLINE_S": "10", "MINISERVE_SSE_KEEPALIVE_S": "5"}
@@ -66,6 +70,7 @@ class FakeWorker:
         for _ in range(count):
             job = self.store.create("generation", "generation", {"prompt": "bench"})
             self.running[job.id] = self.store.start_attempt(job.id, "bench-fake", lease_s=3600).attempt
+        self.heartbeat()
         for thread in self.threads:
             thread.start()
         return list(self.running)
@@ -90,9 +95,17 @@ class FakeWorker:
                           attempt=attempt)
 
     def _tick(self) -> None:
+        beat = 0.0
         while not self.stop.wait(self.every_s):
             for job_id, attempt in list(self.running.items()):
                 self.store.append_event(job_id, attempt, "token", {"text": "x"})
+            if time.monotonic() - beat > HEARTBEAT_S:
+                beat = time.monotonic()
+                self.heartbeat()
+
+    def heartbeat(self) -> None:
+        """What a worker with its model loaded reports, so ``/health`` answers 200."""
+        write_heartbeat(self.store.client, "bench-fake", {"engine_loaded": True, "model": "tiny"})
 
     def _serve_queued(self) -> None:
         while not self.stop.wait(0.005):
@@ -110,10 +123,10 @@ class FakeWorker:
         return {job_id: self.store.get(job_id).last_seq for job_id in self.running}
 
 
-def health_ms(base: str) -> tuple[float, int]:
+def health_ms(base: str, path: str = HEALTH_PATH) -> tuple[float, int]:
     started = time.perf_counter()
     try:
-        status = requests.get(f"{base}/healthz", timeout=30).status_code
+        status = requests.get(f"{base}{path}", timeout=30).status_code
     except requests.RequestException:
         status = 0
     return (time.perf_counter() - started) * 1000, status
@@ -136,7 +149,7 @@ def ttft_ms(base: str) -> tuple[float, int]:
 
 
 def probe(base: str, phase: str, seconds: float, t0: float, ttft_every_s: float = 1.0) -> list[Probe]:
-    """``/healthz`` every 50 ms and a TTFT probe every ``ttft_every_s``, for ``seconds``."""
+    """``/health`` every 50 ms and a TTFT probe every ``ttft_every_s``, for ``seconds``."""
     rows, end, next_ttft = [], time.monotonic() + seconds, time.monotonic()
     while time.monotonic() < end:
         ms, status = health_ms(base)
@@ -178,7 +191,7 @@ def start_web(run: ConnectionRun, folder: Path) -> tuple[list[Process], str, Job
            "MINISERVE_MAX_STREAMS_PER_CLIENT": str(limit), "MINISERVE_MAX_QUEUE_DEPTH": "0",
            "MINISERVE_RATE_LIMIT_PER_MINUTE": "0", "MINISERVE_API_KEYS": ""}
     web, base = Stack(redis_url=url, env_overrides=env, log_dir=folder).start_web()
-    wait_until(lambda: health_ms(base)[1] == 200, 60, what="web server")
+    wait_until(lambda: health_ms(base, "/healthz")[1] == 200, 60, what="web server")
     return [redis_proc, web], base, job_store(url)
 
 
@@ -301,7 +314,7 @@ def report(summary: dict[str, Any]) -> None:
     plot(rows, summary, out.with_suffix(".png"))
     for phase in ("unloaded", "loaded"):
         h, t = summary["health"][phase], summary["ttft"][phase]
-        print(f"{phase:>8}: /healthz p50 {h['p50_ms']} ms p99 {h['p99_ms']} ms ({h['n']} ok, {h['errors']} errors);"
+        print(f"{phase:>8}: {HEALTH_PATH} p50 {h['p50_ms']} ms p99 {h['p99_ms']} ms ({h['n']} ok, {h['errors']} errors);"
               f" TTFT p50 {t['p50_ms']} ms ({t['n']} jobs)")
     print("peak open:", summary["peak_open"], "| subscribers:", summary["subscribers"])
     print("slowloris:", summary["slowloris"])
@@ -322,7 +335,7 @@ def plot(rows: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> Non
     ax.set_xlabel("seconds since start")
     ax.set_ylabel("latency, ms")
     setup = summary["setup"]
-    ax.set_title(f"/healthz and TTFT with {setup['connections']} held SSE streams + {setup['cycling_subscribers']} cycling"
+    ax.set_title(f"/health and TTFT with {setup['connections']} held SSE streams + {setup['cycling_subscribers']} cycling"
                  f" + {setup['slowloris']} slowloris")
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()

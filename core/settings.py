@@ -52,7 +52,7 @@ class Settings(BaseSettings):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     # auto: the quality-matched low-bit plan on CPU, none on CUDA (docs/quantization.md).
-    quant: Literal["auto", "none", "mixed", "q8", "int8", "int4"] = "auto"
+    quant: Literal["auto", "none", "q8"] = "auto"
     threads: int = Field(default=0, ge=0)  # 0 = torch's default
 
     # Web server.
@@ -109,9 +109,6 @@ class Settings(BaseSettings):
     speculative: Literal["off", "ngram"] = "off"
     spec_tokens: int = Field(default=8, ge=1, le=16)  # most drafts per step (k; fewer by expected value)
     spec_ngram: Annotated[tuple[int, ...], NoDecode] = (4, 3, 2)  # suffix lengths tried, longest first
-    # price of a verified row: "fixed" per kernel path (engine/speculative/config.py) or
-    # "measured" on the worker's own forward at its first speculative request (row_price.py)
-    spec_row_cost: Literal["fixed", "measured"] = "fixed"
 
     # Queue and reliability.
     # One worker process, several jobs at once: a threads pool feeding the paged scheduler.

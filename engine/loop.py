@@ -6,17 +6,22 @@ engine state (paged pool, block manager, scheduler, contiguous caches, prefix LR
 lock guards it and nothing is built twice.  Each turn of the loop
 
 1. drains its inbox: ``paged`` requests join the scheduler, the other methods queue up;
-2. runs ONE non-batched request to completion (``official``, ``no_cache``, ``custom_cache``,
-   ``prefix_cache``: their state is single-request, and ``official`` is transformers'
-   ``generate``, which cannot be paused between tokens), one per turn, so batched
-   sequences advance between two of them;
-3. takes ONE batched step of the paged scheduler (every running sequence advances);
-4. publishes a stats snapshot (a plain dict swapped in whole) for the heartbeat.
+2. starts at most ONE queued non-batched request (``official``, ``no_cache``,
+   ``custom_cache``, ``prefix_cache``) as a solo task (:mod:`engine.solo`), while fewer than
+   ``max_batch`` run: one prefill per turn at most, so a burst of arrivals cannot stall;
+3. resumes every running solo task, in arrival order, for ONE token each: the methods keep
+   their own code (``official`` is transformers' ``generate``) and pause in ``run.accept``;
+4. takes ONE batched step of the paged scheduler (every running sequence advances);
+5. publishes a stats snapshot (a plain dict swapped in whole) for the heartbeat.
+
+No request holds the loop until it finishes: between two tokens of any request, every other
+running request gets one token (or one chunk of prefill) of its own.
 
 Outputs go back through each handle's queue (text pieces, then one result or one error),
 so the submitter does all its I/O (Redis events, cancel-flag polls, leases) in its own
 thread, never inside a step.  Cancellation and the deadline reach the loop as thread-safe
 flags it reads between tokens; a request's deadline counts from when the loop starts it.
+The thread runs inside ``torch.inference_mode()`` for its whole life (see :mod:`engine.solo`).
 """
 from __future__ import annotations
 
@@ -29,10 +34,16 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Any, Callable
 
+import torch
+
 from core.logs import log_event
+from engine.batching.service import PagedService
 from engine.constrained import token_constraint
+from engine.handwritten import forward_for
+from engine.model_engine import ModelEngine
 from engine.openmp import release_thread_team
 from engine.run import GenerationRun
+from engine.solo import SoloTask
 from engine.types import CancelCheck, GenerationRequest, GenerationResult, TextCallback
 
 logger = logging.getLogger("miniserve.engine.loop")
@@ -144,6 +155,7 @@ class _Job:
                  constraint: Any = None) -> None:
         self.handle, self.prompt, self.run, self.penalty = handle, prompt, run, penalty
         self.constraint = constraint  # the sequence's grammar state (engine.constrained), if any
+        self.task: SoloTask | None = None  # a non-batched request's greenlet, once started
 
 
 class _Call:
@@ -160,7 +172,7 @@ class _Call:
 
 
 class EngineLoop:
-    """The owner thread of one :class:`~engine.engine.Engine`'s state (see the module doc).
+    """The owner thread of one :class:`~engine.model_engine.ModelEngine`'s state (see the module doc).
 
     ``paged`` may be a ready :class:`~engine.batching.service.PagedService` (benchmarks
     compare pool settings in extra loops over one engine; such a loop must be given one);
@@ -168,11 +180,12 @@ class EngineLoop:
     thread, on first use.
     """
 
-    def __init__(self, engine: Any, paged: Any = None) -> None:
+    def __init__(self, engine: ModelEngine, paged: PagedService | None = None) -> None:
         self.engine = engine
         self._paged = paged
         self._inbox: queue.SimpleQueue[_Job | _Call | None] = queue.SimpleQueue()
-        self._solo: deque[_Job] = deque()
+        self._solo: deque[_Job] = deque()      # non-batched requests not yet started
+        self._running: list[_Job] = []          # started solo tasks, in arrival order
         self._ids = itertools.count(1)
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
@@ -224,13 +237,10 @@ class EngineLoop:
         return self.post(fn).result(timeout)
 
     @property
-    def paged(self) -> Any:
+    def paged(self) -> PagedService:
         """The paged service (built on first use). Loop thread only, or before it starts."""
         self.check_owner()
         if self._paged is None:
-            from engine.batching.service import PagedService
-            from engine.handwritten import forward_for
-
             self._paged = PagedService(forward_for(self.engine), self.engine.settings)
         return self._paged
 
@@ -265,24 +275,26 @@ class EngineLoop:
 
     def _main(self) -> None:
         self.owner = threading.get_ident()
-        while not self._closing.is_set():
-            try:
-                self._turn()
-            except Exception as exc:  # noqa: BLE001 - the loop must never die silently
-                log_event(logger, "engine_loop_error", level=logging.ERROR, error=type(exc).__name__)
-                time.sleep(0.01)
-        self._abandon()
+        with torch.inference_mode():  # one mode for the thread's life: solo tasks switch inside it
+            while not self._closing.is_set():
+                try:
+                    self._turn()
+                except Exception as exc:  # noqa: BLE001 - the loop must never die silently
+                    log_event(logger, "engine_loop_error", level=logging.ERROR, error=type(exc).__name__)
+                    time.sleep(0.01)
+            self._abandon()
 
     def _turn(self) -> None:
         scheduler = self._paged.scheduler if self._paged is not None else None
-        busy = bool(self._solo) or (scheduler is not None and scheduler.has_work)
+        busy = bool(self._solo or self._running) or (scheduler is not None and scheduler.has_work)
         if not busy:
             release_thread_team()  # idle: leave the CPUs' spinning OpenMP workers to a busy loop
         self._drain(block=not busy)
         if self._closing.is_set():
             return
-        if self._solo:
-            self._run_solo(self._solo.popleft())
+        if self._solo and len(self._running) < self.engine.settings.max_batch:
+            self._start_solo(self._solo.popleft())
+        self._advance_solo()
         if self._paged is not None and self._paged.scheduler.has_work:
             self._paged.step()
         self._publish()
@@ -316,16 +328,26 @@ class EngineLoop:
         job.handle.begin()
         service.add(seq)
 
-    def _run_solo(self, job: _Job) -> None:
+    def _start_solo(self, job: _Job) -> None:
         job.handle.begin()
-        try:
-            result = self.engine.run_solo(job.prompt, job.run, job.handle.request, job.penalty)
-        except Exception as exc:  # noqa: BLE001 - fails this request only
-            log_event(logger, "generation_failed", request_id=job.handle.id,
-                      method=job.handle.request.method, error=type(exc).__name__)
-            job.handle.resolve(None, exc)
-            return
-        job.handle.resolve(result)
+        job.task = SoloTask(lambda: self.engine.run_solo(job.prompt, job.run, job.handle.request, job.penalty),
+                            job.run)
+        self._running.append(job)
+
+    def _advance_solo(self) -> None:
+        """One token (the first: prefill and one token) for each running solo task."""
+        still: list[_Job] = []
+        for job in self._running:
+            assert job.task is not None
+            if not job.task.resume():
+                still.append(job)
+            elif job.task.error is not None:
+                log_event(logger, "generation_failed", request_id=job.handle.id,
+                          method=job.handle.request.method, error=type(job.task.error).__name__)
+                job.handle.resolve(None, job.task.error)
+            else:
+                job.handle.resolve(job.task.result)
+        self._running = still
 
     def _finish_seq(self, job: _Job, seq: Any) -> None:
         if seq.error is not None:
@@ -341,12 +363,16 @@ class EngineLoop:
         snap: dict[str, Any] = self.engine.local_stats()
         if self._paged is not None:
             snap[BATCHED_METHOD] = self._paged.stats()
-        snap["loop"] = {"solo_waiting": len(self._solo)}
+        snap["loop"] = {"solo_waiting": len(self._solo), "solo_running": len(self._running)}
         self.snapshot = snap
 
     def _abandon(self) -> None:
         error = LoopClosedError("the engine loop was closed")
-        pending = list(self._solo)
+        for job in self._running:
+            assert job.task is not None
+            job.task.close()
+        pending = self._running + list(self._solo)
+        self._running = []
         try:
             while True:
                 job = self._inbox.get_nowait()

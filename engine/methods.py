@@ -1,13 +1,17 @@
-"""The table of non-batched generation methods an :class:`~engine.engine.Engine` offers.
+"""The table of non-batched generation methods a :class:`~engine.model_engine.ModelEngine` offers.
 
 Each runner has the signature ``runner(engine, prompt, run, request, repetition_penalty) ->
 cached_tokens``: it produces tokens into ``run`` until ``run.accept`` says stop. The loop
-runs them one at a time; ``paged`` is not here: it is the loop's own batched path.
+runs each as a solo task, one token per turn (:mod:`engine.solo`); ``paged`` is not here:
+it is the loop's own batched path.
 """
 from __future__ import annotations
 
 from typing import Any
 
+from engine.constrained import token_constraint
+from engine.handwritten import handwritten_methods
+from engine.official import generate_official
 from engine.prompt import Prompt
 from engine.run import GenerationRun
 from engine.types import GenerationRequest
@@ -15,16 +19,10 @@ from engine.types import GenerationRequest
 
 def run_official(engine: Any, prompt: Prompt, run: GenerationRun, request: GenerationRequest,
                  penalty: float) -> int:
-    from engine.official import generate_official
-
-    from engine.constrained import token_constraint
-
     generate_official(engine.loaded.model, prompt.ids, run, request.sampling, penalty,
                       constraint=token_constraint(engine, request.constraint))
     return 0
 
 
 def builtin_methods() -> dict[str, Any]:
-    from engine.handwritten import handwritten_methods
-
     return {"official": run_official, **handwritten_methods()}

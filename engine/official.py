@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
+from engine.constrained.processor import GrammarLogitsProcessor
 from engine.run import GenerationRun
 from engine.sampling import safe_penalty, safe_temperature
 from engine.types import SamplingParams
@@ -53,8 +54,6 @@ def generate_official(model: Any, prompt_ids: list[int], run: GenerationRun, sam
     if not sampling.greedy and sampling.seed is not None:
         torch.manual_seed(sampling.seed)  # generate samples from the global generator
     if constraint is not None:
-        from engine.constrained.processor import GrammarLogitsProcessor
-
         kwargs["logits_processor"] = LogitsProcessorList([GrammarLogitsProcessor(constraint, len(prompt_ids))])
     with torch.inference_mode():
         model.generate(input_ids, attention_mask=torch.ones_like(input_ids),

@@ -5,13 +5,18 @@ A method produces token ids; the run turns each into streamed text, decides when
 :class:`~engine.types.GenerationResult` with usage and timings. Keeping this in one place is
 what makes the methods comparable token for token and second for second.
 
+Pausing: a method that runs as a solo task on the engine loop (:mod:`engine.solo`) gets a
+``pause`` hook; :meth:`GenerationRun.accept` calls it after each token that does not end the
+run, so every method yields the loop between two tokens at this one place. Cancellation
+and the deadline are read again when it resumes.
+
 Counting: ``token_ids`` are the generated tokens without a final end-of-sequence id;
 ``usage.completion_tokens`` counts every token the model produced, that id included.
 """
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from engine.textstream import TextStream
 from engine.types import (CANCELLED, LENGTH, STOP, CancelCheck, GenerationResult, TextCallback,
@@ -37,6 +42,7 @@ class GenerationRun:
         self.produced = 0
         self.finish_reason: str | None = None
         self.draft_tokens = self.accepted_draft_tokens = 0
+        self.pause: Callable[[], None] | None = None  # set by the loop for a solo task
 
     @property
     def done(self) -> bool:
@@ -68,7 +74,9 @@ class GenerationRun:
             self.finish_reason = STOP
         elif self.produced >= self.max_new_tokens:
             self.finish_reason = LENGTH
-        elif self._should_cancel is not None and self._should_cancel():
+        elif self.pause is not None:
+            self.pause()  # the loop's other work runs here; we come back on our next turn
+        if not self.done and self._should_cancel is not None and self._should_cancel():
             self.finish_reason = CANCELLED
         return self.done
 

@@ -3,7 +3,7 @@ size, content type, completeness, JSON syntax, nesting depth and text (:mod:`web
 routes only ever see a parsed JSON object that nothing downstream can overflow the stack
 on or fail to encode.
 
-Public without a key: ``/healthz`` and the documentation (``/``, ``/docs``,
+Public without a key: ``/healthz``, ``/health`` and the documentation (``/``, ``/docs``,
 ``/openapi.json``, Swagger UI assets under ``/swagger``): they describe the API and hold
 no job data.
 """
@@ -19,7 +19,7 @@ from web.body import CheckedRequest, load_body, read_body
 from web.context import ctx
 from web.errors import ApiError
 
-PUBLIC_PATHS = frozenset({"/", "/healthz", "/docs", "/openapi.json"})
+PUBLIC_PATHS = frozenset({"/", "/healthz", "/health", "/docs", "/openapi.json"})
 PUBLIC_PREFIXES = ("/swagger/", "/swagger", "/static/")
 EXTRA_PUBLIC_CONFIG = "MINISERVE_PUBLIC_PREFIXES"
 JSON_TYPES = ("application/json",)

@@ -88,12 +88,6 @@ def _token_counters(totals: dict[str, float]) -> Iterator[Metric]:
         if family == "tokens" and len(labels) == 2 and labels[1] in families:
             families[labels[1]].add_metric([labels[0]], value)
     yield from families.values()
-    prompt = sum(v for k, v in totals.items() if k.startswith("tokens|") and k.endswith("|prompt_tokens"))
-    cached = sum(v for k, v in totals.items() if k.startswith("tokens|") and k.endswith("|cached_tokens"))
-    ratio = GaugeMetricFamily("miniserve_prompt_cache_hit_ratio",
-                              "Share of prompt tokens served from a cache, over all finished jobs")
-    ratio.add_metric([], cached / prompt if prompt else 0.0)
-    yield ratio
 
 
 def _histograms(totals: dict[str, float]) -> Iterator[Metric]:
@@ -113,23 +107,29 @@ def _histograms(totals: dict[str, float]) -> Iterator[Metric]:
 
 
 def _worker_metrics(workers: list[dict[str, Any]]) -> Iterator[Metric]:
+    """Per-worker series from the heartbeats. Cache and draft figures are counts since the
+    worker started, so they are counters (a restart is a reset, which ``rate()`` handles);
+    ratios are left to queries (docs/api.md shows them)."""
     online = GaugeMetricFamily("miniserve_workers_online", "Workers with a recent heartbeat")
     online.add_metric([], len(workers))
     yield online
     busy = GaugeMetricFamily("miniserve_worker_current_jobs", "Jobs each worker runs now", labels=["worker"])
-    lookups = GaugeMetricFamily("miniserve_cache_lookups", "Cache lookups since the worker started (prefix "
-                                "cache: requests; paged: prompt tokens)", labels=["worker", "cache", "result"])
-    ratio = GaugeMetricFamily("miniserve_cache_hit_ratio", "Cache hits over lookups since the worker started",
-                              labels=["worker", "cache"])
-    blocks = GaugeMetricFamily("miniserve_kv_blocks", "KV blocks of the paged cache", labels=["worker", "kind"])
-    spec = GaugeMetricFamily("miniserve_speculative_acceptance_ratio", "Accepted over drafted speculative "
-                             "tokens since the worker started", labels=["worker"])
+    lookups = CounterMetricFamily("miniserve_cache_lookups", "Cache lookups since the worker started (prefix "
+                                  "cache: requests; paged: prompt tokens)", labels=["worker", "cache", "result"])
+    blocks = GaugeMetricFamily("miniserve_kv_blocks", "KV blocks of the paged cache by use (the kinds add up "
+                               "to the capacity)", labels=["worker", "kind"])
+    capacity = GaugeMetricFamily("miniserve_kv_blocks_capacity", "KV blocks in the paged pool", labels=["worker"])
+    drafted = CounterMetricFamily("miniserve_worker_speculative_draft_tokens", "Speculative draft tokens "
+                                  "verified since the worker started", labels=["worker"])
+    accepted = CounterMetricFamily("miniserve_worker_speculative_accepted_tokens", "Speculative draft tokens "
+                                   "accepted since the worker started", labels=["worker"])
     for worker in workers:
         name, info = worker["name"], worker.get("info") or {}
         busy.add_metric([name], len(info.get("current_jobs") or []))
-        drafted, accepted = draft_totals(info.get("cache_stats") or {})
-        if drafted:
-            spec.add_metric([name], accepted / drafted)
+        n_drafted, n_accepted = draft_totals(info.get("cache_stats") or {})
+        if n_drafted:
+            drafted.add_metric([name], n_drafted)
+            accepted.add_metric([name], n_accepted)
         for cache, stats in (info.get("cache_stats") or {}).items():
             figures = cache_figures(stats)
             if figures is None:
@@ -137,13 +137,12 @@ def _worker_metrics(workers: list[dict[str, Any]]) -> Iterator[Metric]:
             hits, misses, pool = figures
             lookups.add_metric([name, cache, "hit"], hits)
             lookups.add_metric([name, cache, "miss"], misses)
-            ratio.add_metric([name, cache], hits / (hits + misses) if hits + misses else 0.0)
             for kind in ("used", "free", "cached"):
                 if f"blocks_{kind}" in pool:
                     blocks.add_metric([name, kind], float(pool[f"blocks_{kind}"]))
             if "num_blocks" in pool:
-                blocks.add_metric([name, "total"], float(pool["num_blocks"]))
-    yield from (busy, lookups, ratio, blocks, spec)
+                capacity.add_metric([name], float(pool["num_blocks"]))
+    yield from (busy, lookups, blocks, capacity, drafted, accepted)
 
 
 def draft_totals(cache_stats: dict[str, Any]) -> tuple[float, float]:

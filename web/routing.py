@@ -3,14 +3,13 @@
 The key is the chained block hash (:mod:`core.prefix_hash`, the block manager's own
 function) of the full KV blocks inside the prompt's *system block* -- the rendered system
 message, which is a token prefix of every prompt that shares it (engine/prompt.py). The
-web renders it with the model's chat template (jinja2, as transformers does) and counts
+web renders it with the model's chat template (web/chat_template.py: jinja2, as transformers does) and counts
 tokens with the ``tokenizers`` library: no torch, no model. Prompts whose system block is
 shorter than ``MINISERVE_ROUTE_MIN_PREFIX_TOKENS``, or with no system part, get no key and
 go to the shared queue. Only ``generation`` jobs are routed.
 """
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from core.logs import log_event
 from core.prefix_hash import block_hashes
 from core.settings import Settings
 from web.context import EXTENSION_KEY, ctx
+from web.chat_template import load_chat_template
 from web.tokenizer import load_tokenizer
 from core.model_source import local_model_dir as model_folder
 
@@ -54,16 +54,11 @@ class PrefixKeyer:
             if self._loaded:
                 return
             self._loaded = True
-            source = _template_source(self.folder) if self.folder else None
+            template = load_chat_template(self.folder)
             tokenizer = load_tokenizer(self.folder)
-            if source is None or tokenizer is None:
+            if template is None or tokenizer is None:
                 return
-            from jinja2.ext import loopcontrols
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-            env.filters["tojson"] = lambda value, **kw: json.dumps(value, ensure_ascii=False, **kw)
-            self._template = env.from_string(source)
+            self._template = template
             self._tokenizer = tokenizer
 
     def system_ids(self, request: dict[str, Any]) -> list[int] | None:
@@ -102,18 +97,6 @@ class PrefixKeyer:
 
 def format_key(block_hash: int) -> str:
     return format(block_hash & 0xFFFF_FFFF_FFFF_FFFF, "016x")
-
-
-def _template_source(folder: Path) -> str | None:
-    jinja_file = folder / "chat_template.jinja"
-    if jinja_file.is_file():
-        return jinja_file.read_text(encoding="utf-8")
-    try:
-        config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    template = config.get("chat_template")
-    return template if isinstance(template, str) else None
 
 
 def route_job(request: dict[str, Any], queue: str) -> str:

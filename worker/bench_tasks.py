@@ -5,12 +5,15 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from celery import Task
+
 from core import tasks as names
 from worker.app import app
-from worker.job_runner import BadJobRequest, JobContext, run_job
+from worker.celery_state import TASK_THROWS
+from worker.job_runner import BadJobRequest, JobContext
 from worker.requests import generation_request_from
 from worker.runtime import runtime
-from worker.tasks import BATCHED_METHOD, WorkerGenerator
+from worker.tasks import BATCHED_METHOD, WorkerGenerator, run_task
 
 PROGRESS = "progress"
 
@@ -77,6 +80,6 @@ def run_benchmark(ctx: JobContext) -> dict[str, Any]:
     return BENCHMARKS[name](ctx)
 
 
-@app.task(name=names.BENCH, ignore_result=True)
-def bench(job_id: str, dispatch: int = 0) -> None:
-    run_job(runtime(), job_id, dispatch, run_benchmark)
+@app.task(name=names.BENCH, bind=True, throws=TASK_THROWS)
+def bench(self: Task, job_id: str, dispatch: int = 0) -> dict[str, Any]:
+    return run_task(self, job_id, dispatch, run_benchmark)

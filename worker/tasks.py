@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from celery import Task
+
 from core import tasks as names
 from core.events import TOOL_STEP, WAITING
 from core.routing import note_prefix
 from engine.constrained.compiler import GrammarError
 from engine.types import CancelCheck, GenerationRequest, GenerationResult, TextCallback
 from worker.app import app
+from worker.celery_state import TASK_THROWS, report_outcome
 from worker.job_runner import JobContext, JobFailed, run_job
 from worker.requests import generation_request_from
 from worker.runtime import WorkerRuntime, runtime
@@ -103,11 +106,18 @@ def run_agent(ctx: JobContext) -> dict[str, Any]:
     return payload
 
 
-@app.task(name=names.GENERATE, ignore_result=True)
-def generate(job_id: str, dispatch: int = 0) -> None:
-    run_job(runtime(), job_id, dispatch, run_generation)
+@app.task(name=names.GENERATE, bind=True, throws=TASK_THROWS)
+def generate(self: Task, job_id: str, dispatch: int = 0) -> dict[str, Any]:
+    return run_task(self, job_id, dispatch, run_generation)
 
 
-@app.task(name=names.AGENT, ignore_result=True)
-def agent(job_id: str, dispatch: int = 0) -> None:
-    run_job(runtime(), job_id, dispatch, run_agent)
+@app.task(name=names.AGENT, bind=True, throws=TASK_THROWS)
+def agent(self: Task, job_id: str, dispatch: int = 0) -> dict[str, Any]:
+    return run_task(self, job_id, dispatch, run_agent)
+
+
+def run_task(task: Task, job_id: str, dispatch: int, body) -> dict[str, Any]:
+    """Run the attempt, then give Celery the job's true end (worker/celery_state.py)."""
+    rt = runtime()
+    run_job(rt, job_id, dispatch, body)
+    return report_outcome(task, rt.store, job_id)

@@ -117,20 +117,20 @@ def test_paged_decode_matches_the_gathering_attention_and_writes_the_same_slots(
 def test_fused_only_for_low_bit_bf16_on_cpu_and_said_when_the_library_is_missing(monkeypatch, caplog):
     from types import SimpleNamespace
 
-    import engine.quant as quant
+    import engine.forward as forward
     from engine.quant.native import NativeBuildError
 
     weights = SimpleNamespace(dtype=BF16, device=torch.device("cpu"))
-    monkeypatch.setattr(quant, "exact_attention", lambda w: True)        # full precision: never
-    assert not fused.fused_for(weights)
-    monkeypatch.setattr(quant, "exact_attention", lambda w: False)       # low-bit bf16 on CPU
-    assert fused.fused_for(weights)
-    assert not fused.fused_for(SimpleNamespace(dtype=torch.float32, device=torch.device("cpu")))
+    monkeypatch.setattr(forward, "exact_attention", lambda w: True)      # full precision: never
+    assert not forward.fused_for(weights)
+    monkeypatch.setattr(forward, "exact_attention", lambda w: False)     # low-bit bf16 on CPU
+    assert forward.fused_for(weights)
+    assert not forward.fused_for(SimpleNamespace(dtype=torch.float32, device=torch.device("cpu")))
 
     def missing():
         raise NativeBuildError("no C compiler: 'cc' is not on PATH")
     monkeypatch.setattr(fused, "_library", missing)
-    assert not fused.fused_for(weights)
+    assert not forward.fused_for(weights)
     assert any("fused_ops_unavailable" in r.getMessage() for r in caplog.records)
 
 

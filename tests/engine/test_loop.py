@@ -206,3 +206,52 @@ def test_closing_the_loop_ends_queued_requests_with_an_error(engine):
         handle.result(timeout=5)
     with pytest.raises(LoopClosedError):
         loop.submit(_req("custom_cache"))
+
+
+def _probe_method(events: list[str], fail_after: int | None = None):
+    """A registered method that feeds token 10 until told to stop, failing after ``fail_after``."""
+    def runner(_engine, _prompt, run, _request, _penalty) -> int:
+        try:
+            while True:
+                if fail_after is not None and run.produced >= fail_after:
+                    raise ValueError("the method broke")
+                if run.accept(10):
+                    return 0
+        finally:
+            events.append("unwound")
+    return runner
+
+
+def test_closing_the_loop_unwinds_running_solo_tasks(engine):
+    from engine.loop import LoopClosedError
+
+    events: list[str] = []
+    engine.register_method("probe", _probe_method(events))
+    loop = engine.loop
+    handles = [loop.submit(_req("probe", max_new_tokens=10**6)) for _ in range(2)]
+    handles.append(loop.submit(_req("official", max_new_tokens=10**4)))
+    deadline = time.monotonic() + 30
+    while loop.stats()["loop"].get("solo_running", 0) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    loop.close()
+    assert events == ["unwound", "unwound"]          # their finally blocks ran, on the loop thread
+    for handle in handles:
+        with pytest.raises(LoopClosedError):
+            handle.result(timeout=5)
+        outcomes = []
+        while not handle.outputs.empty():
+            outcomes.append(handle.outputs.get()[0])
+        assert outcomes.count("error") == 1 and "result" not in outcomes
+
+
+def test_an_error_in_one_solo_job_fails_that_job_only(engine):
+    events: list[str] = []
+    engine.register_method("probe", _probe_method(events, fail_after=3))
+    loop = engine.loop
+    broken = loop.submit(_req("probe", max_new_tokens=50))
+    fine = [loop.submit(_req(m, max_new_tokens=20)) for m in ("official", "custom_cache", "paged")]
+    with pytest.raises(ValueError, match="broke"):
+        broken.result(timeout=30)
+    for handle in fine:
+        assert handle.result(timeout=30).usage.completion_tokens > 0
+    assert events == ["unwound"]

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from core.settings import load_settings
 from engine.engine import Engine
 from engine.packed import PackedLinear, packing_available
-from engine.quant import bytes_per_token, forward_weights, full_weight_bytes
+from engine.quant.model import bytes_per_token, forward_weights
+from engine.quant.restore import full_weight_bytes
 from engine.types import GenerationRequest, SamplingParams
 from engine.weights import Linear, fuse_projections
 

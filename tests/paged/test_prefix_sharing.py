@@ -1,7 +1,8 @@
 """Prefix sharing at block granularity: chained hashes, refcounts, LRU eviction, collisions."""
 import torch
 
-from engine.paged import BlockManager, KVGeometry, PagedKVCache
+from engine.paged import BlockManager, KVBlockPool, KVGeometry
+from tests.paged.kv import Paged
 
 BS = 4
 
@@ -114,7 +115,7 @@ def test_sharing_can_be_disabled():
 
 def test_shared_blocks_are_never_written_by_the_cache():
     geom = KVGeometry(2, 1, 2)
-    cache = PagedKVCache(16, BS, geom)
+    cache = Paged(KVBlockPool(16, BS, geom))
     k = torch.randn(2, 13, 1, 2)
     cache.create("a", PREFIX + [1], k, k)
     other = torch.randn(2, 13, 1, 2)

@@ -51,3 +51,11 @@ def test_docker_compose_config_rejects_a_broken_file(tmp_path):
     broken.write_text(COMPOSE.read_text().replace("services:\n", "services:\n  bogus:\n    imagex: 1\n", 1))
     result = compose_config(broken)
     assert result.returncode != 0 and "imagex" in result.stderr
+
+
+def test_web_is_health_checked_with_readiness():
+    """The web's check probes ``/health`` (a worker has its model), not ``/healthz`` (alive)."""
+    check = services()["web"]["healthcheck"]
+    probe = " ".join(check["test"])
+    assert "/health'" in probe and "/healthz" not in probe
+    assert check["start_period"].endswith("s")  # the first model load is not counted as failures

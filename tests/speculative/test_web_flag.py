@@ -71,7 +71,8 @@ def test_draft_counts_reach_usage_metrics_and_the_monitor(client, store):  # noq
     metrics = client.get("/metrics").get_data(as_text=True)
     assert 'miniserve_speculative_draft_tokens_total{type="generate"} 8.0' in metrics
     assert 'miniserve_speculative_accepted_tokens_total{type="generate"} 6.0' in metrics
-    assert 'miniserve_speculative_acceptance_ratio{worker="w1"} 0.45' in metrics
+    assert 'miniserve_worker_speculative_draft_tokens_total{worker="w1"} 20.0' in metrics
+    assert 'miniserve_worker_speculative_accepted_tokens_total{worker="w1"} 9.0' in metrics
     row = next(r for r in client.get("/overview").get_json()["jobs"] if r["id"] == job["id"])
     assert row["usage"]["draft_tokens"] == 8 and row["usage"]["accepted_draft_tokens"] == 6
     assert usage(payload)["completion_tokens_details"] == {"accepted_prediction_tokens": 6,

@@ -50,3 +50,20 @@ def test_flower_lists_the_worker_and_a_finished_task(flower, base_url):
     task = requests.get(f"{flower}/api/task/info/{job_id}", timeout=5).json()
     assert task["name"] == "miniserve.generate" and task["worker"].startswith("w1@")
     assert requests.get(f"{base_url}/jobs/{job_id}", timeout=5).json()["state"] == "succeeded"
+
+
+def test_flower_shows_a_cancelled_job_revoked(flower, base_url):
+    """The job runner sends ``task-revoked`` for a job cancelled while it ran (the task
+    itself returns without a result: Celery alone would show it STARTED forever)."""
+    response = requests.post(f"{base_url}/jobs", json={"prompt": "Count slowly", "max_new_tokens": 2048},
+                             timeout=10)
+    job_id = response.json()["id"]
+    wait_until(lambda: requests.get(f"{base_url}/jobs/{job_id}", timeout=5).json()["state"] == "running",
+               60, interval_s=0.2, what="the job to start")
+    requests.post(f"{base_url}/jobs/{job_id}/cancel", timeout=10)
+
+    def task_revoked() -> bool:
+        return requests.get(f"{flower}/api/tasks", timeout=5).json().get(job_id, {}).get("state") == "REVOKED"
+
+    wait_until(task_revoked, 60, interval_s=0.5, what="flower to see the task revoked")
+    assert requests.get(f"{base_url}/jobs/{job_id}", timeout=5).json()["state"] == "cancelled"

@@ -29,6 +29,37 @@ def test_models_lists_the_served_model(client, tiny_model):
     assert [m.id for m in models] == [tiny_model.name]
 
 
+def test_models_retrieve_the_served_model_and_a_missing_one(client, tiny_model):
+    model = client.models.retrieve(tiny_model.name)
+    assert isinstance(model, openai.types.Model) and model.id == tiny_model.name and model.object == "model"
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("gpt-4o")
+    assert info.value.body["code"] == "model_not_found"
+
+
+def test_refused_and_no_effect_fields_through_the_client(client):
+    messages = [{"role": "user", "content": "Fields?"}]  # not MESSAGES: its prefix would be cached
+    for field, value in [("presence_penalty", 0.5), ("frequency_penalty", 1.0), ("logit_bias", {"5": -100}),
+                         ("n", 2), ("logprobs", True)]:
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model="tiny", messages=messages, max_tokens=2, **{field: value})
+        assert info.value.body["param"] == field and "not supported" in info.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="tiny", messages=messages, max_tokens=2, extra_body={"min_p": 0.1})
+    assert info.value.body["param"] == "min_p"
+    reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=2, user="u1",
+                                           metadata={"k": "v"}, store=False, service_tier="auto",
+                                           presence_penalty=0, n=1)
+    assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+def test_tokenize_and_detokenize_over_http(base_url):
+    counted = requests.post(f"{base_url}/tokenize", json={"prompt": "Hello there"}, timeout=10).json()
+    assert counted["count"] == len(counted["tokens"]) > 0
+    text = requests.post(f"{base_url}/detokenize", json={"tokens": counted["tokens"]}, timeout=10).json()
+    assert text == {"prompt": "Hello there"}
+
+
 def test_plain_completion_with_usage(client, surface_store):
     reply = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=12, temperature=0)
     choice = reply.choices[0]

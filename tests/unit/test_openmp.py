@@ -37,6 +37,6 @@ def test_release_frees_the_calling_threads_team():
 
 def test_loading_thread_releases_its_team(tiny_model_dir, monkeypatch):  # noqa: F811
     calls = []
-    monkeypatch.setattr("engine.engine.release_thread_team", lambda: calls.append(threading.get_ident()))
+    monkeypatch.setattr("engine.model_engine.release_thread_team", lambda: calls.append(threading.get_ident()))
     Engine(load_settings(model=str(tiny_model_dir), device="cpu", dtype="float32", quant="none")).load()
     assert calls == [threading.get_ident()]

@@ -1,5 +1,5 @@
 """``/metrics`` on fakeredis: each finished job is folded into the totals exactly once,
-histograms are cumulative, worker cache statistics become ratios."""
+histograms are cumulative, worker cache statistics are counters (ratios are left to queries)."""
 from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -64,24 +64,28 @@ def test_a_cancelled_jobs_partial_tokens_count(client, store, celery, redis_clie
     submit(client)
     all_samples = samples(client)
     assert get(all_samples, "miniserve_generated_tokens_total", type="generate") == 4
-    assert get(all_samples, "miniserve_prompt_cache_hit_ratio") == 0.5
+    assert get(all_samples, "miniserve_prompt_tokens_total", type="generate") == 2
+    assert get(all_samples, "miniserve_cached_prompt_tokens_total", type="generate") == 1
 
 
-def test_worker_cache_statistics_become_ratios(client, redis_client):
+def test_worker_cache_statistics_are_counters(client, redis_client):
     write_heartbeat(redis_client, "w1", {"current_jobs": ["a"], "cache_stats": {
         "requests": 4, "prefix_cache": {"hits": 3, "misses": 1, "entries": 2}}})
     all_samples = samples(client)
     assert get(all_samples, "miniserve_workers_online") == 1
     assert get(all_samples, "miniserve_worker_current_jobs", worker="w1") == 1
-    assert get(all_samples, "miniserve_cache_hit_ratio", worker="w1", cache="prefix_cache") == 0.75
-    assert get(all_samples, "miniserve_cache_lookups", worker="w1", cache="prefix_cache", result="miss") == 1
+    assert get(all_samples, "miniserve_cache_lookups_total", worker="w1", cache="prefix_cache", result="hit") == 3
+    assert get(all_samples, "miniserve_cache_lookups_total", worker="w1", cache="prefix_cache", result="miss") == 1
+    assert not [name for name, _ in all_samples if name.endswith("_ratio")]
 
 
-def test_paged_cache_blocks_and_token_hit_ratio(client, redis_client):
+def test_paged_cache_blocks_and_token_lookups(client, redis_client):
     pool = {"num_blocks": 64, "blocks_used": 10, "blocks_free": 50, "blocks_cached": 4, "peak_blocks_used": 12,
             "prefix_query_tokens": 200, "prefix_hit_tokens": 50}
     write_heartbeat(redis_client, "w2", {"cache_stats": {"paged": {"running": 1, "waiting": 0, "blocks": pool}}})
     all_samples = samples(client)
-    assert get(all_samples, "miniserve_cache_hit_ratio", worker="w2", cache="paged") == 0.25
-    assert get(all_samples, "miniserve_kv_blocks", worker="w2", kind="used") == 10
-    assert get(all_samples, "miniserve_kv_blocks", worker="w2", kind="total") == 64
+    assert get(all_samples, "miniserve_cache_lookups_total", worker="w2", cache="paged", result="hit") == 50
+    assert get(all_samples, "miniserve_cache_lookups_total", worker="w2", cache="paged", result="miss") == 150
+    kinds = {dict(labels)["kind"]: v for (name, labels), v in all_samples.items() if name == "miniserve_kv_blocks"}
+    assert kinds == {"used": 10, "free": 50, "cached": 4}  # parts only: their sum is not beside them
+    assert get(all_samples, "miniserve_kv_blocks_capacity", worker="w2") == 64

@@ -7,6 +7,11 @@ bodies must be accepted, schema-invalid ones rejected with a documented 4xx.
 """
 from __future__ import annotations
 
+import json
+import tempfile
+import time
+from pathlib import Path
+
 import fakeredis
 import schemathesis
 from hypothesis import HealthCheck, seed, settings
@@ -14,11 +19,26 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from core.jobs import JobStore
 from core.settings import load_settings
+from core.workers import write_heartbeat
+from tests.tiny_model import QWEN25_CHAT_TEMPLATE, _train_tokenizer
 from tests.web.conftest import FakeCelery, run_job
 from web import create_app
 
 SEED = 20261130
 API_KEY = "schemathesis-key"
+
+
+def _tokenizer_dir() -> str:
+    """A model folder with only what the web reads (tokenizer, chat template, context), so
+    ``/tokenize`` answers instead of its documented 503 (no torch needed)."""
+    folder = Path(tempfile.mkdtemp(prefix="schemathesis-tokenizer-"))
+    _train_tokenizer(400).save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": QWEN25_CHAT_TEMPLATE}))
+    (folder / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
+    return str(folder)
+
+
+MODEL_DIR = _tokenizer_dir()
 
 
 def _app(**overrides):
@@ -27,7 +47,9 @@ def _app(**overrides):
     # Bodies up to 64 MB are parsed, so a huge schema-violating body is judged by validation
     # (a documented 4xx), not cut off by the size guard's 413 (tested in test_jobs.py).
     settings = load_settings(cache_dir="/nonexistent/miniserve-cache", sse_keepalive_s=1, wait_timeout_s=5,
-                             max_body_bytes=64 * 2**20, **overrides)
+                             max_body_bytes=64 * 2**20, model=MODEL_DIR, **overrides)
+    # A worker with its model loaded, fresh for the whole run: /health is ready (200).
+    write_heartbeat(store.client, "w1@schemathesis", {"engine_loaded": True}, ttl_s=3600, now=time.time() + 3000)
     return create_app(settings, store=store, celery_client=celery)
 
 
@@ -37,8 +59,10 @@ keyed_schema = schemathesis.openapi.from_wsgi("/openapi.json", _app(api_keys=[AP
 # one of the request's tools; tool names unique; parameters must be a valid JSON Schema):
 # a schema-valid body may get a documented 400 there. The same for the generation bodies'
 # structured-output fields (a guided_regex must compile, a json_schema must be a valid and
-# supported schema, not on agent jobs). Every other check still applies.
-CROSS_FIELD_RULES = {"/v1/chat/completions", "/jobs", "/generate"}
+# supported schema, not on agent jobs), for ``/tokenize`` (exactly one of prompt and
+# messages; tools only with messages) and ``/detokenize`` (ids below the model's vocabulary
+# size). Every other check still applies.
+CROSS_FIELD_RULES = {"/v1/chat/completions", "/jobs", "/generate", "/tokenize", "/detokenize"}
 SETTINGS = dict(deadline=None, database=None, derandomize=False, suppress_health_check=list(HealthCheck))
 
 

@@ -77,6 +77,11 @@ def _message(message: ChatMessage, index: int) -> dict[str, Any]:
     return out
 
 
+def stored_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Chat messages as the job stores them and the chat template reads them."""
+    return [_message(m, i) for i, m in enumerate(messages)]
+
+
 def _sampling(body: ChatCompletionRequest) -> dict[str, Any]:
     settings = ctx().settings
     max_new = body.max_completion_tokens or body.max_tokens or settings.default_max_new_tokens
@@ -133,7 +138,7 @@ def chat_job(body: ChatCompletionRequest) -> ChatJob:
     """Validate what the schema cannot (token cap, tool schemas, grammars) and build the job request."""
     tools = _tool_set(body)
     constraint = _constraint(body, tools)
-    messages = [_message(m, i) for i, m in enumerate(body.messages)]
+    messages = stored_messages(body.messages)
     hint = _hint(body, tools)
     if hint:
         messages.append({"role": "system", "content": hint})

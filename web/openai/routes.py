@@ -26,7 +26,10 @@ from web.context import ctx
 from web.openai.call_stream import ToolStream
 from web.openai.convert import ChatJob, chat_job
 from web.openai.responses import ChunkWriter, completion, model_id
-from web.openai.schemas import ChatCompletion, ChatCompletionRequest, ModelList, OpenAIError
+from web.errors import ApiError
+from web.openai.schemas import (
+    ChatCompletion, ChatCompletionRequest, ModelCard, ModelList, ModelPath, OpenAIError,
+)
 from web.routes_compat import _finished as finished_job  # waits; maps failed/cancelled/timeout to errors
 from web.sse import _stream_over as stream_over
 from web.stream_limit import freed_on_error, limited, take_stream_slot
@@ -66,8 +69,21 @@ def chat_completions(body: ChatCompletionRequest):
 
 @api.get("/models", summary="The served model (OpenAI-compatible)", responses={200: ModelList, **ERRORS})
 def list_models():
-    return jsonify({"object": "list", "data": [{"id": model_id(ctx().settings), "object": "model",
-                                                "created": STARTED_AT, "owned_by": "miniserve"}]})
+    return jsonify({"object": "list", "data": [model_card()]})
+
+
+@api.get("/models/<path:model>", summary="One model (OpenAI-compatible); unknown id: 404 model_not_found",
+         responses={200: ModelCard, 404: OpenAIError, **ERRORS})
+def retrieve_model(path: ModelPath):
+    card = model_card()
+    if path.model != card["id"]:
+        raise ApiError(404, "model_not_found", f"The model '{path.model}' does not exist; this server "
+                       f"serves '{card['id']}'", field="model")
+    return jsonify(card)
+
+
+def model_card() -> dict[str, Any]:
+    return {"id": model_id(ctx().settings), "object": "model", "created": STARTED_AT, "owned_by": "miniserve"}
 
 
 def stream_completion(store: JobStore, celery: Any, job: JobRecord, chat: ChatJob, model: str) -> Iterator[str]:

@@ -1,17 +1,19 @@
 """Request and response models of the OpenAI-compatible routes, so ``/openapi.json`` is exact.
 
-Unlike MiniServe's own bodies, these *ignore* fields they do not know: OpenAI clients send
-many optional fields (``user``, ``metadata``, ``frequency_penalty`` ...) that change
-nothing here. Fields that would change the answer in a way MiniServe cannot honour are
-constrained in the schema instead (``n`` must be 1, ``logprobs`` must be false).
+The top level of a chat request is checked against ``web.openai.fields.CHAT_FIELDS`` first:
+every field OpenAI defines is honoured, accepted without effect, or refused with a 400
+naming it; an unknown field is a 400. Nested objects (messages, tools) ignore fields they
+do not know, so a client can send back the assistant messages it received (``refusal``,
+``annotations`` ...).
 """
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from core.settings import GENERATION_METHODS
+from web.openai.fields import check_chat_fields
 from web.schemas import MAX_STOP_STRINGS, SSE_EVENT_SCHEMA, GuidedFields, StopString, json_int
 
 GenerationMethod = Literal[GENERATION_METHODS]  # type: ignore[valid-type]
@@ -117,6 +119,13 @@ class ChatCompletionRequest(Lenient, GuidedFields):
                                              description="MiniServe extension; null = the model's default")
     speculative: bool | None = Field(default=None, description="MiniServe extension; " + "true/false: force prompt-lookup speculative decoding on/off for this request; null = MINISERVE_SPECULATIVE")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        """Unknown and refused fields are a 400 naming them (``web.openai.fields``)."""
+        check_chat_fields(data)
+        return data
+
 
 # ---- responses ------------------------------------------------------------------------------
 class OpenAIErrorBody(BaseModel):
@@ -196,6 +205,10 @@ class ModelCard(BaseModel):
     object: Literal["model"]
     created: int
     owned_by: str
+
+
+class ModelPath(BaseModel):
+    model: str = Field(max_length=200, description="a model id, as GET /v1/models lists it")
 
 
 class ModelList(BaseModel):

@@ -91,6 +91,8 @@ def test_generate_compat_endpoint_waits_and_answers(web, worker):
 def test_health_reports_worker(web, worker):
     body = requests.get(f"{web}/healthz").json()
     assert body["redis"] is True and body["workers"] >= 1
+    ready = requests.get(f"{web}/health")  # the real worker's heartbeat says its model is loaded
+    assert ready.status_code == 200 and ready.json()["ready_workers"] >= 1
 
 
 def test_agent_job_ends_with_its_trace(web, worker, store):

@@ -1,0 +1,118 @@
+"""Every top-level field of a ``/v1/chat/completions`` body, and what MiniServe does with it.
+
+One table drives the check the request model runs before anything else
+(:func:`check_chat_fields`), the test that walks OpenAI's own list of request fields
+(``tests/web/test_openai_fields.py``) and the table in docs/api.md:
+
+- ``honoured``: the field changes the answer as OpenAI defines it (or as its extension note says);
+- ``no_effect``: accepted (its type checked) and changes nothing, because it cannot change
+  the answer here (``user``, ``metadata``, ``service_tier`` ...);
+- ``refused``: a value other than the field's default is a 400 naming the field and saying it
+  is not supported, rather than an answer that silently differs from what was asked.
+
+A field in no row is a 400 too (``unknown field``): nothing is silently dropped.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Literal
+
+Kind = Literal["honoured", "no_effect", "refused"]
+
+
+def _null(value: Any) -> bool:
+    return value is None
+
+
+def _zero(value: Any) -> bool:
+    return value is None or (type(value) in (int, float) and value == 0)
+
+
+def _is(*defaults: Any) -> Callable[[Any], bool]:
+    """Accepts null and exactly these JSON values (``False`` is not ``0``)."""
+    return lambda value: value is None or any(type(value) is type(d) and value == d for d in defaults)
+
+
+@dataclass(frozen=True)
+class FieldRule:
+    kind: Kind
+    note: str
+    accepts: Callable[[Any], bool] = _null     # refused fields: the values that change nothing
+    types: tuple[type, ...] = ()               # no_effect fields: the JSON types accepted (null too)
+    extension: bool = False                    # a MiniServe (or vLLM) extension, not OpenAI's
+
+
+def honoured(note: str, extension: bool = False) -> FieldRule:
+    return FieldRule("honoured", note, extension=extension)
+
+
+def no_effect(note: str, *types: type) -> FieldRule:
+    return FieldRule("no_effect", note, types=types)
+
+
+def refused(note: str, accepts: Callable[[Any], bool] = _null) -> FieldRule:
+    return FieldRule("refused", note, accepts=accepts)
+
+
+CHAT_FIELDS: dict[str, FieldRule] = {
+    "messages": honoured("system, developer (as system), user, assistant (with tool_calls), tool; text only"),
+    "model": no_effect("any name: the one served model answers (GET /v1/models)", str),
+    "max_completion_tokens": honoured("the job's max_new_tokens (wins over max_tokens)"),
+    "max_tokens": honoured("the job's max_new_tokens"),
+    "temperature": honoured("omitted = 0 (greedy), unlike OpenAI's 1"),
+    "top_p": honoured("nucleus sampling"),
+    "seed": honoured("seeds the sampler"),
+    "stop": honoured("a string or up to 8"),
+    "stream": honoured("OpenAI chunks, data: [DONE] last"),
+    "stream_options": honoured("include_usage"),
+    "tools": honoured("function tools, rendered by the chat template"),
+    "tool_choice": honoured("none | auto | required | a named function, held by a grammar"),
+    "parallel_tool_calls": honoured("false: at most one call"),
+    "response_format": honoured("text | json_object | json_schema, held by a grammar"),
+    "n": refused("one choice per request; only n = 1", _is(1)),
+    "logprobs": refused("log-probabilities are not returned; only false", _is(False)),
+    "top_logprobs": refused("log-probabilities are not returned; needs logprobs: true"),
+    "presence_penalty": refused("not implemented; only 0", _zero),
+    "frequency_penalty": refused("not implemented; only 0", _zero),
+    "logit_bias": refused("not implemented; only {}", _is({})),
+    "store": refused("completions are not stored; only false", _is(False)),
+    "modalities": refused("text only; only [\"text\"]", _is(["text"])),
+    "audio": refused("no audio output"),
+    "prediction": refused("predicted outputs are not supported"),
+    "web_search_options": refused("no web search"),
+    "functions": refused("deprecated by OpenAI: use tools"),
+    "function_call": refused("deprecated by OpenAI: use tool_choice"),
+    "reasoning_effort": refused("the model does not reason in a separate channel"),
+    "verbosity": refused("no verbosity control"),
+    "moderation": refused("no moderation"),
+    "user": no_effect("an end-user id; not logged", str),
+    "safety_identifier": no_effect("an end-user id; not logged", str),
+    "metadata": no_effect("not stored", dict),
+    "service_tier": no_effect("one tier here", str),
+    "prompt_cache_key": no_effect("prompt caching is automatic (prefix routing)", str),
+    "prompt_cache_retention": no_effect("prompt caching is automatic", str),
+    "prompt_cache_options": no_effect("prompt caching is automatic", dict),
+    "generation_method": honoured("official | no_cache | custom_cache | prefix_cache | paged", extension=True),
+    "top_k": honoured("0 = off", extension=True),
+    "repetition_penalty": honoured("null = the model's default", extension=True),
+    "speculative": honoured("prompt-lookup speculative decoding on/off", extension=True),
+    "guided_choice": honoured("the answer is one of the strings", extension=True),
+    "guided_regex": honoured("the answer matches the regex", extension=True),
+}
+
+
+def check_chat_fields(body: Any) -> None:
+    """Raise ``ValueError("<field>: ...")`` (a 400 naming the field) for an unknown field,
+    a refused field with a value other than its default, or a no-effect field of the wrong type."""
+    if not isinstance(body, dict):
+        return  # the model's own validation says what is wrong
+    if body.get("top_logprobs") is not None and body.get("logprobs") is not True:
+        raise ValueError("top_logprobs: needs logprobs: true")
+    for name, value in body.items():
+        rule = CHAT_FIELDS.get(name)
+        if rule is None:
+            raise ValueError(f"{name}: unknown field, not supported")
+        if rule.kind == "refused" and not rule.accepts(value):
+            raise ValueError(f"{name}: not supported ({rule.note})")
+        if rule.kind == "no_effect" and value is not None and not isinstance(value, rule.types):
+            raise ValueError(f"{name}: must be {' or '.join(t.__name__ for t in rule.types)} or null")

@@ -1,0 +1,109 @@
+"""``POST /tokenize`` and ``POST /detokenize``, in vLLM's request and response shapes.
+
+The web already holds the model's ``tokenizer.json`` (``web.tokenizer``) and renders its chat
+template (``web.chat_template``), so these answer without a worker, with the ids the worker
+will see: a ``messages`` prompt is rendered as the worker renders it (the template's default
+system prompt included, ``add_generation_prompt`` true by default).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from flask import jsonify
+from flask_openapi3 import APIBlueprint, Tag
+from pydantic import BaseModel, Field, model_validator
+
+from web.chat_template import TemplateError, load_chat_template
+from web.context import ctx
+from web.errors import ApiError
+from web.openai.convert import stored_messages
+from web.openai.schemas import ChatMessage, ToolDef
+from web.routes_jobs import BODY_ERRORS, GUARD_ERRORS
+from web.schemas import ErrorResponse, Strict, json_int
+from web.tokenizer import load_tokenizer
+
+api = APIBlueprint("tokenize", __name__, abp_tags=[Tag(name="tokenizer", description="vLLM-compatible")])
+MAX_TOKENS = 1_000_000
+ERRORS = {**BODY_ERRORS, 503: ErrorResponse, **GUARD_ERRORS}
+
+
+class TokenizeRequest(Strict):
+    """Either ``prompt`` (text as is) or ``messages`` (through the chat template)."""
+
+    model: str | None = Field(default=None, max_length=200, description="any name; the served model's tokenizer")
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1, max_length=256)
+    add_generation_prompt: bool = Field(default=True, description="messages only: end with the assistant header")
+    tools: list[ToolDef] | None = Field(default=None, max_length=128, description="messages only")
+    add_special_tokens: bool | None = Field(default=None, description="default: true for prompt, false for "
+                                            "messages (the template writes them)")
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self) -> "TokenizeRequest":
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("prompt: give exactly one of prompt and messages")
+        if self.prompt is not None and self.tools is not None:
+            raise ValueError("tools: only with messages")
+        return self
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(Strict):
+    model: str | None = Field(default=None, max_length=200)
+    tokens: list[json_int(ge=0)] = Field(max_length=MAX_TOKENS)
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+@api.post("/tokenize", summary="Token ids of a prompt or of chat messages (vLLM-compatible)",
+          responses={200: TokenizeResponse, **ERRORS})
+def tokenize(body: TokenizeRequest):
+    tokenizer = _tokenizer()
+    text = body.prompt if body.prompt is not None else _render(body)
+    special = body.add_special_tokens if body.add_special_tokens is not None else body.prompt is not None
+    encoding = tokenizer.encode(text, add_special_tokens=special)  # lone surrogates: refused by web.guards
+    return jsonify({"count": len(encoding.ids), "max_model_len": ctx().budget.context_length,
+                    "tokens": list(encoding.ids), "token_strs": list(encoding.tokens) if body.return_token_strs
+                    else None})
+
+
+@api.post("/detokenize", summary="The text of token ids (vLLM-compatible)",
+          responses={200: DetokenizeResponse, **ERRORS})
+def detokenize(body: DetokenizeRequest):
+    tokenizer = _tokenizer()
+    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
+    bad = next((i for i, token in enumerate(body.tokens) if token >= vocab), None)
+    if bad is not None:
+        raise ApiError(422, "validation_error", f"tokens.{bad}: {body.tokens[bad]} is not a token id "
+                       f"(the vocabulary has {vocab})", field=f"tokens.{bad}")
+    return jsonify({"prompt": tokenizer.decode(body.tokens, skip_special_tokens=False)})
+
+
+def _tokenizer() -> Any:
+    tokenizer = load_tokenizer(ctx().budget.folder)
+    if tokenizer is None:
+        raise ApiError(503, "tokenizer_unavailable", "the model's tokenizer.json is not prepared here yet",
+                       retry_after=5)
+    return tokenizer
+
+
+def _render(body: TokenizeRequest) -> str:
+    template = load_chat_template(ctx().budget.folder)
+    if template is None:
+        raise ApiError(503, "tokenizer_unavailable", "the model's chat template is not prepared here yet",
+                       retry_after=5)
+    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+    try:
+        return template.render(messages=stored_messages(body.messages or []), tools=tools,
+                               add_generation_prompt=body.add_generation_prompt)
+    except TemplateError as exc:
+        raise ApiError(422, "validation_error", f"messages: {exc}", field="messages") from None
