@@ -1,4 +1,4 @@
-"""``python -m web`` as a real process (gunicorn, gthread) on a real redis-server: the Celery
+"""``python -m web`` as a real process (gunicorn, gevent) on a real redis-server: the Celery
 client puts the task on the Redis queue by name, and SSE streams over real sockets."""
 from __future__ import annotations
 
