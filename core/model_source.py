@@ -4,8 +4,9 @@
 ``smollm2-135m``: SmolLM2-135M-Instruct), prepared once into ``<cache_dir>/models/<name>``;
 the path of a ``.gguf`` file, prepared once into ``<cache_dir>/models/gguf-<sha256>``; a
 local folder; or a Hugging Face hub id. The engine loads from here, the web counts prompt
-tokens with the tokenizer found here (it never imports the engine), and the OpenAI routes
-name the model the same way.
+tokens with the tokenizer found here (it never imports the engine), and every room names the
+model with :func:`model_id`: the id a request's ``model`` field, ``/v1/models``, the per-model
+queues and the workers' heartbeats all use.
 """
 from __future__ import annotations
 
@@ -57,12 +58,19 @@ def local_model_dir(settings: Settings) -> Path | None:
     return path if path.is_dir() else None
 
 
+def model_id(model: str) -> str:
+    """The public id of a ``MINISERVE_MODEL`` value: the bundled model's name, a ``.gguf``
+    file's name without the suffix, a folder's own name, or the hub id as written."""
+    if model in BUNDLED_MODELS:
+        return BUNDLED_MODELS[model]
+    path = Path(model).expanduser()
+    if model.lower().endswith(".gguf"):
+        return path.stem
+    if path.is_dir() or model.startswith((".", "/", "~")):
+        return path.name or path.resolve().name  # "." names the current folder
+    return model
+
+
 def served_model_name(settings: Settings) -> str:
-    """The name clients see: the bundled model's, a GGUF file's stem, a folder's name, or the hub id."""
-    if settings.model in BUNDLED_MODELS:
-        return BUNDLED_MODELS[settings.model]
-    if names_gguf_file(settings):
-        return Path(settings.model).stem
-    if names_a_folder(settings):
-        return Path(settings.model).expanduser().name
-    return settings.model
+    """The name clients see for this process's model (:func:`model_id`)."""
+    return model_id(settings.model)
