@@ -110,7 +110,8 @@ def _rope(config: Any, model_type: str) -> tuple[str, tuple[float, ...], float]:
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     params = getattr(config, "rope_parameters", None) or {}
-    if not isinstance(params, dict) or "rope_type" not in params and any(isinstance(v, dict) for v in params.values()):
+    per_layer = isinstance(params, dict) and "rope_type" not in params and any(isinstance(v, dict) for v in params.values())
+    if per_layer or not isinstance(params, dict):
         raise unsupported(f"{model_type} with per-layer rope parameters is not supported")
     rope_type = params.get("rope_type", "default")
     if rope_type not in ROPE_TYPES:

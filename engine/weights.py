@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from engine.architecture import ModelSpec, model_spec
+from engine.architecture import ModelSpec, UnsupportedArchitecture, model_spec
 from engine.quant.restore import restore_full_weights
 
 Projection = Callable[[torch.Tensor], torch.Tensor]
@@ -159,5 +159,8 @@ def fuse_projections(model: Any) -> Qwen2Weights:
             gate_up=_fused_linear([mlp.gate_proj, mlp.up_proj]),
             down=_linear(mlp.down_proj),
             q_norm=_head_norm(attn, "q_norm"), k_norm=_head_norm(attn, "k_norm")))
+    if any((layer.q_norm is not None) != config.spec.qk_norm for layer in layers):
+        raise UnsupportedArchitecture(f"{config.spec.model_type}: the config says qk_norm={config.spec.qk_norm}, "
+                                      f"the loaded layers disagree")
     return Qwen2Weights(config=config, embed=inner.embed_tokens.weight.detach(), layers=layers,
                         norm=inner.norm.weight.detach(), lm_head=Linear(model.lm_head.weight.detach()))

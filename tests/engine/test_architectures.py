@@ -3,6 +3,9 @@ tokens of every method equal transformers ``generate`` (``official``) in float32
 with float32 above a floor, and an unsupported architecture is a start error naming it."""
 from __future__ import annotations
 
+import dataclasses
+import threading
+
 import pytest
 import torch
 
@@ -27,7 +30,10 @@ ARCHITECTURES = {
         "attention_bias": True, "mlp_bias": True,
         "rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}}),
     "mistral-window": dict(model_type="mistral", config_extra={"sliding_window": WINDOW}),
+    "qwen2-window-layer1": dict(model_type="qwen2", config_extra={   # layer_types: layer 1 windowed
+        "use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1}),
 }
+WINDOWED = {"mistral-window": (0, 1), "qwen2-window-layer1": (1,)}
 METHODS = ("official", "no_cache", "custom_cache", "prefix_cache", "paged")
 USER = [{"role": "user", "content": "你好 world, compute 12 * 3 please"}]
 PREFIX = "You are a careful assistant."
@@ -52,7 +58,7 @@ def test_the_description_is_read_from_the_config(arch):
     spec = engine.loaded.spec
     assert spec.model_type == ARCHITECTURES[name]["model_type"]
     assert spec.qk_norm == (name == "qwen3")
-    assert (spec.sliding_window, len(spec.window_layers)) == ((WINDOW, 2) if name == "mistral-window" else (None, 0))
+    assert (spec.sliding_window, spec.window_layers) == ((WINDOW, WINDOWED[name]) if name in WINDOWED else (None, ()))
     assert spec.rope_type == {"llama3-rope-untied": "llama3", "llama-tied-bias-linear-rope": "linear"}.get(name, "default")
     assert engine.info()["architecture"] == spec.describe()
 
@@ -61,7 +67,7 @@ def test_every_method_gives_generates_greedy_tokens(arch):
     name, _, engine = arch
     official = engine.generate(_req("official"))
     assert len(official.token_ids) >= 8, "too short to compare"
-    if name == "mistral-window":   # the window must matter, or this test proves nothing of it
+    if name in WINDOWED:   # the window must matter, or this test proves nothing of it
         assert engine.count_prompt_tokens(_req("official")) > 3 * WINDOW
     for method in METHODS[1:]:
         for speculative in (False, True):
@@ -69,6 +75,26 @@ def test_every_method_gives_generates_greedy_tokens(arch):
             assert result.token_ids == official.token_ids, (name, method, speculative)
     assert engine.generate(_req("prefix_cache")).usage.cached_tokens > 0   # a hit matches too
     assert engine.generate(_req("prefix_cache")).token_ids == official.token_ids
+
+
+def test_a_batch_of_different_lengths_gives_each_sequences_solo_tokens(arch):
+    """Several sequences in one paged step: each with its own positions, rotary and window."""
+    _, _, engine = arch
+    texts = ["Hello, world!", "Please compute 12 * (3 + 4) and explain the steps.", "你好，世界！今天天气很好。",
+             "Write a short poem about the sea, the wind and the stars at night. " * 2]
+    requests = [GenerationRequest(messages=[{"role": "user", "content": t}], method="paged",
+                                  sampling=SamplingParams(max_new_tokens=12)) for t in texts]
+    solo = [engine.generate(dataclasses.replace(r, method="official")).token_ids for r in requests]
+    handles = [engine.loop.submit(r) for r in requests]
+    results = [None] * len(handles)
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, handles[i].stream(None, lambda: False)))
+               for i in range(len(handles))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert [r.token_ids for r in results] == solo
+    assert engine.loop.call(engine.loop.stats)["paged"]["max_batch_size"] >= 2
 
 
 def test_constrained_greedy_tokens_agree_in_every_method(arch):
