@@ -70,6 +70,11 @@ def rate_key(owner: str, window: int) -> str:
     return f"rate:{owner}:{window}"
 
 
+def streams_key(client: str) -> str:
+    """Sorted set of one client's open SSE streams: stream token -> lease deadline."""
+    return f"streams:{client}"
+
+
 def worker_key(name: str) -> str:
     """Hash with a worker's self-description and cache statistics (expires without heartbeats)."""
     return f"worker:{name}"
@@ -96,6 +101,18 @@ METRICS_COUNTED_FIELD = "metrics_counted"  # field set on a job's hash once it i
 ROUTING_QUEUES = "routing:queues"  # hash: a worker's own queue -> the worker (heartbeat name) consuming it
 ROUTING_COUNTS = "routing:decisions"  # hash: decision -> count (for /metrics)
 ROUTING_SERIES = "routing:series"  # list of recent cluster samples (JSON) for the monitor chart
+
+
+ROUTING_HOMES = "routing:homes"  # hash: a worker's own queue -> its model's queue (where orphans go back)
+
+# Several models per cluster (core/models.py).
+MODELS_SEEN = "models:seen"  # hash: public model id -> last heartbeat of a worker serving it
+
+
+def model_queue(base: str, model_id: str) -> str:
+    """The queue of one model's jobs of one kind (``generation.<model id>``, ``agent.<model id>``),
+    consumed by every worker that serves that model."""
+    return f"{base}.{model_id}"
 
 
 def worker_queue(node: str) -> str:

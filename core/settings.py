@@ -58,13 +58,22 @@ class Settings(BaseSettings):
     # Web server.
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
-    web_threads: PositiveInt = 64
+    # Open connections one web process holds (gevent worker: a connection costs a greenlet,
+    # not a thread; an SSE stream also holds one Redis connection while it follows a job).
+    web_connections: PositiveInt = 4000
+    # The request line and headers must arrive within this many seconds (also the keep-alive
+    # idle limit between two requests on one connection).
+    header_timeout_s: PositiveInt = 5
     api_keys: Annotated[list[str], NoDecode] = []
     rate_limit_per_minute: int = Field(default=0, ge=0)  # 0 = unlimited
     max_queue_depth: int = Field(default=1000, ge=0)  # 0 = unbounded
     max_body_bytes: PositiveInt = 1_000_000
     body_timeout_s: PositiveInt = 10  # a request body that stops arriving this long is refused (400)
-    web_workers: PositiveInt = 2  # gunicorn processes; each holds web_threads connections
+    body_deadline_s: PositiveInt = 30  # a whole body must arrive within this, however it drips (400)
+    # Open SSE streams per client, counted across web processes in Redis: per API key, and
+    # per address (each its own limit of this size); one more is a 429. 0 = unlimited.
+    max_streams_per_client: int = Field(default=100, ge=0)
+    web_workers: PositiveInt = 2  # gunicorn processes; each holds web_connections connections
     wait_timeout_s: PositiveInt = 300  # POST /generate and /agent/run wait this long, then 504
     sse_keepalive_s: PositiveInt = 15  # idle SSE streams get a comment line this often
     worker_max_age_s: PositiveInt = 30  # a worker heartbeat older than this is not "seen"

@@ -79,7 +79,8 @@ def _check_body() -> None:
         raise ApiError(413, "body_too_large", f"request body over {settings.max_body_bytes} bytes")
     if request.mimetype not in JSON_TYPES and not request.mimetype.endswith("+json"):
         raise ApiError(415, "unsupported_media_type", "send the body as 'Content-Type: application/json'")
-    data = read_body(request.environ, length, settings.max_body_bytes, settings.body_timeout_s)
+    data = read_body(request.environ, length, settings.max_body_bytes, settings.body_timeout_s,
+                     settings.body_deadline_s)
     load_body(request, data)
 
 

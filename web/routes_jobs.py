@@ -26,6 +26,7 @@ from web.schemas import (
     SubmitHeaders,
 )
 from web.sse import resume_point, sse_response, stream_events
+from web.stream_limit import limited, take_stream_slot
 from web.submit import from_job_body, submit
 
 logger = logging.getLogger("miniserve.web.jobs")
@@ -33,6 +34,7 @@ api = APIBlueprint("jobs", __name__, abp_tags=[Tag(name="jobs", description="the
 
 GUARD_ERRORS: dict[int, Any] = {401: ErrorResponse, 429: ErrorResponse, 503: ErrorResponse}
 BODY_ERRORS: dict[int, Any] = {400: ErrorResponse, 413: ErrorResponse, 415: ErrorResponse, 422: ErrorResponse}
+MODEL_ERRORS: dict[int, Any] = {404: ErrorResponse}  # model_not_found (503 model_unavailable: GUARD_ERRORS)
 SHOWN_ID_CHARS = 64  # a longer text in place of an id is echoed cut short
 SSE_RESPONSE = {"description": "Server-Sent Events: `id: <seq>`, `event: <type>`, `data: <event JSON>`",
                 "content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}}}
@@ -82,7 +84,7 @@ def accepted(job: JobRecord, replayed: bool = False):
 
 
 @api.post("/jobs", summary="Submit a generation or agent job",
-          responses={202: JobAccepted, **BODY_ERRORS, **GUARD_ERRORS})
+          responses={202: JobAccepted, **BODY_ERRORS, **GUARD_ERRORS, **MODEL_ERRORS})
 def create_job(body: JobSubmit, header: SubmitHeaders):
     """Validates, checks limits, stores the job and sends its task by name; 202 at once."""
     outcome = submit(from_job_body(body), header.idempotency_key)
@@ -133,4 +135,7 @@ def job_events(path: JobPath, query: EventsQuery):
     then follows the job live until its terminal event."""
     job = find_job(path.job_id)
     after = resume_point(query.after)
-    return sse_response(stream_events(ctx().store, job, after, ctx().settings.sse_keepalive_s), job.id)
+    slot = take_stream_slot()
+    return limited(sse_response(stream_events(ctx().store, job, after, ctx().settings.sse_keepalive_s,
+                                              ctx().feeds), job.id),
+                   slot)

@@ -82,5 +82,5 @@ class PagedService:
                 "steps": s.steps, "tokens_computed": s.tokens, "tokens_sampled": s.sampled,
                 "preemptions": s.preemptions, "finished": s.finished,
                 "draft_tokens": s.draft_tokens, "accepted_draft_tokens": s.accepted_draft_tokens,
-                "blocks": self.blocks.stats().to_dict()}
+                "blocks": self.blocks.stats().to_dict(), "block_map": self.blocks.block_map()}
 
