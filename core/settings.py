@@ -63,6 +63,7 @@ class Settings(BaseSettings):
     rate_limit_per_minute: int = Field(default=0, ge=0)  # 0 = unlimited
     max_queue_depth: int = Field(default=1000, ge=0)  # 0 = unbounded
     max_body_bytes: PositiveInt = 1_000_000
+    max_file_bytes: PositiveInt = 20_000_000  # a /v1/files upload (batch input), stored in Redis
     body_timeout_s: PositiveInt = 10  # a request body that stops arriving this long is refused (400)
     web_workers: PositiveInt = 2  # gunicorn processes; each holds web_threads connections
     wait_timeout_s: PositiveInt = 300  # POST /generate and /agent/run wait this long, then 504
