@@ -19,8 +19,9 @@ from typing import Any
 
 from core import keys
 from core.batches import BatchRecord, BatchStore, derived_file_id, new_batch_id
-from core.events import QUEUED, SUCCEEDED, TERMINAL_STATES
+from core.events import SUCCEEDED, TERMINAL_STATES
 from core.logs import log_event
+from web.cancel import cancel_job
 from web.context import ctx
 from web.openai.batch_lines import parse_lines, submit_line
 from web.openai.batch_output import build_files, jobs_of
@@ -85,16 +86,9 @@ def _counts(entries: list[dict[str, Any]], states: dict[str, str | None]) -> dic
 
 
 def cancel_jobs(job_ids: list[str], reason: str) -> None:
-    """Cancel the batch's open jobs as ``POST /jobs/{id}/cancel`` does (queued: revoked too)."""
-    store, celery = ctx().store, ctx().celery
+    """Cancel the batch's open jobs as ``POST /jobs/{id}/cancel`` does."""
     for job_id in job_ids:
-        was_queued = store.client.hget(keys.job_key(job_id), "state") == QUEUED
-        store.request_cancel(job_id)
-        if was_queued:
-            try:
-                celery.control.revoke(job_id)
-            except Exception as exc:  # noqa: BLE001 - the job already ended cancelled in the store
-                log_event(logger, "revoke_failed", level=logging.WARNING, job_id=job_id, error=type(exc).__name__)
+        cancel_job(ctx().store, ctx().celery, job_id)
     log_event(logger, "batch_jobs_cancelled", jobs=len(job_ids), reason=reason)
 
 
