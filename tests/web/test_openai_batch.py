@@ -53,6 +53,10 @@ def test_upload_checks_purpose_size_and_encoding(make_app):
     bad = client.post("/v1/files", data={"purpose": "batch", "file": (io.BytesIO(b"\xff\xfe"), "x")},
                       content_type="multipart/form-data")
     assert bad.status_code == 400 and bad.get_json()["error"]["param"] == "file"
+    missing = client.post("/v1/files", data={"purpose": "batch"}, content_type="multipart/form-data")
+    assert missing.status_code == 400 and missing.get_json()["error"]["param"] == "file"
+    as_json = client.post("/v1/files", json={"purpose": "batch"})
+    assert as_json.status_code == 400 and as_json.get_json()["error"]["param"] in ("file", "purpose")
 
 
 def test_batch_create_refuses_other_endpoints_and_windows(client):

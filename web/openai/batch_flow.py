@@ -29,7 +29,6 @@ from web.openai.responses import model_id
 
 logger = logging.getLogger("miniserve.web.batch")
 WINDOW_S = {"24h": 24 * 3600}
-ENDPOINTS = ("/v1/chat/completions",)
 VALIDATING_STALE_S = 600  # a batch still validating this long lost its web process
 
 

@@ -9,43 +9,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Response, jsonify, request
-from flask_openapi3 import APIBlueprint, Tag
-from pydantic import BaseModel, ConfigDict, Field
+from flask import Response, jsonify
+from flask_openapi3 import APIBlueprint, FileStorage, Tag
 
 from core.batches import NotFound, StoredFile
 from web.context import ctx, request_owner
 from web.errors import ApiError
 from web.openai import batch_flow
+from web.openai.batch_schemas import (
+    BatchCreate, BatchList, BatchListQuery, BatchObject, BatchPath, FileContent, FileObject, FilePath, FileUpload,
+)
 from web.openai.schemas import OpenAIError
 
 api = APIBlueprint("openai_batch", __name__, url_prefix="/v1",
                    abp_tags=[Tag(name="openai-batch", description="OpenAI Files and Batch API (through the queue)")])
 ERRORS: dict[int, Any] = {code: OpenAIError for code in (400, 401, 404, 413, 415, 429, 503)}
-PURPOSES = ("batch",)
-
-
-class FilePath(BaseModel):
-    file_id: str = Field(max_length=100)
-
-
-class BatchPath(BaseModel):
-    batch_id: str = Field(max_length=100)
-
-
-class BatchCreate(BaseModel):
-    """``POST /v1/batches``: the endpoint every line calls; only a 24 h window."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-    input_file_id: str = Field(max_length=100)
-    endpoint: str = Field(max_length=100, description="/v1/chat/completions")
-    completion_window: str = Field(description="24h")
-    metadata: dict[str, str] | None = Field(default=None, max_length=16)
-
-
-class BatchListQuery(BaseModel):
-    after: str | None = Field(default=None, max_length=100)
-    limit: int = Field(default=20, ge=1, le=100)
 
 
 def _owner() -> str:
@@ -66,53 +44,40 @@ def _batch(batch_id: str) -> Any:
         raise ApiError(404, "batch_not_found", f"no batch '{batch_id[:100]}'", field="batch_id") from None
 
 
-def _upload() -> tuple[str, str]:
-    """(filename, text) of the multipart ``file`` part, checked: size, UTF-8."""
+def _text(upload: FileStorage) -> str:
+    """The uploaded file's text, checked: size, UTF-8."""
     limit = ctx().settings.max_file_bytes
-    upload = request.files.get("file")
-    if upload is None:
-        raise ApiError(400, "validation_error", "file: a multipart part named 'file' is required", field="file")
     data = upload.read(limit + 1)
     if len(data) > limit:
         raise ApiError(413, "file_too_large", f"file: over {limit} bytes (MINISERVE_MAX_FILE_BYTES)", field="file")
     try:
-        return upload.filename or "upload.jsonl", data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError:
         raise ApiError(400, "validation_error", "file: not UTF-8 text", field="file") from None
 
 
 @api.post("/files", summary="Upload a JSONL file of batch requests (multipart: purpose=batch, file)",
-          responses=ERRORS)
-def create_file():
-    if request.mimetype != "multipart/form-data":
-        raise ApiError(415, "unsupported_media_type", "send the file as multipart/form-data", field="file")
-    purpose = request.form.get("purpose")
-    if purpose not in PURPOSES:
-        raise ApiError(400, "validation_error", f"purpose: must be one of {list(PURPOSES)}", field="purpose")
-    filename, text = _upload()
-    stored = batch_flow.batch_store().put_file(purpose, filename, text, _owner())
+          responses={200: FileObject, **ERRORS})
+def create_file(form: FileUpload):
+    text = _text(form.file)
+    stored = batch_flow.batch_store().put_file(form.purpose, form.file.filename or "upload.jsonl", text, _owner())
     return jsonify(stored.openai_object(ctx().settings.job_ttl_s))
 
 
-@api.get("/files/<file_id>", summary="A file's metadata", responses=ERRORS)
+@api.get("/files/<file_id>", summary="A file's metadata", responses={200: FileObject, **ERRORS})
 def retrieve_file(path: FilePath):
     return jsonify(_file(path.file_id).openai_object(ctx().settings.job_ttl_s))
 
 
 @api.get("/files/<file_id>/content", summary="A file's content (input, output or error JSONL)",
-         responses=ERRORS)
+         responses={200: FileContent, **ERRORS})
 def file_content(path: FilePath):
     return Response(_file(path.file_id).content, mimetype="application/jsonl")
 
 
 @api.post("/batches", summary="Start a batch: each line of the input file becomes a job",
-          responses=ERRORS)
+          responses={200: BatchObject, **ERRORS})
 def create_batch(body: BatchCreate):
-    if body.endpoint not in batch_flow.ENDPOINTS:
-        raise ApiError(400, "validation_error", f"endpoint: must be one of {list(batch_flow.ENDPOINTS)}",
-                       field="endpoint")
-    if body.completion_window not in batch_flow.WINDOW_S:
-        raise ApiError(400, "validation_error", "completion_window: must be 24h", field="completion_window")
     stored = _file(body.input_file_id)
     if stored.purpose != "batch":
         raise ApiError(400, "validation_error", "input_file_id: not a file with purpose batch", field="input_file_id")
@@ -122,19 +87,19 @@ def create_batch(body: BatchCreate):
 
 
 @api.get("/batches/<batch_id>", summary="A batch: status, request_counts, output and error files",
-         responses=ERRORS)
+         responses={200: BatchObject, **ERRORS})
 def retrieve_batch(path: BatchPath):
     return jsonify(batch_flow.refresh(_batch(path.batch_id)).object)
 
 
 @api.post("/batches/<batch_id>/cancel", summary="Cancel a batch (its open jobs are cancelled)",
-          responses=ERRORS)
+          responses={200: BatchObject, **ERRORS})
 def cancel_batch(path: BatchPath):
     return jsonify(batch_flow.cancel(_batch(path.batch_id)).object)
 
 
 @api.get("/batches", summary="Recent batches, newest first (after: a batch id, limit)",
-         responses=ERRORS)
+         responses={200: BatchList, **ERRORS})
 def list_batches(query: BatchListQuery):
     records = batch_flow.batch_store().list_batches(request_owner(), query.after, query.limit + 1)
     shown = [batch_flow.refresh(r).object for r in records[:query.limit]]
