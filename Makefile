@@ -31,7 +31,7 @@ test: install compose-tool
 	bash scripts/run_tests.sh
 
 test-fast: install
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow and not integration"
 
 clean:
 	rm -rf $(VENV) .venv-compose .pytest_cache

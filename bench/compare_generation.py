@@ -31,7 +31,7 @@ def run_dtype(dtype: str, args: argparse.Namespace) -> list[dict]:
     from engine.types import GenerationRequest, SamplingParams
 
     from engine.handwritten import forward_for
-    from engine.quant import bytes_per_token
+    from engine.quant.model import bytes_per_token
 
     engine = Engine(load_settings(model=args.model, dtype=dtype, threads=args.threads, quant=args.quant))
     engine.load()

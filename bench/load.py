@@ -17,6 +17,12 @@ event, a stream that repeated an event seq, or one job id handed out twice; *fai
 ended in a state other than ``succeeded``; *submit errors* = POSTs that got no 202;
 *re-run* = jobs that needed a second attempt (expected only with --kill-worker-after);
 *text mismatches* = the final attempt's streamed tokens differ from the stored result.
+
+    python -m bench.load --connections 2000 --slowloris 200 [--loaded-s 40]
+
+is the connections mode instead (:mod:`bench.load_connections`): thousands of held SSE
+streams and slowloris sockets against the web alone, while ``/healthz`` latency and a new
+job's time to first token are measured; writes results/connections.{json,csv,png}.
 """
 from __future__ import annotations
 
@@ -76,6 +82,10 @@ def parse_args() -> argparse.Namespace:
                              "(needs --workers 2 or more); its jobs must still complete, re-run elsewhere")
     parser.add_argument("--lease-s", type=int, default=10, help="job lease: how soon a dead worker's jobs re-run")
     parser.add_argument("--output", default="results/load.csv")
+    parser.add_argument("--connections", type=int, default=0,
+                        help="connections mode: this many held SSE streams (see bench.load_connections)")
+    parser.add_argument("--slowloris", type=int, default=200, help="connections mode: slowloris sockets")
+    parser.add_argument("--loaded-s", type=float, default=40.0, help="connections mode: seconds under load")
     return parser.parse_args()
 
 
@@ -213,6 +223,11 @@ def warm_up(args, base_url: str) -> None:
 
 def main() -> None:
     args = parse_args()
+    if args.connections:
+        from bench import load_connections as mode
+
+        return mode.main(mode.ConnectionRun(connections=args.connections, slowloris=args.slowloris,
+                                            loaded_s=args.loaded_s, web_workers=args.web_workers))
     per_client = max(1, args.jobs // args.clients)
     folder = Path(tempfile.mkdtemp(prefix="miniserve-load-"))
     procs, base_url, store = start_stack(args, folder)

@@ -1,6 +1,6 @@
 """Benchmark weight-only quantization (``MINISERVE_QUANT``): ``python -m bench.quantization``.
 
-On the real default model, for none / int8 / int4, interleaved in one run, with 2 threads:
+On the real default model, for none and q8, interleaved in one run, with 2 threads:
 decode tokens/s at batch 1 (``custom_cache``) and batched (one forward step for ``--batch``
 sequences, :mod:`bench.quantization_batch`), time to first token, resident memory of the
 loaded model (fresh process per setting, :mod:`bench.quantization_memory`), greedy
@@ -34,14 +34,14 @@ PROMPTS = [  # fixed set, 4 English + 4 Chinese, each asking for more than 32 to
     "简单介绍一下北京的历史和著名景点。",
     "请用三段话说明为什么要写单元测试。",
 ]
-MODES = ("none", "q8", "mixed", "int8", "int4")
+MODES = ("none", "q8")
 DEFAULT_SETTING = "q8"  # the low-bit plan the targets are checked on (auto runs none until one passes them)
 
 
 def kernels_main(args: argparse.Namespace) -> int:
     from bench.quantization_kernels import model_totals, plot_totals, run_kernels
 
-    rows = run_kernels([int(r) for r in args.rows.split(",")], args.repeats, args.group_size)
+    rows = run_kernels([int(r) for r in args.rows.split(",")], args.repeats)
     table = [asdict(r) for r in rows]
     print_table(table, ["shape", "out_features", "in_features", "rows", "mode", "ms_p50", "speedup_vs_bf16"])
     totals = model_totals(rows)
@@ -50,7 +50,7 @@ def kernels_main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     write_csv(out / "quant_kernels.csv", table)
     write_csv(out / "quant_kernels_step.csv", totals)
-    write_json(out / "quant_kernels_machine.json", {**machine_info(), "group_size": args.group_size,
+    write_json(out / "quant_kernels_machine.json", {**machine_info(), "group_size": 32,
                                                       "activation_dtype": "bfloat16"})
     plot_totals(totals, out / "quant_kernels.png")
     print(f"\nwrote {out}/quant_kernels.csv, quant_kernels_step.csv, quant_kernels.png")
@@ -126,10 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds (speed)")
     parser.add_argument("--speed-prompts", type=int, default=4, help="prompts per speed round")
     parser.add_argument("--batch", type=int, default=8, help="sequences in the batched decode")
-    parser.add_argument("--group-size", type=int, default=None, help="int4 group size (default: the engine's)")
     parser.add_argument("--no-llama", action="store_true", help="skip the llama.cpp reference")
     parser.add_argument("--modes", default=",".join(MODES), help="settings to run (comma-separated)")
-    parser.add_argument("--memory-modes", default=f"none,{DEFAULT_SETTING},int4",
+    parser.add_argument("--memory-modes", default=f"none,{DEFAULT_SETTING}",
                         help="settings whose resident memory is read, one fresh process each")
     parser.add_argument("--no-memory", action="store_true", help="skip the fresh-process RSS readings")
     parser.add_argument("--rows", default="1,2,4,8,12,16,32", help="rows per matmul (--kernels)")
@@ -138,8 +137,6 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     print(machine_info(), flush=True)
     if args.kernels:
-        if args.group_size is None:
-            args.group_size = 32
         return kernels_main(args)
     return model_main(args)
 

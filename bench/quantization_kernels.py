@@ -1,5 +1,5 @@
 """Micro-benchmark: the default model's linear shapes, bf16 (plain and prepacked, where this
-CPU's oneDNN has bf16 kernels) vs int8, int4 and q8 (as in prefill / single decode, and as in a
+CPU's oneDNN has bf16 kernels) vs q8 (as in prefill / single decode, and as in a
 batched decode step), and q8's 5-bit storage of Q5_0 grids (``q5``) beside it: whether 5 bits
 read faster than 8 on this CPU's vector path is what ``q8.FIVE_BIT_PATHS`` records.
 
@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 from bench.stats import pyplot
 from engine.packed import PackedLinear, packing_available
-from engine.quant import q8, quantize_linear
+from engine.quant import q8
+from engine.quant.layer import quantize_linear
 from engine.quant.layer import QuantizedLinear
 from engine.weights import Linear
 
@@ -29,7 +30,7 @@ SHAPES = {  # name: (out_features, in_features, copies)
     "gate_proj": (INTERMEDIATE, HIDDEN, LAYERS), "up_proj": (INTERMEDIATE, HIDDEN, LAYERS),
     "down_proj": (HIDDEN, INTERMEDIATE, LAYERS), "lm_head": (VOCAB, HIDDEN, 1),
 }
-MODES = ("bf16", "bf16_packed", "int8", "int4", "q8", "q5", "q8_batched")
+MODES = ("bf16", "bf16_packed", "q8", "q5", "q8_batched")
 
 
 @dataclass
@@ -43,7 +44,7 @@ class KernelRow:
     speedup_vs_bf16: float = 0.0
 
 
-def _ops(n: int, k: int, copies: int, group: int) -> dict[str, list]:
+def _ops(n: int, k: int, copies: int) -> dict[str, list]:
     """Per mode, ``copies`` callables x -> y over distinct weights (packed kernel forced)."""
     packed = packing_available(torch.bfloat16, torch.device("cpu"))
     ops: dict[str, list] = {m: [] for m in MODES if packed or m != "bf16_packed"}
@@ -53,10 +54,7 @@ def _ops(n: int, k: int, copies: int, group: int) -> dict[str, list]:
         ops["bf16"].append(lambda x, w=w: F.linear(x, w))
         if packed:
             ops["bf16_packed"].append(PackedLinear.from_linear(Linear(w)))    # what `none` runs
-        for mode in ("int8", "int4", "q8"):
-            layer = quantize_linear(w, None, mode, group_size=group, keep_reference=False,
-                                    max_rows=1 << 30)
-            ops[mode].append(layer)
+        ops["q8"].append(quantize_linear(w, None))
         ops["q5"].append(_five_bit(ops["q8"][-1]))
         ops["q8_batched"].append(_in_batched_decode(ops["q8"][-1]))
     return ops
@@ -68,7 +66,7 @@ def _five_bit(layer: QuantizedLinear) -> QuantizedLinear:
     codes = q8.deinterleave(layer.qweight).to(torch.int16).clamp(128 - 16, 128 + 15).to(torch.uint8)
     return QuantizedLinear(mode="q5", in_features=layer.in_features, out_features=layer.out_features,
                            qweight=q8.pack5(q8.interleave(codes)), params=layer.params, group_size=q8.GROUP,
-                           bias=None, reference=None, max_rows=layer.max_rows, kernel_bias=None)
+                           bias=None, kernel_bias=None)
 
 
 def _in_batched_decode(layer):
@@ -86,10 +84,10 @@ def _time_pass(fns: list, x: torch.Tensor) -> float:
     return (time.perf_counter() - started) / len(fns)
 
 
-def run_kernels(rows_list: list[int], repeats: int, group: int) -> list[KernelRow]:
+def run_kernels(rows_list: list[int], repeats: int) -> list[KernelRow]:
     out: list[KernelRow] = []
     for name, (n, k, copies) in SHAPES.items():
-        ops = _ops(n, k, copies, group)
+        ops = _ops(n, k, copies)
         for rows in rows_list:
             x = torch.randn(rows, k).to(torch.bfloat16)
             times: dict[str, list[float]] = {m: [] for m in ops}

@@ -1,6 +1,6 @@
 """Resident memory of the loaded model per ``MINISERVE_QUANT`` setting, in a fresh process.
 
-``python -m bench.quantization_memory --quant int8`` prints one JSON line: RSS after the
+``python -m bench.quantization_memory --quant q8`` prints one JSON line: RSS after the
 imports, what importing transformers' Qwen2 model adds (``model_imports_mb``, part of the
 runtime a worker holds), what one more copy of the tokenizer adds (``tokenizer_mb``), after ``load_model`` (which quantizes and frees the bf16 copies), and after a
 first 8-token ``custom_cache`` generation (forward built). ``worker_mb`` adds the paged KV
@@ -35,7 +35,8 @@ def measure(quant: str, threads: int, model: str) -> dict:
     from core.settings import load_settings
     from engine.engine import Engine
     from engine.loader import load_model
-    from engine.quant import forward_weights, full_weight_bytes, quantized_bytes
+    from engine.quant.model import forward_weights, quantized_bytes
+    from engine.quant.restore import full_weight_bytes
     from engine.types import GenerationRequest, SamplingParams
 
     before = rss_mb()
@@ -103,7 +104,7 @@ def _tokenizer_mb(tokenizer) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--quant", required=True, choices=["auto", "none", "q8", "mixed", "int8", "int4"])
+    parser.add_argument("--quant", required=True, choices=["auto", "none", "q8"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default="default")
     parser.add_argument("--output", help="also write the reading, the command and the machine to this JSON file")

@@ -23,9 +23,8 @@ from engine.engine import Engine
 from engine.openmp import release_thread_team
 from engine.forward import Qwen2Forward
 from engine.loader import load_model
-from engine.packed import pack_weights, packing_available
-from engine.quant import DEFAULT_GROUP_SIZE, PLANS, bytes_per_token, quantize_weights
-from engine.quant.calibration import input_importance
+from engine.packed import packing_available
+from engine.quant.model import bytes_per_token, pack_weights, quantize_weights
 from engine.types import GenerationRequest, SamplingParams
 from engine.weights import fuse_projections
 
@@ -39,16 +38,10 @@ def _engines(args: argparse.Namespace, modes: tuple[str, ...]) -> tuple[dict[str
     # none runs as a worker runs it: projections prepacked for oneDNN where the CPU has them
     packed = pack_weights(weights) if packing_available(weights.dtype, weights.device) else weights
     forwards = {"none": Qwen2Forward(packed)}
-    importance = None
     for mode in modes:
         if mode != "none":
-            if PLANS[mode].needs_calibration and importance is None:
-                importance = input_importance(weights, loaded.tokenizer)
-            # as a worker quantizes them (engine.quant.model.quantize_model): q8 from the folder's
-            # stored values, the other plans from the bf16 weights
-            forwards[mode] = Qwen2Forward(quantize_weights(weights, mode, group_size=args.group_size,
-                                                           keep_reference=False, importance=importance,
-                                                           source=loaded.path)[0])
+            # as a worker quantizes them (engine.quant.model.quantize_model): from the folder's stored values
+            forwards[mode] = Qwen2Forward(quantize_weights(weights, mode, source=loaded.path)[0])
     engines = {}
     for mode, forward in forwards.items():
         engine = Engine(settings, loaded)
@@ -164,7 +157,7 @@ def run_model_benchmark(args: argparse.Namespace, prompts: list[str], modes: tup
         checks[f"{default} b1 >= 1.2x llama.cpp"] = by[default]["decode_tps_b1"] >= 1.2 * llama_b1
         checks[f"{default} free-running agreement >= llama.cpp's"] = (
             by[default]["agree_free"] >= by[LLAMA]["agree_free"])
-    machine = {**machine_info(), "dtype": "bfloat16", "group_size": args.group_size or DEFAULT_GROUP_SIZE,
+    machine = {**machine_info(), "dtype": "bfloat16", "group_size": 32,
                "max_new_tokens": tokens, "batch": args.batch, "read_bandwidth_gbs": [round(b, 2) for b in bandwidth]}
     return {"rows": rows, "checks": checks, "machine": machine,
             "samples": {"b1": samples, "batched": batched, "quality": quality}}

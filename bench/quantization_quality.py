@@ -12,7 +12,7 @@ import torch
 
 from engine.forward import Qwen2Forward
 from engine.kv_cache import ContiguousKVCache
-from engine.quant import exact_attention
+from engine.quant.model import exact_attention
 
 
 def free_running(reference: list[list[int]], other: list[list[int]]) -> dict[str, float]:

@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             "command": "python -m bench.speculative " + " ".join(argv if argv is not None else sys.argv[1:]),
             "dtype": args.dtype, "new_tokens": args.new_tokens, "batch_new_tokens": args.batch_new_tokens,
             "queue_jobs": args.queue_jobs, "spec_tokens": spec_tokens, "spec_ngram": spec_ngram,
-            "prompts": len(prompts), "default_quant": defaults.quant, "spec_row_cost": defaults.spec_row_cost,
+            "prompts": len(prompts), "default_quant": defaults.quant,
             "default_quant_resolves_to": resolve_quant(defaults.quant, "cpu")}
     print(f"machine: {info['cpu_model']}, {info['cpus']} cores, read {info['read_bandwidth_gbs']:.1f} GB/s; "
           f"k={spec_tokens}, ngram={spec_ngram}, {args.new_tokens} new tokens", flush=True)

@@ -70,6 +70,11 @@ def rate_key(owner: str, window: int) -> str:
     return f"rate:{owner}:{window}"
 
 
+def streams_key(client: str) -> str:
+    """Sorted set of one client's open SSE streams: stream token -> lease deadline."""
+    return f"streams:{client}"
+
+
 def worker_key(name: str) -> str:
     """Hash with a worker's self-description and cache statistics (expires without heartbeats)."""
     return f"worker:{name}"

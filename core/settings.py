@@ -52,20 +52,29 @@ class Settings(BaseSettings):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     # auto: the quality-matched low-bit plan on CPU, none on CUDA (docs/quantization.md).
-    quant: Literal["auto", "none", "mixed", "q8", "int8", "int4"] = "auto"
+    quant: Literal["auto", "none", "q8"] = "auto"
     threads: int = Field(default=0, ge=0)  # 0 = torch's default
 
     # Web server.
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
-    web_threads: PositiveInt = 64
+    # Open connections one web process holds (gevent worker: a connection costs a greenlet,
+    # not a thread; an SSE stream also holds one Redis connection while it follows a job).
+    web_connections: PositiveInt = 4000
+    # The request line and headers must arrive within this many seconds (also the keep-alive
+    # idle limit between two requests on one connection).
+    header_timeout_s: PositiveInt = 5
     api_keys: Annotated[list[str], NoDecode] = []
     rate_limit_per_minute: int = Field(default=0, ge=0)  # 0 = unlimited
     max_queue_depth: int = Field(default=1000, ge=0)  # 0 = unbounded
     max_body_bytes: PositiveInt = 1_000_000
     max_file_bytes: PositiveInt = 20_000_000  # a /v1/files upload (batch input), stored in Redis
     body_timeout_s: PositiveInt = 10  # a request body that stops arriving this long is refused (400)
-    web_workers: PositiveInt = 2  # gunicorn processes; each holds web_threads connections
+    body_deadline_s: PositiveInt = 30  # a whole body must arrive within this, however it drips (400)
+    # Open SSE streams per client, counted across web processes in Redis: per API key, and
+    # per address (each its own limit of this size); one more is a 429. 0 = unlimited.
+    max_streams_per_client: int = Field(default=100, ge=0)
+    web_workers: PositiveInt = 2  # gunicorn processes; each holds web_connections connections
     wait_timeout_s: PositiveInt = 300  # POST /generate and /agent/run wait this long, then 504
     sse_keepalive_s: PositiveInt = 15  # idle SSE streams get a comment line this often
     worker_max_age_s: PositiveInt = 30  # a worker heartbeat older than this is not "seen"
@@ -101,9 +110,6 @@ class Settings(BaseSettings):
     speculative: Literal["off", "ngram"] = "off"
     spec_tokens: int = Field(default=8, ge=1, le=16)  # most drafts per step (k; fewer by expected value)
     spec_ngram: Annotated[tuple[int, ...], NoDecode] = (4, 3, 2)  # suffix lengths tried, longest first
-    # price of a verified row: "fixed" per kernel path (engine/speculative/config.py) or
-    # "measured" on the worker's own forward at its first speculative request (row_price.py)
-    spec_row_cost: Literal["fixed", "measured"] = "fixed"
 
     # Queue and reliability.
     # One worker process, several jobs at once: a threads pool feeding the paged scheduler.

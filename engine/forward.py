@@ -18,19 +18,33 @@ RMSNorm in float32, rotary tables computed in float32 and cast to the model dtyp
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+import logging
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
-from engine import exact_ops, fused as fused_ops
+from core.logs import log_event
+from engine import fused as fused_ops
+from engine.quant.model import exact_attention
+from engine.quant.step import DecodeStep
 from engine.weights import ForwardConfig, Qwen2Weights
 
+logger = logging.getLogger("miniserve.engine.forward")
 Positions = int | torch.Tensor
 _UNBUILT = object()
 
-if TYPE_CHECKING:
-    from engine.quant.step import DecodeStep
+
+def fused_for(weights: Any) -> bool:
+    """Whether a forward over ``weights`` runs the fused operations (engine.fused): quantized
+    (not exact) bf16 weights on CPU, with the native library loadable (said loudly when not)."""
+    if weights.dtype != torch.bfloat16 or weights.device.type != "cpu" or exact_attention(weights):
+        return False
+    reason = fused_ops.unavailable()
+    if reason is not None:  # no compiler, odd platform: torch's ops instead
+        log_event(logger, "fused_ops_unavailable", level=logging.WARNING, reason=reason)
+        return False
+    return True
 
 
 class AttentionCache(Protocol):
@@ -94,13 +108,8 @@ class Qwen2Forward:
         self.config = weights.config
         self.rotary = RotaryTable(self.config, weights.dtype, weights.device)
         if fused is None:
-            from engine.fused import fused_for
-
             fused = fused_for(weights)
         self.fused = fused
-        # a forward that keeps torch's bits may still run the operations C reproduces bit for
-        # bit (engine.exact_ops: checked once per process on this model's widths)
-        self.exact = exact_ops.NONE if fused else exact_ops.exact_ops_for(weights)
         self.c_attention = fused_ops.attention_like_torch()
         # a decode or verify step of one sequence in one C call where every piece of it runs in C
         # (engine.quant.step); benchmarks turn it off to time the per-operation path beside it
@@ -114,8 +123,6 @@ class Qwen2Forward:
         if not (self.fused_attention and self.one_call_step):
             return None
         if self._decode_step is _UNBUILT:
-            from engine.quant.step import DecodeStep
-
             self._decode_step = DecodeStep(self.weights) if DecodeStep.supports(self.weights) else None
         return self._decode_step
 
@@ -127,8 +134,6 @@ class Qwen2Forward:
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self.fused:
             return fused_ops.rms_norm(x, weight, self.config.rms_eps)
-        if self.exact.norm_rotary:
-            return fused_ops.rms_norm(x, weight, self.config.rms_eps, exact_ops.SUM_LANES)
         return rms_norm(x, weight, self.config.rms_eps)
 
     def hidden(self, input_ids: torch.Tensor, cache: AttentionCache) -> torch.Tensor:
@@ -154,7 +159,7 @@ class Qwen2Forward:
         k sit side by side in qkv: both heads-sets rotate in one pass (in place when fused)."""
         cfg = self.config
         heads, k_end = cfg.num_heads + cfg.num_kv_heads, cfg.q_size + cfg.kv_size
-        if self.fused or self.exact.norm_rotary:
+        if self.fused:
             fused_ops.rotary_(qkv, heads, cfg.head_dim, cos, sin)
             qk = qkv[:, :k_end].view(n, heads, cfg.head_dim)
         else:
@@ -162,7 +167,7 @@ class Qwen2Forward:
         return qk[:, :cfg.num_heads], qk[:, cfg.num_heads:]
 
     def _silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        if self.fused or self.exact.silu:
+        if self.fused:
             return fused_ops.silu_mul(gate_up)
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate).mul_(up)

@@ -5,7 +5,7 @@ the fixed cost of a dozen torch calls per layer (an RMSNorm alone is 7). Here an
 rotary embedding of q and k, silu(gate) * up, and a decode token's cache write + attention
 are one call each. They round where transformers rounds in bf16, but sums and exponentials
 may round in another order, so only forwards that promise no token equality with
-``official`` use them: low-bit weights, bf16, on CPU (:func:`fused_for`). ``none`` keeps
+``official`` use them: low-bit weights, bf16, on CPU (:func:`engine.forward.fused_for`). ``none`` keeps
 torch's ops and its exact tokens.
 
 How closely the sums over a row (RMSNorm, attention) round like torch's depends on torch's own
@@ -16,33 +16,12 @@ agreement with bf16 (:func:`attention_like_torch`).
 from __future__ import annotations
 
 import functools
-import logging
 import math
 from typing import Any
 
 import torch
 
-logger = logging.getLogger("miniserve.engine.fused")
-
-
-def fused_for(weights: Any) -> bool:
-    """Whether a forward over ``weights`` runs the fused operations: quantized (not exact)
-    bf16 weights on CPU, with the native library loadable."""
-    from engine.quant import exact_attention
-
-    if weights.dtype != torch.bfloat16 or weights.device.type != "cpu" or exact_attention(weights):
-        return False
-    from engine.quant.native import NativeBuildError
-
-    try:
-        _library()
-    except NativeBuildError as exc:  # no compiler, odd platform: torch's ops instead, said loudly
-        from core.logs import log_event
-
-        log_event(logger, "fused_ops_unavailable", level=logging.WARNING, reason=str(exc))
-        return False
-    return True
-
+from engine.quant import native
 
 # torch CPU capabilities (torch.backends.cpu.get_cpu_capability()) on which the C decode
 # attention rounds closely enough to torch's SDPA that q8 keeps its agreement with bf16
@@ -57,22 +36,28 @@ def attention_like_torch() -> bool:
     return torch.backends.cpu.get_cpu_capability() in ATTENTION_LIKE_TORCH
 
 
+def unavailable() -> str | None:
+    """Why the native library cannot be loaded here (no compiler, odd platform), or None."""
+    try:
+        _library()
+    except native.NativeBuildError as exc:
+        return str(exc)
+    return None
+
+
 @functools.lru_cache(maxsize=1)
 def _library() -> Any:
     """The loaded native library, looked up once (every fused call of a step goes through it)."""
-    from engine.quant import native
-
     return native.library()
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, lanes: int | None = None) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of the rows of a contiguous bf16 ``x [n, dim]`` (as engine.forward.rms_norm; bit
-    for bit where torch's vectors hold 8 floats, :func:`torch_sum_lanes`). ``lanes``: the sum
-    order (default :func:`torch_sum_lanes`; engine.exact_ops passes torch's own)."""
+    for bit where torch's vectors hold 8 floats, :func:`torch_sum_lanes`)."""
     x = x.contiguous()
     out = torch.empty_like(x)
     _library().ms_rms_norm_bf16(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // x.shape[-1],
-                                x.shape[-1], eps, torch_sum_lanes() if lanes is None else lanes)
+                                x.shape[-1], eps, torch_sum_lanes())
     return out
 
 

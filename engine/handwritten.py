@@ -30,7 +30,7 @@ from engine.speculative.contiguous import speculative_decode_loop
 from engine.speculative.counters import spec_counters
 from engine.speculative.policy import SpecState
 from engine.types import GenerationRequest
-from engine.quant import exact_attention, forward_weights
+from engine.quant.model import exact_attention, forward_weights
 
 
 def forward_for(engine: Any) -> Qwen2Forward:
@@ -95,7 +95,7 @@ def _run_cached(engine: Any, prompt: Prompt, run: GenerationRun, request: Genera
     forward = forward_for(engine)
     sampler = _sampler(engine, forward, request, penalty, prompt)
     # a constrained request does not draft: drafts are not checked against the grammar
-    spec = spec_config(engine.settings, request.speculative, forward.weights, forward) if request.constraint is None else None
+    spec = spec_config(engine.settings, request.speculative, forward.weights) if request.constraint is None else None
     with torch.inference_mode():
         if run.cancelled():
             return 0
@@ -104,7 +104,7 @@ def _run_cached(engine: Any, prompt: Prompt, run: GenerationRun, request: Genera
         if spec is None:
             decode_loop(forward, cache, logits, sampler, run)
         else:
-            state = SpecState.start(spec, prompt.ids, run.tokenizer)
+            state = SpecState.start(spec, prompt.ids)
             speculative_decode_loop(forward, cache, logits, sampler, run, state)
             spec_counters(engine).add(run.draft_tokens, run.accepted_draft_tokens)
     return cached

@@ -20,6 +20,11 @@ from typing import Any
 from core.logs import log_event
 from core.model_source import local_model_dir, names_a_folder, served_model_name
 from core.settings import DEFAULT_MODEL, Settings
+from engine.packed import packing_available
+from engine.prepare_default import prepare_default_model
+from engine.quant.kernels import QuantKernelError
+from engine.quant.model import pack_model, quantize_model
+from engine.quant.plan import QUANT_CHOICES, resolve_quant
 
 logger = logging.getLogger("miniserve.engine.loader")
 
@@ -82,8 +87,6 @@ def resolve_model_path(settings: Settings) -> tuple[str, str]:
     """(display name, what from_pretrained gets): the prepared default folder, a folder or an id."""
     name = served_model_name(settings)
     if settings.model == DEFAULT_MODEL:
-        from engine.prepare_default import prepare_default_model
-
         return name, str(prepare_default_model(settings))
     folder = local_model_dir(settings)
     if folder is not None:
@@ -102,7 +105,7 @@ def apply_threads(settings: Settings) -> None:
         torch.set_num_threads(settings.threads)
 
 
-def apply_quant(model: Any, setting: str, device: Any, source: str, tokenizer: Any = None,
+def apply_quant(model: Any, setting: str, device: Any, source: str,
                 table_dir: Path | None = None) -> str:
     """Quantize per ``MINISERVE_QUANT``; returns what runs, as ``Engine.info`` shows it.
 
@@ -110,8 +113,6 @@ def apply_quant(model: Any, setting: str, device: Any, source: str, tokenizer: A
     variable and the choices. ``auto`` never fails the start, but a fallback to ``none`` is
     said loudly: a WARNING log event and ``none (auto: ...)`` on ``/workers``. ``table_dir``:
     where a quantized embedding table is kept as a mapped file (only rows in use resident)."""
-    from engine.quant import QUANT_CHOICES, QuantKernelError, pack_model, quantize_model, resolve_quant
-
     plan = resolve_quant(setting, device.type, getattr(model, "dtype", None))
     if plan == "none":
         label = "none (auto)" if setting == "auto" else "none"
@@ -119,7 +120,7 @@ def apply_quant(model: Any, setting: str, device: Any, source: str, tokenizer: A
             return label
         return label + _unpacked_note(model, device)
     try:
-        quantize_model(model, plan, source=source, tokenizer=tokenizer, table_dir=table_dir)
+        quantize_model(model, plan, source=source, table_dir=table_dir)
     except QuantKernelError as exc:
         if setting != "auto":
             raise ModelLoadError(f"{exc}. MINISERVE_QUANT must be one of {', '.join(QUANT_CHOICES)}; "
@@ -133,8 +134,6 @@ def _unpacked_note(model: Any, device: Any) -> str:
     """Where packing should have applied (bf16 on CPU) but did not: say so in the log and on
     ``/workers`` -- the plain path is about half as fast (issue 12: no silent slow code)."""
     import torch
-
-    from engine.packed import packing_available
 
     if device.type != "cpu" or getattr(model, "dtype", None) != torch.bfloat16:
         return ""
@@ -178,7 +177,7 @@ def load_model(settings: Settings) -> LoadedModel:
                   model_type=getattr(model.config, "model_type", None))
     model.to(device).eval()
     torch.set_grad_enabled(False)
-    quant = apply_quant(model, settings.quant, device, source, tokenizer, Path(settings.cache_dir) / "tables")
+    quant = apply_quant(model, settings.quant, device, source, Path(settings.cache_dir) / "tables")
     load_s = time.perf_counter() - started
     log_event(logger, "model_loaded", model=name, device=str(device), dtype=str(dtype).replace("torch.", ""),
               quant=quant, latency_ms=int(load_s * 1000))

@@ -18,18 +18,16 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from engine.weights import Linear, Qwen2Weights
-
-PROJECTIONS = ("qkv", "o", "gate_up", "down")
 
 
 def packing_available(dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether :func:`pack_weights` applies: bf16 on a CPU with oneDNN bf16 kernels."""
+    """Whether packing applies (engine.quant.model.pack_weights): bf16 on a CPU with oneDNN bf16
+    kernels."""
     return (device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
             and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
 
@@ -45,7 +43,8 @@ class PackedLinear:
     nbytes: int  # bytes of the weight (and bias) one call reads
 
     @classmethod
-    def from_linear(cls, linear: Linear) -> "PackedLinear":
+    def from_linear(cls, linear: Any) -> "PackedLinear":
+        """``linear``: an :class:`engine.weights.Linear` (its ``weight`` and ``bias``)."""
         weight = linear.weight
         out_features, in_features = weight.shape
         bias = None if linear.bias is None else linear.bias.detach().contiguous()
@@ -55,17 +54,6 @@ class PackedLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
-
-
-def pack_weights(weights: Qwen2Weights) -> Qwen2Weights:
-    """A copy of ``weights`` whose full-precision projections and lm_head are packed (norms and
-    the embedding shared); anything that is not a plain :class:`Linear` is kept as it is."""
-    def pack(projection):
-        return PackedLinear.from_linear(projection) if isinstance(projection, Linear) else projection
-
-    layers = [dataclasses.replace(layer, **{p: pack(getattr(layer, p)) for p in PROJECTIONS})
-              for layer in weights.layers]
-    return dataclasses.replace(weights, layers=layers, lm_head=pack(weights.lm_head))
 
 
 def release_freed_memory() -> None:

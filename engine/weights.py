@@ -18,6 +18,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from engine.quant.restore import restore_full_weights
+
 Projection = Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -128,8 +130,6 @@ def _fused_linear(modules: list[torch.nn.Module]) -> Linear:
 def fuse_projections(model: Any) -> Qwen2Weights:
     """Arrange ``model``'s weights for :mod:`engine.forward` (idempotent, no extra memory).
     Weights a quantized or packed setting freed are reloaded first (engine.quant.restore)."""
-    from engine.quant.restore import restore_full_weights  # lazy: engine.quant imports this module
-
     restore_full_weights(model)
     config = ForwardConfig.from_hf(model.config)
     inner = model.model

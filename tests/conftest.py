@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import os
 
 import pytest
 
@@ -22,3 +23,81 @@ def _release_memory_after_module():
         ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
     except (OSError, AttributeError, TypeError):
         pass
+
+
+# --- test tiers -------------------------------------------------------------------------------
+# `make test-fast` runs `-m "not slow and not integration"`. Rather than trusting every test to
+# carry its marker, a test is marked by the fixtures it uses (directly or through other
+# fixtures): nobody has to remember, and a new test on these fixtures lands in the right tier.
+SERVER_FIXTURES = frozenset({
+    "redis_proc",         # tests.integration.conftest: a redis-server (under every stack fixture)
+    "restartable_redis",  # tests.reliability.conftest: a redis-server that is stopped and restarted
+})
+REAL_MODEL_FIXTURES = frozenset({
+    "real_engine",        # tests.engine.conftest: the default model in bf16
+    "real_engine_fp32",   # the default model in float32
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & SERVER_FIXTURES:
+            item.add_marker(pytest.mark.integration)
+        if used & REAL_MODEL_FIXTURES:
+            item.add_marker(pytest.mark.slow)
+
+
+SERVER_PROGRAMS = frozenset({"redis-server", "redis-sentinel", "celery", "gunicorn", "web", "flower"})
+
+
+def _server_in(argv) -> str | None:
+    """The server an argv starts (``redis-server ...``, ``python -m celery|web ...``), if any."""
+    args = [str(a) for a in ([argv] if isinstance(argv, (str, bytes, os.PathLike)) else argv)]
+    names = [os.path.basename(args[0])] if args else []
+    names += [args[i + 1] for i, a in enumerate(args[:-1]) if a == "-m"]
+    return next((n for n in names if n in SERVER_PROGRAMS), None)
+
+
+_running: list = []   # the test item being set up, run or torn down
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _running.append(item)
+    yield
+    _running.pop()
+
+
+def _guard_popen() -> None:
+    """A test without the ``integration`` marker cannot start a server, nor can the fixtures it
+    sets up (module- and session-scoped too): the Popen fails loudly, so a forgotten marker
+    shows at once instead of slowing ``make test-fast``."""
+    import subprocess
+
+    original = subprocess.Popen.__init__
+
+    def guarded(self, args, *rest, **kwargs):
+        item = _running[-1] if _running else None
+        server = _server_in(args)
+        if server and item is not None and not item.get_closest_marker("integration"):
+            raise RuntimeError(f"{item.nodeid} starts {server} but is not marked integration")
+        original(self, args, *rest, **kwargs)
+    subprocess.Popen.__init__ = guarded
+
+
+def pytest_configure(config):
+    _guard_popen()
+    _build_kernels_for_test_march()
+
+
+def _build_kernels_for_test_march() -> None:
+    """MINISERVE_TEST_MARCH=x86-64-v3 (AVX2), icelake-server or x86-64 (portable C) builds our
+    C kernels for that CPU instead of ``-march=native``: with ATEN_CPU_CAPABILITY (torch's
+    kernels) and ONEDNN_MAX_CPU_ISA (oneDNN's) this machine runs the tests as that CPU would
+    (scripts/run_tests.sh --as avx2). Test-only: the library is keyed by its flags."""
+    march = os.environ.get("MINISERVE_TEST_MARCH")
+    if march:
+        from engine.quant import native
+
+        native.FLAGS = tuple(f for f in native.FLAGS if f != "-march=native") + (f"-march={march}",)

@@ -1,6 +1,6 @@
-"""``python -m web``: serve the app with gunicorn (gthread workers, whose own error pages
-are JSON: :mod:`web.gunicorn_worker`; one thread per open SSE stream, so many streams can
-be followed at once). Binds MINISERVE_HOST:MINISERVE_PORT (127.0.0.1:8000 by default);
+"""``python -m web``: serve the app with gunicorn (gevent workers, whose own error pages
+are JSON: :mod:`web.gunicorn_worker`; an open SSE stream costs a greenlet, not a thread,
+so one process follows thousands of streams). Binds MINISERVE_HOST:MINISERVE_PORT (127.0.0.1:8000 by default);
 debug is never on."""
 from __future__ import annotations
 
@@ -30,13 +30,13 @@ class WebServer(BaseApplication):
 def gunicorn_options(settings: Settings) -> dict[str, Any]:
     return {
         "bind": f"{settings.host}:{settings.port}",
-        "worker_class": "web.gunicorn_worker.JsonErrorWorker",  # gthread, errors as JSON
+        "worker_class": "web.gunicorn_worker.JsonErrorWorker",  # gevent, errors as JSON
         "workers": settings.web_workers,
-        "threads": settings.web_threads,
-        "timeout": 60,  # gthread workers heartbeat from their main thread: long SSE streams are fine
+        "worker_connections": settings.web_connections,
+        "timeout": 60,  # the worker heartbeats from its own greenlet: long SSE streams are fine
         "graceful_timeout": 10,
         "control_socket_disable": True,  # several servers (tests, benches) may run side by side
-        "keepalive": 5,
+        "keepalive": settings.header_timeout_s,  # gevent worker: the deadline for request line + headers
         "accesslog": None,  # web.request_log writes one JSON event per request instead
         "errorlog": "-",
         "loglevel": settings.log_level.lower(),

@@ -21,29 +21,48 @@ from core.settings import Settings, get_settings
 from web.celery_client import make_celery_client
 from web.context import EXTENSION_KEY, WebContext
 from web.errors import install_error_handlers, validation_error_response
+from web.feeds import FeedHub
 from web.guards import install_guards
 from web.openapi_doc import MiniServeOpenAPI
 from web.prompt_budget import PromptBudget
 from web.request_log import install_request_log
 from web.schemas import ErrorResponse
+from web.sse import format_event
 
 API_VERSION = "0.1.0"
+REDIS_SPARE_CONNECTIONS = 64  # the pool's room beyond one connection per HTTP connection
 API_MODULES = ("web.routes_jobs", "web.routes_compat", "web.routes_bench", "web.routes_system",
                "web.routes_health", "web.routes_tokenize")
 # Modules exposing ``register(app: OpenAPI) -> None`` (``app.register_api(api)`` for an
 # APIBlueprint, ``app.register_blueprint(bp)`` for a plain one). Add yours here, e.g.
 # "web.openai_api", "web.monitor", "web.metrics".
-EXTENSION_MODULES: tuple[str, ...] = ("web.openai", "web.metrics", "web.monitor", "web.routing")
+EXTENSION_MODULES: tuple[str, ...] = ("web.openai", "web.metrics", "web.monitor", "web.routing",
+                                     "web.playground")
 
 
 def make_store(settings: Settings) -> JobStore:
     """A JobStore on a pooled Redis client. Reads may block for an SSE keep-alive tick;
     a lost connection is retried twice within ~0.3 s, then the request gets a 503
-    (redis-py's default backoff would hold it for seconds)."""
+    (redis-py's default backoff would hold it for seconds). The pool may grow to one
+    connection per open HTTP connection (an SSE stream holds one while it waits in
+    ``XREAD``; redis-py's default cap of 100 made the 101st stream a 503)."""
     client = redis_client(settings, decode_responses=True, socket_connect_timeout=2,
-                                  socket_timeout=settings.sse_keepalive_s + 10, health_check_interval=30,
-                                  retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 2))
+                          max_connections=settings.web_connections + REDIS_SPARE_CONNECTIONS,
+                          socket_timeout=settings.sse_keepalive_s + 10, health_check_interval=30,
+                          retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 2))
     return JobStore(client, ttl_s=settings.job_ttl_s)
+
+
+def warm_up(app: Any) -> None:
+    """Load the tokenizer and chat template before the first request. Under the gevent
+    worker, a load inside a request (seen: the first ``POST /jobs`` of a process) holds the
+    hub, so every stream of that process waits for it; done here, it delays only the boot."""
+    from web.routing import ROUTER_KEY
+
+    app.extensions[EXTENSION_KEY].budget.uses_tokenizer  # noqa: B018 - the property loads it
+    router = app.extensions.get(ROUTER_KEY)
+    if router is not None:
+        router.key({"prefix": "warm-up"})
 
 
 def create_app(settings: Settings | None = None, store: JobStore | None = None,
@@ -63,11 +82,13 @@ def create_app(settings: Settings | None = None, store: JobStore | None = None,
     )
     app.json.ensure_ascii = False  # type: ignore[attr-defined]
     app.json.sort_keys = False  # type: ignore[attr-defined]
+    store = store or make_store(settings)
     app.extensions[EXTENSION_KEY] = WebContext(
         settings=settings,
-        store=store or make_store(settings),
+        store=store,
         celery=celery_client or make_celery_client(settings),
         budget=PromptBudget.from_settings(settings),
+        feeds=FeedHub(store, format_event),
     )
     install_request_log(app)
     install_guards(app, settings.max_body_bytes)

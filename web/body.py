@@ -4,8 +4,9 @@ gunicorn hands the application a body shorter than its ``Content-Length`` when t
 closes early, and waits as long as the client likes for the rest; werkzeug then cuts a
 chunked body at ``MAX_CONTENT_LENGTH`` without a word (a 2 MB chunked body used to reach
 the parser cut short, a 400 ``malformed_json``). So the body is read here, from the WSGI
-stream itself: a body that is short, stops arriving for ``MINISERVE_BODY_TIMEOUT_S`` or
-breaks its chunked framing is a 400 ``incomplete_body``; one over ``MINISERVE_MAX_BODY_BYTES``
+stream itself: a body that is short, stops arriving for ``MINISERVE_BODY_TIMEOUT_S``, is
+still arriving after ``MINISERVE_BODY_DEADLINE_S`` (a client that drips one byte at a time
+never trips the per-read timeout) or breaks its chunked framing is a 400 ``incomplete_body``; one over ``MINISERVE_MAX_BODY_BYTES``
 is a 413 however it is sent. Nothing later reads the socket again.
 
 The parsed value is kept on the request (:class:`CheckedRequest`): flask-openapi3 asks
@@ -18,6 +19,7 @@ import io
 import socket
 from typing import Any
 
+import gevent
 from flask import Request
 from gunicorn.http.errors import ParseException
 
@@ -68,15 +70,25 @@ def _read(stream: Any, length: int | None, limit: int) -> bytes:
     return b"".join(parts)
 
 
-def read_body(environ: dict[str, Any], length: int | None, limit: int, idle_timeout_s: float) -> bytes:
+def read_body(environ: dict[str, Any], length: int | None, limit: int, idle_timeout_s: float,
+              deadline_s: float) -> bytes:
     """The whole body (``length`` bytes, or up to the end of a chunked one), or an
-    :class:`ApiError`. Under gunicorn each read waits at most ``idle_timeout_s``."""
+    :class:`ApiError`. Under gunicorn each read waits at most ``idle_timeout_s``, and the
+    whole body at most ``deadline_s`` (a ``gevent.Timeout``: it fires in the greenlet that
+    reads, which is every request's under the gevent worker; a plain thread, as under
+    Flask's test client, has no socket to wait on)."""
     sock = environ.get("gunicorn.socket")
     previous = sock.gettimeout() if isinstance(sock, socket.socket) else None
     if isinstance(sock, socket.socket):
         sock.settimeout(idle_timeout_s)
+    deadline = gevent.Timeout(deadline_s)
+    deadline.start()
     try:
         data = _read(environ["wsgi.input"], length, limit)
+    except gevent.Timeout as exc:
+        if exc is not deadline:
+            raise
+        raise _incomplete(f"the body was still arriving after {deadline_s} s") from None
     except TimeoutError:
         raise _incomplete(f"no bytes arrived for {idle_timeout_s} s") from None
     except ParseException as exc:
@@ -84,6 +96,7 @@ def read_body(environ: dict[str, Any], length: int | None, limit: int, idle_time
     except (OSError, ValueError) as exc:
         raise _incomplete(f"the connection failed while it was read ({type(exc).__name__})") from None
     finally:
+        deadline.close()
         if isinstance(sock, socket.socket):
             sock.settimeout(previous)
     environ["wsgi.input"] = io.BytesIO(data)  # for anyone who reads request.data afterwards

@@ -19,6 +19,7 @@ class WebContext:
     store: JobStore
     celery: Any  # a celery.Celery client (or a test double): send_task(...), control.revoke(...)
     budget: PromptBudget
+    feeds: Any = None  # web.feeds.FeedHub: one Redis reader per followed job (set by create_app)
 
 
 def ctx() -> WebContext:

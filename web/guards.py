@@ -83,7 +83,7 @@ def _check_body() -> None:
         raise ApiError(413, "body_too_large", f"request body over {limit} bytes")
     if not upload and request.mimetype not in JSON_TYPES and not request.mimetype.endswith("+json"):
         raise ApiError(415, "unsupported_media_type", "send the body as 'Content-Type: application/json'")
-    data = read_body(request.environ, length, limit, settings.body_timeout_s)
+    data = read_body(request.environ, length, limit, settings.body_timeout_s, settings.body_deadline_s)
     if upload:
         request.max_content_length = limit  # werkzeug parses the form from the bytes read above
         return

@@ -1,4 +1,12 @@
-"""gunicorn's gthread worker, whose own error answers are JSON like every other error.
+"""gunicorn's gevent worker, whose own error answers are JSON like every other error.
+
+Why gevent: every open SSE stream used to hold one of gunicorn's gthread threads, so 140
+idle streams (or 130 slowloris sockets) starved ``/healthz``. Under this worker a
+connection is a greenlet; the process is monkey-patched before the app loads, so
+redis-py's blocking ``XREAD`` waits on the hub like a socket read (hiredis only parses
+bytes, it does no I/O of its own, so it cannot block the hub). gunicorn's async loop reads
+the request line and headers under ``gevent.Timeout(keepalive)``: a client that drips its
+headers is dropped after ``MINISERVE_HEADER_TIMEOUT_S``. Bodies: :mod:`web.body`.
 
 gunicorn answers some requests before the application sees them: a request line longer
 than ``limit_request_line`` (414), a ``Content-Length`` or header it cannot parse (400),
@@ -15,10 +23,12 @@ from __future__ import annotations
 import json
 import re
 import socket
+import warnings
 from typing import Any
 
+from gevent.monkey import MonkeyPatchWarning
 from gunicorn import util
-from gunicorn.workers.gthread import ThreadWorker
+from gunicorn.workers.ggevent import GeventWorker
 
 CODES = {500: "internal_error"}  # other codes come from the reason phrase ("URI Too Long" -> uri_too_long)
 
@@ -40,9 +50,19 @@ def write_json_error(sock: socket.socket, status_int: int, reason: str, mesg: st
     util.write_nonblock(sock, json_error(status_int, reason, mesg))
 
 
-class JsonErrorWorker(ThreadWorker):
-    """``gthread`` with JSON error pages (see the module docstring)."""
+class JsonErrorWorker(GeventWorker):
+    """``gevent`` with JSON error pages (see the module docstring)."""
 
     def init_process(self) -> Any:
         util.write_error = write_json_error
+        # gunicorn imports ssl before any worker exists, so the patch always finds it loaded;
+        # gevent then patches the module's attributes, which is what redis-py's TLS uses
+        # (the only module it lists as unpatched is redis.asyncio, which the web never uses).
+        warnings.filterwarnings("ignore", message="Monkey-patching ssl after ssl", category=MonkeyPatchWarning)
         return super().init_process()
+
+    def load_wsgi(self) -> None:
+        super().load_wsgi()
+        from web.app import warm_up
+
+        warm_up(self.wsgi)

@@ -23,6 +23,7 @@ from web.errors import ApiError
 from web.routes_jobs import BODY_ERRORS, GUARD_ERRORS
 from web.schemas import AgentBody, AgentResponse, ErrorResponse, GenerateBody, GenerateResponse
 from web.sse import ClientGone, sse_response, stream_events, wait_for_end
+from web.stream_limit import freed_on_error, limited, take_stream_slot
 from web.submit import from_agent_body, from_generate_body, submit
 
 logger = logging.getLogger("miniserve.web.compat")
@@ -70,10 +71,14 @@ def _finished(job_id: str) -> JobRecord:
 @api.post("/generate", summary="Generate text and wait for it (or stream it with stream=true)",
           responses={200: GenerateResponse, **BODY_ERRORS, **GUARD_ERRORS, **WAIT_ERRORS})
 def generate(body: GenerateBody):
-    job = submit(from_generate_body(body)).job
+    slot = take_stream_slot() if body.stream else None  # a 429 here submits no job
+    with freed_on_error(slot):
+        job = submit(from_generate_body(body)).job
     log_event(logger, "generate_submitted", job_id=job.id, stream=body.stream)
     if body.stream:
-        return sse_response(stream_events(ctx().store, job, 0, ctx().settings.sse_keepalive_s), job.id)
+        return limited(sse_response(stream_events(ctx().store, job, 0, ctx().settings.sse_keepalive_s,
+                                              ctx().feeds), job.id),
+                       slot)
     result = _finished(job.id).result or {}
     return jsonify({"text": result.get("text", ""),
                     "generation_method": result.get("method", body.generation_method),

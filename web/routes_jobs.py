@@ -26,6 +26,7 @@ from web.schemas import (
     SubmitHeaders,
 )
 from web.sse import resume_point, sse_response, stream_events
+from web.stream_limit import limited, take_stream_slot
 from web.submit import from_job_body, submit
 
 logger = logging.getLogger("miniserve.web.jobs")
@@ -133,4 +134,7 @@ def job_events(path: JobPath, query: EventsQuery):
     then follows the job live until its terminal event."""
     job = find_job(path.job_id)
     after = resume_point(query.after)
-    return sse_response(stream_events(ctx().store, job, after, ctx().settings.sse_keepalive_s), job.id)
+    slot = take_stream_slot()
+    return limited(sse_response(stream_events(ctx().store, job, after, ctx().settings.sse_keepalive_s,
+                                              ctx().feeds), job.id),
+                   slot)

@@ -1,14 +1,16 @@
 """Server-Sent Events of a job's stream, and waiting for a job's end.
 
 Each event goes out as ``id: <seq>`` / ``event: <type>`` / ``data: <event JSON>``; the
-stream replays stored events after the requested seq, then follows live until the
-terminal event. Idle ticks send a ``: keep-alive`` comment, which is also how a closed
-connection gets noticed.
+stream replays stored events after the requested seq (its own ``XRANGE``), then follows
+the job's feed, one ``XREAD`` loop per job per process that every stream of the job shares
+(:mod:`web.feeds`), until the terminal event. Idle ticks send a ``: keep-alive`` comment,
+which is also how a closed connection gets noticed.
 """
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import redis
@@ -18,6 +20,7 @@ from core.events import Event
 from core.jobs import JobNotFound, JobRecord, JobStore
 from core.logs import log_event
 from web.errors import ApiError
+from web.feeds import FeedHub, Formatted
 
 logger = logging.getLogger("miniserve.web.sse")
 RETRY_MS = 2000
@@ -47,28 +50,65 @@ def resume_point(after: int | None) -> int:
     return int(header)
 
 
-def stream_events(store: JobStore, job: JobRecord, after: int, keepalive_s: int) -> Iterator[str]:
-    """Replay then tail; ends after the terminal event, when the job is gone, or when Redis is."""
+def stream_events(store: JobStore, job: JobRecord, after: int, keepalive_s: int,
+                  feeds: FeedHub) -> Iterator[str]:
+    """Replay (``XRANGE``), then follow the job's shared feed (:mod:`web.feeds`); ends after
+    the terminal event, when the job is gone, or when Redis is."""
     yield f"retry: {RETRY_MS}\n\n"
     if job.is_terminal and after >= job.last_seq:
         return
-    last, sent, started = after, 0, time.perf_counter()
+    state, started = _Progress(after), time.perf_counter()
     try:
-        for event in store.follow(job.id, after_seq=after, block_ms=keepalive_s * 1000):
-            if event is not None:
-                last, sent = event.seq, sent + 1
-                yield format_event(event)
-                continue
-            if _stream_over(store, job.id, last):
+        for event in store.events(job.id, after):
+            yield state.sent_one(event.seq, format_event(event))
+            if event.is_terminal:
                 return
-            yield ": keep-alive\n\n"
+        yield from _follow(store, job.id, state, keepalive_s, feeds)
     except (redis.ConnectionError, redis.TimeoutError) as exc:
-        # Redis went away mid-stream: end the stream cleanly (no half-written chunk, no server
-        # error); the client reconnects after ``retry`` with Last-Event-ID and loses nothing.
-        log_event(logger, "sse_redis_lost", level=logging.WARNING, job_id=job.id, exc_type=type(exc).__name__)
+        _redis_lost(job.id, type(exc).__name__)
     finally:
-        log_event(logger, "sse_closed", job_id=job.id, events=sent,
+        log_event(logger, "sse_closed", job_id=job.id, events=state.sent,
                   duration_ms=round((time.perf_counter() - started) * 1000, 1))
+
+
+@dataclass
+class _Progress:
+    last: int
+    sent: int = 0
+
+    def sent_one(self, seq: int, text: str) -> str:
+        self.last, self.sent = seq, self.sent + 1
+        return text
+
+
+def _follow(store: JobStore, job_id: str, state: _Progress, keepalive_s: int, feeds: FeedHub) -> Iterator[str]:
+    feed = feeds.join(job_id, state.last, keepalive_s * 1000)
+    try:
+        while True:
+            items = feed.after(state.last)
+            if items is None:  # fell behind the feed's buffer: the gap comes from Redis
+                items = [Formatted(e, format_event(e)) for e in store.events(job_id, state.last)]
+            for item in items:
+                yield state.sent_one(item.event.seq, item.text)
+                if item.event.is_terminal:
+                    return
+            if items:
+                continue
+            if feed.done:
+                if feed.redis_lost:
+                    _redis_lost(job_id, "ConnectionError")
+                return
+            feed.wait(state.last, keepalive_s)
+            if feed.last <= state.last and not feed.done:
+                yield ": keep-alive\n\n"
+    finally:
+        feeds.leave(feed)
+
+
+def _redis_lost(job_id: str, exc_type: str) -> None:
+    """Redis went away mid-stream: the stream ends cleanly (no half-written chunk, no server
+    error); the client reconnects after ``retry`` with Last-Event-ID and loses nothing."""
+    log_event(logger, "sse_redis_lost", level=logging.WARNING, job_id=job_id, exc_type=exc_type)
 
 
 def _stream_over(store: JobStore, job_id: str, last_seq: int) -> bool:

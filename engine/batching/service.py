@@ -59,10 +59,10 @@ class PagedService:
         sampler = Sampler(sampling, penalty, self.runner.vocab_size, prompt_ids, self.pool.device,
                           constraint=constraint)
         forward = self.runner.forward_model
-        spec = spec_config(self.settings, speculative, forward.weights, forward) if constraint is None else None
+        spec = spec_config(self.settings, speculative, forward.weights) if constraint is None else None
         return Sequence(seq_id=next(self._ids), prompt_ids=list(prompt_ids), run=run,
                         sampling=sampling, sampler=sampler, on_finish=on_finish,
-                        spec=SpecState.start(spec, prompt_ids, run.tokenizer) if spec else None)
+                        spec=SpecState.start(spec, prompt_ids) if spec else None)
 
     def add(self, seq: Sequence) -> None:
         self.scheduler.submit(seq)
@@ -82,5 +82,5 @@ class PagedService:
                 "steps": s.steps, "tokens_computed": s.tokens, "tokens_sampled": s.sampled,
                 "preemptions": s.preemptions, "finished": s.finished,
                 "draft_tokens": s.draft_tokens, "accepted_draft_tokens": s.accepted_draft_tokens,
-                "blocks": self.blocks.stats().to_dict()}
+                "blocks": self.blocks.stats().to_dict(), "block_map": self.blocks.block_map()}
 

@@ -6,11 +6,9 @@ attention that reads K/V through the block tables.
 * :mod:`engine.paged.block_manager` - free list, per-sequence block tables, chained block
   hashes, reference counts and the LRU of cached blocks.
 * :mod:`engine.paged.attention` - per-step batch metadata and the paged attention op.
-* :mod:`engine.paged.cache` - both parts behind one sequence-level object.
 """
 from engine.paged.block_manager import BlockManager, BlockStats, chain_hash
-from engine.paged.cache import PagedKVCache
 from engine.paged.pool import KVBlockPool, KVGeometry, KVPoolExhausted, blocks_for_budget
 
 __all__ = ["BlockManager", "BlockStats", "KVBlockPool", "KVGeometry", "KVPoolExhausted",
-           "PagedKVCache", "blocks_for_budget", "chain_hash"]
+           "blocks_for_budget", "chain_hash"]

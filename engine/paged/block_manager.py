@@ -25,6 +25,8 @@ from engine.paged.pool import KVPoolExhausted
 
 HashFn = Callable[[int, tuple[int, ...]], int]
 NO_HASH = None
+# One character per block in :meth:`BlockManager.block_map` (the playground's pool view).
+MAP_FREE, MAP_USED, MAP_SHARED, MAP_CACHED = ".", "u", "s", "c"
 
 
 __all__ = ["BlockManager", "BlockStats", "ROOT_HASH", "chain_hash"]  # chain_hash: core.prefix_hash
@@ -289,6 +291,18 @@ class BlockManager:
         return block_id
 
     # ----------------------------------------------------------------- stats
+    def block_map(self) -> str:
+        """Every block's state, one character each (free, used by one sequence, shared by
+        several, cached): a 1,024-block pool is a 1 KB string, small enough for a heartbeat.
+        Built from the cached set and the block tables, so its cost follows the blocks held."""
+        cells = bytearray(MAP_FREE * self.num_blocks, "ascii")
+        for block_id in self._cached:
+            cells[block_id] = ord(MAP_CACHED)
+        for seq in self._seqs.values():
+            for block_id in seq.block_ids:
+                cells[block_id] = ord(MAP_SHARED if self._blocks[block_id].ref_count > 1 else MAP_USED)
+        return cells.decode("ascii")
+
     def stats(self) -> BlockStats:
         logical = sum(len(s.token_ids) for s in self._seqs.values())
         empty = sum(len(s.block_ids) * self.block_size - len(s.token_ids)

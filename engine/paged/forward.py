@@ -80,8 +80,7 @@ class PagedQwen2:
                 return logits
         with q8.batched_decode() if decode_only else nullcontext():
             forward = self.forward_model
-            gather_in_c = forward.fused or forward.exact.norm_rotary    # the same values as torch's indexing
-            cache = PagedAttentionCache(pool, batch, forward.fused_attention, gather_in_c=gather_in_c)
+            cache = PagedAttentionCache(pool, batch, forward.fused_attention, gather_in_c=forward.fused)
             hidden = forward.hidden(input_ids, cache)
             if rows is not None:
                 return forward.logits(hidden[rows])

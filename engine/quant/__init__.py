@@ -1,21 +1,9 @@
 """Weight-only low-bit quantization for the hand-written forward (``MINISERVE_QUANT``).
 
-``quantize_model(model, plan)`` runs once at load (engine.loader); the forward gets its
-weights from ``forward_weights(model)`` (engine.handwritten). See docs/quantization.md for
-plans, kernels, accuracy, speed and memory.
-"""
-from engine.quant.kernels import QuantKernelError, check_kernels
-from engine.quant.layer import (DEFAULT_GROUP_SIZE, DEFAULT_MAX_ROWS, QUANT_MODES, QuantizedLinear,
-                                quantize_linear)
-from engine.quant.model import (QuantSummary, bytes_per_token, exact_attention, forward_weights, pack_model,
-                                quantize_model, quantize_weights, quantized_bytes)
-from engine.quant.plan import AUTO_CPU_PLAN, PLANS, QUANT_CHOICES, QuantPlan, resolve_quant
-from engine.quant.restore import full_weight_bytes, restore_full_weights
+``engine.quant.model.quantize_model(model, plan)`` runs once at load (engine.loader); the
+forward gets its weights from ``engine.quant.model.forward_weights(model)``. See
+docs/quantization.md for the plan, kernel, accuracy, speed and memory.
 
-__all__ = [
-    "AUTO_CPU_PLAN", "DEFAULT_GROUP_SIZE", "DEFAULT_MAX_ROWS", "PLANS", "QUANT_CHOICES", "QUANT_MODES",
-    "QuantKernelError", "QuantPlan", "QuantSummary", "QuantizedLinear", "bytes_per_token", "check_kernels",
-    "exact_attention", "forward_weights",
-    "full_weight_bytes", "pack_model", "quantize_linear", "quantize_model", "quantize_weights", "quantized_bytes",
-    "resolve_quant", "restore_full_weights",
-]
+The package re-exports nothing: import from its modules, so that importing one of them (the
+kernel, say) does not import the rest (a re-exporting package ties its modules into a cycle).
+"""

@@ -28,10 +28,10 @@ import torch
 
 from core.logs import log_event
 from engine.quant.kernels import check_kernels
-from engine.quant.layer import (DEFAULT_MAX_ROWS, QuantizedEmbedding, QuantizedLinear, quantize_linear,
-                                storage_mode)
+from engine.quant.layer import QuantizedEmbedding, QuantizedLinear, quantize_linear
+from engine.quant.q8 import GROUP
 from engine.quant.plan import CLASSES, PLANS, PROJECTIONS, QUANT_CHOICES, QuantPlan
-from engine.packed import PackedLinear, pack_weights, packing_available, release_freed_memory
+from engine.packed import PackedLinear, packing_available, release_freed_memory
 from engine.quant.restore import free_full_weights, restore_full_weights
 from engine.quant.source import StoredWeights
 from engine.weights import Linear, Qwen2Weights, fuse_projections
@@ -50,81 +50,67 @@ class QuantSummary:
     layers: int = 0
     quantized_bytes: int = 0  # bytes added by the low-bit tensors (+ biases)
     reference_bytes: int = 0  # bytes of the full-precision weights they stand for
-    fallbacks: list[str] = field(default_factory=list)  # int4 projections stored as int8
     formats: dict[str, str] = field(default_factory=dict)  # class -> format
     freed_bytes: int = 0  # full-precision bytes released after quantizing
     seconds: float = 0.0
 
 
-def as_plan(plan: QuantPlan | str, group_size: int | None = None) -> QuantPlan:
+def as_plan(plan: QuantPlan | str) -> QuantPlan:
     if isinstance(plan, str):
         if plan not in PLANS:
             raise ValueError(f"unknown quantization mode {plan!r}; expected one of {', '.join(QUANT_CHOICES)}")
         plan = PLANS[plan]
-    return dataclasses.replace(plan, group_size=group_size) if group_size else plan
+    return plan
 
 
-def quantize_weights(weights: Qwen2Weights, plan: QuantPlan | str, group_size: int | None = None,
-                     max_rows: int = DEFAULT_MAX_ROWS, keep_reference: bool = True,
-                     lm_head_mode: str | None = None, importance: dict | None = None,
+def quantize_weights(weights: Qwen2Weights, plan: QuantPlan | str,
                      source: str | None = None) -> tuple[Qwen2Weights, QuantSummary]:
-    """A copy of ``weights`` whose projections and lm_head are :class:`QuantizedLinear` in the
-    formats of ``plan`` (norms, embedding and full-precision tensors shared, not copied).
-    ``importance`` ({class: per-layer column weights}, :mod:`engine.quant.calibration`)
-    is required by ``int4-awq`` formats. ``source`` (the model folder): ``q8`` quantizes the
-    stored values (:mod:`engine.quant.source`) rather than the in-memory (bf16) ones."""
-    plan = as_plan(plan, group_size)
-    formats = {cls: plan.format_of(cls) for cls in CLASSES}
-    if lm_head_mode:
-        formats["lm_head"] = lm_head_mode
-    for mode in {storage_mode(f) for f in formats.values()}:
-        check_kernels(mode, weights.device.type)
-    summary = QuantSummary(mode=plan.name, group_size=plan.group_size, formats=formats)
+    """A copy of ``weights`` whose projections and lm_head are :class:`QuantizedLinear` (norms,
+    embedding and full-precision tensors shared, not copied). ``source`` (the model folder):
+    quantize the stored values (:mod:`engine.quant.source`) rather than the in-memory (bf16) ones."""
+    plan = as_plan(plan)
+    check_kernels(plan.name, weights.device.type)
+    summary = QuantSummary(mode=plan.name, group_size=GROUP, formats={cls: plan.name for cls in CLASSES})
     started = time.perf_counter()
 
-    if plan.needs_calibration and importance is None:
-        raise ValueError(f"plan {plan.name} needs calibration statistics (engine.quant.calibration)")
-
-    def convert(projection: Any, name: str, fmt: str, imp: torch.Tensor | None = None,
-                source_weight: torch.Tensor | None = None) -> QuantizedLinear:
+    def convert(projection: Any, name: str, source_weight: torch.Tensor | None) -> QuantizedLinear:
         if not isinstance(projection, Linear):
             raise TypeError(f"{name} is {type(projection).__name__}, not a full-precision Linear")
         weight = projection.weight
-        if fmt == "q8" and source_weight is not None and source_weight.shape == weight.shape:
+        if source_weight is not None and source_weight.shape == weight.shape:
             weight = source_weight      # the stored values, not their bf16 rounding (engine.quant.source)
-        layer = quantize_linear(weight, projection.bias, fmt, group_size=plan.group_size,
-                                keep_reference=keep_reference, max_rows=max_rows, importance=imp)
+        layer = quantize_linear(weight, projection.bias)
         summary.layers += 1
         summary.quantized_bytes += layer.nbytes
         summary.reference_bytes += projection.weight.numel() * projection.weight.element_size()
-        if storage_mode(layer.mode) != storage_mode(fmt):
-            summary.fallbacks.append(name)
         return layer
 
     with torch.no_grad(), StoredWeights(source) as stored:
-        imp = importance or {}
-        layers = [dataclasses.replace(layer, **{p: convert(getattr(layer, p), f"layers.{i}.{p}", formats[p],
-                                                           imp[p][i] if p in imp else None,
-                                                           stored.projection(i, p) if formats[p] == "q8" else None)
+        layers = [dataclasses.replace(layer, **{p: convert(getattr(layer, p), f"layers.{i}.{p}", stored.projection(i, p))
                                                 for p in PROJECTIONS})
                   for i, layer in enumerate(weights.layers)]
-        lm_head = convert(weights.lm_head, "lm_head", formats["lm_head"], imp.get("lm_head"),
-                          stored.tensor("lm_head.weight") if formats["lm_head"] == "q8" else None)
-        embed = weights.embed
-        if plan.embed in ("int8", "q8") and isinstance(embed, torch.Tensor) and not weights.config.tied:
-            table = stored.tensor("model.embed_tokens.weight") if plan.embed == "q8" else None
-            table = table if table is not None and table.shape == embed.shape else embed
-            embed = QuantizedEmbedding.from_table(table, group=32 if plan.embed == "q8" else None,
-                                                  dtype=embed.dtype)
-            summary.quantized_bytes += embed.nbytes
-            summary.formats["embed"] = plan.embed
+        lm_head = convert(weights.lm_head, "lm_head", stored.tensor("lm_head.weight"))
+        embed = _quantized_embed(weights, plan, stored, summary)
     summary.seconds = time.perf_counter() - started
     return dataclasses.replace(weights, layers=layers, lm_head=lm_head, embed=embed), summary
 
 
-def quantize_model(model: Any, mode: QuantPlan | str, group_size: int | None = None,
-                   max_rows: int = DEFAULT_MAX_ROWS, free_full: bool = True,
-                   source: str | None = None, tokenizer: Any = None,
+def _quantized_embed(weights: Qwen2Weights, plan: QuantPlan, stored: StoredWeights,
+                     summary: QuantSummary) -> Any:
+    """The embedding in q8 where the plan asks for it, the table is not tied to lm_head and its
+    width splits into groups of 32; else the model's own table."""
+    embed = weights.embed
+    if plan.embed != "q8" or not isinstance(embed, torch.Tensor) or weights.config.tied or embed.shape[1] % GROUP:
+        return embed
+    table = stored.tensor("model.embed_tokens.weight")
+    table = table if table is not None and table.shape == embed.shape else embed
+    embed = QuantizedEmbedding.from_table(table, dtype=embed.dtype)
+    summary.quantized_bytes += embed.nbytes
+    summary.formats["embed"] = plan.embed
+    return embed
+
+
+def quantize_model(model: Any, mode: QuantPlan | str, free_full: bool = True, source: str | None = None,
                    table_dir: Path | None = None) -> QuantSummary:
     """Quantize ``model``'s forward weights and keep them on it for :func:`forward_weights`.
 
@@ -133,26 +119,18 @@ def quantize_model(model: Any, mode: QuantPlan | str, group_size: int | None = N
     is kept in a file there and mapped (:meth:`QuantizedEmbedding.mapped`), so only the rows
     in use are resident. ``none`` removes the quantized weights.
     Raises ``ValueError`` for an unknown mode and
-    :class:`~engine.quant.kernels.QuantKernelError` when this torch lacks the kernel."""
+    :class:`~engine.quant.kernels.QuantKernelError` when the kernel is missing here."""
     if mode == "none":
         restore_full_weights(model)  # no-op unless a quantized setting freed them
         model.__dict__.pop(ATTR, None)
         return QuantSummary(mode="none")
-    plan = as_plan(mode, group_size)
+    plan = as_plan(mode)
     weights = fuse_projections(model)
-    importance = None
-    if plan.needs_calibration:
-        if tokenizer is None:
-            raise ValueError(f"plan {plan.name} needs the tokenizer for its calibration pass")
-        from engine.quant.calibration import input_importance
-
-        importance = input_importance(weights, tokenizer)
     # q8 from the folder's stored values: the bundled GGUF's Q5_0 tensors come back exactly and
     # pack in 5 bits (fewer bytes per decode step). With the step's small operations rounding as
     # the bf16 path does (engine.fused) they agree with bf16 above llama.cpp's 0.932 (bench.quantization,
     # docs/quantization.md); before those, the bf16 weights' q8 had agreed better (0.946 vs 0.896).
-    quantized, summary = quantize_weights(weights, plan, max_rows=max_rows, keep_reference=not free_full,
-                                          importance=importance, source=source)
+    quantized, summary = quantize_weights(weights, plan, source=source)
     if table_dir is not None and isinstance(quantized.embed, QuantizedEmbedding):
         quantized = dataclasses.replace(quantized, embed=quantized.embed.mapped(table_dir))
     model.__dict__[ATTR] = quantized  # plain attribute: not a submodule, invisible to transformers
@@ -160,10 +138,21 @@ def quantize_model(model: Any, mode: QuantPlan | str, group_size: int | None = N
         summary.freed_bytes = free_full_weights(model, source,
                                                 embed=isinstance(quantized.embed, QuantizedEmbedding))
     log_event(logger, "model_quantized", quant=plan.name, group_size=summary.group_size, layers=summary.layers,
-              quantized_mb=round(summary.quantized_bytes / 2**20, 1), fallbacks=len(summary.fallbacks),
+              quantized_mb=round(summary.quantized_bytes / 2**20, 1),
               freed_mb=round(summary.freed_bytes / 2**20, 1), latency_ms=int(summary.seconds * 1000),
               formats=summary.formats)
     return summary
+
+
+def pack_weights(weights: Qwen2Weights) -> Qwen2Weights:
+    """A copy of ``weights`` whose full-precision projections and lm_head are packed (norms and
+    the embedding shared); anything that is not a plain :class:`Linear` is kept as it is."""
+    def pack(projection):
+        return PackedLinear.from_linear(projection) if isinstance(projection, Linear) else projection
+
+    layers = [dataclasses.replace(layer, **{p: pack(getattr(layer, p)) for p in _PROJECTIONS})
+              for layer in weights.layers]
+    return dataclasses.replace(weights, layers=layers, lm_head=pack(weights.lm_head))
 
 
 def pack_model(model: Any, source: str | None) -> int:

@@ -17,8 +17,7 @@ import statistics
 import time
 from typing import Callable
 
-import torch
-import torch.nn.functional as F
+from core.logs import log_event
 
 logger = logging.getLogger("miniserve.engine.quant")
 
@@ -41,21 +40,11 @@ def _median_ms(fn: Callable[[], object], repeats: int) -> list[float]:
     return times
 
 
-def measure() -> dict[str, float]:
-    """Median ms of one probe call each way (random weights: the speed does not depend on them)."""
-    from engine.quant import q8
-
-    generator = torch.Generator().manual_seed(0)
-    weight = torch.randn(PROBE_OUT, PROBE_IN, generator=generator) * 0.02
-    codes, scales = q8.quantize(weight)
-    x = torch.randn(PROBE_ROWS, PROBE_IN, generator=generator).to(torch.bfloat16)
-
-    def kernel() -> object:
-        return q8.linear(x, codes, scales, None, precise=True)
-
-    def gemm() -> object:
-        return F.linear(x, q8.dequantize_bf16(codes, scales))
-
+def measure(kernel: Callable[[], object], gemm: Callable[[], object]) -> dict[str, float]:
+    """Median ms of one probe call each way: ``kernel`` and ``gemm`` run the same prefill-sized
+    matmul (:data:`PROBE_ROWS` x :data:`PROBE_IN` -> :data:`PROBE_OUT`) through the integer
+    kernel and through unpacking + the bf16 GEMM. The caller (engine.quant.q8) builds them, so
+    this module needs no kernel of its own."""
     kernel(), gemm()                                  # warm both
     kernel_times, gemm_times = [], []
     for _ in range(REPEATS):                          # interleaved: drift hits both
@@ -64,11 +53,9 @@ def measure() -> dict[str, float]:
     return {"kernel_ms": statistics.median(kernel_times), "gemm_ms": statistics.median(gemm_times)}
 
 
-def choose() -> bool:
+def choose(kernel: Callable[[], object], gemm: Callable[[], object]) -> bool:
     """Measure and decide (True: unpack + GEMM); logs the timings and the choice."""
-    from core.logs import log_event
-
-    timings = measure()
+    timings = measure(kernel, gemm)
     wins = gemm_wins(timings["kernel_ms"], timings["gemm_ms"])
     log_event(logger, "q8_prefill_path", path="bf16_gemm" if wins else "integer_kernel",
               kernel_ms=round(timings["kernel_ms"], 3), gemm_ms=round(timings["gemm_ms"], 3), rows=PROBE_ROWS)

@@ -22,7 +22,8 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
-from engine.quant import native
+from engine.packed import packing_available
+from engine.quant import native, prefill_choice
 
 GROUP = 32
 MODES = ("q8", "q5")  # QuantizedLinear storage modes run by this kernel (q5: pack5'ed q8 codes)
@@ -245,18 +246,19 @@ def linear(x2d: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: t
 @functools.lru_cache(maxsize=1)
 def _fast_bf16_gemm() -> bool:
     """Whether this CPU's oneDNN has bf16 GEMM kernels (AVX512-BF16 / AMX / AVX-NE-CONVERT)."""
-    from engine.packed import packing_available
-
     return packing_available(torch.bfloat16, torch.device("cpu"))
 
 
 @functools.lru_cache(maxsize=1)
 def _bf16_gemm_wins() -> bool:
     """Whether this CPU's bf16 GEMM beats the integer kernel at prefill sizes (measured once per
-    process, :mod:`engine.quant.prefill_choice`)."""
-    from engine.quant.prefill_choice import choose
-
-    return choose()
+    process, :mod:`engine.quant.prefill_choice`; random weights: the speed does not depend on them)."""
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(prefill_choice.PROBE_OUT, prefill_choice.PROBE_IN, generator=generator) * 0.02
+    codes, scales = quantize(weight)
+    x = torch.randn(prefill_choice.PROBE_ROWS, prefill_choice.PROBE_IN, generator=generator).to(torch.bfloat16)
+    return prefill_choice.choose(lambda: linear(x, codes, scales, None, precise=True),
+                                 lambda: F.linear(x, dequantize_bf16(codes, scales)))
 
 
 def _fp16_up(values: torch.Tensor) -> torch.Tensor:

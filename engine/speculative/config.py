@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.quant import native
 from engine.speculative.policy import SpecConfig
 
 
@@ -16,7 +17,7 @@ from engine.speculative.policy import SpecConfig
 #
 # That holds for the AVX512-VNNI kernel. The AVX2 one (engine.quant.native.vector_path) widens
 # each weight to 16 bits and multiplies it with two activation rows at a time, so every row
-# costs compute: ``python -m bench.verify_rows`` on an AVX2 EPYC (results/avx2/verify_rows.json,
+# costs compute: a timing of the verify forward on an AVX2 EPYC (results/avx2/verify_rows.json,
 # a context of 400) measured 0.41-0.55 of a one-row step per extra row over 2-9 rows (0.35-0.61
 # in three earlier runs); the portable C loop pays a row in full.
 ROW_COST_BF16 = 0.05
@@ -30,26 +31,15 @@ def row_cost(weights: Any) -> float:
     the kernel's vector path on this CPU)."""
     if getattr(getattr(weights, "lm_head", None), "mode", None) not in ("q8", "q5"):
         return ROW_COST_BF16
-    from engine.quant.native import vector_path
-
-    return ROW_COST_Q8_BY_PATH[vector_path()]
+    return ROW_COST_Q8_BY_PATH[native.vector_path()]
 
 
-def spec_config(settings: Any, requested: bool | None, weights: Any = None,
-                forward: Any = None) -> SpecConfig | None:
+def spec_config(settings: Any, requested: bool | None, weights: Any = None) -> SpecConfig | None:
     """``requested`` is the request's ``speculative`` flag: True/False force it on/off,
     None follows ``MINISERVE_SPECULATIVE``. Returns None when the request does not draft.
-    ``weights``: the forward's, to price a verified row (:func:`row_cost`); with
-    ``MINISERVE_SPEC_ROW_COST=measured`` and the ``forward`` given, the price is measured on it
-    instead (engine.speculative.row_price; call on the forward's owner thread)."""
+    ``weights``: the forward's, to price a verified row (:func:`row_cost`)."""
     enabled = settings.speculative != "off" if requested is None else bool(requested)
     if not enabled:
         return None
-    if forward is not None and getattr(settings, "spec_row_cost", "fixed") == "measured":
-        from engine.speculative.row_price import measured_row_cost
-
-        price = measured_row_cost(forward)
-    else:
-        price = row_cost(weights)
     return SpecConfig(num_tokens=settings.spec_tokens, ngram_lengths=tuple(settings.spec_ngram),
-                      row_cost=price)
+                      row_cost=row_cost(weights))

@@ -10,67 +10,32 @@ The index maps each n-gram to the position *just after* its most recent occurren
 updated one token late: the n-grams ending at the newest token are added only when the
 next token arrives, so a lookup of the current suffix never finds itself and always has
 at least one following token to propose.
+
+Following the copy: while the answer keeps writing what the last proposal drafted (accepted
+drafts, then the bonus token), the next drafts continue that copy instead of jumping to the
+suffix's most recent occurrence. Why: in a JSON array the items share their keys, so the
+suffix ``"title": "`` last occurred in the *previous* item, not in the one being copied.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
-
-from engine.speculative.layout import Layout
-from engine.speculative.restyle import Copy, Restyle
+from dataclasses import dataclass
+from typing import Iterable, Sequence
 
 
-class _KeyIndex:
-    """One way of matching: n-grams of *keys* (the tokens as ``canon`` reads them; None for a
-    token that is skipped) -> the position in the token list just after their most recent
-    occurrence. Indexed one key late, so the current suffix never finds itself."""
+@dataclass(slots=True)
+class _Proposal:
+    """A copy the drafter proposed: its match length, where it starts in the token list, and
+    the sequence's length when it was proposed."""
 
-    def __init__(self, lengths: tuple[int, ...], canon: Mapping[int, int | None]) -> None:
-        self.lengths, self.canon = lengths, canon
-        self.keys: list[int] = []
-        self.key_pos: list[int] = []      # where each key is in the token list
-        self.index: dict[tuple[int, ...], int] = {}
-
-    def add(self, token: int, position: int) -> None:
-        key = self.canon.get(token, token)
-        if key is None:
-            return
-        keys, end = self.keys, len(self.keys)
-        for n in self.lengths:            # the n-grams ending at the previous key
-            if end >= n:
-                self.index[tuple(keys[end - n:end])] = self.key_pos[end - 1] + 1
-        keys.append(key)
-        self.key_pos.append(position)
-
-    def lookup(self) -> tuple[int, int]:
-        """(n, start) of the longest key suffix seen before; (0, -1) when none was."""
-        keys = self.keys
-        for n in self.lengths:
-            if len(keys) >= n:
-                start = self.index.get(tuple(keys[len(keys) - n:]))
-                if start is not None:
-                    return n, start
-        return 0, -1
+    n: int
+    start: int
+    length: int = 0
 
 
 class NgramDrafter:
-    """Per-sequence n-gram index over prompt + accepted tokens (rejected drafts never enter).
+    """Per-sequence n-gram index over prompt + accepted tokens (rejected drafts never enter)."""
 
-    Matched two ways: token for token, and (with ``layout``, :mod:`engine.speculative.layout`)
-    with whitespace skipped, for text copied under a new layout. The longer match wins; on a
-    tie, the exact one.
-
-    ``follow`` (the default): while the answer keeps writing what the last copy proposed, the
-    next drafts continue that copy instead of jumping to the suffix's most recent occurrence
-    (a JSON array's items share their keys: ``"title": "`` last occurred in the last item); a
-    copy across a new layout is drafted in the answer's own layout (:mod:`engine.speculative.
-    restyle`), indentation included, so it also drafts right after a line end once the
-    answer's indentation is known. ``follow=False`` is the drafter before that (the replay of
-    ``bench.draft_replay`` compares the two): source tokens as they are, and no layout match
-    right after a line end."""
-
-    def __init__(self, tokens: Iterable[int], lengths: Sequence[int], max_draft: int,
-                 layout: Layout | None = None, follow: bool = True) -> None:
+    def __init__(self, tokens: Iterable[int], lengths: Sequence[int], max_draft: int) -> None:
         if not lengths or min(lengths) <= 0:
             raise ValueError("n-gram lengths must be positive")
         if max_draft <= 0:
@@ -78,33 +43,26 @@ class NgramDrafter:
         self.lengths = tuple(sorted(set(int(n) for n in lengths), reverse=True))
         self.max_draft = int(max_draft)
         self.tokens: list[int] = []
-        self.layout = layout
-        self.follow = follow
-        self._indexes = [_KeyIndex(self.lengths, {})] + ([_KeyIndex(self.lengths, layout.keys)] if layout else [])
-        self._index = self._indexes[0].index      # the exact one (tests look at its size)
-        self.restyle = Restyle(layout) if layout and follow else None
-        self._observing = False                   # the answer's tokens (after the prompt) teach restyle
-        self._pending: _Proposal | None = None
-        self._cursor: _Proposal | None = None    # the copy the answer follows (its start: where on)
+        self._index: dict[tuple[int, ...], int] = {}
+        self._pending: _Proposal | None = None   # the last proposal, judged when tokens arrive
+        self._cursor: int | None = None          # where the followed copy goes on
         self.extend(tokens)
-        self._observing = True
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     @property
     def continuation(self) -> int:
-        """The match length reported for a continued copy (its own acceptance estimate)."""
+        """The match length reported for a followed copy (its own acceptance estimate)."""
         return self.lengths[0] + 1
 
     def append(self, token: int) -> None:
-        """Add one accepted token."""
-        token = int(token)
-        self.tokens.append(token)
-        for index in self._indexes:
-            index.add(token, len(self.tokens) - 1)
-        if self.restyle is not None and self._observing:
-            self.restyle.observe(self.tokens[-2] if len(self.tokens) > 1 else None, token)
+        """Add one accepted token (indexing the n-grams that end at the previous one)."""
+        tokens, end = self.tokens, len(self.tokens)
+        for n in self.lengths:
+            if end >= n:
+                self._index[tuple(tokens[end - n:end])] = end
+        tokens.append(int(token))
 
     def extend(self, tokens: Iterable[int]) -> None:
         for token in tokens:
@@ -125,112 +83,38 @@ class NgramDrafter:
         :attr:`continuation` for a followed copy) and up to ``min(limit, max_draft)`` tokens
         that followed it; ``(0, [])`` when none did."""
         want = self.max_draft if limit is None else min(limit, self.max_draft)
-        self._learn()
+        self._follow()
         if want <= 0:
             return 0, []
-        proposal = self._proposal(want)
+        proposal = _Proposal(self.continuation, self._cursor) if self._cursor is not None else self._lookup()
         if proposal is None:
             return 0, []
+        drafts = self.tokens[proposal.start:proposal.start + want]
         proposal.length = len(self.tokens)
         self._pending = proposal
-        return (proposal.n, proposal.copy.drafts) if proposal.copy.drafts else (0, [])
+        return (proposal.n, drafts) if drafts else (0, [])
 
-    def _proposal(self, want: int) -> "_Proposal | None":
-        exact = _Proposal(*self._indexes[0].lookup(), keyed=False)
-        line_end = self.layout is not None and self.tokens[-1] in self.layout.ends_line
-        best = exact
-        if self.layout is not None and (self.follow or not line_end):
-            keyed = _Proposal(*self._indexes[1].lookup(), keyed=True)
-            best = keyed if keyed.n > exact.n else exact
-        if self._cursor is not None:
-            best = self._cursor
-            if best.rest:                             # inside a source token the answer broke
-                best.copy = self._rest_of_token(best, want, line_end)
-                return best
-        if best.n == 0:
-            return None
-        best.copy = self._copy(best.start, want, best.keyed and line_end)
-        if not best.copy.drafts and best.keyed and line_end and exact.n:   # indentation unknown
-            best, best.copy = exact, self._copy(exact.start, want, False)
-        return best
+    def _lookup(self) -> _Proposal | None:
+        """The longest suffix seen before, and the position just after it."""
+        tokens = self.tokens
+        for n in self.lengths:
+            if len(tokens) >= n:
+                start = self._index.get(tuple(tokens[len(tokens) - n:]))
+                if start is not None:
+                    return _Proposal(n, start)
+        return None
 
-    def _rest_of_token(self, cursor: "_Proposal", want: int, line_end: bool) -> Copy:
-        """Drafts after the answer wrote part of the source token at ``cursor.start``: its rest
-        as the answer last wrote it (a learned split), then the copy; none if not learned."""
-        split = self.restyle.splits.get(self.tokens[cursor.start]) if self.restyle else None
-        if split is None or self.layout.core.get(split[1]) != cursor.rest:
-            return Copy()
-        return self.restyle.draft(self.tokens, cursor.start + 1, want, line_end, head=split[1])
-
-    def _copy(self, start: int, want: int, after_line_end: bool) -> Copy:
-        if self.restyle is None:
-            return Copy.plain(self.tokens, start, want)
-        return self.restyle.draft(self.tokens, start, want, after_line_end)
-
-    def _learn(self) -> None:
-        """Compare the last proposal with the tokens the answer wrote after it: learn its layout
-        and whether it still follows the copy."""
+    def _follow(self) -> None:
+        """Judge the last proposal by the tokens written since: the copy is followed while each
+        of them is the copy's next token and the copy has not reached where they began."""
         proposal = self._pending
         if proposal is None or len(self.tokens) <= proposal.length:
             return
-        self._pending = None
-        written, copy = self.tokens[proposal.length:], proposal.copy
-        if self.restyle is not None:
-            self.restyle.learn(copy.sources, copy.drafts, written)
-        if not self.follow:
-            return
-        accepted = 0
-        while accepted < min(len(copy.drafts), len(written)) and copy.drafts[accepted] == written[accepted]:
-            accepted += 1
-        start, rest = (copy.ends[accepted - 1], "") if accepted else (proposal.start, proposal.rest)
-        followed = self._follow(start, written[accepted:], proposal.keyed, proposal.length, rest)
-        self._cursor = None if followed is None else _Proposal(self.continuation, followed[0], proposal.keyed,
-                                                               rest=followed[1])
-
-    def _follow(self, cursor: int, written: Sequence[int], keyed: bool, end: int,
-                rest: str = "") -> tuple[int, str] | None:
-        """Where the copy is after the answer wrote ``written`` from ``cursor`` on: (position,
-        the part of that position's token still to be written, for a copy across a new layout
-        whose token the answer broke over a line end); None when the answer left the copy (wrote
-        a token that is not the copy's next) or it reached ``end`` (where the answer began
-        writing them). ``keyed``: compared by key, layout on either side skipped."""
-        layout = self.layout if keyed else None
-        for token in written:
-            if layout is None:
-                if cursor >= end or token != self.tokens[cursor]:
-                    return None
-                cursor += 1
-                continue
-            if layout.is_layout(token):
-                if not rest and cursor < end and self.tokens[cursor] == token:
-                    cursor += 1                       # the source's own layout, written as it is
-                continue                              # (or the answer's own indentation)
-            if not rest:
-                while cursor < end and layout.is_layout(self.tokens[cursor]):
-                    cursor += 1                       # the source's own layout, not written
-                if cursor >= end:
-                    return None
-                if layout.key(token) == layout.key(self.tokens[cursor]):
-                    cursor += 1
-                    continue
-                rest = layout.core.get(self.tokens[cursor], "")
-            text = layout.core.get(token, "")
-            if not text or not rest.startswith(text):
-                return None
-            rest = rest[len(text):]
-            if not rest:
-                cursor += 1
-        return (cursor, rest) if cursor < end else None
-
-
-@dataclass(slots=True)
-class _Proposal:
-    """A copy the drafter proposed (or may): where it starts, how it matched, its drafts, and
-    the sequence's length when it was proposed."""
-
-    n: int
-    start: int
-    keyed: bool
-    copy: Copy = field(default_factory=Copy)
-    length: int = 0
-    rest: str = ""     # a followed copy inside its start token: the part not yet written
+        self._pending, self._cursor = None, None
+        cursor, end = proposal.start, proposal.length
+        for token in self.tokens[end:]:
+            if cursor >= end or token != self.tokens[cursor]:
+                return
+            cursor += 1
+        if cursor < end:
+            self._cursor = cursor

@@ -21,9 +21,8 @@ then (a one-token probe, cheap) instead of giving up for good.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
 
-from engine.speculative.layout import layout_map
 from engine.speculative.ngram import NgramDrafter
 
 
@@ -61,10 +60,8 @@ class SpecState:
     last_ngram: int = 0       # the match length of the drafts being verified
 
     @classmethod
-    def start(cls, config: SpecConfig, tokens: Sequence[int], tokenizer: Any = None) -> "SpecState":
-        """``tokenizer``: also match with whitespace skipped (:mod:`engine.speculative.layout`)."""
-        layout = layout_map(tokenizer) if tokenizer is not None else None
-        drafter = NgramDrafter(tokens, config.ngram_lengths, config.num_tokens, layout)
+    def start(cls, config: SpecConfig, tokens: Sequence[int]) -> "SpecState":
+        drafter = NgramDrafter(tokens, config.ngram_lengths, config.num_tokens)
         return cls(config=config, drafter=drafter)
 
     def push(self, token: int) -> None:

@@ -22,7 +22,7 @@ HOSTILE = {  # name -> builder (built only when its test runs)
     "notes_lines": lambda: "notes\n" * (MB // 6),
     "distinct_sums": lambda: "".join(f"{i}+{i + 1}, " for i in range(MB // 12)),
     "broken_sums": lambda: "".join(f"1+ {i}.x " for i in range(MB // 10)),
-    "operator_soup": lambda: "".join(random.Random(0).choice("0123456789+-*/()（）. x\n") for _ in range(MB)),
+    "operator_soup": lambda: "".join(random.Random(0).choices("0123456789+-*/()（）. x\n", k=MB)),
     "one_long_sum": lambda: ("1+" * 100 + "1 ") * (MB // 203),
     "dash_x": lambda: "-x" * (MB // 2),
     "digits": lambda: "1 " * (MB // 2),

@@ -3,22 +3,15 @@ import threading
 
 import pytest
 
-from core.settings import load_settings
-from engine.engine import Engine
 from engine.types import GenerationRequest, SamplingParams
 
 
-@pytest.fixture(scope="module")
-def exact_engine():
-    """float32: in bf16 a batch can flip a near-tie that says nothing about the scheduler. On an
-    Intel Xeon with AVX512-BF16 the bf16 run's 3rd token of "What is a KV cache?" differed
-    between the batch and the solo run although every prepacked linear gave each row the same
-    bits alone as in batches of 2-64 rows (checked), so the likely cause is the batch's padded,
-    masked attention, which a lone sequence does not take. CPUs without bf16 kernels (AVX2)
-    round their bf16 matmuls by the call's shape too."""
-    engine = Engine(load_settings(model="default", device="cpu", dtype="float32", quant="none"))
-    yield engine
-    engine.close()
+# float32 (real_engine_fp32): in bf16 a batch can flip a near-tie that says nothing about the
+# scheduler. On an Intel Xeon with AVX512-BF16 the bf16 run's 3rd token of "What is a KV cache?"
+# differed between the batch and the solo run although every prepacked linear gave each row the
+# same bits alone as in batches of 2-64 rows (checked), so the likely cause is the batch's
+# padded, masked attention, which a lone sequence does not take. CPUs without bf16 kernels
+# (AVX2) round their bf16 matmuls by the call's shape too.
 
 
 def req(text, **sampling):
@@ -27,13 +20,13 @@ def req(text, **sampling):
 
 
 @pytest.mark.slow
-def test_real_mixed_batch_equals_solo(exact_engine):
+def test_real_mixed_batch_equals_solo(real_engine_fp32):
     texts = ["What is a KV cache?", "Write a haiku about the sea.",
              "Explain in detail how continuous batching schedules prefill and decode steps "
              "for many requests at once on one model.", "2 + 2 = ?"]
     extra = [{}, {"max_new_tokens": 6}, {}, {"max_new_tokens": 9}]
-    solo = [exact_engine.generate(req(t, **e)) for t, e in zip(texts, extra)]
-    loop = exact_engine.loop
+    solo = [real_engine_fp32.generate(req(t, **e)) for t, e in zip(texts, extra)]
+    loop = real_engine_fp32.loop
     stop = solo[0].text[5:8]
     extra[0] = {"stop": (stop,)}
     cancel_after: list[str] = []

@@ -26,6 +26,18 @@ def real_engine():
     return engine
 
 
+@pytest.fixture(scope="module")
+def real_engine_fp32():
+    """The default model in float32, per module (closed after it: 2 GB). Rounding differences
+    between a whole-sequence pass, a cached step and a batch are ~1e-6 there, so every method
+    must give official's exact tokens on every CPU, which bf16 does not promise."""
+    from engine.engine import Engine
+
+    engine = Engine(load_settings(model="default", device="cpu", dtype="float32", quant="none")).load()
+    yield engine
+    engine.close()  # the loop thread would keep the model alive for the rest of the suite
+
+
 @pytest.fixture(autouse=True)
 def _one_torch_thread(request):
     """Tiny-model tests run on one thread: on a shared 2-core machine, two OpenMP threads

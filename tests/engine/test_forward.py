@@ -1,8 +1,9 @@
 """The hand-written forward against transformers' Qwen2 on tiny models of several shapes.
 
-Tolerance: float32 logits within 1e-4 absolute of transformers' (observed ~1e-6); in
-bfloat16 the cached decode steps make the very same kernel calls as transformers, so they
-are compared for exact equality.
+Tolerance: float32 logits within 1e-4 absolute of transformers' (observed ~1e-6). In bfloat16
+the cached decode steps make the same kinds of kernel calls as transformers (bit for bit on the
+CPUs measured), but a fused q/k/v projection is a matmul of another shape, which a CPU's kernels
+may round otherwise: bf16 logits are compared within a tolerance and for their top-1 token.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 from engine.forward import Qwen2Forward
 from engine.kv_cache import ContiguousKVCache, NoCache, grouped_attention
 from engine.weights import fuse_projections
+from tests.agreement import top1_agreement
 from tests.tiny_model import make_tiny_model_dir
 
 SHAPES = {
@@ -61,8 +63,8 @@ def test_prefill_and_every_decode_step_match_transformers(model_dir, dtype):
         assert (ours - reference).abs().max().item() < ATOL
         assert (full - full_ref).abs().max().item() < ATOL
     else:
-        assert torch.equal(ours[16:], reference[16:])  # decode steps: bit for bit
         assert (ours - reference).abs().max().item() < 0.1
+        assert top1_agreement(ours, reference) >= 0.9                # a flipped near-tie at most
         assert (full - full_ref).abs().max().item() < 0.1
 
 

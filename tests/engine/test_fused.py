@@ -12,6 +12,7 @@ from engine import fused
 from engine.forward import apply_rotary, rms_norm
 from engine.kv_cache import grouped_attention
 from engine.quant import native
+from tests.agreement import equal_fraction, ulps_apart
 
 BF16 = torch.bfloat16
 
@@ -20,22 +21,18 @@ def _randn(*shape: int, seed: int = 0, scale: float = 1.0) -> torch.Tensor:
     return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).to(BF16)
 
 
-def _ulps_apart(a: torch.Tensor, b: torch.Tensor) -> int:
-    """Largest distance in bf16 steps between equal-shaped bf16 tensors."""
-    return int((a.view(torch.int16).int() - b.view(torch.int16).int()).abs().max())
-
-
 @pytest.mark.parametrize("rows,dim", [(1, 896), (5, 896), (3, 72)])
 def test_rms_norm_matches_torch_within_a_rounding_step(rows, dim):
     x, weight = _randn(rows, dim, scale=3.0), _randn(dim, seed=1)
     got, want = fused.rms_norm(x, weight, 1e-6), rms_norm(x, weight, 1e-6)
     assert got.dtype == BF16 and got.shape == want.shape
-    assert _ulps_apart(got, want) <= 1            # the float32 sum may round in another order
+    assert ulps_apart(got, want) <= 1            # the float32 sum may round in another order
     assert (got == want).float().mean() > 0.99
 
 
-def test_rotary_in_place_is_bit_identical_to_torch():
-    """Elementwise in bf16 with the same roundings: exactly transformers' numbers."""
+def test_rotary_in_place_matches_torch_within_a_rounding_step():
+    """Elementwise in bf16 with the same roundings, so nearly always transformers' very bits;
+    torch's vector kernels may fuse a multiply-add where the C build does not (or the reverse)."""
     n, heads, kv_heads, dim = 3, 14, 2, 64
     qkv = _randn(n, (heads + 2 * kv_heads) * dim, scale=2.0)
     cos, sin = _randn(n, 1, dim, seed=1), _randn(n, 1, dim, seed=2)
@@ -43,7 +40,8 @@ def test_rotary_in_place_is_bit_identical_to_torch():
     want = apply_rotary(qkv[:, :k_end].view(n, heads + kv_heads, dim), cos, sin)
     v_before = qkv[:, k_end:].clone()
     fused.rotary_(qkv, heads + kv_heads, dim, cos, sin)
-    assert torch.equal(qkv[:, :k_end].view(n, heads + kv_heads, dim), want)
+    got = qkv[:, :k_end].view(n, heads + kv_heads, dim)
+    assert ulps_apart(got, want) <= 1 and equal_fraction(got, want) > 0.99
     assert torch.equal(qkv[:, k_end:], v_before)  # v untouched
 
 
@@ -52,7 +50,7 @@ def test_silu_mul_matches_torch():
     gate, up = gate_up.chunk(2, dim=-1)
     want = F.silu(gate).mul(up)
     got = fused.silu_mul(gate_up)
-    assert _ulps_apart(got, want) <= 1            # our exp is within ~2 float ulps of torch's
+    assert ulps_apart(got, want) <= 1            # our exp is within ~2 float ulps of torch's
     assert (got == want).float().mean() > 0.99
 
 
@@ -76,10 +74,10 @@ def test_portable_build_of_the_fused_ops_matches_the_avx512_one(tmp_path, monkey
     native._declare_decode(portable)
     monkeypatch.setattr(fused, "_library", lambda: portable)
     x, weight = _randn(2, 896, scale=3.0), _randn(896, seed=1)
-    assert _ulps_apart(fused.rms_norm(x, weight, 1e-6), rms_norm(x, weight, 1e-6)) <= 1
+    assert ulps_apart(fused.rms_norm(x, weight, 1e-6), rms_norm(x, weight, 1e-6)) <= 1
     gate_up = _randn(2, 2 * 320, scale=4.0)
     gate, up = gate_up.chunk(2, dim=-1)
-    assert _ulps_apart(fused.silu_mul(gate_up), F.silu(gate).mul(up)) <= 1
+    assert ulps_apart(fused.silu_mul(gate_up), F.silu(gate).mul(up)) <= 1
     keys, values = _randn(2, 50, 64, seed=1), _randn(2, 50, 64, seed=2)
     q, k, v = _randn(1, 14, 64, seed=3), _randn(1, 2, 64, seed=4), _randn(1, 2, 64, seed=5)
     got = fused.attend_decode(q, k, v, keys, values, 20)      # writes position 20 first
@@ -117,20 +115,20 @@ def test_paged_decode_matches_the_gathering_attention_and_writes_the_same_slots(
 def test_fused_only_for_low_bit_bf16_on_cpu_and_said_when_the_library_is_missing(monkeypatch, caplog):
     from types import SimpleNamespace
 
-    import engine.quant as quant
+    import engine.forward as forward
     from engine.quant.native import NativeBuildError
 
     weights = SimpleNamespace(dtype=BF16, device=torch.device("cpu"))
-    monkeypatch.setattr(quant, "exact_attention", lambda w: True)        # full precision: never
-    assert not fused.fused_for(weights)
-    monkeypatch.setattr(quant, "exact_attention", lambda w: False)       # low-bit bf16 on CPU
-    assert fused.fused_for(weights)
-    assert not fused.fused_for(SimpleNamespace(dtype=torch.float32, device=torch.device("cpu")))
+    monkeypatch.setattr(forward, "exact_attention", lambda w: True)      # full precision: never
+    assert not forward.fused_for(weights)
+    monkeypatch.setattr(forward, "exact_attention", lambda w: False)     # low-bit bf16 on CPU
+    assert forward.fused_for(weights)
+    assert not forward.fused_for(SimpleNamespace(dtype=torch.float32, device=torch.device("cpu")))
 
     def missing():
         raise NativeBuildError("no C compiler: 'cc' is not on PATH")
     monkeypatch.setattr(fused, "_library", missing)
-    assert not fused.fused_for(weights)
+    assert not forward.fused_for(weights)
     assert any("fused_ops_unavailable" in r.getMessage() for r in caplog.records)
 
 
@@ -161,15 +159,18 @@ def test_attention_runs_in_c_only_where_it_rounds_like_torchs_kernels(monkeypatc
         assert fused.attention_like_torch() is expected
 
 
-def test_rms_norm_is_bit_identical_to_torchs_where_its_vectors_hold_8_floats():
+def test_rms_norm_sums_in_torchs_order_where_its_vectors_hold_8_floats():
     """The sum of squares in torch's order (aten's cascade sum) for 8-lane vectors (AVX2 and
-    default kernels); an AVX-512 torch keeps the C order, within a rounding step (above)."""
+    default kernels); an AVX-512 torch keeps the C order, within a rounding step (above). The
+    same order leaves the results a rounding step apart at most, and nearly all bit for bit
+    (a kernel's rounding is not promised across CPUs, so not asserted for every element)."""
     if fused.torch_sum_lanes() != 8:
         pytest.skip("torch runs AVX-512 kernels here: the C RMSNorm sums in its own order")
     for dim in (896, 64, 200):
         for seed in range(20):
             x, weight = _randn(3, dim, seed=seed, scale=3.0), _randn(dim, seed=seed + 100)
-            assert torch.equal(fused.rms_norm(x, weight, 1e-6), rms_norm(x, weight, 1e-6))
+            got, want = fused.rms_norm(x, weight, 1e-6), rms_norm(x, weight, 1e-6)
+            assert ulps_apart(got, want) <= 1 and equal_fraction(got, want) > 0.99, (dim, seed)
 
 
 @pytest.mark.parametrize("shape", ["one decode", "decodes", "one chunk", "fresh prefill", "verify steps", "mixed"])

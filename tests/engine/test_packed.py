@@ -1,5 +1,8 @@
-"""oneDNN-prepacked bf16 projections (engine.packed): the same bits as ``F.linear``, the
-plain copies freed, ``official`` still identical."""
+"""oneDNN-prepacked bf16 projections (engine.packed): ``F.linear``'s numbers within bf16's
+rounding, the plain copies freed, greedy tokens agreeing with ``official``.
+
+The prepacked (blocked) weight runs another oneDNN kernel than ``F.linear``'s plain one: bit for
+bit on the CPUs measured, which is not promised on others, so the tests hold a floor."""
 from __future__ import annotations
 
 import pytest
@@ -9,9 +12,11 @@ import torch.nn.functional as F
 from core.settings import load_settings
 from engine.engine import Engine
 from engine.packed import PackedLinear, packing_available
-from engine.quant import bytes_per_token, forward_weights, full_weight_bytes
+from engine.quant.model import bytes_per_token, forward_weights
+from engine.quant.restore import full_weight_bytes
 from engine.types import GenerationRequest, SamplingParams
 from engine.weights import Linear, fuse_projections
+from tests.agreement import common_prefix, equal_fraction
 
 pytestmark = pytest.mark.skipif(not packing_available(torch.bfloat16, torch.device("cpu")),
                                 reason="this CPU's oneDNN has no bf16 kernels")
@@ -19,15 +24,18 @@ pytestmark = pytest.mark.skipif(not packing_available(torch.bfloat16, torch.devi
 
 @pytest.mark.parametrize("rows", [1, 3, 8, 37])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_packed_linear_is_bitwise_f_linear(rows, with_bias):
+def test_packed_linear_matches_f_linear(rows, with_bias):
     gen = torch.Generator().manual_seed(rows)
     weight = torch.randn(96, 64, generator=gen).to(torch.bfloat16)
     bias = torch.randn(96, generator=gen).to(torch.bfloat16) if with_bias else None
     x = torch.randn(rows, 64, generator=gen).to(torch.bfloat16)
     packed = PackedLinear.from_linear(Linear(weight, bias))
-    assert torch.equal(packed(x), F.linear(x, weight, bias))
     strided = torch.randn(rows, 128, generator=gen).to(torch.bfloat16)[:, ::2]  # a non-contiguous input
-    assert torch.equal(packed(strided), F.linear(strided, weight, bias))
+    for inputs in (x, strided):
+        got, want = packed(inputs), F.linear(inputs, weight, bias)
+        # float32 sums of 64 products, rounded to bf16: another order moves a result a step
+        torch.testing.assert_close(got, want, rtol=1.6e-2, atol=1e-3)
+        assert equal_fraction(got, want) > 0.9
 
 
 def _greedy(engine: Engine, method: str) -> list[int]:
@@ -36,7 +44,7 @@ def _greedy(engine: Engine, method: str) -> list[int]:
     return engine.generate(request).token_ids
 
 
-def test_bf16_none_packs_frees_and_stays_greedy_identical(tiny_model_dir):
+def test_bf16_none_packs_frees_and_stays_greedy_in_agreement(tiny_model_dir):
     engine = Engine(load_settings(model=str(tiny_model_dir), dtype="bfloat16", device="cpu", quant="none"))
     model = engine.loaded.model
     weights = forward_weights(model)
@@ -47,7 +55,9 @@ def test_bf16_none_packs_frees_and_stays_greedy_identical(tiny_model_dir):
     assert full_weight_bytes(model) > 0
     head = model.lm_head.weight  # reloaded as from_pretrained leaves it (else generate runs 3-5x slower)
     assert head.requires_grad and not head.is_inference()
-    assert all(tokens == reference for tokens in got.values()), got
+    # identical on the CPUs measured; a random tiny model's near-tie may flip on another one,
+    # a wrongly packed weight gives another token from the first step
+    assert all(common_prefix(tokens, reference) >= 5 for tokens in got.values()), (got, reference)
     assert bytes_per_token(weights) == bytes_per_token(fuse_projections(model))
 
 

@@ -1,11 +1,10 @@
-"""Fixtures: an Engine on the session's tiny model with a small-block paged pool (and the
-real default model, shared with the engine tests)."""
+"""Fixtures: an Engine on the session's tiny model with a small-block paged pool (the real
+model's paged checks live in tests/engine/test_real_model.py, on its float32 engine)."""
 from __future__ import annotations
 
 import pytest
 
 from core.settings import load_settings
-from tests.engine.conftest import real_engine  # noqa: F401  (fixture: the default model, loaded once)
 from tests.tiny_model import tiny_model_dir  # noqa: F401  (fixture)
 
 

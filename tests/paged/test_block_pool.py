@@ -1,8 +1,11 @@
-"""Block pool and block tables: boundaries, K/V round trips, free/reuse, stats, exhaustion."""
+"""Block pool and block tables: boundaries, K/V round trips, free/reuse, stats, exhaustion.
+
+Without prefix sharing (tests/paged/test_prefix_sharing.py has it)."""
 import pytest
 import torch
 
-from engine.paged import BlockManager, KVGeometry, KVPoolExhausted, PagedKVCache, blocks_for_budget
+from engine.paged import BlockManager, KVBlockPool, KVGeometry, KVPoolExhausted, blocks_for_budget
+from tests.paged.kv import Paged
 
 GEOM = KVGeometry(num_layers=3, num_kv_heads=2, head_dim=4)
 BS = 4
@@ -14,8 +17,8 @@ def kv(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
 
 
-def make(num_blocks: int = 16, sharing: bool = False) -> PagedKVCache:
-    return PagedKVCache(num_blocks, BS, GEOM, prefix_sharing=sharing)
+def make(num_blocks: int = 16) -> Paged:
+    return Paged(KVBlockPool(num_blocks, BS, GEOM), sharing=False)
 
 
 @pytest.mark.parametrize("n,blocks", [(1, 1), (3, 1), (4, 1), (5, 2), (8, 2), (9, 3)])
@@ -70,26 +73,13 @@ def test_interleaved_sequences_do_not_touch_each_other():
     assert not set(cache.blocks.block_table("a")) & set(cache.blocks.block_table("b"))
 
 
-def test_attend_reads_through_block_table():
-    cache = make()
-    k, v = kv(11, 5)
-    cache.create("s", list(range(11)), k, v)
-    q = torch.randn(GEOM.num_layers, 4, GEOM.head_dim)   # 4 query heads, 2 kv heads (GQA)
-    out = cache.attend("s", q)[2]
-    q = q[2]
-    keys = k[2].transpose(0, 1).repeat_interleave(2, 0)       # [4, 11, D]
-    values = v[2].transpose(0, 1).repeat_interleave(2, 0)
-    weights = torch.softmax((q[:, None] @ keys.transpose(1, 2)) / GEOM.head_dim ** 0.5, -1)
-    assert torch.allclose(out, (weights @ values)[:, 0], atol=1e-6)
-
-
 def test_free_returns_blocks_and_they_are_reused():
     cache = make(num_blocks=4)
     k, v = kv(16, 6)
     cache.create("a", list(range(16)), k, v)
     table = cache.blocks.block_table("a")
     assert cache.stats().blocks_free == 0
-    cache.free("a")
+    cache.blocks.free("a")
     assert cache.stats().blocks_used == 0 and cache.stats().blocks_free == 4
     k2, v2 = kv(16, 7)
     cache.create("b", list(range(16)), k2, v2)
@@ -108,7 +98,7 @@ def test_fragmentation_and_token_figures():
     assert stats.empty_slots == 3 + 0 + 3
     assert stats.fragmentation == pytest.approx(6 / 20)
     assert stats.peak_blocks_used == 5
-    cache.free("b")
+    cache.blocks.free("b")
     assert cache.stats().peak_blocks_used == 5 and cache.stats().blocks_used == 3
 
 
@@ -132,8 +122,8 @@ def test_pool_sized_from_memory_budget():
     per_block = BS * GEOM.bytes_per_token(torch.float32)
     assert GEOM.bytes_per_token(torch.float32) == 2 * 3 * 2 * 4 * 4
     assert blocks_for_budget(10 * per_block + 5, BS, GEOM, torch.float32) == 10
-    cache = PagedKVCache.from_budget(7 * per_block, BS, GEOM)
-    assert cache.pool.num_blocks == 7 and cache.pool.nbytes == 7 * per_block
+    pool = KVBlockPool(blocks_for_budget(7 * per_block, BS, GEOM, torch.float32), BS, GEOM)
+    assert pool.num_blocks == 7 and pool.nbytes == 7 * per_block
 
 
 def test_manager_rejects_double_allocation_and_empty_sequences():

@@ -1,7 +1,8 @@
 """Prefix sharing at block granularity: chained hashes, refcounts, LRU eviction, collisions."""
 import torch
 
-from engine.paged import BlockManager, KVGeometry, PagedKVCache
+from engine.paged import BlockManager, KVBlockPool, KVGeometry
+from tests.paged.kv import Paged
 
 BS = 4
 
@@ -114,7 +115,7 @@ def test_sharing_can_be_disabled():
 
 def test_shared_blocks_are_never_written_by_the_cache():
     geom = KVGeometry(2, 1, 2)
-    cache = PagedKVCache(16, BS, geom)
+    cache = Paged(KVBlockPool(16, BS, geom))
     k = torch.randn(2, 13, 1, 2)
     cache.create("a", PREFIX + [1], k, k)
     other = torch.randn(2, 13, 1, 2)
@@ -122,3 +123,19 @@ def test_shared_blocks_are_never_written_by_the_cache():
     assert torch.equal(cache.read("a")[0], k)        # a's prefix K/V untouched
     assert torch.equal(cache.read("b")[0][:, :12], k[:, :12])
     assert torch.equal(cache.read("b")[0][:, 12:], other[:, 12:])
+
+
+def test_block_map_names_each_blocks_state():
+    m = manager(8)
+    assert m.block_map() == "........"
+    run(m, "a", PREFIX + [1])                         # 3 full blocks + 1 partial
+    run(m, "b", PREFIX + [2])                         # shares the 3, adds its own partial
+    a, b = m.block_table("a"), m.block_table("b")
+    state = m.block_map()
+    assert [state[x] for x in a[:3]] == ["s"] * 3 and state[a[3]] == state[b[3]] == "u"
+    assert state.count(".") == 8 - 5
+    m.free("a")
+    m.free("b")
+    state = m.block_map()
+    assert [state[x] for x in a[:3]] == ["c"] * 3 and state.count(".") == 5  # partial blocks: no hash, freed
+    assert len(state) == 8 and state.count("c") == m.stats().blocks_cached

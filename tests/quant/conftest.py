@@ -1,4 +1,4 @@
-"""Tiny Qwen2 models for the quantization tests (sizes the int4 kernel accepts, mostly)."""
+"""Tiny Qwen2 models for the quantization tests."""
 from __future__ import annotations
 
 import pytest
@@ -8,6 +8,5 @@ from tests.tiny_model import make_tiny_model_dir
 
 @pytest.fixture(scope="session")
 def quant_model_dir(tmp_path_factory):
-    """hidden 64, intermediate 128 (int4 groups of 32/64 divide every input size); the
-    ~400-token vocabulary is not a multiple of 16, so lm_head exercises int4 padding."""
+    """hidden 64, intermediate 128: every input size a multiple of q8's group of 32."""
     return make_tiny_model_dir(tmp_path_factory.mktemp("tiny-quant"), intermediate_size=128)

@@ -47,7 +47,7 @@ def test_a_directory_that_cannot_be_written_keeps_the_table_in_memory(tmp_path, 
     else:
         directory = tmp_path / "ro"
         directory.mkdir(mode=0o500)
-    emb = QuantizedEmbedding.from_table(torch.randn(40, 64), group=32)
+    emb = QuantizedEmbedding.from_table(torch.randn(40, 64))
     assert emb.mapped(directory) is emb
     assert any("table_not_mapped" in r.getMessage() for r in caplog.records)
 
@@ -55,7 +55,7 @@ def test_a_directory_that_cannot_be_written_keeps_the_table_in_memory(tmp_path, 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_a_mapped_embedding_looks_up_the_same_rows(tmp_path, dtype):
     table = torch.randn(300, 96) * 0.05
-    emb = QuantizedEmbedding.from_table(table, group=32, dtype=dtype)
+    emb = QuantizedEmbedding.from_table(table, dtype=dtype)
     mapped = emb.mapped(tmp_path)
     assert mapped is not emb and resident_bytes(mapped.qweight) is not None
     ids = torch.tensor([[0, 299, 7], [7, 7, 150]])

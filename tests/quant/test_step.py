@@ -9,7 +9,8 @@ from core.settings import load_settings
 from engine.engine import Engine
 from engine.forward import Qwen2Forward
 from engine.kv_cache import ContiguousKVCache
-from engine.quant import q8, quantize_weights
+from engine.quant import q8
+from engine.quant.model import quantize_weights
 from engine.quant.step import DecodeStep
 from engine.weights import fuse_projections
 
@@ -34,7 +35,7 @@ def _q8_forward(model_dir, five_bits: bool = False) -> Qwen2Forward:
         for layer in weights.layers:
             for projection in (layer.qkv, layer.o, layer.gate_up, layer.down):
                 _snap_to_five_bits(projection.weight)
-    quantized, _ = quantize_weights(weights, "q8", keep_reference=False)
+    quantized, _ = quantize_weights(weights, "q8")
     forward = Qwen2Forward(quantized, fused=True)
     forward.c_attention = True   # the C attention (and so the step) on any CPU, for the comparison
     return forward
@@ -99,8 +100,6 @@ def test_the_step_is_taken_only_where_every_piece_runs_in_c(quant_model_dir):
     engine = Engine(load_settings(model=str(quant_model_dir), dtype="bfloat16", device="cpu", quant="none"))
     weights = fuse_projections(engine.loaded.model)
     assert not DecodeStep.supports(weights)                     # bf16 projections: torch's linears
-    quantized, _ = quantize_weights(weights, "int8", keep_reference=False)
-    assert not DecodeStep.supports(quantized)                   # another kernel
     forward = _q8_forward(quant_model_dir)
     forward.c_attention = False                                 # attention stays torch's (AVX2 CPUs)
     assert forward.decode_step is None

@@ -48,6 +48,7 @@ def test_tiny_model_keys_agree(tiny_model):
     check_agreement(tiny_model)
 
 
+@pytest.mark.slow  # the default model's tokenizer
 @pytest.mark.skipif(REAL_MODEL is None or not (REAL_MODEL / "tokenizer.json").is_file(),
                     reason="the default model is not prepared here")
 def test_default_model_keys_agree():

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.engine.conftest import _one_torch_thread, real_engine, tiny_engine  # noqa: F401
+from tests.engine.conftest import _one_torch_thread, real_engine, real_engine_fp32, tiny_engine  # noqa: F401
 from tests.tiny_model import tiny_model_dir  # noqa: F401  (fixture)
 
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import pytest
 
-from engine.speculative.layout import layout_keys
 from engine.speculative.ngram import NgramDrafter
 from engine.speculative.policy import Proposal, SpecConfig, SpecState
 
@@ -77,74 +76,6 @@ def test_a_skipped_match_drifts_back_toward_the_prior():
     assert state.begin(Proposal(), 0) == [] and state.rate(1) == pytest.approx(0.4)   # no match: unchanged
 
 
-# a byte-level vocabulary: 'Ġ' is a space, 'Ċ' a newline
-VOCAB = {'"a': 10, '",': 11, 'Ġ"': 12, 'b': 13, '":': 14, '",Ċ': 15, 'ĠĠĠĠ': 16, 'c': 17, 'd': 18}
-
-
-def test_layout_keys_from_a_byte_level_vocabulary():
-    layout = layout_keys(VOCAB)
-    assert layout.keys == {15: 11, 16: None}          # '",\n' read as '",'; indentation skipped
-    assert layout.ends_line == {15}
-
-
-def test_layout_matching_follows_content_across_a_new_layout():
-    layout = layout_keys(VOCAB)
-    prompt = [10, 11, 12, 13, 14, 17, 18, 11, 12, 10]
-    answer = [10, 15, 16, 12]                   # "a",\n    "  ~ the prompt's  "a", "  then  b
-    exact = NgramDrafter(prompt + answer, lengths=(3, 2), max_draft=8)
-    keyed = NgramDrafter(prompt + answer, lengths=(3, 2), max_draft=8, layout=layout)
-    assert exact.propose() == []                # token for token the thread is lost
-    assert keyed.match() == (3, [13, 14, 17, 18, 11, 12, 10, 10])   # keys  "a  ",  "  found in the prompt
-    # right after a line end the layout index does not draft (indentation unknown)
-    assert NgramDrafter(prompt + [10, 15], lengths=(2,), max_draft=8, layout=layout).propose() == []
-    # where the exact match is as long, it wins (copying the layout as it is)
-    same = NgramDrafter([1, 2, 3, 16, 4, 1, 2, 3], lengths=(3,), max_draft=2, layout=layout)
-    assert same.propose() == [16, 4]
-
-
-# a compact source and its pretty-printed copy: ' "k1": "v1", "k2": "v2", ...'
-JSON_VOCAB = {'Ġ"': 1, 'k1': 2, '":': 3, 'v1': 4, '",': 5, 'k2': 6, 'v2': 7, 'k3': 8, 'v3': 9, '",Ċ': 10,
-              'ĠĠ': 11, 'x': 12}
-SOURCE = [12, 1, 2, 3, 1, 4, 5, 1, 6, 3, 1, 7, 5, 1, 8, 3, 1, 9, 5]
-
-
-def test_a_copy_across_a_new_layout_is_drafted_in_the_answers_layout():
-    layout = layout_keys(JSON_VOCAB)
-    drafter = NgramDrafter(SOURCE, lengths=(3, 2), max_draft=8, layout=layout)
-    drafter.extend([11, 1, 2, 3])                        # the answer's first line:   "k1":
-    assert drafter.propose() == [1, 4, 5, 1, 6, 3, 1, 7]   # the source's layout, as before
-    drafter.extend([1, 4, 10])                           # "v1",\n  : the line end rejected the  ",
-    assert drafter.propose() == []                       # the next line's indentation: not known yet
-    drafter.extend([11])                                 # the answer indents by '  '
-    n, drafts = drafter.match()
-    assert n == drafter.continuation                     # the copy goes on where the answer is
-    assert drafts == [1, 6, 3, 1, 7, 10, 11, 1]          #  "k2": "v2",\n   "  in the answer's layout
-    drafter.extend(drafts + [8])
-    assert drafter.propose()[:4] == [3, 1, 9, 10]        #  ": "v3",\n
-
-
-def test_a_layout_variant_is_taken_back_when_the_answer_writes_the_source_token():
-    layout = layout_keys(JSON_VOCAB)
-    drafter = NgramDrafter(SOURCE, lengths=(3, 2), max_draft=8, layout=layout)
-    drafter.extend([11, 1, 2, 3])
-    drafter.propose()
-    drafter.extend([1, 4, 10, 11])                       # learns  ", -> ",\n
-    assert 10 in drafter.propose()
-    drafter.extend([1, 6, 3, 1, 7, 5])                   # ...but this time the answer keeps  ",
-    assert 10 not in drafter.propose()
-
-
-def test_follow_false_is_the_drafter_before_it():
-    layout = layout_keys(JSON_VOCAB)
-    drafter = NgramDrafter(SOURCE, lengths=(3, 2), max_draft=8, layout=layout, follow=False)
-    drafter.extend([11, 1, 2, 3])
-    drafter.propose()
-    drafter.extend([1, 4, 10, 11])
-    assert drafter.propose() == [1, 6, 3, 1, 7, 5, 1, 8]   # the source's tokens as they are
-    drafter.extend([1, 6, 3, 1, 7, 10])
-    assert drafter.propose() == []                       # no layout match right after a line end
-
-
 def test_an_exact_copy_is_continued_rather_than_jumping_to_the_latest_occurrence():
     prompt = [20, 21, 1, 2, 3, 4, 30, 31, 1, 2, 3, 5]
     drafter = NgramDrafter(prompt + [20, 21], lengths=(2,), max_draft=2)
@@ -152,31 +83,14 @@ def test_an_exact_copy_is_continued_rather_than_jumping_to_the_latest_occurrence
     drafter.extend([1, 2, 3])                            # both accepted, then the bonus token
     n, drafts = drafter.match()
     assert (n, drafts) == (drafter.continuation, [4, 30])   # the suffix  2 3  last preceded 5
-    drafter.extend([9])                                  # the answer leaves the copy
-    assert drafter.match() == (0, [])                    # suffix  3 9  never occurred
-    stale = NgramDrafter(prompt + [20, 21], lengths=(2,), max_draft=2, follow=False)
-    stale.propose()
-    stale.extend([1, 2, 3])
-    assert stale.propose() == [5, 20]                     # the most recent  2 3  was followed by 5
+    drafter.extend([4, 30, 9])                           # both accepted, then the answer leaves the copy
+    assert drafter.match() == (0, [])                    # suffix  30 9  never occurred
+    fresh = NgramDrafter(prompt + [20, 21, 1, 2, 3], lengths=(2,), max_draft=2)
+    assert fresh.propose() == [5, 20]                    # no copy followed: the most recent  2 3
 
 
-# ... "v2"}, in the source; the answer closes the block on a line of its own:  "v2"\n  },\n
-SPLIT_VOCAB = {**JSON_VOCAB, '"},': 22, '"Ċ': 23, 'Ġ},Ċ': 24, 'k4': 25, '"': 26}
-SPLIT_SOURCE = [12, 1, 2, 3, 1, 4, 5, 1, 6, 3, 1, 7, 22, 1, 8, 3, 1, 9, 22, 1, 25, 3]
-
-
-def test_a_source_token_broken_over_a_line_end_is_followed_and_then_drafted_broken():
-    layout = layout_keys(SPLIT_VOCAB)
-    drafter = NgramDrafter(SPLIT_SOURCE, lengths=(3, 2), max_draft=8, layout=layout)
-    drafter.extend([11, 1, 2, 3])
-    drafter.propose()
-    drafter.extend([1, 4, 10, 11])                       # learns  ", -> ",\n  and the indentation
-    assert drafter.propose() == [1, 6, 3, 1, 7, 22, 1, 8]
-    drafter.extend([1, 6, 3, 1, 7, 23])                  # the answer breaks  "},  after its  "
-    assert drafter.propose() == []                       # (how it writes the rest: not known yet)
-    drafter.extend([11, 24])                             # ...  },\n : the copy was followed through it
-    n, drafts = drafter.match()
-    assert n == drafter.continuation
-    assert drafts == [11, 1, 8, 3, 1, 9, 23]             # the next  "},  drafted as the answer wrote it
-    # (then a closing line, whose indentation is the opener's line's: none opened here, so it stops)
-
+def test_a_copy_is_not_followed_past_where_the_answer_began():
+    drafter = NgramDrafter([1, 2, 3, 1, 2], lengths=(2,), max_draft=4)
+    assert drafter.propose() == [3, 1, 2]
+    drafter.extend([3, 1, 2])                            # the copy reached the answer's own tokens
+    assert drafter.match() == (2, [3, 1, 2])             # a fresh lookup, not a continuation

@@ -13,31 +13,21 @@ CODE = ("Rename the function area to circle_area. Reply with the code only.\n\n`
         "    return area(outer) - area(inner)\n```")
 
 
-@pytest.fixture(scope="module")
-def real_fp32():
-    from core.settings import load_settings
-    from engine.engine import Engine
-
-    engine = Engine(load_settings(model="default", device="cpu", dtype="float32", quant="none")).load()
-    yield engine
-    engine.close()  # the loop thread would keep the 2 GB model alive for the rest of the suite
-
-
 def _run(engine, method, speculative, tokens):
     return engine.generate(GenerationRequest(
         messages=[{"role": "user", "content": CODE}], method=method, speculative=speculative,
         sampling=SamplingParams(max_new_tokens=tokens)))
 
 
-def test_custom_cache_greedy_identical_and_drafts_accepted(real_fp32):
-    off, on = _run(real_fp32, "custom_cache", False, 40), _run(real_fp32, "custom_cache", True, 40)
+def test_custom_cache_greedy_identical_and_drafts_accepted(real_engine_fp32):
+    off, on = _run(real_engine_fp32, "custom_cache", False, 40), _run(real_engine_fp32, "custom_cache", True, 40)
     assert on.token_ids == off.token_ids and on.text == off.text
     assert "circle_area" in on.text
     assert on.usage.accepted_draft_tokens >= 10
 
 
-def test_paged_greedy_identical(real_fp32):
+def test_paged_greedy_identical(real_engine_fp32):
     """Through the engine loop's paged scheduler, as a worker runs it."""
-    off, on = _run(real_fp32, "paged", False, 32), _run(real_fp32, "paged", True, 32)
+    off, on = _run(real_engine_fp32, "paged", False, 32), _run(real_engine_fp32, "paged", True, 32)
     assert on.token_ids == off.token_ids
     assert on.usage.accepted_draft_tokens > 0

@@ -24,7 +24,8 @@ from tests.web.conftest import run_job
 from tests.web.processes import HAVE_REDIS_SERVER, redis_server, web_server
 from tests.web.raw_http import chunked, exchange, request_bytes
 
-pytestmark = pytest.mark.skipif(not HAVE_REDIS_SERVER, reason="redis-server not installed")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not HAVE_REDIS_SERVER, reason="redis-server not installed")]
 POST_PATHS = ("/jobs", "/generate", "/agent/run", "/bench", "/v1/chat/completions")
 LONE = ("\ud800", "a\udfffb", "\udc80", "\ud83d")  # lone surrogates, as JSON escapes
 TAILS = ("", "/events", "/cancel", ":events", ":cancel", ":live", "%3Aevents", "/../x", "%2Fx")

@@ -14,7 +14,8 @@ from core.jobs import JobStore
 from tests.web.processes import HAVE_REDIS_SERVER, redis_server, web_server
 from tests.web.raw_http import RawResponse, chunked, exchange, request_bytes
 
-pytestmark = pytest.mark.skipif(not HAVE_REDIS_SERVER, reason="redis-server not installed")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not HAVE_REDIS_SERVER, reason="redis-server not installed")]
 BODY_TIMEOUT_S = 2
 MAX_BODY = 1_000_000
 

@@ -1,4 +1,4 @@
-"""``python -m web`` as a real process (gunicorn, gthread) on a real redis-server: the Celery
+"""``python -m web`` as a real process (gunicorn, gevent) on a real redis-server: the Celery
 client puts the task on the Redis queue by name, and SSE streams over real sockets."""
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from core.jobs import JobStore
 from tests.web.conftest import parse_sse, run_job
 from tests.web.processes import HAVE_REDIS_SERVER, redis_server, web_server
 
-pytestmark = pytest.mark.skipif(not HAVE_REDIS_SERVER, reason="redis-server not installed")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not HAVE_REDIS_SERVER, reason="redis-server not installed")]
 
 
 @pytest.fixture(scope="module")

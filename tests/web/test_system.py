@@ -107,12 +107,13 @@ def test_broker_down_with_store_up_is_503_fast_and_the_job_is_not_left_queued(ma
     assert job.state == "failed" and job.error["code"] == "enqueue_failed"
 
 
-def test_server_options_bind_localhost_with_threaded_workers_and_no_debug(client):
+def test_server_options_bind_localhost_with_gevent_workers_and_no_debug(client):
     from core.settings import load_settings
     from web.__main__ import gunicorn_options
-    options = gunicorn_options(load_settings(web_threads=48))
+    options = gunicorn_options(load_settings(web_connections=1234, header_timeout_s=7))
     assert options["bind"] == "127.0.0.1:8000"
-    from gunicorn.workers.gthread import ThreadWorker
+    from gunicorn.workers.ggevent import GeventWorker
     from gunicorn.util import load_class
-    assert issubclass(load_class(options["worker_class"]), ThreadWorker) and options["threads"] == 48
+    assert issubclass(load_class(options["worker_class"]), GeventWorker)
+    assert options["worker_connections"] == 1234 and options["keepalive"] == 7 and "threads" not in options
     assert client.application.debug is False

@@ -34,6 +34,7 @@ from web.openai.schemas import (
 )
 from web.routes_compat import _finished as finished_job  # waits; maps failed/cancelled/timeout to errors
 from web.sse import _stream_over as stream_over
+from web.stream_limit import freed_on_error, limited, take_stream_slot
 from web.submit import submit
 
 logger = logging.getLogger("miniserve.web.openai")
@@ -52,7 +53,9 @@ def chat_completions(body: ChatCompletionRequest):
     ``top_k``, ``repetition_penalty``; the answer adds ``miniserve`` (job id, method,
     timings) and the ``X-Job-Id`` header."""
     chat = chat_job(body)
-    job = submit(chat.submission).job
+    slot = take_stream_slot() if chat.stream else None  # a 429 here submits no job
+    with freed_on_error(slot):
+        job = submit(chat.submission).job
     log_event(logger, "chat_submitted", job_id=job.id, stream=chat.stream,
               tools=len(chat.tools.names) if chat.tools else 0)
     model = model_id(ctx().settings)
@@ -60,7 +63,7 @@ def chat_completions(body: ChatCompletionRequest):
         events = stream_completion(ctx().store, ctx().celery, job, chat, model)
         response = Response(stream_with_context(events), mimetype="text/event-stream")
         response.headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Job-Id": job.id})
-        return response
+        return limited(response, slot)
     response = jsonify(completion(finished_job(job.id), chat, model))
     response.headers["X-Job-Id"] = job.id
     return response
