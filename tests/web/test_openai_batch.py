@@ -134,3 +134,27 @@ def test_an_empty_file_fails_the_batch_and_the_list_pages(client):
 def test_unknown_batches_are_404(client, path):
     response = client.get(path)
     assert response.status_code == 404 and response.get_json()["error"]["code"] == "batch_not_found"
+
+
+def test_files_and_batches_are_private_to_their_key(make_app):
+    client = make_app(api_keys=["key-a", "key-b"]).test_client()
+    a, b = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}
+    created = client.post("/v1/files", headers=a, content_type="multipart/form-data",
+                          data={"purpose": "batch", "file": (io.BytesIO(line("x").encode()), "in.jsonl")}).get_json()
+    assert client.get(f"/v1/files/{created['id']}", headers=b).status_code == 404
+    body = {"input_file_id": created["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    assert client.post("/v1/batches", headers=b, json=body).status_code == 404
+    batch = client.post("/v1/batches", headers=a, json=body).get_json()
+    assert client.get(f"/v1/batches/{batch['id']}", headers=b).status_code == 404
+    assert client.post(f"/v1/batches/{batch['id']}/cancel", headers=b).status_code == 404
+    assert client.get("/v1/batches", headers=b).get_json()["data"] == []
+    assert [x["id"] for x in client.get("/v1/batches", headers=a).get_json()["data"]] == [batch["id"]]
+
+
+def test_a_line_the_limits_refuse_at_finalizing_still_gets_its_answer(make_app, store, celery):
+    """The cap fell after the line was queued: the job's text is still its answer."""
+    batch = start(make_app().test_client(), line("a", max_tokens=100)).get_json()
+    run_job(store, celery.sent[0]["task_id"])
+    done = make_app(max_new_tokens_cap=10).test_client().get(f"/v1/batches/{batch['id']}").get_json()
+    [item] = content(make_app().test_client(), done["output_file_id"])
+    assert item["response"]["body"]["choices"][0]["message"]["content"] == "Hello wörld"

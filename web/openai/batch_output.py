@@ -21,13 +21,17 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from core.events import CANCELLED, SUCCEEDED, TIMEOUT
 from core.jobs import JobNotFound, JobRecord, JobStore
+from web.errors import ApiError
 from web.openai.batch_lines import error_body
-from web.openai.convert import chat_job
+from web.openai.convert import ChatJob, chat_job
 from web.openai.errors import openai_error
 from web.openai.responses import completion
 from web.openai.schemas import ChatCompletionRequest
+from web.submit import Submission
 
 STATUS_FOR_JOB_STATE = {CANCELLED: 409, TIMEOUT: 504}  # any other unsuccessful end: 500
 ENVELOPE_CODES = ("invalid_json_line", "invalid_custom_id", "invalid_method", "invalid_url", "invalid_body",
@@ -63,8 +67,7 @@ def _job_line(entry: dict[str, Any], job: JobRecord | None, model: str) -> tuple
         return False, _line(job_id, entry["custom_id"], {"status_code": 500, "request_id": job_id,
                                                          "body": openai_error(500, {"error": error})}, None)
     if job.state == SUCCEEDED:
-        chat = chat_job(ChatCompletionRequest.model_validate(entry["body"]))
-        body = completion(job, chat, model)
+        body = completion(job, _chat(entry["body"], job), model)
         return True, _line(job_id, entry["custom_id"], {"status_code": 200, "request_id": job_id, "body": body}, None)
     status = STATUS_FOR_JOB_STATE.get(job.state, 500)
     raw = job.error or {}
@@ -72,6 +75,15 @@ def _job_line(entry: dict[str, Any], job: JobRecord | None, model: str) -> tuple
              "code": str(raw.get("code") or f"job_{job.state}")}
     body = openai_error(status, {"error": error})
     return False, _line(job_id, entry["custom_id"], {"status_code": status, "request_id": job_id, "body": body}, None)
+
+
+def _chat(body: dict[str, Any], job: JobRecord) -> ChatJob:
+    """The line's chat job again (its tools decide how the text reads). A body the limits
+    refuse now (a setting changed since the line was queued) is shaped as plain content."""
+    try:
+        return chat_job(ChatCompletionRequest.model_validate(body))
+    except (ApiError, ValidationError):
+        return ChatJob(Submission("chat", job.request, "messages"), None, False, False)
 
 
 def jobs_of(store: JobStore, entries: list[dict[str, Any]]) -> dict[str, JobRecord | None]:
