@@ -20,6 +20,7 @@ from redis.retry import Retry
 from core import keys
 from core.jobs import JobStore
 from core.logs import configure_logging, log_event
+from core.model_source import model_id
 from core.redis_conn import redis_client
 from core.routing import register_queue
 from core.settings import Settings, get_settings
@@ -62,6 +63,11 @@ class WorkerRuntime:
         return self._engine
 
     @property
+    def model_id(self) -> str:
+        """The public id of the model this worker serves (core/models.py)."""
+        return model_id(self.settings.model)
+
+    @property
     def batching(self) -> bool:
         """Several jobs run at once in this process (threads pool): they share paged batches."""
         return self.pool != "prefork" and self.concurrency > 1
@@ -79,6 +85,7 @@ class WorkerRuntime:
             "host": socket.gethostname(), "node": self.node, "queue": keys.worker_queue(self.node),
             "pid": os.getpid(), "pool": self.pool, "concurrency": self.concurrency,
             "current_jobs": sorted(self.current_jobs), "model": self.settings.model,
+            "model_id": self.model_id,
             "token_events": self.token_events,
             "engine_loaded": self._engine is not None,
         }
@@ -140,6 +147,7 @@ def runtime() -> WorkerRuntime:
                 pool, concurrency, hostname = _pool_info
                 _runtime = WorkerRuntime(settings=settings, store=make_store(settings), node=hostname,
                                          name=f"{hostname}:{os.getpid()}", pool=pool, concurrency=concurrency)
-                register_queue(_runtime.store.client, keys.worker_queue(hostname), _runtime.name)
+                register_queue(_runtime.store.client, keys.worker_queue(hostname), _runtime.name,
+                               home=keys.model_queue("generation", _runtime.model_id))
                 _runtime.start_heartbeat()
     return _runtime
