@@ -24,7 +24,7 @@ TOPICS = ("rivers", "mountains", "birds", "trees", "stars", "islands", "metals",
 
 
 def bodies(count: int, tag: str, max_tokens: int) -> list[dict[str, Any]]:
-    return [{"model": "bench", "max_tokens": max_tokens,
+    return [{"max_tokens": max_tokens,
              "messages": [{"role": "user", "content": f"[{tag}{i:04d}] Name three {TOPICS[i % len(TOPICS)]}."}]}
             for i in range(count)]
 

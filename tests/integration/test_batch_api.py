@@ -18,7 +18,7 @@ MALFORMED = {17: "not json at all", 60: "presence", 99: "duplicate", 140: "url",
 def lines() -> list[str]:
     out = []
     for i in range(200):
-        body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPTS[i % 5]}], "max_tokens": 4}
+        body = {"messages": [{"role": "user", "content": PROMPTS[i % 5]}], "max_tokens": 4}
         line = {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
         kind = MALFORMED.get(i)
         if kind == "presence":

@@ -26,7 +26,7 @@ def client(base_url):
 
 def request_line(custom_id: str, content: str, **body) -> str:
     return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
-                       "body": {"model": "tiny", "messages": [{"role": "user", "content": content}],
+                       "body": {"messages": [{"role": "user", "content": content}],
                                 "max_tokens": 6, **body}})
 
 
@@ -57,7 +57,7 @@ def test_files_and_batches_through_the_openai_client(client):
     assert batch.id in [b.id for b in client.batches.list(limit=5).data]
 
 
-def test_the_batch_answers_equal_the_synchronous_ones(client):
+def test_the_batch_answers_equal_the_synchronous_ones(client, served_model):
     """Same request, same path: greedy answers of a batch line and of a direct call agree."""
     text = request_line("one", "Tell me a colour.")
     uploaded = client.files.create(file=("one.jsonl", io.BytesIO(text.encode())), purpose="batch")
@@ -67,9 +67,10 @@ def test_the_batch_answers_equal_the_synchronous_ones(client):
                what="the batch to complete")
     done = client.batches.retrieve(batch.id)
     [line] = [json.loads(x) for x in client.files.content(done.output_file_id).text.splitlines()]
-    direct = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Tell me a colour."}],
+    direct = client.chat.completions.create(model=served_model, messages=[{"role": "user", "content": "Tell me a colour."}],
                                             max_tokens=6)
     assert line["response"]["body"]["choices"][0]["message"]["content"] == direct.choices[0].message.content
+    assert line["response"]["body"]["model"] == direct.model == served_model
 
 
 def test_a_batch_cancelled_through_the_client_ends_cancelled(client):
@@ -106,7 +107,7 @@ def _post_and_close(base_url: str, path: str, body: dict, surface_store, job_typ
 
 @pytest.mark.parametrize("path, job_type, body", [
     ("/generate", "generate", {"prompt": "Count slowly", "max_new_tokens": 2000, "stop": ["<never>"]}),
-    ("/v1/chat/completions", "chat", {"model": "tiny", "messages": [{"role": "user", "content": "Count slowly"}],
+    ("/v1/chat/completions", "chat", {"messages": [{"role": "user", "content": "Count slowly"}],
                                       "max_tokens": 2000, "stop": ["<never>"]}),
 ])
 def test_a_client_that_leaves_a_waiting_request_cancels_its_job(base_url, surface_store, path, job_type, body):

@@ -13,7 +13,7 @@ from tests.web.conftest import run_job
 
 def line(custom_id: str, content: str = "Hi", **body) -> str:
     return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
-                       "body": {"model": "m", "messages": [{"role": "user", "content": content}],
+                       "body": {"messages": [{"role": "user", "content": content}],
                                 "max_tokens": 4, **body}})
 
 
@@ -158,3 +158,12 @@ def test_a_line_the_limits_refuse_at_finalizing_still_gets_its_answer(make_app, 
     done = make_app(max_new_tokens_cap=10).test_client().get(f"/v1/batches/{batch['id']}").get_json()
     [item] = content(make_app().test_client(), done["output_file_id"])
     assert item["response"]["body"]["choices"][0]["message"]["content"] == "Hello wörld"
+
+
+def test_a_line_naming_an_unknown_model_is_a_404_error_line(client, store, celery):
+    batch = start(client, "\n".join([line("known"), line("other", model="no-such-model")])).get_json()
+    run_job(store, celery.sent[0]["task_id"])
+    done = client.get(f"/v1/batches/{batch['id']}").get_json()
+    [error] = content(client, done["error_file_id"])
+    assert error["custom_id"] == "other" and error["response"]["status_code"] == 404
+    assert error["response"]["body"]["error"]["code"] == "model_not_found"

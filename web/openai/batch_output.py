@@ -60,14 +60,15 @@ def _refused(entry: dict[str, Any], index: int, batch_id: str) -> str:
 
 
 def _job_line(entry: dict[str, Any], job: JobRecord | None, model: str) -> tuple[bool, str]:
-    """(succeeded, line) for an entry that became a job."""
+    """(succeeded, line) for an entry that became a job (``model``: the answer's model when
+    the job does not name one, as in ``/v1/chat/completions``)."""
     job_id = entry["job_id"]
     if job is None:
         error = {"message": "the job's record expired", "field": None, "code": "job_expired"}
         return False, _line(job_id, entry["custom_id"], {"status_code": 500, "request_id": job_id,
                                                          "body": openai_error(500, {"error": error})}, None)
     if job.state == SUCCEEDED:
-        body = completion(job, _chat(entry["body"], job), model)
+        body = completion(job, _chat(entry["body"], job), job.request.get("model") or model)
         return True, _line(job_id, entry["custom_id"], {"status_code": 200, "request_id": job_id, "body": body}, None)
     status = STATUS_FOR_JOB_STATE.get(job.state, 500)
     raw = job.error or {}

@@ -21,7 +21,7 @@ def client(shared_stack):
 
 
 def body(text: str) -> dict:
-    return {"model": "tiny", "messages": [{"role": "user", "content": text}], "max_tokens": 4}
+    return {"messages": [{"role": "user", "content": text}], "max_tokens": 4}
 
 
 def test_a_jsonl_path_runs_as_a_batch_and_the_summary_names_its_files(client, worker, store, tmp_path):
