@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.load_errors import ModelLoadError
+from engine.errors import ModelLoadError
 
 # Tensor types transformers can turn into torch tensors: plain floats plus every type the
 # gguf package can dequantize (gguf.quants._type_traits; checked with gguf 0.19).

@@ -30,7 +30,7 @@ from core.file_digest import file_sha256
 from core.model_source import BUNDLED_MODELS, SMOLLM2_MODEL, bundled_model_dir
 from core.model_source import default_model_dir as _default_dir
 from core.settings import DEFAULT_MODEL, Settings, get_settings
-from engine.load_errors import ModelLoadError
+from engine.errors import ModelLoadError
 from engine.prepare_gguf import is_prepared, prepare_gguf_folder
 
 __all__ = ["is_prepared", "prepare_bundled_model", "prepare_default_model"]

@@ -31,6 +31,11 @@ HEARTBEAT_S = 5.0
 RETRY_RAMP = 5  # retries before the backoff reaches its 1 s cap
 
 
+class ModelUnavailable(RuntimeError):
+    """This worker's model failed to load: a job it takes fails with code ``model_unavailable``
+    and the load error's message (which names the model and why), not an internal error."""
+
+
 @dataclass
 class WorkerRuntime:
     settings: Settings
@@ -42,6 +47,7 @@ class WorkerRuntime:
     current_jobs: set[str] = field(default_factory=set)
     token_events: int = 0  # token events streamed since start (the monitor's tokens/s chart)
     _engine: Any = None
+    load_error: str | None = None  # why the model could not be loaded (a ModelLoadError): on /workers, in job errors
     _engine_lock: threading.Lock = field(default_factory=threading.Lock)
     _pid: int = field(default_factory=os.getpid)
 
@@ -51,12 +57,21 @@ class WorkerRuntime:
         owns every cache; job threads reach it only through ``engine.loop.submit``."""
         if self._engine is None:
             with self._engine_lock:
+                if self.load_error is not None:   # a start error stays one: no reload per job
+                    raise ModelUnavailable(self.load_error)
                 if self._engine is None:
                     from engine.engine import Engine
+                    from engine.errors import ModelLoadError
 
                     started = time.perf_counter()
                     engine = Engine(self.settings)
-                    engine.load()
+                    try:
+                        engine.load()
+                    except ModelLoadError as exc:
+                        self.load_error = str(exc)
+                        log_event(logger, "model_load_failed", level=logging.ERROR, worker=self.name,
+                                  error=type(exc).__name__)
+                        raise ModelUnavailable(self.load_error) from exc
                     log_event(logger, "engine_loaded", worker=self.name,
                               load_ms=round((time.perf_counter() - started) * 1000, 1))
                     self._engine = engine
@@ -89,6 +104,8 @@ class WorkerRuntime:
             "token_events": self.token_events,
             "engine_loaded": self._engine is not None,
         }
+        if self.load_error is not None:
+            info["load_error"] = self.load_error
         if self._engine is not None:
             info.update(self._engine.info())
             info["cache_stats"] = self._engine.stats()   # the loop's published snapshot

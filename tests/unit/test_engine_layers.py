@@ -23,6 +23,8 @@ LAYERS = ("low-level operations", "model forward", "KV caches", "generation meth
 INERT_PACKAGES = ("engine", "engine.quant")
 LAYER_OF = {
     "engine.types": 0,
+    "engine.errors": 0,                # ModelLoadError, raised by the loader and the architecture
+    "engine.architecture": 1,          # the model description the forward is driven by
     "engine.openmp": 0,
     "engine.quant.native": 0,
     "engine.quant.q8": 0,
@@ -39,7 +41,6 @@ LAYER_OF = {
     "engine.quant.step": 1,            # the one-call decode step of the whole model
     "engine.weights": 1,
     "engine.loader": 1,
-    "engine.load_errors": 0,
     "engine.gguf_meta": 0,
     "engine.prepare_gguf": 1,
     "engine.prepare_default": 1,
