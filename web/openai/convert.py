@@ -20,6 +20,7 @@ from web import constraints
 from web.context import ctx
 from web.errors import ApiError
 from web.json_depth import InvalidText, JsonTooDeep, parse_json
+from web.openai.logprobs import vocab_size
 from web.openai.schemas import ChatCompletionRequest, ChatMessage
 from web.openai.tool_calls import ToolSet, compile_tools
 from web.submit import Submission, with_speculative
@@ -35,6 +36,7 @@ class ChatJob:
     stream: bool
     include_usage: bool
     forced_calls: bool = False  # required / named: the answer is calls only, streamed as deltas
+    logprobs: bool = False      # the answer carries choices[].logprobs
 
 
 def _text(content: str | list[Any] | None) -> str:
@@ -92,7 +94,35 @@ def _sampling(body: ChatCompletionRequest) -> dict[str, Any]:
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     return {"max_new_tokens": max_new, "temperature": body.temperature or 0.0,
             "top_p": body.top_p if body.top_p is not None else 1.0, "top_k": body.top_k or 0,
-            "repetition_penalty": body.repetition_penalty, "seed": body.seed, "stop": stop}
+            "repetition_penalty": body.repetition_penalty, "seed": body.seed, "stop": stop,
+            **_openai_sampling(body)}
+
+
+def _openai_sampling(body: ChatCompletionRequest) -> dict[str, Any]:
+    """Penalties, bias and log-probabilities, only when asked (a plain job stays as it was)."""
+    out: dict[str, Any] = {}
+    if body.presence_penalty:
+        out["presence_penalty"] = body.presence_penalty
+    if body.frequency_penalty:
+        out["frequency_penalty"] = body.frequency_penalty
+    if body.logit_bias:
+        out["logit_bias"] = _bias(body.logit_bias)
+    if body.logprobs:
+        out.update(logprobs=True, top_logprobs=body.top_logprobs or 0)
+    return out
+
+
+def _bias(raw: dict[str, float]) -> list[list[Any]]:
+    """``{"id": bias}`` as ``[[id, bias], ...]``; a key that is not a token id is a 400 naming it (/v1 answers validation errors with 400)."""
+    vocab = vocab_size()
+    out = []
+    for key, value in raw.items():
+        if not key.isascii() or not key.isdigit() or (vocab is not None and int(key) >= vocab):
+            limit = f"0..{vocab - 1}" if vocab is not None else "a non-negative integer"
+            raise ApiError(422, "validation_error", f"logit_bias: key {key[:40]!r} is not a token id ({limit})",
+                           field="logit_bias")
+        out.append([int(key), float(value)])
+    return out
 
 
 def _tool_set(body: ChatCompletionRequest) -> ToolSet | None:
@@ -151,4 +181,4 @@ def chat_job(body: ChatCompletionRequest) -> ChatJob:
         request["constraint"] = constraint
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return ChatJob(Submission("chat", request, "messages"), tools, bool(body.stream), include_usage,
-                   forced_calls=_forced(body, tools))
+                   forced_calls=_forced(body, tools), logprobs=bool(body.logprobs))
