@@ -16,11 +16,13 @@ from engine.types import GenerationRequest, SamplingParams
 
 METHODS = ["official", "no_cache", "custom_cache", "prefix_cache", "paged"]
 USER = [{"role": "user", "content": "你好 world, compute 12 * 3 please"}]
+COPY = [{"role": "user", "content": "Rename foo to bar: def foo(x): return foo(x - 1) + foo(x - 2)\n"
+                                    "def foo(x): return foo(x - 1) + foo(x - 2)"}]
 
 
-def _req(method, messages=USER, constraint=None, **sampling):
+def _req(method, messages=USER, constraint=None, speculative=None, **sampling):
     sampling.setdefault("max_new_tokens", 12)
-    return GenerationRequest(messages=messages, method=method, constraint=constraint,
+    return GenerationRequest(messages=messages, method=method, constraint=constraint, speculative=speculative,
                              sampling=SamplingParams(**sampling))
 
 
@@ -73,19 +75,36 @@ def _forward_logprobs(engine, request, token_ids, penalty):
 def test_logprobs_equal_a_transformers_forward_after_the_penalties(tiny_engine, method):
     sampling = dict(presence_penalty=0.5, frequency_penalty=0.4, logit_bias=((5, 2.0), (7, -1.5)),
                     logprobs=True, top_logprobs=3)
-    request = _req(method, **sampling)
-    result = tiny_engine.generate(request)
-    official = tiny_engine.generate(_req("official", **sampling))
+    result = _check_logprobs(tiny_engine, _req(method, speculative=False, **sampling))
+    assert result.usage.draft_tokens == 0
+
+
+def test_logprobs_of_speculative_tokens_are_the_same(tiny_engine):
+    """Drafted tokens accepted in one verify step get the same log-probabilities."""
+    drafted = 0
+    for method in ("custom_cache", "prefix_cache", "paged"):
+        request = _req(method, messages=COPY, speculative=True, max_new_tokens=40, repetition_penalty=1.0,
+                       logit_bias=((5, 2.0),), logprobs=True, top_logprobs=2)
+        drafted += _check_logprobs(tiny_engine, request).usage.accepted_draft_tokens
+    assert drafted > 0  # the drafted path is the one checked
+
+
+def _check_logprobs(engine, request):
+    result = engine.generate(request)
+    official = engine.generate(GenerationRequest(messages=request.messages, method="official",
+                                                 sampling=request.sampling))
     assert result.token_ids == official.token_ids and len(result.token_ids) >= 4
-    assert len(result.logprobs) == len(result.token_ids)
-    penalty = tiny_engine.loaded.default_repetition_penalty
+    assert len(result.logprobs) == len(result.token_ids) == len(official.logprobs)
+    penalty = request.sampling.repetition_penalty or engine.loaded.default_repetition_penalty
+    top = request.sampling.top_logprobs
     for entry, token, want in zip(result.logprobs, result.token_ids,
-                                  _forward_logprobs(tiny_engine, request, result.token_ids, penalty)):
+                                  _forward_logprobs(engine, request, result.token_ids, penalty)):
         assert entry["token_id"] == token
         assert entry["logprob"] == pytest.approx(float(want[token]), abs=1e-4)
-        values, ids = torch.topk(want, 3)
+        values, ids = torch.topk(want, top)
         assert [i for i, _ in entry["top"]] == ids.tolist()
         assert [v for _, v in entry["top"]] == pytest.approx(values.tolist(), abs=1e-4)
+    return result
 
 
 def test_no_logprobs_unless_asked(tiny_engine):
