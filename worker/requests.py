@@ -31,8 +31,11 @@ def sampling_from(stored: dict[str, Any], default_max_new_tokens: int) -> Sampli
 
 def _bias(raw: Any) -> tuple[tuple[int, float], ...]:
     """``[[id, bias], ...]`` (JSON has no tuples) as the engine's pairs."""
+    pairs = raw or []
+    if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+        raise BadJobRequest("logit_bias must be a list of [token id, bias] pairs")
     try:
-        return tuple((int(token), float(value)) for token, value in raw or ())
+        return tuple((int(token), float(value)) for token, value in pairs)
     except (TypeError, ValueError):
         raise BadJobRequest("logit_bias must be a list of [token id, bias] pairs") from None
 

@@ -151,3 +151,21 @@ def test_grammar_with_a_bias_stays_valid(tiny_engine, method):
                                        temperature=1.0, seed=3, logit_bias=((quote, -100.0),),
                                        presence_penalty=1.0))
     jsonschema.validate(json.loads(result.text), schema)
+
+
+def test_the_stored_job_shape_becomes_sampling_params():
+    from worker.job_runner import BadJobRequest
+    from worker.requests import sampling_from
+
+    params = sampling_from({"sampling": {"presence_penalty": 0.5, "logit_bias": [[3, -100], [9, 2.5]],
+                                         "logprobs": True, "top_logprobs": 4}}, 16)
+    assert params.logit_bias == ((3, -100.0), (9, 2.5)) and params.presence_penalty == 0.5
+    assert params.logprobs and params.top_logprobs == 4 and params.max_new_tokens == 16
+    assert sampling_from({"sampling": {}}, 16).logit_bias == ()
+    with pytest.raises(BadJobRequest, match="logit_bias"):
+        sampling_from({"sampling": {"logit_bias": {"12": 1}}}, 16)
+
+
+def test_a_bias_outside_the_vocabulary_is_a_value_error_naming_the_field():
+    with pytest.raises(ValueError, match="logit_bias"):
+        Sampler(SamplingParams(logit_bias=((50, 1.0),)), 1.0, 50, [])

@@ -1,4 +1,4 @@
-"""``logit_bias`` keys are token ids of the served tokenizer, and ``logprobs`` name tokens by
+"""``logit_bias`` keys are token ids of the served tokenizer (/v1 and /jobs), and ``logprobs`` name tokens by
 their exact bytes (a byte-level token may hold part of a character)."""
 from __future__ import annotations
 
@@ -31,3 +31,24 @@ def test_token_bytes_rebuild_the_text_exactly(tiny_folder):
     ids = tokenizer.encode(text, add_special_tokens=False).ids
     joined = b"".join(bytes(token_bytes(tokenizer, i)) for i in ids)
     assert joined.decode("utf-8") == tokenizer.decode(ids, skip_special_tokens=False) == text
+
+
+def test_jobs_carry_openai_penalties_and_bias(make_app, store, tiny_folder):
+    client = make_app(model=str(tiny_folder)).test_client()
+    response = client.post("/jobs", json={"prompt": "hi", "presence_penalty": 1.5, "frequency_penalty": -0.5,
+                                          "logit_bias": {"3": -100, "4": 2}})
+    assert response.status_code == 202, response.get_json()
+    sampling = store.get(response.get_json()["id"]).request["sampling"]
+    assert (sampling["presence_penalty"], sampling["frequency_penalty"]) == (1.5, -0.5)
+    assert sampling["logit_bias"] == [[3, -100.0], [4, 2.0]]
+    plain = client.post("/jobs", json={"prompt": "hi"}).get_json()["id"]
+    assert "logit_bias" not in store.get(plain).request["sampling"]  # nothing stored unless asked
+
+
+@pytest.mark.parametrize("body", [{"presence_penalty": 2.1}, {"frequency_penalty": -3}, {"logit_bias": {"3": 200}},
+                                  {"logit_bias": {"999999": 1}}, {"logit_bias": {"a": 1}}])
+def test_jobs_refuse_bad_penalties_and_bias_naming_the_field(make_app, tiny_folder, body):
+    client = make_app(model=str(tiny_folder)).test_client()
+    response = client.post("/jobs", json={"prompt": "hi", **body})
+    assert response.status_code == 422, response.get_json()
+    assert next(iter(body)) in response.get_data(as_text=True)

@@ -20,10 +20,9 @@ from web import constraints
 from web.context import ctx
 from web.errors import ApiError
 from web.json_depth import InvalidText, JsonTooDeep, parse_json
-from web.openai.logprobs import vocab_size
 from web.openai.schemas import ChatCompletionRequest, ChatMessage
 from web.openai.tool_calls import ToolSet, compile_tools
-from web.submit import Submission, with_speculative
+from web.submit import Submission, openai_penalties, with_speculative
 
 REQUIRED_HINT = "Answer with a call to one of the functions you were given."
 NAMED_HINT = "Answer with a call to the function `{name}`."
@@ -100,28 +99,9 @@ def _sampling(body: ChatCompletionRequest) -> dict[str, Any]:
 
 def _openai_sampling(body: ChatCompletionRequest) -> dict[str, Any]:
     """Penalties, bias and log-probabilities, only when asked (a plain job stays as it was)."""
-    out: dict[str, Any] = {}
-    if body.presence_penalty:
-        out["presence_penalty"] = body.presence_penalty
-    if body.frequency_penalty:
-        out["frequency_penalty"] = body.frequency_penalty
-    if body.logit_bias:
-        out["logit_bias"] = _bias(body.logit_bias)
+    out = openai_penalties(body.presence_penalty, body.frequency_penalty, body.logit_bias)
     if body.logprobs:
         out.update(logprobs=True, top_logprobs=body.top_logprobs or 0)
-    return out
-
-
-def _bias(raw: dict[str, float]) -> list[list[Any]]:
-    """``{"id": bias}`` as ``[[id, bias], ...]``; a key that is not a token id is a 400 naming it (/v1 answers validation errors with 400)."""
-    vocab = vocab_size()
-    out = []
-    for key, value in raw.items():
-        if not key.isascii() or not key.isdigit() or (vocab is not None and int(key) >= vocab):
-            limit = f"0..{vocab - 1}" if vocab is not None else "a non-negative integer"
-            raise ApiError(422, "validation_error", f"logit_bias: key {key[:40]!r} is not a token id ({limit})",
-                           field="logit_bias")
-        out.append([int(key), float(value)])
     return out
 
 

@@ -51,9 +51,3 @@ def openai_logprobs(entries: list[dict[str, Any]] | None) -> dict[str, Any]:
                 "top_logprobs": [_one(tokenizer, i, lp) for i, lp in e.get("top") or []]}
                for e in entries or []]
     return {"content": content, "refusal": None}
-
-
-def vocab_size() -> int | None:
-    """The tokenizer's vocabulary (``logit_bias`` keys are checked against it), when prepared."""
-    tokenizer = load_tokenizer(ctx().budget.folder)
-    return tokenizer.get_vocab_size(with_added_tokens=True) if tokenizer is not None else None

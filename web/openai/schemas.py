@@ -14,10 +14,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 
 from core.settings import GENERATION_METHODS
 from web.openai.fields import check_chat_fields
-from web.schemas import MAX_STOP_STRINGS, SSE_EVENT_SCHEMA, GuidedFields, StopString, json_int
+from web.schemas import MAX_LOGIT_BIAS, MAX_STOP_STRINGS, SSE_EVENT_SCHEMA, GuidedFields, StopString, json_int
 
 MAX_TOP_LOGPROBS = 20
-MAX_LOGIT_BIAS = 1024  # entries; OpenAI's own limit is lower
 GenerationMethod = Literal[GENERATION_METHODS]  # type: ignore[valid-type]
 FUNCTION_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 
