@@ -27,6 +27,7 @@ from typing import Any
 from core import keys
 from core.events import QUEUED
 from core.jobs import JobNotFound, JobStore
+from core.models import model_queues
 
 MAX_QUEUE_SCAN = 10_000  # longer queues are not scanned (their pending jobs are left to wait)
 
@@ -64,7 +65,7 @@ def _queued_jobs(store: JobStore, candidates: list[str]) -> set[tuple[str, int]]
     long to scan."""
     found: set[tuple[str, int]] = set()
     routed = store.client.hkeys(keys.ROUTING_QUEUES)  # workers' own queues (cache-aware routing)
-    for queue in (*keys.QUEUES, *routed):
+    for queue in (*keys.QUEUES, *model_queues(store.client), *routed):
         if store.client.llen(keys.queue_key(queue)) > MAX_QUEUE_SCAN:
             return None
         for raw in store.client.lrange(keys.queue_key(queue), 0, -1):

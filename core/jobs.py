@@ -22,6 +22,7 @@ from core.events import (
     TERMINAL_STATES,
     Event,
 )
+from core.models import model_queues
 from core.payloads import event_summary, stored_payload
 
 JOB_TYPES = ("generate", "agent", "chat", "bench")
@@ -378,7 +379,9 @@ class JobStore:
         return bool(self.client.ping())
 
     def queue_depths(self) -> dict[str, int]:
+        """Messages waiting in each shared queue and in each queue of a model seen lately."""
+        queues = [*keys.QUEUES, *model_queues(self.client)]
         pipe = self.client.pipeline(transaction=False)
-        for queue in keys.QUEUES:
+        for queue in queues:
             pipe.llen(keys.queue_key(queue))
-        return dict(zip(keys.QUEUES, pipe.execute()))
+        return dict(zip(queues, pipe.execute()))

@@ -103,6 +103,18 @@ ROUTING_COUNTS = "routing:decisions"  # hash: decision -> count (for /metrics)
 ROUTING_SERIES = "routing:series"  # list of recent cluster samples (JSON) for the monitor chart
 
 
+ROUTING_HOMES = "routing:homes"  # hash: a worker's own queue -> its model's queue (where orphans go back)
+
+# Several models per cluster (core/models.py).
+MODELS_SEEN = "models:seen"  # hash: public model id -> last heartbeat of a worker serving it
+
+
+def model_queue(base: str, model_id: str) -> str:
+    """The queue of one model's jobs of one kind (``generation.<model id>``, ``agent.<model id>``),
+    consumed by every worker that serves that model."""
+    return f"{base}.{model_id}"
+
+
 def worker_queue(node: str) -> str:
     """The queue only the Celery node ``node`` (``name@host``) consumes."""
     return f"generation.{node}"

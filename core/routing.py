@@ -4,12 +4,14 @@ Workers record the prefix key of each routed job they start (:func:`note_prefix`
 ``HSET`` + ``EXPIRE`` on ``route:prefix:<key>`` per job, done by the job's thread, never
 inside a forward step. The web asks :func:`choose` for a queue: the own queue of the
 least-loaded holder that is alive (fresh heartbeat) and not overloaded (bounded waiting
-queue and running count), else the shared queue. Every decision is counted
+queue and running count) among the workers of the job's model, else the model's queue
+(the shared queue for the web's own model, core/models.py). Every decision is counted
 (:data:`DECISIONS`) for ``/metrics`` and the monitor page.
 
-A job is only *sent* to a worker's queue; its record keeps the shared queue, so the reaper
+A job is only *sent* to a worker's queue; its record keeps its model's queue, so the reaper
 re-queues a lease-expired job there. Messages left in a dead worker's own queue are moved
-back to the shared queue by :func:`rescue_orphans` (every worker's reaper runs it).
+back to its model's queue (its *home*, noted at start) by :func:`rescue_orphans` (every
+worker's reaper runs it).
 """
 from __future__ import annotations
 
@@ -50,36 +52,46 @@ def note_prefix(client: redis.Redis, prefix_key: str, worker: str, ttl_s: int, n
     pipe.execute()
 
 
-def register_queue(client: redis.Redis, queue: str, worker: str) -> None:
-    """Worker side, at start: ``worker`` consumes ``queue`` (so orphans can be found later)."""
-    client.hset(keys.ROUTING_QUEUES, queue, worker)
+def register_queue(client: redis.Redis, queue: str, worker: str, home: str = SHARED_QUEUE) -> None:
+    """Worker side, at start: ``worker`` consumes ``queue`` (so orphans can be found later) and
+    serves the model whose queue is ``home`` (where its orphans go back)."""
+    pipe = client.pipeline(transaction=False)
+    pipe.hset(keys.ROUTING_QUEUES, queue, worker)
+    pipe.hset(keys.ROUTING_HOMES, queue, home)
+    pipe.execute()
 
 
-def choose(client: redis.Redis, prefix_key: str | None, limits: Limits, now: float | None = None) -> Decision:
-    """Web side: where a job with this prefix key should be sent (two pipelined round trips)."""
+def choose(client: redis.Redis, prefix_key: str | None, limits: Limits, now: float | None = None, *,
+           model: str | None = None, home: str = SHARED_QUEUE) -> Decision:
+    """Web side: where a job with this prefix key should be sent (two pipelined round trips).
+    With ``model``, only workers serving that model are candidates; ``home`` is the model's
+    queue, the answer when no holder fits."""
     if not prefix_key:
-        return Decision(SHARED_QUEUE, NO_KEY)
+        return Decision(home, NO_KEY)
     now = time.time() if now is None else now
     claims = client.hgetall(keys.prefix_holders_key(prefix_key))
     holders = [name for name, ts in claims.items() if now - float(ts) <= limits.ttl_s]
     if not holders:
-        return Decision(SHARED_QUEUE, UNKNOWN)
-    best = _least_loaded(client, holders, limits, now)
+        return Decision(home, UNKNOWN)
+    best = _least_loaded(client, holders, limits, now, model)
     if best is None:
-        return Decision(SHARED_QUEUE, BUSY)
+        return Decision(home, BUSY)
     return Decision(best[1], HIT, best[0])
 
 
-def _least_loaded(client: redis.Redis, holders: list[str], limits: Limits, now: float) -> tuple[str, str] | None:
+def _least_loaded(client: redis.Redis, holders: list[str], limits: Limits, now: float,
+                  model: str | None = None) -> tuple[str, str] | None:
     pipe = client.pipeline(transaction=False)
     for name in holders:
         pipe.zscore(keys.WORKERS_INDEX, name)
-        pipe.hmget(keys.worker_key(name), "queue", "concurrency", "current_jobs")
+        pipe.hmget(keys.worker_key(name), "queue", "concurrency", "current_jobs", "model_id")
     replies = pipe.execute()
     alive = []
-    for name, seen, (queue, concurrency, current) in zip(holders, replies[::2], replies[1::2]):
+    for name, seen, (queue, concurrency, current, served) in zip(holders, replies[::2], replies[1::2]):
         if seen is None or now - float(seen) > ALIVE_S or not queue:
             continue
+        if model is not None and (json.loads(served) if served else None) != model:
+            continue  # holds the prefix, but for another model
         alive.append((name, json.loads(queue), int(json.loads(concurrency or "1")), len(json.loads(current or "[]"))))
     if not alive:
         return None
@@ -130,18 +142,22 @@ def waiting(client: redis.Redis, workers: list[dict[str, Any]]) -> dict[str, int
 
 
 def rescue_orphans(client: redis.Redis, now: float | None = None, limit: int = 1000) -> int:
-    """Move messages waiting in the own queue of a worker that stopped beating to the shared
-    queue, at its head (``LMOVE``: atomic, nothing lost, order kept); returns how many moved."""
+    """Move messages waiting in the own queue of a worker that stopped beating to its model's
+    queue (the shared queue for the web's own model), at its head (``LMOVE``: atomic, nothing
+    lost, order kept); returns how many moved."""
     now = time.time() if now is None else now
     moved = 0
+    homes = client.hgetall(keys.ROUTING_HOMES)
     for queue, worker in client.hgetall(keys.ROUTING_QUEUES).items():
         seen = client.zscore(keys.WORKERS_INDEX, worker)
         if seen is not None and now - float(seen) <= ALIVE_S:
             continue
-        while moved < limit and client.lmove(keys.queue_key(queue), keys.queue_key(SHARED_QUEUE), "LEFT", "RIGHT"):
+        home = keys.queue_key(homes.get(queue) or SHARED_QUEUE)
+        while moved < limit and client.lmove(keys.queue_key(queue), home, "LEFT", "RIGHT"):
             moved += 1
         if seen is None and not client.llen(keys.queue_key(queue)):
             client.hdel(keys.ROUTING_QUEUES, queue)  # gone for good (index entry pruned)
+            client.hdel(keys.ROUTING_HOMES, queue)
     return moved
 
 

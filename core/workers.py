@@ -2,7 +2,8 @@
 
 A worker describes itself in the hash ``keys.worker_key(name)`` (every value JSON-encoded,
 so numbers and nested cache statistics survive) and scores its name in the
-``keys.WORKERS_INDEX`` sorted set with the time of its last heartbeat. The hash expires
+``keys.WORKERS_INDEX`` sorted set with the time of its last heartbeat; the id of the model
+it serves (``model_id``) is stamped in ``keys.MODELS_SEEN``. The hash expires
 on its own when heartbeats stop; readers also drop entries older than ``max_age_s``.
 """
 from __future__ import annotations
@@ -27,6 +28,8 @@ def write_heartbeat(client: redis.Redis, name: str, info: dict[str, Any], ttl_s:
     pipe.hset(keys.worker_key(name), mapping=mapping)
     pipe.expire(keys.worker_key(name), ttl_s)
     pipe.zadd(keys.WORKERS_INDEX, {name: now})
+    if info.get("model_id"):  # the cluster remembers which models it serves (core/models.py)
+        pipe.hset(keys.MODELS_SEEN, info["model_id"], repr(now))
     pipe.execute()
 
 

@@ -1,4 +1,6 @@
-"""The hand-written Qwen2 forward: embedding -> N x (RMSNorm, attention, RMSNorm, SwiGLU) -> norm -> lm_head.
+"""The hand-written forward of the Qwen2/Llama family: embedding -> N x (RMSNorm, attention,
+RMSNorm, SwiGLU) -> norm -> lm_head, driven by the model's description
+(:class:`engine.architecture.ModelSpec`: q/k RMSNorm, rotary frequencies, sliding window).
 
 Tokens travel flattened, ``hidden [N, hidden_size]`` with no batch dimension, so one call can
 carry a prefill, one decode token, or (for a batching scheduler) tokens of several sequences.
@@ -7,9 +9,10 @@ Everything that depends on *where the keys and values live* is behind the
 
 - ``positions = cache.begin(n)``: the rotary positions of the ``n`` new tokens, as an ``int``
   (first position of a contiguous run) or a ``LongTensor [n]`` (any positions);
-- ``out = cache.attend(layer, q, k, v)``: store the new ``k, v [n, kv_heads, head_dim]``
+- ``out = cache.attend(layer, q, k, v, window=None)``: store the new ``k, v [n, kv_heads, head_dim]``
   (already rotated) for ``layer`` and return attention of ``q [n, heads, head_dim]`` over
-  everything the sequence holds, as ``[n, heads * head_dim]``;
+  everything the sequence holds (only the last ``window`` positions where a sliding window
+  is given), as ``[n, heads * head_dim]``;
 - ``cache.commit(n)``: after the last layer, the new tokens become part of the sequence.
 
 The contiguous cache (:mod:`engine.kv_cache`), the no-cache path and the paged cache all
@@ -50,18 +53,19 @@ def fused_for(weights: Any) -> bool:
 class AttentionCache(Protocol):
     def begin(self, num_new: int) -> Positions: ...
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               window: int | None = None) -> torch.Tensor: ...
 
     def commit(self, num_new: int) -> None: ...
 
 
 class RotaryTable:
-    """cos/sin for positions ``0..capacity-1`` (grown on demand), laid out as transformers does."""
+    """cos/sin for positions ``0..capacity-1`` (grown on demand), laid out as transformers does,
+    from the description's inverse frequencies (scaled as its rope type says)."""
 
     def __init__(self, config: ForwardConfig, dtype: torch.dtype, device: torch.device, capacity: int = 4096) -> None:
-        dim = config.head_dim
-        self._inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
-        self._inv_freq = self._inv_freq.to(device)
+        self._inv_freq = torch.tensor(config.spec.inv_freq, dtype=torch.float, device=device)
+        self._scaling = config.spec.rope_scaling
         self.dtype, self.device = dtype, device
         self.cos = self.sin = torch.empty(0)
         self._build(capacity)
@@ -70,7 +74,10 @@ class RotaryTable:
         positions = torch.arange(capacity, device=self.device, dtype=torch.float)
         freqs = positions[:, None] * self._inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
-        self.cos, self.sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        cos, sin = emb.cos(), emb.sin()
+        if self._scaling != 1.0:
+            cos, sin = cos * self._scaling, sin * self._scaling
+        self.cos, self.sin = cos.to(self.dtype), sin.to(self.dtype)
 
     def lookup(self, positions: Positions, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin as ``[n, 1, head_dim]`` (broadcast over heads)."""
@@ -98,7 +105,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return (x * cos) + (_rotate_half(x) * sin)
 
 
-class Qwen2Forward:
+class Qwen2Forward:  # the name predates the Llama family; every supported architecture runs here
     """Stateless apart from the rotary table: ``forward(ids, cache)`` -> logits of chosen rows."""
 
     def __init__(self, weights: Qwen2Weights, fused: bool | None = None) -> None:
@@ -144,15 +151,28 @@ class Qwen2Forward:
         cos, sin = self.rotary.lookup(positions, n)
         x = w.embed_tokens(input_ids)
         k_end = cfg.q_size + cfg.kv_size
+        spec = cfg.spec
         for index, layer in enumerate(w.layers):
             qkv = layer.qkv(self._norm(x, layer.input_norm))
+            if layer.q_norm is not None:
+                self._norm_heads(qkv, layer.q_norm, layer.k_norm)
             q, k = self._rotate(qkv, n, cos, sin)
             v = qkv[:, k_end:].view(n, cfg.num_kv_heads, cfg.head_dim)
-            x.add_(layer.o(cache.attend(index, q, k, v)))  # residual, in place: x is ours
+            window = spec.window(index)
+            out = cache.attend(index, q, k, v) if window is None else cache.attend(index, q, k, v, window=window)
+            x.add_(layer.o(out))  # residual, in place: x is ours
             gate_up = layer.gate_up(self._norm(x, layer.post_norm))
             x.add_(layer.down(self._silu_mul(gate_up)))
         cache.commit(n)
         return x
+
+    def _norm_heads(self, qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor) -> None:
+        """Qwen3's RMSNorm over each q and k head (before the rotary), in place in ``qkv``."""
+        cfg = self.config
+        n, q_size, k_end = qkv.shape[0], cfg.q_size, cfg.q_size + cfg.kv_size
+        for begin, end, weight in ((0, q_size, q_norm), (q_size, k_end, k_norm)):
+            heads = qkv[:, begin:end].reshape(-1, cfg.head_dim)
+            qkv[:, begin:end] = self._norm(heads, weight).view(n, end - begin)
 
     def _rotate(self, qkv: torch.Tensor, n: int, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q ``[n, heads, d]`` and k ``[n, kv_heads, d]`` of the fused qkv output, rotated. q and

@@ -22,7 +22,7 @@ from engine.weights import ForwardConfig
 
 
 def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
-                      exact: bool = True) -> torch.Tensor:
+                      exact: bool = True, window: int | None = None) -> torch.Tensor:
     """Attention of ``q [n, heads, d]`` at positions ``start..start+n-1`` over ``keys/values
     [kv_heads, start+n, d]`` (causal). Returns ``[n, heads * d]``.
 
@@ -35,6 +35,8 @@ def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     (``python -m bench.decode_attention``, results/decode_attention.json).
     """
     n, heads, dim = q.shape
+    if window is not None and start + n > window:
+        return _windowed_attention(q, keys, values, start, window)
     if n == 1 and not exact:
         kv_heads = keys.shape[0]
         folded = q.view(1, kv_heads, heads // kv_heads, dim)   # [1, kv_heads, group, d]
@@ -49,6 +51,19 @@ def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
         mask = key_pos[None, :] <= query_pos[:, None]
     out = F.scaled_dot_product_attention(qh, keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask,
                                          is_causal=n > 1 and mask is None, enable_gqa=True)
+    return out[0].transpose(0, 1).reshape(n, heads * dim)
+
+
+def _windowed_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
+                        window: int) -> torch.Tensor:
+    """:func:`grouped_attention` where each query at position ``p`` sees keys ``p - window + 1
+    .. p`` only (Mistral's sliding window, transformers' mask), once the context exceeds it."""
+    n, heads, dim = q.shape
+    key_pos = torch.arange(keys.shape[1], device=q.device)
+    query_pos = torch.arange(start, start + n, device=q.device)[:, None]
+    mask = (key_pos[None, :] <= query_pos) & (key_pos[None, :] > query_pos - window)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0),
+                                         attn_mask=mask, enable_gqa=True)
     return out[0].transpose(0, 1).reshape(n, heads * dim)
 
 
@@ -91,15 +106,17 @@ class ContiguousKVCache:
         self._start = self.length
         return self._start
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if self.fused and q.shape[0] == 1:
-            return attend_decode(q, k, v, self.k[layer], self.v[layer], self._start)
-        if self.fused and q.shape[0] <= FUSED_MAX_TOKENS:   # a verify step, a short chunk
-            return attend_rows(q, k, v, self.k[layer], self.v[layer], self._start)
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               window: int | None = None) -> torch.Tensor:
         end = self._start + q.shape[0]
+        if self.fused and (window is None or end <= window):   # the C calls attend over everything
+            if q.shape[0] == 1:
+                return attend_decode(q, k, v, self.k[layer], self.v[layer], self._start)
+            if q.shape[0] <= FUSED_MAX_TOKENS:   # a verify step, a short chunk
+                return attend_rows(q, k, v, self.k[layer], self.v[layer], self._start)
         self.k[layer, :, self._start:end].copy_(k.transpose(0, 1))
         self.v[layer, :, self._start:end].copy_(v.transpose(0, 1))
-        return grouped_attention(q, self.k[layer, :, :end], self.v[layer, :, :end], self._start, self.exact)
+        return grouped_attention(q, self.k[layer, :, :end], self.v[layer, :, :end], self._start, self.exact, window)
 
     def commit(self, num_new: int) -> None:
         self.length += num_new
@@ -148,8 +165,9 @@ class NoCache:
     def begin(self, num_new: int) -> int:
         return 0
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return grouped_attention(q, k.transpose(0, 1), v.transpose(0, 1), 0)
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               window: int | None = None) -> torch.Tensor:
+        return grouped_attention(q, k.transpose(0, 1), v.transpose(0, 1), 0, window=window)
 
     def commit(self, num_new: int) -> None:
         pass

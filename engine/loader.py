@@ -20,6 +20,8 @@ from typing import Any
 from core.logs import log_event
 from core.model_source import local_model_dir, names_a_folder, served_model_name
 from core.settings import DEFAULT_MODEL, Settings
+from engine.architecture import ModelSpec, model_spec
+from engine.errors import ModelLoadError
 from engine.packed import packing_available
 from engine.prepare_default import prepare_default_model
 from engine.quant.kernels import QuantKernelError
@@ -29,13 +31,9 @@ from engine.quant.plan import QUANT_CHOICES, resolve_quant
 logger = logging.getLogger("miniserve.engine.loader")
 
 
-class ModelLoadError(RuntimeError):
-    """The configured model, device or dtype cannot be used; the message says why."""
-
-
 @dataclass
 class LoadedModel:
-    model: Any  # transformers Qwen2ForCausalLM, eval mode
+    model: Any  # a transformers *ForCausalLM of a supported architecture (engine.architecture), eval mode
     tokenizer: Any
     name: str
     path: str
@@ -43,6 +41,7 @@ class LoadedModel:
     dtype: Any  # torch.dtype
     load_s: float
     quant: str = "none"
+    spec: ModelSpec | None = None  # the architecture description the forward runs by
 
     @property
     def eos_ids(self) -> list[int]:
@@ -166,20 +165,30 @@ def load_model(settings: Settings) -> LoadedModel:
     dtype = resolve_dtype(settings.dtype, device)
     name, source = resolve_model_path(settings)
     try:
+        spec = read_spec(source)   # before the weights: an unsupported model fails in a second
         tokenizer = drop_init_tables(AutoTokenizer.from_pretrained(source))
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
     except OSError as exc:
         raise ModelLoadError(
             f"cannot load MINISERVE_MODEL={settings.model!r}: {exc}. A hub id needs the Hugging "
             f"Face hub to be reachable; offline, use 'default' or a local folder.") from exc
-    if getattr(model.config, "model_type", None) != "qwen2":
-        log_event(logger, "model_not_qwen2", level=logging.WARNING,
-                  model_type=getattr(model.config, "model_type", None))
     model.to(device).eval()
     torch.set_grad_enabled(False)
     quant = apply_quant(model, settings.quant, device, source, Path(settings.cache_dir) / "tables")
     load_s = time.perf_counter() - started
-    log_event(logger, "model_loaded", model=name, device=str(device), dtype=str(dtype).replace("torch.", ""),
+    log_event(logger, "model_loaded", model=name, architecture=spec.describe(), device=str(device), dtype=str(dtype).replace("torch.", ""),
               quant=quant, latency_ms=int(load_s * 1000))
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, path=source, device=device,
-                       dtype=dtype, load_s=load_s, quant=quant)
+                       dtype=dtype, load_s=load_s, quant=quant, spec=spec)
+
+
+def read_spec(source: str) -> ModelSpec:
+    """The architecture description of the model at ``source`` (its config only); raises
+    :class:`engine.architecture.UnsupportedArchitecture` naming what we cannot run."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(source)
+    except ValueError as exc:   # a model_type this transformers does not know either
+        raise ModelLoadError(f"cannot read the config of {source}: {exc}") from exc
+    return model_spec(config)

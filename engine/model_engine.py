@@ -136,7 +136,8 @@ class ModelEngine:
     # -- introspection ---------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
         loaded = self.loaded
-        return {"model": loaded.name, "path": loaded.path, "device": str(loaded.device),
+        return {"model": loaded.name, "architecture": loaded.spec.describe() if loaded.spec else None,
+                "path": loaded.path, "device": str(loaded.device),
                 "dtype": str(loaded.dtype).replace("torch.", ""), "quant": loaded.quant,
                 "load_s": round(loaded.load_s, 3), "methods": self.methods}
 

@@ -1,4 +1,4 @@
-"""The loaded Qwen2 model's weights, arranged for the hand-written forward, never copied.
+"""The loaded model's weights, arranged for the hand-written forward, never copied.
 
 Decoding one token is bound by reading the weights, and every extra matrix multiplication
 call costs fixed overhead, so q/k/v run as one multiplication and gate/up as another. To
@@ -18,6 +18,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from engine.architecture import ModelSpec, UnsupportedArchitecture, model_spec
 from engine.quant.restore import restore_full_weights
 
 Projection = Callable[[torch.Tensor], torch.Tensor]
@@ -36,6 +37,8 @@ class Linear:
 
 @dataclass(frozen=True)
 class ForwardConfig:
+    """Shapes, plus the architecture description (:class:`engine.architecture.ModelSpec`)."""
+
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -43,9 +46,7 @@ class ForwardConfig:
     num_kv_heads: int
     head_dim: int
     intermediate_size: int
-    rms_eps: float
-    rope_theta: float
-    tied: bool
+    spec: ModelSpec
 
     @property
     def q_size(self) -> int:
@@ -55,19 +56,22 @@ class ForwardConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    @property
+    def rms_eps(self) -> float:
+        return self.spec.rms_eps
+
+    @property
+    def tied(self) -> bool:
+        return self.spec.tied
+
     @classmethod
     def from_hf(cls, config: Any) -> "ForwardConfig":
-        rope = getattr(config, "rope_parameters", None) or {}
-        rope_type = rope.get("rope_type", "default")
-        if rope_type != "default":
-            raise NotImplementedError(f"rope_type {rope_type!r} is not supported by the hand-written forward")
-        theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        """Raises :class:`engine.architecture.UnsupportedArchitecture` for a model we cannot run."""
+        spec = model_spec(config)
         return cls(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
-                   num_layers=config.num_hidden_layers, num_heads=config.num_attention_heads,
-                   num_kv_heads=config.num_key_value_heads, head_dim=head_dim,
-                   intermediate_size=config.intermediate_size, rms_eps=float(config.rms_norm_eps),
-                   rope_theta=float(theta), tied=bool(getattr(config, "tie_word_embeddings", False)))
+                   num_layers=config.num_hidden_layers, num_heads=spec.num_heads,
+                   num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+                   intermediate_size=config.intermediate_size, spec=spec)
 
 
 @dataclass
@@ -78,6 +82,8 @@ class LayerWeights:
     post_norm: torch.Tensor
     gate_up: Projection  # hidden -> 2 * intermediate
     down: Projection  # intermediate -> hidden
+    q_norm: torch.Tensor | None = None  # [head_dim] RMSNorm weight of each q head (Qwen3), else None
+    k_norm: torch.Tensor | None = None
 
 
 @dataclass
@@ -117,6 +123,15 @@ def _rehome(modules: list[torch.nn.Module], attr: str) -> torch.Tensor | None:
     return fused
 
 
+def _linear(module: torch.nn.Module) -> Linear:
+    return Linear(module.weight.detach(), None if module.bias is None else module.bias.detach())
+
+
+def _head_norm(attn: torch.nn.Module, name: str) -> torch.Tensor | None:
+    norm = getattr(attn, name, None)
+    return None if norm is None else norm.weight.detach()
+
+
 def _fused_linear(modules: list[torch.nn.Module]) -> Linear:
     """One Linear over the rows of all ``modules``; reused when they were fused before."""
     previous = getattr(modules[0], "_miniserve_fused", None)
@@ -139,9 +154,13 @@ def fuse_projections(model: Any) -> Qwen2Weights:
         layers.append(LayerWeights(
             input_norm=layer.input_layernorm.weight.detach(),
             qkv=_fused_linear([attn.q_proj, attn.k_proj, attn.v_proj]),
-            o=Linear(attn.o_proj.weight.detach(), None if attn.o_proj.bias is None else attn.o_proj.bias.detach()),
+            o=_linear(attn.o_proj),
             post_norm=layer.post_attention_layernorm.weight.detach(),
             gate_up=_fused_linear([mlp.gate_proj, mlp.up_proj]),
-            down=Linear(mlp.down_proj.weight.detach())))
+            down=_linear(mlp.down_proj),
+            q_norm=_head_norm(attn, "q_norm"), k_norm=_head_norm(attn, "k_norm")))
+    if any((layer.q_norm is not None) != config.spec.qk_norm for layer in layers):
+        raise UnsupportedArchitecture(f"{config.spec.model_type}: the config says qk_norm={config.spec.qk_norm}, "
+                                      f"the loaded layers disagree")
     return Qwen2Weights(config=config, embed=inner.embed_tokens.weight.detach(), layers=layers,
                         norm=inner.norm.weight.detach(), lm_head=Linear(model.lm_head.weight.detach()))

@@ -86,14 +86,18 @@ def make_tiny_model_dir(path: str | Path, *, hidden_size: int = 64, num_layers: 
                         num_heads: int = 4, num_kv_heads: int = 2, head_dim: int | None = None,
                         intermediate_size: int | None = None, tie_word_embeddings: bool = False,
                         vocab_size: int = 400, rope_theta: float = 10000.0,
-                        repetition_penalty: float = 1.1, seed: int = 0) -> Path:
-    """Write a tiny random Qwen2ForCausalLM + tokenizer + generation config into ``path``.
+                        repetition_penalty: float = 1.1, seed: int = 0, model_type: str = "qwen2",
+                        config_extra: dict | None = None) -> Path:
+    """Write a tiny random model (Qwen2ForCausalLM unless ``model_type`` names another
+    transformers architecture, e.g. llama, qwen3, mistral) + tokenizer + generation config
+    into ``path``. ``config_extra`` overrides or adds config fields (rope_parameters, biases,
+    sliding_window...).
 
     ``vocab_size`` is the tokenizer's BPE target; the model's embedding has exactly as many
     rows as the tokenizer has tokens. ``head_dim`` may differ from hidden/heads (e.g. 24).
     """
     import torch
-    from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -105,18 +109,17 @@ def make_tiny_model_dir(path: str | Path, *, hidden_size: int = 64, num_layers: 
     tokenizer.save_pretrained(path)
     eos_ids = [raw.token_to_id("<|im_end|>"), raw.token_to_id("<|endoftext|>")]
 
-    config = Qwen2Config(
+    fields = dict(
         vocab_size=raw.get_vocab_size(), hidden_size=hidden_size,
         intermediate_size=intermediate_size or hidden_size * 2 + 8,
         num_hidden_layers=num_layers, num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads, max_position_embeddings=4096,
         rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
-        tie_word_embeddings=tie_word_embeddings, rms_norm_eps=1e-6,
+        tie_word_embeddings=tie_word_embeddings, rms_norm_eps=1e-6, head_dim=head_dim or hidden_size // num_heads,
         bos_token_id=eos_ids[1], eos_token_id=eos_ids[0], pad_token_id=eos_ids[1])
-    if head_dim is not None:
-        config.head_dim = head_dim
+    config = AutoConfig.for_model(model_type, **{**fields, **(config_extra or {})})
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).to(torch.float32).eval()
+    model = AutoModelForCausalLM.from_config(config).to(torch.float32).eval()
     with torch.no_grad():  # larger-than-default weights so logits are far from uniform
         for name, param in model.named_parameters():
             if "norm" in name:

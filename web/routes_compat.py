@@ -17,7 +17,7 @@ from core.jobs import JobRecord
 from core.logs import log_event
 from web.context import ctx
 from web.errors import ApiError
-from web.routes_jobs import BODY_ERRORS, GUARD_ERRORS
+from web.routes_jobs import BODY_ERRORS, GUARD_ERRORS, MODEL_ERRORS
 from web.schemas import AgentBody, AgentResponse, ErrorResponse, GenerateBody, GenerateResponse
 from web.sse import sse_response, stream_events, wait_for_end
 from web.stream_limit import freed_on_error, limited, take_stream_slot
@@ -51,7 +51,7 @@ def _finished(job_id: str) -> JobRecord:
 
 
 @api.post("/generate", summary="Generate text and wait for it (or stream it with stream=true)",
-          responses={200: GenerateResponse, **BODY_ERRORS, **GUARD_ERRORS, **WAIT_ERRORS})
+          responses={200: GenerateResponse, **BODY_ERRORS, **GUARD_ERRORS, **MODEL_ERRORS, **WAIT_ERRORS})
 def generate(body: GenerateBody):
     slot = take_stream_slot() if body.stream else None  # a 429 here submits no job
     with freed_on_error(slot):
@@ -69,7 +69,7 @@ def generate(body: GenerateBody):
 
 
 @api.post("/agent/run", summary="Run the tool-calling agent and wait for its answer and trace",
-          responses={200: AgentResponse, **BODY_ERRORS, **GUARD_ERRORS, **WAIT_ERRORS})
+          responses={200: AgentResponse, **BODY_ERRORS, **GUARD_ERRORS, **MODEL_ERRORS, **WAIT_ERRORS})
 def agent_run(body: AgentBody):
     """A malformed tool call or too many steps end the job ``failed``: 422 with the trace."""
     job = submit(from_agent_body(body)).job

@@ -34,6 +34,7 @@ api = APIBlueprint("jobs", __name__, abp_tags=[Tag(name="jobs", description="the
 
 GUARD_ERRORS: dict[int, Any] = {401: ErrorResponse, 429: ErrorResponse, 503: ErrorResponse}
 BODY_ERRORS: dict[int, Any] = {400: ErrorResponse, 413: ErrorResponse, 415: ErrorResponse, 422: ErrorResponse}
+MODEL_ERRORS: dict[int, Any] = {404: ErrorResponse}  # model_not_found (503 model_unavailable: GUARD_ERRORS)
 SHOWN_ID_CHARS = 64  # a longer text in place of an id is echoed cut short
 SSE_RESPONSE = {"description": "Server-Sent Events: `id: <seq>`, `event: <type>`, `data: <event JSON>`",
                 "content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}}}
@@ -83,7 +84,7 @@ def accepted(job: JobRecord, replayed: bool = False):
 
 
 @api.post("/jobs", summary="Submit a generation or agent job",
-          responses={202: JobAccepted, **BODY_ERRORS, **GUARD_ERRORS})
+          responses={202: JobAccepted, **BODY_ERRORS, **GUARD_ERRORS, **MODEL_ERRORS})
 def create_job(body: JobSubmit, header: SubmitHeaders):
     """Validates, checks limits, stores the job and sends its task by name; 202 at once."""
     outcome = submit(from_job_body(body), header.idempotency_key)

@@ -6,7 +6,8 @@ message, which is a token prefix of every prompt that shares it (engine/prompt.p
 web renders it with the model's chat template (web/chat_template.py: jinja2, as transformers does) and counts
 tokens with the ``tokenizers`` library: no torch, no model. Prompts whose system block is
 shorter than ``MINISERVE_ROUTE_MIN_PREFIX_TOKENS``, or with no system part, get no key and
-go to the shared queue. Only ``generation`` jobs are routed.
+go to their model's queue. Only ``generation`` jobs are routed, among the workers of the
+job's model (web/models.py).
 """
 from __future__ import annotations
 
@@ -99,10 +100,13 @@ def format_key(block_hash: int) -> str:
     return format(block_hash & 0xFFFF_FFFF_FFFF_FFFF, "016x")
 
 
-def route_job(request: dict[str, Any], queue: str) -> str:
+def route_job(request: dict[str, Any], queue: str, model: str | None = None) -> str:
     """The queue to send a job to; counts the decision, and for a prompt with a prefix key
-    records it in ``request["routing"]`` (the worker notes the key as held when it starts)."""
-    if queue != routing.SHARED_QUEUE:
+    records it in ``request["routing"]`` (the worker notes the key as held when it starts).
+    ``queue`` is the job's model's queue; with ``model`` only that model's workers are
+    candidates. The key comes from the web's tokenizer whatever the model: for another model
+    it is still the same key for the same system prompt, which is all routing needs."""
+    if queue != routing.SHARED_QUEUE and not queue.startswith(routing.SHARED_QUEUE + "."):
         return queue
     settings, client = ctx().settings, ctx().store.client
     if not settings.route_by_prefix:
@@ -110,7 +114,7 @@ def route_job(request: dict[str, Any], queue: str) -> str:
     else:
         key, covered = current_app.extensions[ROUTER_KEY].key(request)
         limits = routing.Limits(ttl_s=settings.route_ttl_s, max_waiting=settings.route_max_waiting)
-        decision = routing.choose(client, key, limits)
+        decision = routing.choose(client, key, limits, model=model, home=queue)
     if key:
         request["routing"] = routing.describe(decision, key, covered)
     routing.count(client, decision)

@@ -101,7 +101,18 @@ class GuidedFields(BaseModel):
         return self.response_format.model_dump(by_alias=True) if self.response_format is not None else None
 
 
-class SamplingFields(Strict, GuidedFields):
+ModelName = Annotated[str, Field(min_length=1, max_length=200)]
+MODEL_DESCRIPTION = ("the model that answers (an id from /v1/models); null = the cluster's default: "
+                     "MINISERVE_MODEL of the web, or the only model served")
+
+
+class ModelField(BaseModel):
+    """Several models per cluster (web/models.py): which one a job is for."""
+
+    model: ModelName | None = Field(default=None, description=MODEL_DESCRIPTION)
+
+
+class SamplingFields(Strict, GuidedFields, ModelField):
     """Sampling knobs shared by every generation body (``None`` = the service default)."""
 
     max_new_tokens: json_int(ge=1) | None = Field(
@@ -168,7 +179,7 @@ class GenerateBody(SamplingFields):
     stream: bool = False
 
 
-class AgentBody(Strict):
+class AgentBody(Strict, ModelField):
     """``POST /agent/run``, as in the original MiniServe."""
 
     prompt: str = Field(min_length=1)

@@ -8,9 +8,9 @@ The stored request is a plain dict the worker turns into ``engine.types.Generati
     {"messages": [{"role": "user", "content": "..."}], "prefix": None | "...",
      "sampling": {"max_new_tokens": 128, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
                   "repetition_penalty": None, "seed": None, "stop": []},
-     "method": "official", "tools": None, "max_steps": None}
+     "method": "official", "tools": None, "max_steps": None, "model": "<model id>"}
 
-plus ``"return_token_ids": true`` when the body asked to keep the token ids in the result,
+(``model``: generation and agent jobs, web/models.py) plus ``"return_token_ids": true`` when the body asked to keep the token ids in the result,
 ``"speculative": true|false`` when the body set it, and ``"constraint": {"kind", "grammar", "lazy", "start_triggers", "triggers"}`` when the body
 asked for structured output (``web.constraints``).
 """
@@ -24,10 +24,12 @@ from core import tasks
 from core.events import FAILED
 from core.jobs import JobRecord
 from core.logs import log_event
+from core.models import SHARED_QUEUES
 from web import constraints
 from web.context import ctx, note_job, request_owner
 from web.errors import ApiError
 from web.logit_bias import bias_pairs
+from web.models import pick_model
 from web.routing import route_job
 from web.schemas import AgentBody, GenerateBody, JobSubmit, SamplingFields
 
@@ -40,6 +42,7 @@ class Submission:
     job_type: str
     request: dict[str, Any]
     input_field: str  # the body field a prompt-length error names
+    model: str | None = None  # the body's ``model``; None = the cluster's default (web/models.py)
 
 
 @dataclass(frozen=True)
@@ -122,20 +125,21 @@ def from_job_body(body: JobSubmit) -> Submission:
         raise ApiError(422, "validation_error", "response_format: not for agent jobs", field="response_format")
     request = _request(messages, body.prefix, _sampling(body), _method(body), max_steps, body.return_token_ids,
                        body.speculative, constraint)
-    return Submission(body.type, request, field_name)
+    return Submission(body.type, request, field_name, body.model)
 
 
 def from_generate_body(body: GenerateBody) -> Submission:
     messages = [{"role": "user", "content": body.prompt}]
     request = _request(messages, body.prefix, _sampling(body), _method(body), None, body.return_token_ids,
                        body.speculative, _constraint(body))
-    return Submission("generate", request, "prompt")
+    return Submission("generate", request, "prompt", body.model)
 
 
 def from_agent_body(body: AgentBody) -> Submission:
     messages = [{"role": "user", "content": body.prompt}]
     method = ctx().settings.default_generation_method
-    return Submission("agent", _request(messages, None, _sampling(body), method, body.max_steps), "prompt")
+    return Submission("agent", _request(messages, None, _sampling(body), method, body.max_steps), "prompt",
+                      body.model)
 
 
 def _check_prompt(sub: Submission) -> None:
@@ -173,13 +177,13 @@ def submit(sub: Submission, idempotency_key: str | None = None) -> Submitted:
     send is confirmed (:meth:`JobStore.mark_dispatched`). A crash in between leaves a queued
     job without a confirmed message: the workers' sweeper re-sends it (``worker/reaper.py``)."""
     _check_prompt(sub)
-    queue = tasks.QUEUE_FOR_JOB_TYPE[sub.job_type]
     owner = request_owner() or ""
     store, settings = ctx().store, ctx().settings
     if idempotency_key and (earlier := store.idempotent_job(idempotency_key, owner)) is not None:
         return _replayed(earlier)
+    queue, model = _queue_and_model(sub)
     _check_queue_depth(queue)
-    target = route_job(sub.request, queue)  # cache-aware routing (web/routing.py)
+    target = route_job(sub.request, queue, model)  # cache-aware routing (web/routing.py)
     if idempotency_key:
         job, replayed = store.create_idempotent(sub.job_type, queue, sub.request, idempotency_key=idempotency_key,
                                                 owner=owner, max_attempts=settings.max_attempts)
@@ -195,6 +199,17 @@ def submit(sub: Submission, idempotency_key: str | None = None) -> Submitted:
         raise
     _confirm_sent(job.id)
     return Submitted(job, replayed=False)
+
+
+def _queue_and_model(sub: Submission) -> tuple[str, str | None]:
+    """The job's queue, and for generation and agent jobs the model it is for (stored in the
+    request, so its worker can check it: worker/model_guard.py); bench jobs take any worker."""
+    base = tasks.QUEUE_FOR_JOB_TYPE[sub.job_type]
+    if base not in SHARED_QUEUES:
+        return base, None
+    model, models = pick_model(sub.model)
+    sub.request["model"] = model
+    return models.queue(base, model), model
 
 
 def _replayed(job: JobRecord) -> Submitted:

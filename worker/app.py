@@ -6,6 +6,8 @@ from celery.signals import celeryd_after_setup
 from kombu import Exchange, Queue
 
 from core import keys
+from core.model_source import model_id
+from core.models import SHARED_QUEUES
 from core.redis_conn import celery_redis_options
 from core.settings import Settings, get_settings
 
@@ -57,6 +59,15 @@ app = create_celery_app()
 @celeryd_after_setup.connect
 def _consume_own_queue(sender: str, instance, **_: object) -> None:
     """Each worker also consumes a queue of its own, so the web can route a job to the worker
-    that holds its prompt's prefix (core/routing.py)."""
-    instance.app.amqp.queues.select_add(keys.worker_queue(sender))
+    that holds its prompt's prefix (core/routing.py), and its model's queues
+    (``generation.<model id>``, ``agent.<model id>``: core/models.py), whatever ``-Q`` says."""
+    queues = instance.app.amqp.queues
+    queues.select_add(keys.worker_queue(sender))
+    for queue in model_queues_of(get_settings()):
+        queues.select_add(queue)
+
+
+def model_queues_of(settings: Settings) -> list[str]:
+    """The queues of the model this worker serves (``MINISERVE_MODEL``)."""
+    return [keys.model_queue(base, model_id(settings.model)) for base in SHARED_QUEUES]
 

@@ -19,7 +19,7 @@ from core.coalesce import TextCoalescer
 from core.events import CANCELLED, FAILED, SUCCEEDED, TIMEOUT, TOKEN
 from core.jobs import JobRecord, JobStore
 from core.logs import log_event
-from worker.runtime import WorkerRuntime
+from worker.runtime import ModelUnavailable, WorkerRuntime
 
 logger = logging.getLogger("miniserve.worker")
 CANCEL_POLL_S = 0.05
@@ -175,6 +175,8 @@ def _outcome(ctx: JobContext, body: JobBody) -> tuple[str, dict[str, Any]]:
         return FAILED, {"code": "bad_request", "message": str(exc)}
     except JobFailed as exc:
         return FAILED, exc.payload
+    except ModelUnavailable as exc:   # the worker's model failed to load: say why, once per job
+        return FAILED, {"code": "model_unavailable", "message": str(exc)}
     except Exception as exc:  # noqa: BLE001 - every failure must end the job, never leave it running
         if ctx.stopped_reason in ("cancelled", "timeout"):  # the body gave up because we asked it to
             return _stopped(ctx, None)

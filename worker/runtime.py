@@ -20,6 +20,7 @@ from redis.retry import Retry
 from core import keys
 from core.jobs import JobStore
 from core.logs import configure_logging, log_event
+from core.model_source import model_id
 from core.redis_conn import redis_client
 from core.routing import register_queue
 from core.settings import Settings, get_settings
@@ -28,6 +29,11 @@ from core.workers import write_heartbeat
 logger = logging.getLogger("miniserve.worker")
 HEARTBEAT_S = 5.0
 RETRY_RAMP = 5  # retries before the backoff reaches its 1 s cap
+
+
+class ModelUnavailable(RuntimeError):
+    """This worker's model failed to load: a job it takes fails with code ``model_unavailable``
+    and the load error's message (which names the model and why), not an internal error."""
 
 
 @dataclass
@@ -41,6 +47,7 @@ class WorkerRuntime:
     current_jobs: set[str] = field(default_factory=set)
     token_events: int = 0  # token events streamed since start (the monitor's tokens/s chart)
     _engine: Any = None
+    load_error: str | None = None  # why the model could not be loaded (a ModelLoadError): on /workers, in job errors
     _engine_lock: threading.Lock = field(default_factory=threading.Lock)
     _pid: int = field(default_factory=os.getpid)
 
@@ -50,16 +57,30 @@ class WorkerRuntime:
         owns every cache; job threads reach it only through ``engine.loop.submit``."""
         if self._engine is None:
             with self._engine_lock:
+                if self.load_error is not None:   # a start error stays one: no reload per job
+                    raise ModelUnavailable(self.load_error)
                 if self._engine is None:
                     from engine.engine import Engine
+                    from engine.errors import ModelLoadError
 
                     started = time.perf_counter()
                     engine = Engine(self.settings)
-                    engine.load()
+                    try:
+                        engine.load()
+                    except ModelLoadError as exc:
+                        self.load_error = str(exc)
+                        log_event(logger, "model_load_failed", level=logging.ERROR, worker=self.name,
+                                  error=type(exc).__name__)
+                        raise ModelUnavailable(self.load_error) from exc
                     log_event(logger, "engine_loaded", worker=self.name,
                               load_ms=round((time.perf_counter() - started) * 1000, 1))
                     self._engine = engine
         return self._engine
+
+    @property
+    def model_id(self) -> str:
+        """The public id of the model this worker serves (core/models.py)."""
+        return model_id(self.settings.model)
 
     @property
     def batching(self) -> bool:
@@ -79,9 +100,12 @@ class WorkerRuntime:
             "host": socket.gethostname(), "node": self.node, "queue": keys.worker_queue(self.node),
             "pid": os.getpid(), "pool": self.pool, "concurrency": self.concurrency,
             "current_jobs": sorted(self.current_jobs), "model": self.settings.model,
+            "model_id": self.model_id,
             "token_events": self.token_events,
             "engine_loaded": self._engine is not None,
         }
+        if self.load_error is not None:
+            info["load_error"] = self.load_error
         if self._engine is not None:
             info.update(self._engine.info())
             info["cache_stats"] = self._engine.stats()   # the loop's published snapshot
@@ -140,6 +164,7 @@ def runtime() -> WorkerRuntime:
                 pool, concurrency, hostname = _pool_info
                 _runtime = WorkerRuntime(settings=settings, store=make_store(settings), node=hostname,
                                          name=f"{hostname}:{os.getpid()}", pool=pool, concurrency=concurrency)
-                register_queue(_runtime.store.client, keys.worker_queue(hostname), _runtime.name)
+                register_queue(_runtime.store.client, keys.worker_queue(hostname), _runtime.name,
+                               home=keys.model_queue("generation", _runtime.model_id))
                 _runtime.start_heartbeat()
     return _runtime

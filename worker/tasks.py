@@ -14,6 +14,7 @@ from engine.types import CancelCheck, GenerationRequest, GenerationResult, TextC
 from worker.app import app
 from worker.celery_state import TASK_THROWS, report_outcome
 from worker.job_runner import JobContext, JobFailed, run_job
+from worker.model_guard import forwarded
 from worker.requests import generation_request_from
 from worker.runtime import WorkerRuntime, runtime
 
@@ -71,7 +72,7 @@ def run_generation(ctx: JobContext) -> dict[str, Any]:
                                                    should_cancel=ctx.should_cancel)
     except GrammarError as exc:  # the request's grammar, not the worker, is at fault
         raise JobFailed("grammar_error", str(exc)) from None
-    return result.to_dict()
+    return {**result.to_dict(), "model": rt.model_id}
 
 
 def counted(rt: WorkerRuntime, on_text):
@@ -99,6 +100,7 @@ def run_agent(ctx: JobContext) -> dict[str, Any]:
                         max_new_tokens=(stored.get("sampling") or {}).get("max_new_tokens"),
                         on_step=lambda step: ctx.emit(TOOL_STEP, step), on_text=ctx.on_text)
     payload = result.to_dict()
+    payload["model"] = rt.model_id
     payload["usage"] = {"prompt_tokens": model.prompt_tokens, "completion_tokens": model.completion_tokens}
     if not result.ok:
         raise JobFailed(result.status, result.error or result.status, trace=payload["trace"],
@@ -108,16 +110,19 @@ def run_agent(ctx: JobContext) -> dict[str, Any]:
 
 @app.task(name=names.GENERATE, bind=True, throws=TASK_THROWS)
 def generate(self: Task, job_id: str, dispatch: int = 0) -> dict[str, Any]:
-    return run_task(self, job_id, dispatch, run_generation)
+    return run_task(self, job_id, dispatch, run_generation, names.GENERATE, "generation")
 
 
 @app.task(name=names.AGENT, bind=True, throws=TASK_THROWS)
 def agent(self: Task, job_id: str, dispatch: int = 0) -> dict[str, Any]:
-    return run_task(self, job_id, dispatch, run_agent)
+    return run_task(self, job_id, dispatch, run_agent, names.AGENT, "agent")
 
 
-def run_task(task: Task, job_id: str, dispatch: int, body) -> dict[str, Any]:
-    """Run the attempt, then give Celery the job's true end (worker/celery_state.py)."""
+def run_task(task: Task, job_id: str, dispatch: int, body, name: str, base: str) -> dict[str, Any]:
+    """Run the attempt (unless the job is for another model: forwarded, worker/model_guard.py),
+    then give Celery the job's true end (worker/celery_state.py; a forwarded job is still
+    queued, so this delivery is acknowledged and ignored)."""
     rt = runtime()
-    run_job(rt, job_id, dispatch, body)
+    if not forwarded(rt, app, job_id, dispatch, name, base):
+        run_job(rt, job_id, dispatch, body)
     return report_outcome(task, rt.store, job_id)

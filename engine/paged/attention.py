@@ -61,6 +61,25 @@ class PagedBatch:
             self._bias[dtype] = torch.where(self.attn_mask, zero, float("-inf"))
         return self._bias[dtype]
 
+    def window_bias(self, dtype: torch.dtype, window: int) -> torch.Tensor:
+        """:meth:`bias` where each query also sees only its last ``window`` positions (a
+        sliding-window layer); padded query rows keep their one key (never all-masked)."""
+        key = ("window", dtype, window)
+        if self._bias is None:
+            self._bias = {}
+        if key not in self._bias:
+            key_pos = torch.arange(self.attn_mask.shape[-1], device=self.attn_mask.device)
+            q_pos = self.positions[self.q_index]                            # [B, Q]
+            recent = (key_pos[None, None, :] > (q_pos - window)[:, :, None]) | ~self.q_valid[:, :, None]
+            zero = torch.zeros((), dtype=dtype, device=self.attn_mask.device)
+            self._bias[key] = torch.where(self.attn_mask & recent[:, None], zero, float("-inf"))
+        return self._bias[key]
+
+    def exceeds(self, window: int | None) -> bool:
+        """Whether some query of this step is ``window`` or more positions in: only then does a
+        sliding window change anything."""
+        return window is not None and int(self.positions.max()) >= window
+
     @property
     def batch_size(self) -> int:
         return self.block_tables.shape[0]
@@ -106,7 +125,8 @@ def build_batch(chunks: Sequence[SeqChunk], block_size: int,
 
 def paged_attention(pool: KVBlockPool, layer: int, batch: PagedBatch, q: torch.Tensor,
                     k_new: torch.Tensor, v_new: torch.Tensor,
-                    scale: float | None = None, fused: bool = False, gather_in_c: bool = False) -> torch.Tensor:
+                    scale: float | None = None, fused: bool = False, gather_in_c: bool = False,
+                    window: int | None = None) -> torch.Tensor:
     """Store ``k_new``/``v_new`` (``[n_tokens, kv_heads, dim]``) and attend the packed queries
     ``q`` (``[n_tokens, heads, dim]``) over their sequences. Returns ``[n_tokens, heads, dim]``.
     ``fused`` (a low-bit forward, :mod:`engine.fused`): a step of at most
@@ -114,7 +134,10 @@ def paged_attention(pool: KVBlockPool, layer: int, batch: PagedBatch, q: torch.T
     attends in one C call per layer, reading the blocks where they lie; a decode-only step's
     k/v are written by that call too. ``gather_in_c`` (a low-bit forward whose attention stays
     torch's): the write and the gather are one C call (:func:`engine.fused.paged_gather`), the
-    same values torch's indexing gives."""
+    same values torch's indexing gives. ``window``: a sliding-window layer's window; once a
+    query lies beyond it, the step attends through torch with the window's mask."""
+    if batch.exceeds(window):
+        return _windowed_attention(pool, layer, batch, q, k_new, v_new, scale, window)
     if fused and scale is None and q.dtype == pool.dtype == torch.bfloat16:
         decode_only = batch.q_index.shape[1] == 1
         if batch.q_index.shape[1] <= MAX_FOLDED_QUERIES:   # decodes, + drafts, short chunks
@@ -134,6 +157,18 @@ def paged_attention(pool: KVBlockPool, layer: int, batch: PagedBatch, q: torch.T
     else:
         out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale,
                                              enable_gqa=keys.shape[1] != queries.shape[1])
+    return out.transpose(1, 2)[batch.q_valid]
+
+
+def _windowed_attention(pool: KVBlockPool, layer: int, batch: PagedBatch, q: torch.Tensor, k_new: torch.Tensor,
+                        v_new: torch.Tensor, scale: float | None, window: int) -> torch.Tensor:
+    """Every query over its sequence's last ``window`` positions, one masked SDPA call."""
+    pool.write_layer(layer, batch.slot_mapping, k_new, v_new, batch.slot_split)
+    keys, values = pool.gather_layer(layer, batch.block_tables)    # [B, T, Hkv, D]
+    keys, values = keys.transpose(1, 2).to(q.dtype), values.transpose(1, 2).to(q.dtype)
+    queries = q[batch.q_index].transpose(1, 2)                     # [B, H, Q, D]
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=batch.window_bias(q.dtype, window),
+                                         scale=scale, enable_gqa=keys.shape[1] != queries.shape[1])
     return out.transpose(1, 2)[batch.q_valid]
 
 

@@ -1,4 +1,4 @@
-"""The hand-written Qwen2 forward (:mod:`engine.forward`) over the paged KV cache.
+"""The hand-written forward (:mod:`engine.forward`) over the paged KV cache.
 
 :class:`PagedAttentionCache` implements the forward's ``AttentionCache`` seam for one step
 of a batch: the forward runs its linear layers once over the packed new tokens of every
@@ -34,8 +34,10 @@ class PagedAttentionCache:
             raise ValueError(f"step built for {self.batch.num_tokens} tokens, got {num_new}")
         return self.batch.positions
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        out = paged_attention(self.pool, layer, self.batch, q, k, v, fused=self.fused, gather_in_c=self.gather_in_c)
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               window: int | None = None) -> torch.Tensor:
+        out = paged_attention(self.pool, layer, self.batch, q, k, v, fused=self.fused, gather_in_c=self.gather_in_c,
+                              window=window)
         return out.reshape(q.shape[0], -1)
 
     def commit(self, num_new: int) -> None:

@@ -80,6 +80,8 @@ class DecodeStep:
     def supports(weights: Any) -> bool:
         """Whether every piece of a step of ``weights`` runs in step.c."""
         cfg = weights.config
+        if not cfg.spec.c_step_ok:   # q/k norm or a sliding window: step.c computes neither
+            return False
         if weights.dtype != torch.bfloat16 or weights.device.type != "cpu" or not _norm(weights.norm):
             return False
         hidden, inter, q_size = cfg.hidden_size, cfg.intermediate_size, cfg.q_size

@@ -16,7 +16,7 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": WE
 
 
 def chat(client, **body):  # noqa: F811
-    return client.post("/v1/chat/completions", json={"model": "any", "messages": USER, **body})
+    return client.post("/v1/chat/completions", json={"messages": USER, **body})
 
 
 def stored_constraint(store, response) -> Constraint | None:  # noqa: F811

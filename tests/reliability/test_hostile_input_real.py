@@ -29,7 +29,7 @@ def test_deep_json_is_400_everywhere(web_only):
         assert reply.status_code == 400, (path, reply.status_code, reply.text[:300])
         assert reply.json()["error"]["code"] == "json_too_deep"
     args = "[" * 1000 + "]" * 1000
-    reply = requests.post(f"{base}/v1/chat/completions", timeout=10, json={"model": "m", "messages": [
+    reply = requests.post(f"{base}/v1/chat/completions", timeout=10, json={"messages": [
         {"role": "assistant", "content": "", "tool_calls": [
             {"id": "c", "type": "function", "function": {"name": "f", "arguments": args}}]},
         {"role": "user", "content": "next"}]})

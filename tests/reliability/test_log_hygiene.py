@@ -48,7 +48,7 @@ def test_logs_are_json_events_without_prompt_or_answer_text(stack, store):
         generated = requests.post(f"{base}/generate", json={"prompt": PROMPT, "max_new_tokens": 16},
                                   timeout=60).json()["text"]
         chat = requests.post(f"{base}/v1/chat/completions", timeout=60, json={
-            "model": "miniserve", "max_tokens": 16, "messages": [{"role": "user", "content": PROMPT}]})
+            "max_tokens": 16, "messages": [{"role": "user", "content": PROMPT}]})
         assert chat.status_code == 200, chat.text
         chat_text = chat.json()["choices"][0]["message"]["content"]
         rejected = requests.post(f"{base}/jobs", json={"prompt": PROMPT, "temperature": SECRET}, timeout=10)

@@ -24,8 +24,20 @@ def test_worker_service_can_be_scaled():
 
 def test_every_service_shares_one_redis():
     urls = {name: (svc.get("environment") or {}).get("MINISERVE_REDIS_URL")
-            for name, svc in services().items() if name in ("worker", "web", "flower", "prepare-model")}
+            for name, svc in services().items() if name in ("worker", "worker-qwen25", "web", "flower", "prepare-model")}
     assert len(set(urls.values())) == 1, urls
+
+
+def test_two_worker_services_serve_two_models_on_their_own_queues():
+    """The default model's workers take the shared queues; the second model's only its own
+    (the worker adds generation.<id> and agent.<id> itself, worker/app.py)."""
+    first, second = services()["worker"], services()["worker-qwen25"]
+    models = [(svc.get("environment") or {}).get("MINISERVE_MODEL", "default") for svc in (first, second)]
+    assert models[0] == "default" and models[1] not in ("", "default")
+    queues = [svc["command"][svc["command"].index("-Q") + 1].split(",") for svc in (first, second)]
+    assert "generation" in queues[0] and "agent" in queues[0] and not {"generation", "agent"} & set(queues[1])
+    nodes = [svc["command"][svc["command"].index("-n") + 1] for svc in (first, second)]
+    assert len(set(nodes)) == 2 and all(node.endswith("@%h") for node in nodes)
 
 
 def docker_compose() -> str | None:

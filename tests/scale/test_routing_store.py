@@ -88,3 +88,22 @@ def test_orphans_of_a_dead_worker_move_to_the_shared_queue_in_order(client):
 def test_describe_is_json(client):
     info = routing.describe(routing.Decision("generation", routing.UNKNOWN), "abc", 64)
     assert json.loads(json.dumps(info))["decision"] == "not_cached"
+
+
+def test_only_holders_of_the_jobs_model_are_chosen(client):
+    for name, node, model in (("a@h1:1", "a@h1", "alpha"), ("b@h2:1", "b@h2", "beta")):
+        write_heartbeat(client, name, {"queue": keys.worker_queue(node), "concurrency": 2, "current_jobs": [],
+                                       "model_id": model}, now=NOW)
+        routing.note_prefix(client, "abc", name, 300, now=NOW)
+    assert routing.choose(client, "abc", LIMITS, NOW, model="beta", home="generation.beta").worker == "b@h2:1"
+    assert routing.choose(client, "abc", LIMITS, NOW, model="gamma", home="generation.gamma") == \
+        routing.Decision("generation.gamma", routing.BUSY)  # holders exist, none serves gamma
+    assert routing.choose(client, None, LIMITS, NOW, model="beta", home="generation.beta").queue == "generation.beta"
+
+
+def test_orphans_go_back_to_their_models_queue(client):
+    routing.register_queue(client, "generation.b@h2", "b@h2:1", home="generation.beta")
+    beat(client, "b@h2:1", "b@h2", now=NOW - 60)  # dead
+    client.lpush("generation.b@h2", "b1")
+    assert routing.rescue_orphans(client, now=NOW) == 1
+    assert client.lrange("generation.beta", 0, -1) == ["b1"] and client.llen("generation") == 0

@@ -34,3 +34,9 @@ def base_url(surface_stack, surface_worker) -> str:
     proc, url = started_web(surface_stack)
     yield url
     proc.stop()
+
+
+@pytest.fixture(scope="package")
+def served_model(tiny_model) -> str:  # noqa: F811
+    """The id the cluster serves the tiny model under (its folder's name, core/model_source.py)."""
+    return tiny_model.name

@@ -28,7 +28,7 @@ def test_counters_move_after_a_job(base_url, surface_store):
     assert value(before, "miniserve_workers_online") == 1
     assert value(before, "miniserve_queue_depth", queue="generation") == 0
     response = requests.post(f"{base_url}/v1/chat/completions", timeout=60,
-                             json={"model": "m", "messages": [{"role": "user", "content": "Hi there"}], "max_tokens": 6})
+                             json={"messages": [{"role": "user", "content": "Hi there"}], "max_tokens": 6})
     assert response.status_code == 200
     generated = response.json()["usage"]["completion_tokens"]
     job_id = response.headers["X-Job-Id"]

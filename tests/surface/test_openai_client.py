@@ -37,16 +37,16 @@ def test_models_retrieve_the_served_model_and_a_missing_one(client, tiny_model):
     assert info.value.body["code"] == "model_not_found"
 
 
-def test_refused_and_no_effect_fields_through_the_client(client):
+def test_refused_and_no_effect_fields_through_the_client(client, served_model):
     messages = [{"role": "user", "content": "Fields?"}]  # not MESSAGES: its prefix would be cached
     for field, value in [("n", 2), ("prediction", {"type": "content", "content": "x"})]:
         with pytest.raises(openai.BadRequestError) as info:
-            client.chat.completions.create(model="tiny", messages=messages, max_tokens=2, **{field: value})
+            client.chat.completions.create(model=served_model, messages=messages, max_tokens=2, **{field: value})
         assert info.value.body["param"] == field and "not supported" in info.value.body["message"]
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model="tiny", messages=messages, max_tokens=2, extra_body={"min_p": 0.1})
+        client.chat.completions.create(model=served_model, messages=messages, max_tokens=2, extra_body={"min_p": 0.1})
     assert info.value.body["param"] == "min_p"
-    reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=2, user="u1",
+    reply = client.chat.completions.create(model=served_model, messages=messages, max_tokens=2, user="u1",
                                            metadata={"k": "v"}, store=False, service_tier="auto",
                                            presence_penalty=0, n=1)
     assert reply.choices[0].finish_reason in ("stop", "length")
@@ -85,8 +85,8 @@ def test_tokenize_and_detokenize_over_http(base_url):
     assert text == {"prompt": "Hello there"}
 
 
-def test_plain_completion_with_usage(client, surface_store):
-    reply = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=12, temperature=0)
+def test_plain_completion_with_usage(client, surface_store, served_model):
+    reply = client.chat.completions.create(model=served_model, messages=MESSAGES, max_tokens=12, temperature=0)
     choice = reply.choices[0]
     assert reply.object == "chat.completion" and choice.message.role == "assistant"
     assert isinstance(choice.message.content, str) and choice.finish_reason in ("stop", "length")
@@ -100,9 +100,9 @@ def test_plain_completion_with_usage(client, surface_store):
     assert job.result["usage"]["completion_tokens"] == usage.completion_tokens
 
 
-def test_streamed_deltas_equal_the_greedy_completion(client):
-    plain = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=20, temperature=0)
-    stream = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=20, temperature=0,
+def test_streamed_deltas_equal_the_greedy_completion(client, served_model):
+    plain = client.chat.completions.create(model=served_model, messages=MESSAGES, max_tokens=20, temperature=0)
+    stream = client.chat.completions.create(model=served_model, messages=MESSAGES, max_tokens=20, temperature=0,
                                             stream=True, stream_options={"include_usage": True})
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -113,44 +113,44 @@ def test_streamed_deltas_equal_the_greedy_completion(client):
     assert len({c.id for c in chunks}) == 1 and chunks[0].id != plain.id
 
 
-def test_prefix_cache_reports_cached_prompt_tokens(client):
-    first = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4,
+def test_prefix_cache_reports_cached_prompt_tokens(client, served_model):
+    first = client.chat.completions.create(model=served_model, messages=MESSAGES, max_tokens=4,
                                            extra_body={"generation_method": "prefix_cache"})
-    second = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4,
+    second = client.chat.completions.create(model=served_model, messages=MESSAGES, max_tokens=4,
                                             extra_body={"generation_method": "prefix_cache"})
     assert second.miniserve["generation_method"] == "prefix_cache"
     assert second.usage.prompt_tokens_details.cached_tokens > 0
     assert second.choices[0].message.content == first.choices[0].message.content
 
 
-def test_tools_are_rendered_for_the_model_and_tool_choice_none_hides_them(client, surface_store):
-    with_tools = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=12, tools=[CALC])
+def test_tools_are_rendered_for_the_model_and_tool_choice_none_hides_them(client, surface_store, served_model):
+    with_tools = client.chat.completions.create(model=served_model, messages=MESSAGES, max_tokens=12, tools=[CALC])
     stored = surface_store.get(with_tools.id.removeprefix("chatcmpl-")).request
     assert stored["tools"] == [CALC]
     assert with_tools.usage.prompt_tokens > 60  # the tools section is in the prompt
     calls = with_tools.choices[0].message.tool_calls or []
     assert all(c.function.name == "calculator" and "expression" in json.loads(c.function.arguments) for c in calls)
     assert (with_tools.choices[0].finish_reason == "tool_calls") == bool(calls)
-    hidden = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=12, tools=[CALC],
+    hidden = client.chat.completions.create(model=served_model, messages=MESSAGES, max_tokens=12, tools=[CALC],
                                             tool_choice="none")
-    plain = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=12)
+    plain = client.chat.completions.create(model=served_model, messages=MESSAGES, max_tokens=12)
     assert hidden.choices[0].message.content == plain.choices[0].message.content
     assert hidden.usage.prompt_tokens == plain.usage.prompt_tokens < with_tools.usage.prompt_tokens
 
 
-def test_bad_requests_raise_openai_errors(client):
+def test_bad_requests_raise_openai_errors(client, served_model):
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model="tiny", messages=MESSAGES, temperature=7)
+        client.chat.completions.create(model=served_model, messages=MESSAGES, temperature=7)
     assert info.value.status_code == 400
     assert info.value.body["type"] == "invalid_request_error" and info.value.body["param"] == "temperature"
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model="tiny", messages=MESSAGES, tools=[CALC],
+        client.chat.completions.create(model=served_model, messages=MESSAGES, tools=[CALC],
                                        tool_choice={"type": "function", "function": {"name": "shell"}})
     assert info.value.body["param"] == "tool_choice"
 
 
-def test_a_client_that_disconnects_mid_stream_cancels_its_job(base_url, surface_store):
-    body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 2000, "stream": True,
+def test_a_client_that_disconnects_mid_stream_cancels_its_job(base_url, surface_store, served_model):
+    body = {"model": served_model, "messages": MESSAGES, "max_tokens": 2000, "stream": True,
             "stop": ["<never-happens>"], "repetition_penalty": 1.0}
     with requests.post(f"{base_url}/v1/chat/completions", json=body, stream=True, timeout=30) as response:
         job_id = response.headers["X-Job-Id"]

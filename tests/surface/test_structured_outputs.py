@@ -61,7 +61,7 @@ def client(base_url):
 
 
 def ask(client, i: int, prompt: str, stream: bool, max_tokens: int = MAX_TOKENS, **body):
-    kwargs = dict(model="tiny", messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
+    kwargs = dict(model="",  # empty: the cluster's default model (its only one) messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
                   temperature=1.0, seed=i, **body)
     if not stream:
         choice = client.chat.completions.create(**kwargs).choices[0]
@@ -137,9 +137,9 @@ def test_guided_choice_and_regex_extensions(client):
         assert len(content) == 6 and content[3] == "-"
 
 
-def test_an_unsupported_schema_is_a_400_listing_the_feature(client):
+def test_an_unsupported_schema_is_a_400_listing_the_feature(client, served_model):
     fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "object", "dependentSchemas": {"a": {"required": ["b"]}}}}}
     with pytest.raises(openai.BadRequestError) as caught:
-        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], response_format=fmt)
+        client.chat.completions.create(model=served_model, messages=[{"role": "user", "content": "x"}], response_format=fmt)
     assert "dependentSchemas" in str(caught.value) and caught.value.status_code == 400

@@ -23,6 +23,8 @@ LAYERS = ("low-level operations", "model forward", "KV caches", "generation meth
 INERT_PACKAGES = ("engine", "engine.quant")
 LAYER_OF = {
     "engine.types": 0,
+    "engine.errors": 0,                # ModelLoadError, raised by the loader and the architecture
+    "engine.architecture": 1,          # the model description the forward is driven by
     "engine.openmp": 0,
     "engine.quant.native": 0,
     "engine.quant.q8": 0,

@@ -93,3 +93,21 @@ def test_heartbeat_survives_a_failing_stats_call(store):
     rt.beat()
     (worker,) = list_workers(store.client, max_age_s=60)
     assert worker["info"]["cache_stats"] == {"requests": 1}
+
+
+def test_a_model_that_cannot_load_is_on_the_heartbeat_and_fails_jobs_clearly(store, tmp_path):
+    from transformers import AutoConfig
+
+    from worker.job_runner import _outcome
+    from worker.runtime import ModelUnavailable
+
+    AutoConfig.for_model("phi3", hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=4, vocab_size=100).save_pretrained(tmp_path)
+    rt = WorkerRuntime(settings=load_settings(model=str(tmp_path), device="cpu"), store=store, name="w-bad")
+    with pytest.raises(ModelUnavailable, match="model_type 'phi3'"):
+        rt.engine
+    rt.beat()
+    (worker,) = list_workers(store.client, max_age_s=60)
+    assert "phi3" in worker["info"]["load_error"] and worker["info"]["engine_loaded"] is False
+    state, error = _outcome(_context(store, 30), lambda ctx: rt.engine)   # no reload: the same error
+    assert state == "failed" and error["code"] == "model_unavailable" and "phi3" in error["message"]

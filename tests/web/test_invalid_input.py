@@ -97,7 +97,7 @@ def test_a_surrogate_inside_tool_call_arguments_is_422_naming_them(client, celer
     messages = [{"role": "assistant", "content": "", "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}]},
         {"role": "user", "content": "go on"}]
-    response = client.post("/v1/chat/completions", json={"model": "m", "messages": messages})
+    response = client.post("/v1/chat/completions", json={"messages": messages})
     assert response.status_code == 400, response.get_json()
     assert response.get_json()["error"]["param"] == "messages[0].tool_calls[0].function.arguments"
     assert celery.sent == []
@@ -123,7 +123,7 @@ def test_a_tool_schema_150_deep_is_400_not_a_recursion_error(client, celery):
     for _ in range(150):
         schema = {"type": "object", "properties": {"a": schema}}
     tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
-    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": tools}
+    body = {"messages": [{"role": "user", "content": "hi"}], "tools": tools}
     for data in (json.dumps(body), json.dumps(json.dumps(body))):
         response = client.post("/v1/chat/completions", data=data, content_type="application/json")
         assert response.status_code == 400 and response.get_json()["error"]["code"] in ("json_too_deep",

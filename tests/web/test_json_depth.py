@@ -44,7 +44,7 @@ def test_tool_call_arguments_nested_too_deep_are_400_naming_the_field(client, ce
                     {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}},
                     {"id": "c2", "type": "function", "function": {"name": "add", "arguments": DEEP}}]},
                 {"role": "tool", "tool_call_id": "c1", "content": "3"}]
-    response = client.post("/v1/chat/completions", json={"model": "m", "messages": messages})
+    response = client.post("/v1/chat/completions", json={"messages": messages})
     assert response.status_code == 400, response.get_json()
     error = response.get_json()["error"]
     assert error["code"] == "json_too_deep" and error["type"] == "invalid_request_error"
@@ -55,7 +55,7 @@ def test_tool_call_arguments_nested_too_deep_are_400_naming_the_field(client, ce
 def test_nesting_at_the_limit_is_accepted(make_app, celery):
     client = make_app(wait_timeout_s=1).test_client()
     value = "[" * (MAX_JSON_DEPTH - 1) + "]" * (MAX_JSON_DEPTH - 1)  # inside {"x": ...}: exactly the limit
-    response = client.post("/v1/chat/completions", json={"model": "m", "messages": [
+    response = client.post("/v1/chat/completions", json={"messages": [
         {"role": "assistant", "content": "", "tool_calls": [
             {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"x": %s}' % value}}]},
         {"role": "user", "content": "go on"}]})

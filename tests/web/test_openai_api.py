@@ -19,7 +19,7 @@ USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 def chat(client, **body):
-    return client.post("/v1/chat/completions", json={"model": "any", "messages": USER, **body})
+    return client.post("/v1/chat/completions", json={"messages": USER, **body})
 
 
 def worker_says(store, celery, text: str, **kw):
@@ -50,7 +50,7 @@ def test_plain_completion_runs_a_chat_job_with_the_stored_request_shape(client, 
     job = store.get(job_id)
     assert job.type == "chat"
     assert job.request == {"messages": USER, "prefix": None, "method": "custom_cache", "tools": None,
-                           "max_steps": None,
+                           "max_steps": None, "model": "qwen2.5-coder-0.5b-instruct",
                            "sampling": {"max_new_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 5,
                                         "repetition_penalty": None, "seed": 3, "stop": ["\n\n"]}}
 
@@ -74,7 +74,7 @@ def test_messages_are_normalised_for_the_chat_template(client, store, celery):
                     {"id": "call_1", "type": "function", "function": {"name": "get_weather",
                                                                       "arguments": "{\"city\": \"Paris\"}"}}]},
                 {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
-    response = client.post("/v1/chat/completions", json={"model": "m", "messages": messages, "tools": [WEATHER_TOOL]})
+    response = client.post("/v1/chat/completions", json={"messages": messages, "tools": [WEATHER_TOOL]})
     assert response.status_code == 200
     stored = store.get(response.headers["X-Job-Id"]).request
     assert stored["messages"] == [
@@ -182,7 +182,7 @@ def test_streaming_with_tools_holds_the_text_back_and_sends_tool_call_deltas(cli
     ({"tool_choice": "required"}, "tool_choice"),
 ])
 def test_bad_requests_get_openai_errors_and_enqueue_nothing(client, celery, body, param):
-    response = client.post("/v1/chat/completions", json={"model": "m", "messages": USER, **body})
+    response = client.post("/v1/chat/completions", json={"messages": USER, **body})
     assert response.status_code == 400, response.get_json()
     error = response.get_json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
@@ -218,7 +218,7 @@ def test_a_failed_job_mid_stream_ends_with_an_error_chunk(client, store, celery)
 
 
 def _open_stream(client, **body):
-    response = client.post("/v1/chat/completions", json={"model": "m", "messages": USER, "stream": True, **body},
+    response = client.post("/v1/chat/completions", json={"messages": USER, "stream": True, **body},
                            buffered=False)
     chunks = iter(response.response)
     first = next(chunks)

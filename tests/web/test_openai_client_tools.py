@@ -10,6 +10,8 @@ import httpx2
 import openai
 import pytest
 
+from core.model_source import DEFAULT_MODEL_NAME
+
 from tests.web.conftest import run_job
 
 CALC = {"type": "function", "function": {"name": "calculator", "parameters": {
@@ -28,7 +30,7 @@ def openai_client(make_app, store, celery):
 
 
 def test_the_client_gets_a_validated_tool_call(openai_client):
-    reply = openai_client.chat.completions.create(model="m", messages=ASK, tools=[CALC])
+    reply = openai_client.chat.completions.create(model=DEFAULT_MODEL_NAME, messages=ASK, tools=[CALC])
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls"
     assert choice.message.content == "I will compute it."
@@ -38,7 +40,7 @@ def test_the_client_gets_a_validated_tool_call(openai_client):
 
 
 def test_the_client_assembles_a_streamed_tool_call(openai_client):
-    chunks = list(openai_client.chat.completions.create(model="m", messages=ASK, tools=[CALC], stream=True))
+    chunks = list(openai_client.chat.completions.create(model=DEFAULT_MODEL_NAME, messages=ASK, tools=[CALC], stream=True))
     calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
     assert [(tc.index, tc.function.name) for tc in calls] == [(0, "calculator")]
     assert json.loads(calls[0].function.arguments) == {"expression": "17 * 23"}
@@ -47,6 +49,6 @@ def test_the_client_assembles_a_streamed_tool_call(openai_client):
 
 def test_an_undeclared_function_reaches_the_client_as_content(openai_client):
     other = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
-    reply = openai_client.chat.completions.create(model="m", messages=ASK, tools=[other])
+    reply = openai_client.chat.completions.create(model=DEFAULT_MODEL_NAME, messages=ASK, tools=[other])
     assert reply.choices[0].message.tool_calls is None
     assert reply.choices[0].message.content == ANSWER and reply.choices[0].finish_reason == "length"

@@ -13,6 +13,8 @@ import typing
 
 import pytest
 
+from core.model_source import DEFAULT_MODEL_NAME
+from core.workers import write_heartbeat
 from tests.web.test_openai_api import USER, WEATHER_TOOL, worker_says
 from web.openai.fields import CHAT_FIELDS
 from web.openai.schemas import ChatCompletionRequest
@@ -46,8 +48,9 @@ HONOURED = {
     "logit_bias": ({}, {"logit_bias": {"42": -100}}),
     "logprobs": ({}, {"logprobs": True}),
     "top_logprobs": ({"logprobs": True}, {"logprobs": True, "top_logprobs": 2}),
+    "model": ({}, {"model": "another-model"}),  # both served (heartbeats below): the job names its model
 }
-NO_EFFECT = {"model": "another-name", "user": "u-1", "safety_identifier": "s-1", "metadata": {"k": "v"},
+NO_EFFECT = {"user": "u-1", "safety_identifier": "s-1", "metadata": {"k": "v"},
              "service_tier": "flex", "prompt_cache_key": "k", "prompt_cache_retention": "24h",
              "prompt_cache_options": {"mode": "explicit"}}
 # refused: (a value that would change the answer, the default value that is accepted)
@@ -77,7 +80,7 @@ def test_every_field_is_classified_once():
 
 def fingerprint(client, store, **body) -> tuple:
     """What a request produced: the stored job request and the answer (ids and clocks out)."""
-    response = client.post("/v1/chat/completions", json={"model": "any", "messages": USER, **body})
+    response = client.post("/v1/chat/completions", json={"messages": USER, **body})
     assert response.status_code == 200, response.get_json()
     job_id = response.headers["X-Job-Id"]
     text = re.sub(r'"created": ?\d+', "", response.get_data(as_text=True).replace(job_id, "<job>"))
@@ -87,6 +90,8 @@ def fingerprint(client, store, **body) -> tuple:
 @pytest.mark.parametrize("name", sorted(HONOURED))
 def test_an_honoured_field_changes_the_job_or_the_answer(client, store, celery, name):
     worker_says(store, celery, "Hello there")
+    for worker, model in (("a@h:1", DEFAULT_MODEL_NAME), ("b@h:1", "another-model")):
+        write_heartbeat(store.client, worker, {"model_id": model})
     without, with_field = HONOURED[name]
     assert fingerprint(client, store, **without) != fingerprint(client, store, **with_field)
 

@@ -96,6 +96,6 @@ def test_retrieve_the_served_model_and_404_for_others(client):
     assert client.get(f"/v1/models/{served['id']}").get_json() == served
     missing = client.get("/v1/models/gpt-4o")
     assert missing.status_code == 404
-    assert missing.get_json() == {"error": {"message": f"The model 'gpt-4o' does not exist; this server serves "
+    assert missing.get_json() == {"error": {"message": f"The model 'gpt-4o' does not exist; this cluster serves "
                                                        f"'{served['id']}'", "type": "not_found_error",
                                             "param": "model", "code": "model_not_found"}}

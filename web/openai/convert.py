@@ -160,5 +160,5 @@ def chat_job(body: ChatCompletionRequest) -> ChatJob:
     if constraint is not None:
         request["constraint"] = constraint
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return ChatJob(Submission("chat", request, "messages"), tools, bool(body.stream), include_usage,
-                   forced_calls=_forced(body, tools), logprobs=bool(body.logprobs))
+    return ChatJob(Submission("chat", request, "messages", body.model or None), tools, bool(body.stream),
+                   include_usage, forced_calls=_forced(body, tools), logprobs=bool(body.logprobs))

@@ -52,7 +52,7 @@ def refused(note: str, accepts: Callable[[Any], bool] = _null) -> FieldRule:
 
 CHAT_FIELDS: dict[str, FieldRule] = {
     "messages": honoured("system, developer (as system), user, assistant (with tool_calls), tool; text only"),
-    "model": no_effect("any name: the one served model answers (GET /v1/models)", str),
+    "model": honoured("an id from GET /v1/models picks the model; empty = the cluster's default; unknown: 404"),
     "max_completion_tokens": honoured("the job's max_new_tokens (wins over max_tokens)"),
     "max_tokens": honoured("the job's max_new_tokens"),
     "temperature": honoured("omitted = 0 (greedy), unlike OpenAI's 1"),

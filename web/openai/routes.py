@@ -1,5 +1,7 @@
 """``POST /v1/chat/completions`` and ``GET /v1/models``, served through the job queue.
 
+``model`` picks one of the cluster's models (web/models.py); ``/v1/models`` lists them.
+
 A chat request becomes a ``chat`` job (``core.tasks`` sends it to the generation task), so
 it is queued, cancellable, visible in ``/jobs`` and on the monitor page like any other.
 Without ``stream`` the route waits for the job (as ``/generate`` does). With ``stream`` it
@@ -13,7 +15,6 @@ noticed on the next write (the server closes the generator) and its job is cance
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, Iterator
 
 from flask import Response, jsonify, stream_with_context
@@ -23,6 +24,7 @@ from core.events import CANCELLED, DONE, QUEUED, TIMEOUT, TOKEN, Event
 from core.jobs import JobRecord, JobStore
 from core.logs import log_event
 from web.context import ctx
+from web.models import model_cards
 from web.openai.call_stream import ToolStream
 from web.openai.convert import ChatJob, chat_job
 from web.openai.responses import ChunkWriter, completion, model_id
@@ -38,10 +40,9 @@ from web.submit import submit
 logger = logging.getLogger("miniserve.web.openai")
 api = APIBlueprint("openai", __name__, url_prefix="/v1",
                    abp_tags=[Tag(name="openai", description="OpenAI-compatible API (through the queue)")])
-ERRORS: dict[int, Any] = {code: OpenAIError for code in (400, 401, 409, 413, 415, 429, 500, 503, 504)}
+ERRORS: dict[int, Any] = {code: OpenAIError for code in (400, 401, 404, 409, 413, 415, 429, 500, 503, 504)}
 KEEPALIVE = ": keep-alive\n\n"
 TICK_S = 1  # idle ticks while following a job: how soon a vanished client is noticed
-STARTED_AT = int(time.time())
 
 
 @api.post("/chat/completions", summary="Chat completion (OpenAI-compatible), optionally streamed",
@@ -56,7 +57,7 @@ def chat_completions(body: ChatCompletionRequest):
         job = submit(chat.submission).job
     log_event(logger, "chat_submitted", job_id=job.id, stream=chat.stream,
               tools=len(chat.tools.names) if chat.tools else 0)
-    model = model_id(ctx().settings)
+    model = job.request.get("model") or model_id(ctx().settings)
     if chat.stream:
         events = stream_completion(ctx().store, ctx().celery, job, chat, model)
         response = Response(stream_with_context(events), mimetype="text/event-stream")
@@ -67,23 +68,21 @@ def chat_completions(body: ChatCompletionRequest):
     return response
 
 
-@api.get("/models", summary="The served model (OpenAI-compatible)", responses={200: ModelList, **ERRORS})
+@api.get("/models", summary="Every model a live worker serves (OpenAI-compatible)",
+         responses={200: ModelList, **ERRORS})
 def list_models():
-    return jsonify({"object": "list", "data": [model_card()]})
+    return jsonify({"object": "list", "data": model_cards()})
 
 
 @api.get("/models/<path:model>", summary="One model (OpenAI-compatible); unknown id: 404 model_not_found",
          responses={200: ModelCard, 404: OpenAIError, **ERRORS})
 def retrieve_model(path: ModelPath):
-    card = model_card()
-    if path.model != card["id"]:
-        raise ApiError(404, "model_not_found", f"The model '{path.model}' does not exist; this server "
-                       f"serves '{card['id']}'", field="model")
+    cards = model_cards()
+    card = next((card for card in cards if card["id"] == path.model), None)
+    if card is None:
+        raise ApiError(404, "model_not_found", f"The model '{path.model}' does not exist; this cluster "
+                       f"serves {', '.join(repr(c['id']) for c in cards) or 'no model yet'}", field="model")
     return jsonify(card)
-
-
-def model_card() -> dict[str, Any]:
-    return {"id": model_id(ctx().settings), "object": "model", "created": STARTED_AT, "owned_by": "miniserve"}
 
 
 def stream_completion(store: JobStore, celery: Any, job: JobRecord, chat: ChatJob, model: str) -> Iterator[str]:

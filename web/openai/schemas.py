@@ -96,7 +96,8 @@ class ChatCompletionRequest(Lenient, GuidedFields):
     ``extra_body``): ``generation_method``, ``top_k``, ``repetition_penalty``,
     ``guided_choice``, ``guided_regex``."""
 
-    model: str = Field(default="", max_length=200, description="any name; the served model answers")
+    model: str = Field(default="", max_length=200, description="an id from /v1/models (unknown: 404 "
+                       "model_not_found); empty = the cluster's default model")
     messages: list[ChatMessage] = Field(min_length=1, max_length=256)
     max_tokens: json_int(ge=1) | None = Field(default=None, description="capped by MINISERVE_MAX_NEW_TOKENS_CAP")
     max_completion_tokens: json_int(ge=1) | None = Field(

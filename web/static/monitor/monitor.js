@@ -72,7 +72,7 @@ function renderWorkers(workers) {
     const jobs = (i.current_jobs || []).map((id) => id.slice(0, 8)).join(", ") || "idle";
     const load = `${(i.current_jobs || []).length}/${i.concurrency ?? "?"} running, ${w.waiting ?? 0} waiting`;
     return el("tr", { class: "worker" },
-      el("td", {}, w.name), el("td", {}, i.host ?? "–"), el("td", {}, i.model ?? "–"), el("td", {}, i.device ?? "–"), el("td", {}, i.dtype ?? "–"),
+      el("td", {}, w.name), el("td", {}, i.host ?? "–"), el("td", {}, i.model_id ?? i.model ?? "–"), el("td", {}, i.device ?? "–"), el("td", {}, i.dtype ?? "–"),
       el("td", { class: "num" }, fmt(i.load_s)), el("td", {}, `${i.pool ?? "?"} × ${i.concurrency ?? "?"}`),
       el("td", {}, jobs), el("td", { class: "load" }, load), el("td", { class: "num" }, w.routed_here ?? 0),
       el("td", { class: "num" }, fmt(w.age_s, 1) + " s ago"),

@@ -1,0 +1,100 @@
+"""Several models per cluster: which models live workers serve, and where a job for one goes.
+
+Each worker serves the model it was started with and says so in its heartbeat
+(``model_id``, :func:`core.model_source.model_id`); the heartbeat also stamps the id in
+``keys.MODELS_SEEN`` (core/workers.py), so the cluster remembers a model whose workers have all gone.
+
+Queues. A job for the web's own model (its ``MINISERVE_MODEL``) goes to the shared queues
+``generation`` / ``agent``, exactly as in a single-model cluster; a job for any other model
+goes to that model's queues ``generation.<id>`` / ``agent.<id>``. Every worker consumes its
+model's queues (added at start, worker/app.py) and its own per-worker queue; the workers of
+the web's model also consume the shared queues (their ``-Q``). A job's record keeps the
+queue it was sent to, so a re-queued job returns to a queue of its model. A worker that
+takes a job for another model (misconfigured ``-Q``) forwards it to that model's queue.
+
+Answers for a request's ``model``: served by a live worker, or the web's own model that no
+worker has served yet (a starting cluster: the job waits) -> its queue; seen before but no
+live worker now -> :class:`ModelUnavailable` (503, retry later); never seen, or not seen for
+``KNOWN_FOR_S`` -> :class:`UnknownModel` (404 ``model_not_found``).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import redis
+
+from core import keys
+from core.workers import list_workers
+
+KNOWN_FOR_S = 24 * 3600  # a model unseen this long is forgotten: its id becomes unknown (404)
+SHARED_QUEUES = {"generation": "generation", "agent": "agent"}  # job kind -> shared queue
+
+
+class UnknownModel(LookupError):
+    """No worker of this cluster serves, or recently served, this model."""
+
+
+class ModelUnavailable(RuntimeError):
+    """The model is known, but none of its workers is alive now."""
+
+
+@dataclass(frozen=True)
+class Served:
+    """What the web knows about the cluster's models at one moment."""
+
+    own: str  # the web's MINISERVE_MODEL id: its jobs use the shared queues
+    live: dict[str, list[str]]  # model id -> names of live workers serving it
+    seen: set[str]  # models a worker served within KNOWN_FOR_S
+
+    def available(self) -> list[str]:
+        """Ids a request may name now: served by a live worker, or the web's own model while
+        no worker has served it yet."""
+        ids = set(self.live)
+        if self.own not in self.seen:
+            ids.add(self.own)
+        return sorted(ids)
+
+    def default(self, own_is_explicit: bool) -> str:
+        """The model of a request that names none: the web's ``MINISERVE_MODEL`` when set,
+        else the only model served, else the bundled default (the web's own)."""
+        if not own_is_explicit and len(self.live) == 1:
+            return next(iter(self.live))
+        return self.own
+
+    def check(self, model: str) -> str:
+        """``model`` when a job for it can be queued now; raises otherwise."""
+        if model in self.live or (model == self.own and model not in self.seen):
+            return model
+        if model in self.seen:
+            raise ModelUnavailable(model)
+        raise UnknownModel(model)
+
+    def queue(self, base: str, model: str) -> str:
+        """The queue a job of kind ``base`` (``generation``, ``agent``) for ``model`` is sent to."""
+        return base if model == self.own else keys.model_queue(base, model)
+
+
+def served(client: redis.Redis, own: str, alive_s: float, listed_s: float | None = None,
+           now: float | None = None) -> Served:
+    """Live workers by model (heartbeats younger than ``alive_s``) and the models seen lately.
+    ``listed_s`` (default ``alive_s``) is the age beyond which ``list_workers`` prunes index
+    entries: pass the web's ``MINISERVE_WORKER_MAX_AGE_S`` so this read prunes no more than
+    ``/workers`` does."""
+    now = time.time() if now is None else now
+    live: dict[str, list[str]] = {}
+    for worker in list_workers(client, max(alive_s, listed_s or 0.0), now=now):
+        model = (worker.get("info") or {}).get("model_id")
+        if worker["age_s"] <= alive_s and isinstance(model, str) and model:
+            live.setdefault(model, []).append(worker["name"])
+    return Served(own, live, seen_models(client, now))
+
+
+def seen_models(client: redis.Redis, now: float | None = None) -> set[str]:
+    now = time.time() if now is None else now
+    return {model for model, at in client.hgetall(keys.MODELS_SEEN).items() if now - float(at) <= KNOWN_FOR_S}
+
+
+def model_queues(client: redis.Redis) -> list[str]:
+    """Every per-model queue of the models seen lately (queue depths, the sweeper's scan)."""
+    return [keys.model_queue(base, model) for model in sorted(seen_models(client)) for base in SHARED_QUEUES]

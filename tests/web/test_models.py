@@ -1,0 +1,115 @@
+"""Several models per cluster, web side (fakeredis heartbeats): a request's ``model`` picks
+the queue of a worker that serves it; unknown -> 404 model_not_found; known but no live
+worker -> 503 with Retry-After; ``/v1/models`` lists what live workers serve."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from core import keys, tasks
+from core.model_source import DEFAULT_MODEL_NAME, model_id
+from core.models import KNOWN_FOR_S, served
+from core.workers import remove_worker, write_heartbeat
+
+OTHER = "smol-135m"
+
+
+def beat(redis_client, name: str, model: str, now: float | None = None) -> None:
+    write_heartbeat(redis_client, name, {"model_id": model, "queue": keys.worker_queue(name)}, now=now)
+
+
+def post_job(client, **body):
+    return client.post("/jobs", json={"prompt": "hi", "max_new_tokens": 4, **body})
+
+
+def test_model_ids_name_bundled_folders_gguf_files_and_hub_ids(tmp_path):
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    assert model_id("default") == DEFAULT_MODEL_NAME
+    assert model_id(str(folder)) == "my-model" and model_id(str(folder) + "/") == "my-model"
+    assert model_id("/models/SmolLM2-135M-Instruct.Q4_1.gguf") == "SmolLM2-135M-Instruct.Q4_1"
+    assert model_id("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+def test_a_named_model_goes_to_its_own_queue_and_the_default_to_the_shared_one(client, celery, store,
+                                                                                redis_client):
+    beat(redis_client, "a@h:1", DEFAULT_MODEL_NAME)
+    beat(redis_client, "b@h:1", OTHER)
+    other = post_job(client, model=OTHER)
+    assert other.status_code == 202, other.get_json()
+    default = post_job(client)
+    agent = client.post("/agent/run?wait=false", json={"prompt": "2+2", "model": OTHER})
+    assert [s["queue"] for s in celery.sent[:2]] == [f"generation.{OTHER}", "generation"]
+    assert store.get(other.get_json()["id"]).request["model"] == OTHER
+    assert store.get(other.get_json()["id"]).queue == f"generation.{OTHER}"  # a re-queue stays with the model
+    assert store.get(default.get_json()["id"]).request["model"] == DEFAULT_MODEL_NAME
+    assert agent.status_code in (200, 202, 504) and celery.sent[2]["name"] == tasks.AGENT
+    assert celery.sent[2]["queue"] == f"agent.{OTHER}"
+    assert client.get("/queues").get_json()["queues"][f"generation.{OTHER}"] == 0
+
+
+def test_an_unknown_model_is_a_404_naming_the_field(client, redis_client, celery):
+    beat(redis_client, "a@h:1", DEFAULT_MODEL_NAME)
+    reply = post_job(client, model="gpt-4o")
+    assert reply.status_code == 404
+    assert reply.get_json()["error"]["code"] == "model_not_found"
+    assert reply.get_json()["error"]["field"] == "model"
+    chat = client.post("/v1/chat/completions", json={"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]})
+    assert chat.status_code == 404
+    assert chat.get_json()["error"] | {"message": ""} == {"message": "", "type": "not_found_error", "param": "model",
+                                                         "code": "model_not_found"}
+    assert celery.sent == []
+
+
+def test_a_model_whose_workers_are_gone_is_a_503_with_retry_after(client, redis_client, celery):
+    beat(redis_client, "b@h:1", OTHER)
+    assert post_job(client, model=OTHER).status_code == 202
+    remove_worker(redis_client, "b@h:1")
+    reply = post_job(client, model=OTHER)
+    assert reply.status_code == 503 and reply.headers["Retry-After"] == "10"
+    assert reply.get_json()["error"]["code"] == "model_unavailable"
+    generate = client.post("/generate", json={"prompt": "x", "model": OTHER})
+    assert generate.status_code == 503 and len(celery.sent) == 1
+
+
+def test_the_webs_own_model_waits_for_its_first_worker_but_not_for_a_dead_one(client, redis_client):
+    assert post_job(client).status_code == 202  # a starting cluster: the job waits in the queue
+    beat(redis_client, "a@h:1", DEFAULT_MODEL_NAME)
+    remove_worker(redis_client, "a@h:1")
+    assert post_job(client).status_code == 503
+
+
+def test_a_model_unseen_for_a_day_is_forgotten(redis_client):
+    beat(redis_client, "b@h:1", OTHER, now=time.time() - KNOWN_FOR_S - 10)
+    view = served(redis_client, DEFAULT_MODEL_NAME, alive_s=15)
+    assert OTHER not in view.seen and OTHER not in view.live
+
+
+def test_models_lists_every_model_a_live_worker_serves(client, redis_client):
+    assert [m["id"] for m in client.get("/v1/models").get_json()["data"]] == [DEFAULT_MODEL_NAME]
+    beat(redis_client, "a@h:1", DEFAULT_MODEL_NAME)
+    beat(redis_client, "b@h:1", OTHER)
+    cards = client.get("/v1/models").get_json()["data"]
+    assert sorted(m["id"] for m in cards) == sorted([DEFAULT_MODEL_NAME, OTHER])
+    assert {m["object"] for m in cards} == {"model"}
+    remove_worker(redis_client, "a@h:1")
+    assert [m["id"] for m in client.get("/v1/models").get_json()["data"]] == [OTHER]
+
+
+@pytest.mark.parametrize("explicit", [True, False])
+def test_no_model_named_means_the_webs_model_when_set_else_the_only_one_served(make_app, redis_client, celery,
+                                                                               explicit):
+    beat(redis_client, "b@h:1", OTHER)
+    app = make_app(model="default") if explicit else make_app()
+    reply = post_job(app.test_client())
+    if explicit:  # MINISERVE_MODEL=default was set for the web: its model, never served yet, waits
+        assert reply.status_code == 202 and celery.sent[0]["queue"] == "generation"
+    else:
+        assert reply.status_code == 202 and celery.sent[0]["queue"] == f"generation.{OTHER}"
+
+
+def test_a_worker_silent_for_three_beats_no_longer_serves_but_is_still_listed(client, redis_client):
+    beat(redis_client, "b@h:1", OTHER, now=time.time() - 20)  # ALIVE_S is 15; /workers shows 30 s
+    assert post_job(client, model=OTHER).status_code == 503
+    assert [w["name"] for w in client.get("/workers").get_json()["workers"]] == ["b@h:1"]
