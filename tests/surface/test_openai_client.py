@@ -52,12 +52,12 @@ def test_refused_and_no_effect_fields_through_the_client(client, served_model):
     assert reply.choices[0].finish_reason in ("stop", "length")
 
 
-def test_logprobs_penalties_and_bias_through_the_client(client, surface_store):
+def test_logprobs_penalties_and_bias_through_the_client(client, surface_store, served_model):
     """Checked against the client's own types (strict pydantic validation, not its lenient parse)."""
     from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
     messages = [{"role": "user", "content": "Count with me: one two three"}]
-    ask = dict(model="tiny", messages=messages, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3)
+    ask = dict(model=served_model, messages=messages, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3)
     plain = ChatCompletion.model_validate(client.chat.completions.create(**ask).model_dump())
     content = plain.choices[0].logprobs.content
     assert 1 <= len(content) <= plain.usage.completion_tokens
