@@ -36,9 +36,8 @@ class OpenAIPenaltyProcessor(LogitsProcessor):
         s = self.sampling
         scores = scores.to(torch.float32).clone()
         for row in range(scores.shape[0]):
-            generated = input_ids[row, self.prompt_len:]
-            counts = torch.bincount(generated, minlength=scores.shape[-1]).to(torch.float32)
-            penalize_counts(scores[row], counts, s.presence_penalty, s.frequency_penalty)
+            ids, hits = torch.unique(input_ids[row, self.prompt_len:], return_counts=True)
+            penalize_counts(scores[row], ids, hits.to(torch.float32), s.presence_penalty, s.frequency_penalty)
             for token_id, value in s.logit_bias:
                 scores[row, int(token_id)] += float(value)
         return scores

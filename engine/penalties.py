@@ -24,14 +24,11 @@ def check_bias(logit_bias: Sequence[tuple[int, float]], vocab_size: int) -> None
             raise ValueError(f"logit_bias: {value} for token {token_id} is outside -100..100")
 
 
-def penalize_counts(scores: torch.Tensor, counts: torch.Tensor, presence: float, frequency: float) -> torch.Tensor:
-    """OpenAI's two penalties on a float32 ``scores [vocab]`` *in place*; ``counts [vocab]``
-    float32 occurrences of each id among the generated tokens."""
-    if presence == 0.0 and frequency == 0.0:
-        return scores
-    ids = counts.nonzero().squeeze(1)
-    if ids.numel():
-        hits = counts[ids]
+def penalize_counts(scores: torch.Tensor, ids: torch.Tensor, hits: torch.Tensor, presence: float,
+                    frequency: float) -> torch.Tensor:
+    """OpenAI's two penalties on a float32 ``scores [vocab]`` *in place*: ``ids`` the distinct
+    generated ids, ``hits`` (float32) how often each occurred."""
+    if ids.numel() and (presence or frequency):
         scores[ids] -= presence + frequency * hits
     return scores
 
@@ -43,9 +40,8 @@ class OpenAIPenalties:
         self.presence = float(params.presence_penalty)
         self.frequency = float(params.frequency_penalty)
         check_bias(params.logit_bias, vocab_size)
-        self.counts: torch.Tensor | None = None
-        if self.presence or self.frequency:
-            self.counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)
+        self.device = device
+        self.counts: dict[int, int] | None = {} if (self.presence or self.frequency) else None
         self.bias_ids: torch.Tensor | None = None
         self.bias_values: torch.Tensor | None = None
         if params.logit_bias:
@@ -59,12 +55,14 @@ class OpenAIPenalties:
 
     def observe(self, token_id: int) -> None:
         if self.counts is not None:
-            self.counts[token_id] += 1.0
+            self.counts[token_id] = self.counts.get(token_id, 0) + 1
 
     def apply(self, scores: torch.Tensor) -> torch.Tensor:
         """Penalties then bias, in place on a float32 ``scores [vocab]``."""
-        if self.counts is not None:
-            penalize_counts(scores, self.counts, self.presence, self.frequency)
+        if self.counts:  # a few hundred ids at most: no pass over the vocabulary
+            ids = torch.tensor(list(self.counts), dtype=torch.long, device=self.device)
+            hits = torch.tensor(list(self.counts.values()), dtype=torch.float32, device=self.device)
+            penalize_counts(scores, ids, hits, self.presence, self.frequency)
         if self.bias_ids is not None:
             scores.index_add_(0, self.bias_ids, self.bias_values)
         return scores

@@ -50,9 +50,7 @@ def test_penalties_transform_matches_the_hand_written_definition():
     got = sampler.process(logits)
     want = reference_scores(logits, prompt, generated, 1.2, 0.7, -0.3, bias)
     assert torch.allclose(got, want, atol=1e-6)
-    counts = torch.zeros(vocab)
-    counts[4] = 3
-    row = penalize_counts(torch.zeros(vocab), counts, 0.5, 0.25)
+    row = penalize_counts(torch.zeros(vocab), torch.tensor([4]), torch.tensor([3.0]), 0.5, 0.25)
     assert row[4] == pytest.approx(-1.25) and row[5] == 0.0
 
 
