@@ -3,6 +3,11 @@ web -> Redis -> Celery worker -> Redis -> web (SSE), interleaved after warmup; t
 short jobs counting lost and duplicated ones.
 
     python -m bench.queue_overhead [--model default] [--repeats 20] [--burst 200]
+    python -m bench.queue_overhead --batch-api [--burst 200] [--batch-clients 8] [--workers 2]
+
+``--batch-api``: the same ``--burst`` chat requests as one Batch API batch against separate
+``/v1`` calls from ``--batch-clients`` clients (``bench/batch_api.py``), on ``--workers``
+workers of the production pool (threads); writes results/batch_api.json.
 
 Starts its own redis-server, worker and web server on free ports. Writes
 results/queue_overhead.csv, results/queue_overhead.json and results/queue_overhead.png.
@@ -16,6 +21,7 @@ from pathlib import Path
 
 import requests
 
+from bench import batch_api
 from bench.stats import machine_info, print_table, pyplot, summarize, write_csv, write_json
 from core.events import TERMINAL_EVENTS
 from core.jobs import JobStore
@@ -79,23 +85,32 @@ def main() -> None:
     parser.add_argument("--burst-clients", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--output", default="results/queue_overhead.csv")
+    parser.add_argument("--batch-api", action="store_true", help="compare a batch with separate /v1 calls")
+    parser.add_argument("--batch-clients", type=int, default=8)
+    parser.add_argument("--workers", type=int, default=2, help="--batch-api: worker processes")
     args = parser.parse_args()
 
     env = {"MINISERVE_MODEL": args.model, "MINISERVE_THREADS": str(args.threads), "MINISERVE_JSON_LOGS": "true",
            "MINISERVE_LOG_LEVEL": "WARNING", "MINISERVE_MAX_QUEUE_DEPTH": str(args.burst * 2)}
     redis_proc, url = start_redis(Path("/tmp"))
     stack = Stack(redis_url=url, env_overrides=env)
-    worker = stack.start_worker()
+    workers = ([stack.start_worker(name=f"w{i}", pool="threads", concurrency=8) for i in range(args.workers)]
+               if args.batch_api else [stack.start_worker()])
     web, base_url = stack.start_web()
     store = job_store(url)
     try:
-        wait_until(lambda: any(w["info"].get("engine_loaded") for w in list_workers(store.client, 15)), 300, what="worker")
+        wait_until(lambda: sum(bool(w["info"].get("engine_loaded")) for w in list_workers(store.client, 15))
+                   >= len(workers), 300, what="workers")
         wait_until(lambda: _up(base_url), 30, what="web server")
+        if args.batch_api:
+            batch_api.compare(base_url, args.burst, args.batch_clients, args.max_new_tokens,
+                              Path(args.output).with_name("batch_api.json"))
+            return
         rows = run_interleaved(args, base_url)
         burst_result = burst(base_url, store, args.burst, args.burst_clients,
                              {"prompt": "Hi", "max_new_tokens": 1, "generation_method": args.method})
     finally:
-        for proc in (web, worker, redis_proc):
+        for proc in (web, *workers, redis_proc):
             proc.stop()
     report(args, rows, burst_result)
 

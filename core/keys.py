@@ -123,3 +123,27 @@ def worker_queue(node: str) -> str:
 def prefix_holders_key(prefix_key: str) -> str:
     """Hash: worker name -> time it last ran a job with this prompt prefix."""
     return f"route:prefix:{prefix_key}"
+
+
+# OpenAI's Batch API (core/batches.py): uploaded files and batches, with the job TTL.
+FILES_INDEX = "files:index"  # sorted set: file id -> created_at
+BATCHES_INDEX = "batches:index"  # sorted set: batch id -> created_at
+_FILE_ID_SHAPE = re.compile(r"file-[0-9a-f]{32}")
+_BATCH_ID_SHAPE = re.compile(r"batch_[0-9a-f]{32}")
+
+
+def _checked(text: object, shape: re.Pattern[str], kind: str) -> str:
+    """An id a client sent, checked before a key is built from it (as :class:`JobId` does)."""
+    if not isinstance(text, str) or not shape.fullmatch(text):
+        raise InvalidJobId(f"not a {kind} id: {str(text)[:80]!r}")
+    return text
+
+
+def file_key(file_id: str) -> str:
+    """Hash: an uploaded (or a batch's output) file's metadata and its text."""
+    return f"file:{_checked(file_id, _FILE_ID_SHAPE, 'file')}"
+
+
+def batch_key(batch_id: str) -> str:
+    """Hash: a batch's OpenAI object, its owner and its lines (custom id -> job or error)."""
+    return f"batch:{_checked(batch_id, _BATCH_ID_SHAPE, 'batch')}"

@@ -68,6 +68,7 @@ class Settings(BaseSettings):
     rate_limit_per_minute: int = Field(default=0, ge=0)  # 0 = unlimited
     max_queue_depth: int = Field(default=1000, ge=0)  # 0 = unbounded
     max_body_bytes: PositiveInt = 1_000_000
+    max_file_bytes: PositiveInt = 20_000_000  # a /v1/files upload (batch input), stored in Redis
     body_timeout_s: PositiveInt = 10  # a request body that stops arriving this long is refused (400)
     body_deadline_s: PositiveInt = 30  # a whole body must arrive within this, however it drips (400)
     # Open SSE streams per client, counted across web processes in Redis: per API key, and

@@ -23,6 +23,8 @@ PUBLIC_PATHS = frozenset({"/", "/healthz", "/health", "/docs", "/openapi.json"})
 PUBLIC_PREFIXES = ("/swagger/", "/swagger", "/static/")
 EXTRA_PUBLIC_CONFIG = "MINISERVE_PUBLIC_PREFIXES"
 JSON_TYPES = ("application/json",)
+MULTIPART_PATHS = frozenset({"/v1/files"})  # file uploads: multipart, up to max_file_bytes
+MULTIPART_SLACK_BYTES = 64 * 1024  # the form's other parts and boundaries around the file
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
@@ -75,12 +77,16 @@ def _check_body() -> None:
     if not length and not chunked:
         return  # no body: routes that need one answer 422
     settings = ctx().settings
-    if length is not None and length > settings.max_body_bytes:
-        raise ApiError(413, "body_too_large", f"request body over {settings.max_body_bytes} bytes")
-    if request.mimetype not in JSON_TYPES and not request.mimetype.endswith("+json"):
+    upload = request.mimetype == "multipart/form-data" and request.path in MULTIPART_PATHS
+    limit = settings.max_file_bytes + MULTIPART_SLACK_BYTES if upload else settings.max_body_bytes
+    if length is not None and length > limit:
+        raise ApiError(413, "body_too_large", f"request body over {limit} bytes")
+    if not upload and request.mimetype not in JSON_TYPES and not request.mimetype.endswith("+json"):
         raise ApiError(415, "unsupported_media_type", "send the body as 'Content-Type: application/json'")
-    data = read_body(request.environ, length, settings.max_body_bytes, settings.body_timeout_s,
-                     settings.body_deadline_s)
+    data = read_body(request.environ, length, limit, settings.body_timeout_s, settings.body_deadline_s)
+    if upload:
+        request.max_content_length = limit  # werkzeug parses the form from the bytes read above
+        return
     load_body(request, data)
 
 

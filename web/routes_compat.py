@@ -1,7 +1,8 @@
 """``POST /generate`` and ``POST /agent/run``, compatible with the original MiniServe.
 
 Both enqueue a job and wait for its end, so old clients keep their request/response
-shapes while the work runs on the queue. ``job_id`` is added to every answer (and to
+shapes while the work runs on the queue; a client that closes its connection while
+waiting has its job cancelled (``web.disconnect``). ``job_id`` is added to every answer (and to
 every error) so a client can look the job up afterwards.
 """
 from __future__ import annotations
@@ -9,17 +10,19 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from flask import jsonify
+from flask import jsonify, request
 from flask_openapi3 import APIBlueprint, Tag
 
 from core.events import AGENT_INPUT_ERRORS, CANCELLED, SUCCEEDED, TIMEOUT
 from core.jobs import JobRecord
 from core.logs import log_event
+from web.cancel import cancel_job
 from web.context import ctx
+from web.disconnect import client_gone
 from web.errors import ApiError
 from web.routes_jobs import BODY_ERRORS, GUARD_ERRORS, MODEL_ERRORS
 from web.schemas import AgentBody, AgentResponse, ErrorResponse, GenerateBody, GenerateResponse
-from web.sse import sse_response, stream_events, wait_for_end
+from web.sse import ClientGone, sse_response, stream_events, wait_for_end
 from web.stream_limit import freed_on_error, limited, take_stream_slot
 from web.submit import from_agent_body, from_generate_body, submit
 
@@ -28,9 +31,24 @@ api = APIBlueprint("compat", __name__, abp_tags=[Tag(name="compat", description=
 WAIT_ERRORS: dict[int, Any] = {409: ErrorResponse, 500: ErrorResponse, 504: ErrorResponse}
 
 
+def abandon_job(job_id: str) -> None:
+    """The client left while waiting: cancel its job so the worker stops (and frees its KV blocks)."""
+    try:
+        job, was_queued = cancel_job(ctx().store, ctx().celery, job_id)
+        log_event(logger, "wait_abandoned", job_id=job_id, was_queued=was_queued, state=job.state)
+    except Exception as exc:  # noqa: BLE001 - the client is gone; nobody to tell but the log
+        log_event(logger, "wait_abandon_failed", level=logging.WARNING, job_id=job_id, error=type(exc).__name__)
+
+
 def _finished(job_id: str) -> JobRecord:
     """Wait for the job; any end but ``succeeded`` becomes an error naming the job."""
-    job = wait_for_end(ctx().store, job_id, ctx().settings.wait_timeout_s)
+    try:
+        job = wait_for_end(ctx().store, job_id, ctx().settings.wait_timeout_s,
+                           gone=lambda: client_gone(request.environ))
+    except ClientGone:
+        abandon_job(job_id)
+        raise ApiError(499, "client_closed_request", "the client closed the connection; its job is cancelled",
+                       job_id=job_id) from None
     if job is None:
         raise ApiError(504, "wait_timeout", f"the job did not finish within {ctx().settings.wait_timeout_s} s; "
                        f"follow it at /jobs/{job_id}", job_id=job_id)

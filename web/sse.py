@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import redis
 from flask import Response, request, stream_with_context
@@ -127,13 +127,21 @@ def sse_response(events: Iterator[str], job_id: str) -> Response:
     return response
 
 
-def wait_for_end(store: JobStore, job_id: str, timeout_s: float) -> JobRecord | None:
+class ClientGone(Exception):
+    """The waiting request's client closed its connection (``web.disconnect``)."""
+
+
+def wait_for_end(store: JobStore, job_id: str, timeout_s: float,
+                 gone: Callable[[], bool] | None = None) -> JobRecord | None:
     """Block until the job's terminal event (returns the finished record) or ``timeout_s``
-    (returns ``None``). XREAD answers at once when events are already stored."""
+    (returns ``None``). XREAD answers at once when events are already stored. ``gone`` is
+    asked once per second of waiting; when it says the client left, :class:`ClientGone`."""
     deadline, last = time.monotonic() + timeout_s, 0
     while (remaining := deadline - time.monotonic()) > 0:
         for event in store.wait_events(job_id, last, max(1, int(min(remaining, 1.0) * 1000))):
             last = event.seq
             if event.is_terminal:
                 return store.get(job_id)
+        if gone is not None and gone():
+            raise ClientGone(job_id)
     return None

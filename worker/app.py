@@ -40,7 +40,8 @@ def celery_config(settings: Settings) -> dict:
         "task_track_started": True,
         "worker_hijack_root_logger": False,
         "worker_cancel_long_running_tasks_on_connection_loss": False,
-        "imports": ("worker.tasks", "worker.bench_tasks", "worker.agent_eval_tasks", "worker.signals"),
+        "imports": ("worker.tasks", "worker.bench_tasks", "worker.agent_eval_tasks", "worker.batch_tasks",
+                    "worker.signals"),
     }
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 from flask_openapi3 import OpenAPI
 
 from web.openai import errors
+from web.openai.batch_routes import api as batch_api
 from web.openai.routes import api
 
 
 def register(app: OpenAPI) -> None:
     app.register_api(api)
+    app.register_api(batch_api)
     errors.install(app)

@@ -10,7 +10,8 @@ deltas as they are generated when the grammar fixes the answer's shape: forced c
 (``required``, a named function), and ``auto`` answers that open with a bare JSON call;
 any other ``auto`` answer is held back until the end, because whether it holds a call is
 only known then (keep-alive comments still go out for each token). A client that goes away mid-stream is
-noticed on the next write (the server closes the generator) and its job is cancelled.
+noticed on the next write (the server closes the generator) and its job is cancelled;
+one that leaves a non-streaming request is noticed while it waits (``web.disconnect``).
 """
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ from typing import Any, Iterator
 from flask import Response, jsonify, stream_with_context
 from flask_openapi3 import APIBlueprint, Tag
 
-from core.events import CANCELLED, DONE, QUEUED, TIMEOUT, TOKEN, Event
+from core.events import CANCELLED, DONE, TIMEOUT, TOKEN, Event
 from core.jobs import JobRecord, JobStore
 from core.logs import log_event
+from web.cancel import cancel_job
 from web.context import ctx
 from web.models import model_cards
 from web.openai.call_stream import ToolStream
@@ -153,10 +155,7 @@ def _ending(writer: ChunkWriter, event_type: str, data: dict[str, Any], buffered
 def abandon(store: JobStore, celery: Any, job_id: str) -> None:
     """The client left: cancel its job (revoke the task too when it never started)."""
     try:
-        was_queued = store.get(job_id).state == QUEUED
-        job = store.request_cancel(job_id)
-        if was_queued:
-            celery.control.revoke(job_id)
+        job, was_queued = cancel_job(store, celery, job_id)
         log_event(logger, "chat_stream_abandoned", job_id=job_id, was_queued=was_queued, state=job.state)
     except Exception as exc:  # noqa: BLE001 - the client is gone; nobody to tell but the log
         log_event(logger, "chat_abandon_failed", level=logging.WARNING, job_id=job_id, error=type(exc).__name__)

@@ -1,0 +1,46 @@
+"""The Batch API from the celery CLI's side: ``miniserve.batch`` by name with a JSONL path
+and with a list of bodies; ``miniserve.batch_summary`` returns the ended batch."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from celery import Celery
+
+from core.batches import BatchStore
+from worker.batch_tasks import BATCH_START
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def client(shared_stack):
+    app = Celery("batch-test", broker=shared_stack.redis_url, backend=shared_stack.redis_url)
+    yield app
+    app.close()
+
+
+def body(text: str) -> dict:
+    return {"messages": [{"role": "user", "content": text}], "max_tokens": 4}
+
+
+def test_a_jsonl_path_runs_as_a_batch_and_the_summary_names_its_files(client, worker, store, tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join([json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+                                           "body": body("One?")}), "not json"]))
+    started = client.send_task(BATCH_START, args=[str(path)], queue="bench").get(timeout=60)
+    assert started["request_counts"] == {"total": 2, "completed": 0, "failed": 1}
+    summary = client.AsyncResult(started["summary_task_id"]).get(timeout=120)
+    assert summary["id"] == started["batch_id"] and summary["status"] == "completed"
+    assert summary["request_counts"] == {"total": 2, "completed": 1, "failed": 1}
+    files = BatchStore(store.client)
+    [line] = [json.loads(x) for x in files.get_file(summary["output_file_id"]).content.splitlines()]
+    assert line["custom_id"] == "a" and line["response"]["body"]["object"] == "chat.completion"
+    [error] = [json.loads(x) for x in files.get_file(summary["error_file_id"]).content.splitlines()]
+    assert error["error"]["code"] == "invalid_json_line"
+
+
+def test_a_list_of_bodies_gets_numbered_custom_ids(client, worker):
+    started = client.send_task(BATCH_START, args=[[body("A?"), body("B?")]], queue="bench").get(timeout=60)
+    summary = client.AsyncResult(started["summary_task_id"]).get(timeout=120)
+    assert summary["request_counts"] == {"total": 2, "completed": 2, "failed": 0}

@@ -1,0 +1,77 @@
+"""A batch of 200 chat requests (5 malformed) on two real workers, one SIGKILLed mid-batch:
+195 results and 5 error lines, each ``custom_id`` once, every answer its job's final text."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import requests
+
+from core.batches import BatchStore
+from tests.harness.stack import wait_until
+from tests.integration.conftest import _started_worker, started_web, wait_for_worker
+
+PROMPTS = ["Name a fruit.", "Name a colour.", "Name a city.", "Name a tool.", "Name a river."]
+MALFORMED = {17: "not json at all", 60: "presence", 99: "duplicate", 140: "url", 180: "no-id"}
+
+
+def lines() -> list[str]:
+    out = []
+    for i in range(200):
+        body = {"messages": [{"role": "user", "content": PROMPTS[i % 5]}], "max_tokens": 4}
+        line = {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+        kind = MALFORMED.get(i)
+        if kind == "presence":
+            body["presence_penalty"] = 0.5
+        elif kind == "duplicate":
+            line["custom_id"] = "r3"
+        elif kind == "url":
+            line["url"] = "/v1/embeddings"
+        elif kind == "no-id":
+            del line["custom_id"]
+        out.append("{oops" if kind == "not json at all" else json.dumps(line))
+    return out
+
+
+def test_two_hundred_lines_on_two_workers_survive_a_sigkill(stack, store):
+    workers = [_started_worker(stack, store, name="b1", pool="threads", concurrency=4)]
+    workers.append(stack.start_worker(name="b2", pool="threads", concurrency=4))
+    wait_for_worker(store, count=2)
+    web, base = started_web(stack)
+    try:
+        file_id = requests.post(f"{base}/v1/files", data={"purpose": "batch"},
+                                files={"file": ("in.jsonl", "\n".join(lines()).encode())}, timeout=30).json()["id"]
+        batch = requests.post(f"{base}/v1/batches", json={"input_file_id": file_id, "completion_window": "24h",
+                                                          "endpoint": "/v1/chat/completions"}, timeout=120).json()
+        assert batch["request_counts"] == {"total": 200, "completed": 0, "failed": 5}, batch
+
+        def progress() -> dict:
+            return requests.get(f"{base}/v1/batches/{batch['id']}", timeout=30).json()
+
+        wait_until(lambda: progress()["request_counts"]["completed"] >= 30, 120, interval_s=0.5,
+                   what="30 results before the kill")
+        workers[1].kill()  # SIGKILL, main process and pool
+        wait_until(lambda: progress()["status"] == "completed", 180, interval_s=1, what="the batch to complete")
+        done = progress()
+        assert done["request_counts"] == {"total": 200, "completed": 195, "failed": 5}
+        output = [json.loads(x) for x in requests.get(f"{base}/v1/files/{done['output_file_id']}/content",
+                                                      timeout=30).text.splitlines()]
+        errors = [json.loads(x) for x in requests.get(f"{base}/v1/files/{done['error_file_id']}/content",
+                                                      timeout=30).text.splitlines()]
+    finally:
+        web.stop()
+        for proc in workers:
+            proc.kill()
+    wanted = [f"r{i}" for i in range(200) if i not in MALFORMED]
+    assert [o["custom_id"] for o in output] == wanted  # each once, in the input's order
+    assert Counter(e["custom_id"] for e in errors) == Counter(["r3", "r60", "r140", None, None])
+    texts: dict[str, set[str]] = {}
+    for item in output:
+        job = store.get(item["response"]["request_id"])
+        message = item["response"]["body"]["choices"][0]["message"]["content"]
+        assert job.state == "succeeded" and message == job.result["text"]
+        texts.setdefault(PROMPTS[int(item["custom_id"][1:]) % 5], set()).add(message)
+    assert all(len(answers) == 1 for answers in texts.values()), texts  # greedy fp32: one answer per prompt
+    rerun = [o for o in output if store.get(o["response"]["request_id"]).attempt > 1]
+    assert BatchStore(store.client).get_batch(done["id"]).status == "completed"
+    assert rerun, "the SIGKILL hit no running job: the test proved nothing"

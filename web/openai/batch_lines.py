@@ -1,0 +1,108 @@
+"""A batch's input file, line by line, into jobs: the same path as ``/v1/chat/completions``.
+
+Each line is ``{"custom_id", "method": "POST", "url": <the batch's endpoint>, "body": {...}}``.
+Its body is validated by the same request model (so by the field table,
+``web.openai.fields``), turned into a job by the same :func:`chat_job`, and queued by the same
+:func:`web.submit.submit` (limits, prefix routing). A line that fails any of these becomes
+an *entry* holding its error, for the error file; it never fails the batch. A repeated
+``custom_id`` is such an error (the first line with it runs).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from web.errors import ApiError, validation_details
+from web.openai.convert import chat_job
+from web.openai.errors import openai_error
+from web.openai.schemas import ChatCompletionRequest
+from web.submit import submit
+
+MAX_CUSTOM_ID_CHARS = 512
+
+
+@dataclass(frozen=True)
+class Line:
+    number: int  # 1-based, as an editor shows it
+    custom_id: str | None
+    body: dict[str, Any] | None
+    error: dict[str, Any] | None  # {"status_code", "code", "message", "param"}
+
+
+def _bad(number: int, custom_id: str | None, code: str, message: str, param: str | None,
+         status: int = 400) -> Line:
+    error = {"status_code": status, "code": code, "message": f"line {number}: {message}", "param": param}
+    return Line(number, custom_id, None, error)
+
+
+def parse_line(number: int, text: str, endpoint: str) -> Line:
+    """The line's envelope checked (JSON object, ``custom_id``, ``method``, ``url``, ``body``)."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        return _bad(number, None, "invalid_json_line", f"not JSON ({exc})", None)
+    if not isinstance(value, dict):
+        return _bad(number, None, "invalid_json_line", "not a JSON object", None)
+    custom_id = value.get("custom_id")
+    if not isinstance(custom_id, str) or not 0 < len(custom_id) <= MAX_CUSTOM_ID_CHARS:
+        return _bad(number, None, "invalid_custom_id",
+                    f"custom_id: a string of 1 to {MAX_CUSTOM_ID_CHARS} characters is required", "custom_id")
+    if value.get("method") != "POST":
+        return _bad(number, custom_id, "invalid_method", "method: must be POST", "method")
+    if value.get("url") != endpoint:
+        return _bad(number, custom_id, "invalid_url", f"url: must be the batch's endpoint {endpoint}", "url")
+    if not isinstance(value.get("body"), dict):
+        return _bad(number, custom_id, "invalid_body", "body: a JSON object is required", "body")
+    unknown = sorted(set(value) - {"custom_id", "method", "url", "body"})
+    if unknown:
+        return _bad(number, custom_id, "invalid_line", f"{unknown[0]}: unknown field", unknown[0])
+    return Line(number, custom_id, value["body"], None)
+
+
+def parse_lines(text: str, endpoint: str) -> list[Line]:
+    """Every non-blank line, duplicates of an earlier ``custom_id`` marked as errors."""
+    lines, seen = [], {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        line = parse_line(number, raw, endpoint)
+        if line.error is None and line.custom_id in seen:
+            line = _bad(number, line.custom_id, "duplicate_custom_id",
+                        f"custom_id: '{line.custom_id}' is already used on line {seen[line.custom_id]}", "custom_id")
+        elif line.error is None:
+            seen[line.custom_id] = number
+        lines.append(line)
+    return lines
+
+
+def _body_error(line: Line, status: int, code: str, message: str, param: str | None) -> dict[str, Any]:
+    return {"custom_id": line.custom_id, "line": line.number,
+            "error": {"status_code": 400 if status == 422 else status, "code": code,
+                      "message": message, "param": param}}
+
+
+def submit_line(line: Line) -> dict[str, Any]:
+    """The line's entry: its job, or the error a ``/v1/chat/completions`` call with its body
+    would have answered."""
+    if line.error is not None:
+        return {"custom_id": line.custom_id, "line": line.number, "error": line.error}
+    try:
+        body = ChatCompletionRequest.model_validate(line.body)
+        if body.stream:
+            raise ApiError(400, "validation_error", "stream: not in a batch (results are a file)", field="stream")
+        job = submit(chat_job(body).submission).job
+    except ValidationError as exc:
+        first = (validation_details(exc) or [{"field": "body", "message": "invalid"}])[0]
+        return _body_error(line, 400, "validation_error", f"{first['field']}: {first['message']}", first["field"])
+    except ApiError as exc:
+        return _body_error(line, exc.status, exc.code, exc.message, exc.field)
+    return {"custom_id": line.custom_id, "line": line.number, "job_id": job.id, "body": line.body}
+
+
+def error_body(error: dict[str, Any]) -> dict[str, Any]:
+    """An entry's error as the body of an OpenAI error answer."""
+    return openai_error(int(error["status_code"]), {"error": {"message": error["message"],
+                                                              "field": error.get("param"), "code": error["code"]}})

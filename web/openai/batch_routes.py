@@ -1,0 +1,107 @@
+"""OpenAI's Files and Batches endpoints (``/v1/files``, ``/v1/batches``) on the job queue.
+
+A batch's lines become ordinary ``chat`` jobs (:mod:`web.openai.batch_lines`), so they
+spread over every worker and get prefix routing; its progress and output are read from
+those jobs (:mod:`web.openai.batch_flow`). Files hold UTF-8 JSONL, at most
+``MINISERVE_MAX_FILE_BYTES`` (a 413 beyond).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Response, jsonify
+from flask_openapi3 import APIBlueprint, FileStorage, Tag
+
+from core.batches import NotFound, StoredFile
+from web.context import ctx, request_owner
+from web.errors import ApiError
+from web.openai import batch_flow
+from web.openai.batch_schemas import (
+    BatchCreate, BatchList, BatchListQuery, BatchObject, BatchPath, FileContent, FileObject, FilePath, FileUpload,
+)
+from web.openai.schemas import OpenAIError
+
+api = APIBlueprint("openai_batch", __name__, url_prefix="/v1",
+                   abp_tags=[Tag(name="openai-batch", description="OpenAI Files and Batch API (through the queue)")])
+ERRORS: dict[int, Any] = {code: OpenAIError for code in (400, 401, 404, 413, 415, 429, 503)}
+
+
+def _owner() -> str:
+    return request_owner() or ""
+
+
+def _file(file_id: str) -> StoredFile:
+    try:
+        return batch_flow.batch_store().get_file(file_id, owner=request_owner())
+    except NotFound:
+        raise ApiError(404, "file_not_found", f"no file '{file_id[:100]}'", field="file_id") from None
+
+
+def _batch(batch_id: str) -> Any:
+    try:
+        return batch_flow.batch_store().get_batch(batch_id, owner=request_owner())
+    except NotFound:
+        raise ApiError(404, "batch_not_found", f"no batch '{batch_id[:100]}'", field="batch_id") from None
+
+
+def _text(upload: FileStorage) -> str:
+    """The uploaded file's text, checked: size, UTF-8."""
+    limit = ctx().settings.max_file_bytes
+    data = upload.read(limit + 1)
+    if len(data) > limit:
+        raise ApiError(413, "file_too_large", f"file: over {limit} bytes (MINISERVE_MAX_FILE_BYTES)", field="file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ApiError(400, "validation_error", "file: not UTF-8 text", field="file") from None
+
+
+@api.post("/files", summary="Upload a JSONL file of batch requests (multipart: purpose=batch, file)",
+          responses={200: FileObject, **ERRORS})
+def create_file(form: FileUpload):
+    text = _text(form.file)
+    stored = batch_flow.batch_store().put_file(form.purpose, form.file.filename or "upload.jsonl", text, _owner())
+    return jsonify(stored.openai_object(ctx().settings.job_ttl_s))
+
+
+@api.get("/files/<file_id>", summary="A file's metadata", responses={200: FileObject, **ERRORS})
+def retrieve_file(path: FilePath):
+    return jsonify(_file(path.file_id).openai_object(ctx().settings.job_ttl_s))
+
+
+@api.get("/files/<file_id>/content", summary="A file's content (input, output or error JSONL)",
+         responses={200: FileContent, **ERRORS})
+def file_content(path: FilePath):
+    return Response(_file(path.file_id).content, mimetype="application/jsonl")
+
+
+@api.post("/batches", summary="Start a batch: each line of the input file becomes a job",
+          responses={200: BatchObject, **ERRORS})
+def create_batch(body: BatchCreate):
+    stored = _file(body.input_file_id)
+    if stored.purpose != "batch":
+        raise ApiError(400, "validation_error", "input_file_id: not a file with purpose batch", field="input_file_id")
+    record = batch_flow.start_batch(stored.content, stored.id, body.endpoint, body.completion_window,
+                                    body.metadata, _owner())
+    return jsonify(record.object)
+
+
+@api.get("/batches/<batch_id>", summary="A batch: status, request_counts, output and error files",
+         responses={200: BatchObject, **ERRORS})
+def retrieve_batch(path: BatchPath):
+    return jsonify(batch_flow.refresh(_batch(path.batch_id)).object)
+
+
+@api.post("/batches/<batch_id>/cancel", summary="Cancel a batch (its open jobs are cancelled)",
+          responses={200: BatchObject, **ERRORS})
+def cancel_batch(path: BatchPath):
+    return jsonify(batch_flow.cancel(_batch(path.batch_id)).object)
+
+
+@api.get("/batches", summary="Recent batches, newest first (after: a batch id, limit)",
+         responses={200: BatchList, **ERRORS})
+def list_batches(query: BatchListQuery):
+    records = batch_flow.batch_store().list_batches(request_owner(), query.after, query.limit + 1)
+    shown = [batch_flow.refresh(r).object for r in records[:query.limit]]
+    return jsonify({"object": "list", "data": shown, "first_id": shown[0]["id"] if shown else None,
+                    "last_id": shown[-1]["id"] if shown else None, "has_more": len(records) > query.limit})
