@@ -48,9 +48,9 @@ def prefix_store(engine: Any) -> PrefixCache:
 
 
 def _sampler(engine: Any, forward: Qwen2Forward, request: GenerationRequest, penalty: float,
-             prompt: Prompt) -> Sampler:
+             prompt: Prompt, run: GenerationRun) -> Sampler:
     return Sampler(request.sampling, penalty, forward.config.vocab_size, prompt.ids, forward.weights.device,
-                   constraint=token_constraint(engine, request.constraint))
+                   constraint=token_constraint(engine, request.constraint), record=run.logprobs)
 
 
 def decode_loop(forward: Qwen2Forward, cache: Any, logits: torch.Tensor, sampler: Sampler,
@@ -67,7 +67,7 @@ def decode_loop(forward: Qwen2Forward, cache: Any, logits: torch.Tensor, sampler
 
 def run_no_cache(engine: Any, prompt: Prompt, run: GenerationRun, request: GenerationRequest, penalty: float) -> int:
     forward = forward_for(engine)
-    sampler = _sampler(engine, forward, request, penalty, prompt)
+    sampler = _sampler(engine, forward, request, penalty, prompt, run)
     ids = list(prompt.ids)
     device = forward.weights.device
     with torch.inference_mode():
@@ -93,7 +93,7 @@ def _run_cached(engine: Any, prompt: Prompt, run: GenerationRun, request: Genera
                 prefill: Callable[[Qwen2Forward, Prompt, ContiguousKVCache], tuple[torch.Tensor, int]]) -> int:
     """Prefill into a fresh contiguous cache with ``prefill``, then decode; returns cached tokens."""
     forward = forward_for(engine)
-    sampler = _sampler(engine, forward, request, penalty, prompt)
+    sampler = _sampler(engine, forward, request, penalty, prompt, run)
     # a constrained request does not draft: drafts are not checked against the grammar
     spec = spec_config(engine.settings, request.speculative, forward.weights) if request.constraint is None else None
     with torch.inference_mode():

@@ -113,7 +113,7 @@ class ModelEngine:
         run = GenerationRun(loaded.tokenizer, method=request.method,
                             max_new_tokens=sampling.max_new_tokens, eos_ids=loaded.eos_ids,
                             stops=sampling.stop, on_text=on_text, should_cancel=should_cancel,
-                            started=started)
+                            started=started, logprobs=sampling.logprobs)
         return prompt, run, penalty
 
     def run_solo(self, prompt: Prompt, run: GenerationRun, request: GenerationRequest,

@@ -12,19 +12,25 @@ import torch
 from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from engine.constrained.processor import GrammarLogitsProcessor
+from engine.logprobs import LogprobRecorder
+from engine.official_processors import NEUTRAL_WARPERS, LogprobProcessor, OpenAIPenaltyProcessor, warpers
 from engine.run import GenerationRun
-from engine.sampling import safe_penalty, safe_temperature
+from engine.sampling import safe_penalty
 from engine.types import SamplingParams
 
 
 class _RunCriteria(StoppingCriteria):
     """Hands each new token to the run; stops on a stop string, max tokens or cancellation."""
 
-    def __init__(self, run: GenerationRun) -> None:
+    def __init__(self, run: GenerationRun, recorder: LogprobRecorder | None = None) -> None:
         self.run = run
+        self.recorder = recorder
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
-        stop = self.run.accept(int(input_ids[0, -1]))
+        token = int(input_ids[0, -1])
+        if self.recorder is not None:
+            self.recorder.take(token)
+        stop = self.run.accept(token)
         return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
 
 
@@ -38,9 +44,23 @@ def generate_kwargs(sampling: SamplingParams, repetition_penalty: float, eos_ids
     if sampling.greedy:
         kwargs["do_sample"] = False
     else:
-        kwargs.update(do_sample=True, temperature=safe_temperature(sampling.temperature),
-                      top_p=sampling.top_p, top_k=sampling.top_k)
+        kwargs.update(do_sample=True, **NEUTRAL_WARPERS)  # ours come last (official_processors)
     return kwargs
+
+
+def processors(sampling: SamplingParams, prompt_len: int, vocab_size: int, constraint: Any,
+               recorder: LogprobRecorder | None) -> LogitsProcessorList:
+    """Everything after ``generate``'s repetition penalty, in the hand-written sampler's order."""
+    out: list[Any] = []
+    if sampling.presence_penalty or sampling.frequency_penalty or sampling.logit_bias:
+        out.append(OpenAIPenaltyProcessor(sampling, prompt_len, vocab_size))
+    if recorder is not None:
+        out.append(LogprobProcessor(recorder))
+    if constraint is not None:
+        out.append(GrammarLogitsProcessor(constraint, prompt_len))
+    if not sampling.greedy:
+        out.extend(warpers(sampling))
+    return LogitsProcessorList(out)
 
 
 def generate_official(model: Any, prompt_ids: list[int], run: GenerationRun, sampling: SamplingParams,
@@ -53,8 +73,8 @@ def generate_official(model: Any, prompt_ids: list[int], run: GenerationRun, sam
     kwargs = generate_kwargs(sampling, repetition_penalty, sorted(run.eos_ids), model.generation_config.pad_token_id)
     if not sampling.greedy and sampling.seed is not None:
         torch.manual_seed(sampling.seed)  # generate samples from the global generator
-    if constraint is not None:
-        kwargs["logits_processor"] = LogitsProcessorList([GrammarLogitsProcessor(constraint, len(prompt_ids))])
+    recorder = LogprobRecorder(run.logprobs, sampling.top_logprobs) if run.logprobs is not None else None
+    kwargs["logits_processor"] = processors(sampling, len(prompt_ids), model.config.vocab_size, constraint, recorder)
     with torch.inference_mode():
         model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
-                       stopping_criteria=StoppingCriteriaList([_RunCriteria(run)]), **kwargs)
+                       stopping_criteria=StoppingCriteriaList([_RunCriteria(run, recorder)]), **kwargs)

@@ -27,8 +27,9 @@ class GenerationRun:
     def __init__(self, tokenizer: Any, *, method: str, max_new_tokens: int,
                  eos_ids: Iterable[int], stops: Iterable[str] = (),
                  on_text: TextCallback | None = None, should_cancel: CancelCheck | None = None,
-                 started: float | None = None) -> None:
+                 started: float | None = None, logprobs: bool = False) -> None:
         self.method = method
+        self.logprobs: list[dict[str, Any]] | None = [] if logprobs else None  # filled by the sampler
         self.tokenizer = tokenizer      # speculative drafting reads its vocabulary
         self.max_new_tokens = max_new_tokens
         self.eos_ids = frozenset(int(i) for i in eos_ids)
@@ -106,4 +107,9 @@ class GenerationRun:
                         cached_tokens=cached_tokens, draft_tokens=self.draft_tokens,
                         accepted_draft_tokens=self.accepted_draft_tokens),
             timings=Timings(ttft_s=ttft, total_s=end - self.started, decode_tokens_per_s=decode_tps),
-            method=self.method, token_ids=list(self.token_ids))
+            method=self.method, token_ids=list(self.token_ids), logprobs=self._token_logprobs())
+
+    def _token_logprobs(self) -> list[dict[str, Any]] | None:
+        """The sampler's entries for the tokens kept (not a final end-of-sequence id, nor
+        speculative tokens scored past a stop)."""
+        return None if self.logprobs is None else self.logprobs[:len(self.token_ids)]

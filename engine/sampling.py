@@ -22,6 +22,10 @@ Robust to extreme values: ``temperature`` and ``repetition_penalty`` are clamped
 docs/api.md), and scores that still overflow fall back to the greedy choice, so sampling
 never hands ``torch.multinomial`` an inf or NaN.
 
+OpenAI's presence/frequency penalties and ``logit_bias`` (:mod:`engine.penalties`) follow
+the repetition penalty; log-probabilities, when asked (``record``), are taken right after
+them (:mod:`engine.logprobs`).
+
 Constrained decoding: a request with a grammar hands its sampler a per-sequence
 ``constraint`` (:class:`engine.constrained.TokenConstraint`); its mask applies right after
 the penalty and before temperature/top-k/top-p (so those only ever choose among allowed
@@ -35,6 +39,8 @@ from typing import Protocol, Sequence
 import numpy as np
 import torch
 
+from engine.logprobs import LogprobRecorder
+from engine.penalties import OpenAIPenalties
 from engine.types import SamplingParams
 
 # Below these, float32 logits divided by the value overflow; the choice is greedy by then anyway.
@@ -123,9 +129,13 @@ class Sampler:
 
     def __init__(self, params: SamplingParams, repetition_penalty: float, vocab_size: int,
                  prompt_ids: Sequence[int], device: torch.device | str = "cpu",
-                 constraint: LogitsConstraint | None = None) -> None:
+                 constraint: LogitsConstraint | None = None,
+                 record: list[dict] | None = None) -> None:
         self.params = params
         self.constraint = constraint
+        penalties = OpenAIPenalties(params, vocab_size, device)
+        self.openai = penalties if penalties.active else None
+        self.recorder = LogprobRecorder(record, params.top_logprobs) if record is not None else None
         self.penalty = safe_penalty(repetition_penalty)
         self.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
         if prompt_ids:
@@ -140,12 +150,20 @@ class Sampler:
 
     def observe(self, token_id: int) -> None:
         self.seen[token_id] = True
+        if self.openai is not None:
+            self.openai.observe(token_id)
+        if self.recorder is not None:
+            self.recorder.take(token_id)
         if self.constraint is not None:
             self.constraint.accept(token_id)
 
     def process(self, logits: torch.Tensor) -> torch.Tensor:
         """The final scores ``generate`` would sample from (float32, ``[vocab]``)."""
         scores = penalize_seen(float_copy(logits), self.seen, self.penalty)
+        if self.openai is not None:
+            scores = self.openai.apply(scores)
+        if self.recorder is not None:
+            self.recorder.score(scores)
         scores = constrain(scores, self.constraint)
         if self.params.greedy:
             return scores

@@ -22,6 +22,11 @@ class SamplingParams:
     repetition_penalty: float | None = None
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    presence_penalty: float = 0.0       # OpenAI's, over the generated tokens (engine.penalties)
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, -100..100) added to the logits
+    logprobs: bool = False              # record per-token log-probabilities (engine.logprobs)
+    top_logprobs: int = 0               # and this many alternatives per token (0..20)
 
     @property
     def greedy(self) -> bool:
@@ -70,6 +75,7 @@ class GenerationResult:
     timings: Timings
     method: str
     token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] | None = None  # one entry per token_ids entry, when asked
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

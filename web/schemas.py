@@ -20,6 +20,7 @@ JobType = Literal[JOB_TYPES]  # type: ignore[valid-type]
 SubmitType = Literal["generate", "agent"]
 Role = Literal["system", "user", "assistant", "tool"]
 MAX_STOP_STRINGS = 8
+MAX_LOGIT_BIAS = 1024  # logit_bias entries (OpenAI's own limit is lower)
 MAX_AGENT_STEPS = 20
 StopString = Annotated[str, Field(min_length=1)]
 # Below these, float32 scores overflow (inf/NaN); the engine clamps too (engine/sampling.py).
@@ -122,6 +123,13 @@ class SamplingFields(Strict, GuidedFields, ModelField):
     top_k: json_int(ge=0, le=1000) = Field(default=0, description="0 = off")
     repetition_penalty: Annotated[float, Field(ge=MIN_REPETITION_PENALTY, le=10.0)] | None = Field(
         default=None, description="null = the model's default")
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0,
+                                    description="OpenAI's: subtracted once from every token already generated")
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0,
+                                     description="OpenAI's: times how often the token was generated, subtracted")
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = Field(
+        default=None, max_length=MAX_LOGIT_BIAS, description="token id (as a string) -> -100..100 added to its "
+        "logit; -100 bans it")
     seed: json_int(ge=0, le=2**63 - 1) | None = None
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = Field(
         default=None, description=f"a stop string or up to {MAX_STOP_STRINGS} of them")

@@ -28,6 +28,7 @@ from core.models import SHARED_QUEUES
 from web import constraints
 from web.context import ctx, note_job, request_owner
 from web.errors import ApiError
+from web.logit_bias import bias_pairs
 from web.models import pick_model
 from web.routing import route_job
 from web.schemas import AgentBody, GenerateBody, JobSubmit, SamplingFields
@@ -60,9 +61,24 @@ def _sampling(body: SamplingFields | AgentBody) -> dict[str, Any]:
         return {"max_new_tokens": max_new, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
                 "repetition_penalty": None, "seed": None, "stop": []}
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    return {"max_new_tokens": max_new, "temperature": body.temperature, "top_p": body.top_p,
-            "top_k": body.top_k, "repetition_penalty": body.repetition_penalty, "seed": body.seed,
-            "stop": stop}
+    out = {"max_new_tokens": max_new, "temperature": body.temperature, "top_p": body.top_p,
+           "top_k": body.top_k, "repetition_penalty": body.repetition_penalty, "seed": body.seed,
+           "stop": stop}
+    return {**out, **openai_penalties(body.presence_penalty, body.frequency_penalty, body.logit_bias)}
+
+
+def openai_penalties(presence: float | None, frequency: float | None,
+                     logit_bias: dict[str, float] | None) -> dict[str, Any]:
+    """OpenAI's penalties and bias for the stored sampling, only when set (a plain job's
+    stored request stays as it was)."""
+    out: dict[str, Any] = {}
+    if presence:
+        out["presence_penalty"] = presence
+    if frequency:
+        out["frequency_penalty"] = frequency
+    if logit_bias:
+        out["logit_bias"] = bias_pairs(logit_bias)
+    return out
 
 
 def _request(messages: list[dict[str, str]], prefix: str | None, sampling: dict[str, Any],

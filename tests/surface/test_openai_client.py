@@ -39,8 +39,7 @@ def test_models_retrieve_the_served_model_and_a_missing_one(client, tiny_model):
 
 def test_refused_and_no_effect_fields_through_the_client(client, served_model):
     messages = [{"role": "user", "content": "Fields?"}]  # not MESSAGES: its prefix would be cached
-    for field, value in [("presence_penalty", 0.5), ("frequency_penalty", 1.0), ("logit_bias", {"5": -100}),
-                         ("n", 2), ("logprobs", True)]:
+    for field, value in [("n", 2), ("prediction", {"type": "content", "content": "x"})]:
         with pytest.raises(openai.BadRequestError) as info:
             client.chat.completions.create(model=served_model, messages=messages, max_tokens=2, **{field: value})
         assert info.value.body["param"] == field and "not supported" in info.value.body["message"]
@@ -51,6 +50,32 @@ def test_refused_and_no_effect_fields_through_the_client(client, served_model):
                                            metadata={"k": "v"}, store=False, service_tier="auto",
                                            presence_penalty=0, n=1)
     assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+def test_logprobs_penalties_and_bias_through_the_client(client, surface_store, served_model):
+    """Checked against the client's own types (strict pydantic validation, not its lenient parse)."""
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+    messages = [{"role": "user", "content": "Count with me: one two three"}]
+    ask = dict(model=served_model, messages=messages, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3)
+    plain = ChatCompletion.model_validate(client.chat.completions.create(**ask).model_dump())
+    content = plain.choices[0].logprobs.content
+    assert 1 <= len(content) <= plain.usage.completion_tokens
+    first = content[0]
+    assert len(first.top_logprobs) == 3 and first.top_logprobs[0].logprob >= first.top_logprobs[-1].logprob
+    assert first.logprob == first.top_logprobs[0].logprob  # greedy: the most likely token
+    assert b"".join(bytes(c.bytes) for c in content).decode("utf-8", "replace") == plain.choices[0].message.content
+    first_id = surface_store.get(plain.id.removeprefix("chatcmpl-")).result["logprobs"][0]["token_id"]
+    banned = client.chat.completions.create(**ask, logit_bias={str(first_id): -100})
+    second = banned.choices[0].logprobs.content[0]
+    assert second.token == first.top_logprobs[1].token  # the next best, under the same distribution
+    penalized = client.chat.completions.create(**ask, presence_penalty=2.0, frequency_penalty=2.0)
+    ChatCompletion.model_validate(penalized.model_dump())
+    stream = client.chat.completions.create(**ask, stream=True)
+    chunks = [ChatCompletionChunk.model_validate(c.model_dump()) for c in stream]
+    streamed = [t for c in chunks for ch in c.choices if ch.logprobs and ch.logprobs.content for t in ch.logprobs.content]
+    assert [t.bytes for t in streamed] == [t.bytes for t in content]  # a second run: same tokens,
+    assert [t.logprob for t in streamed] == pytest.approx([t.logprob for t in content], abs=1e-4)  # fp32 sums
 
 
 def test_tokenize_and_detokenize_over_http(base_url):

@@ -51,6 +51,8 @@ LAYER_OF = {
     "engine.speculative.attention": 2,  # verify rows' attention over a cache
     "engine.paged.forward": 3,         # the batched forward over paged attention: the scheduler's
     "engine.sampling": 3,
+    "engine.penalties": 3,             # OpenAI's presence/frequency penalties and logit_bias
+    "engine.logprobs": 3,              # per-token log-probabilities, when asked
     "engine.prompt": 3,
     "engine.run": 3,
     "engine.textstream": 3,
@@ -58,6 +60,7 @@ LAYER_OF = {
     "engine.speculative": 3,
     "engine.handwritten": 3,
     "engine.official": 3,
+    "engine.official_processors": 3,
     "engine.batching": 3,
     "engine.loop": 4,
     "engine.solo": 4,                  # the loop's non-batched requests, resumed a token at a time

@@ -22,7 +22,7 @@ from web.errors import ApiError
 from web.json_depth import InvalidText, JsonTooDeep, parse_json
 from web.openai.schemas import ChatCompletionRequest, ChatMessage
 from web.openai.tool_calls import ToolSet, compile_tools
-from web.submit import Submission, with_speculative
+from web.submit import Submission, openai_penalties, with_speculative
 
 REQUIRED_HINT = "Answer with a call to one of the functions you were given."
 NAMED_HINT = "Answer with a call to the function `{name}`."
@@ -35,6 +35,7 @@ class ChatJob:
     stream: bool
     include_usage: bool
     forced_calls: bool = False  # required / named: the answer is calls only, streamed as deltas
+    logprobs: bool = False      # the answer carries choices[].logprobs
 
 
 def _text(content: str | list[Any] | None) -> str:
@@ -92,7 +93,16 @@ def _sampling(body: ChatCompletionRequest) -> dict[str, Any]:
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     return {"max_new_tokens": max_new, "temperature": body.temperature or 0.0,
             "top_p": body.top_p if body.top_p is not None else 1.0, "top_k": body.top_k or 0,
-            "repetition_penalty": body.repetition_penalty, "seed": body.seed, "stop": stop}
+            "repetition_penalty": body.repetition_penalty, "seed": body.seed, "stop": stop,
+            **_openai_sampling(body)}
+
+
+def _openai_sampling(body: ChatCompletionRequest) -> dict[str, Any]:
+    """Penalties, bias and log-probabilities, only when asked (a plain job stays as it was)."""
+    out = openai_penalties(body.presence_penalty, body.frequency_penalty, body.logit_bias)
+    if body.logprobs:
+        out.update(logprobs=True, top_logprobs=body.top_logprobs or 0)
+    return out
 
 
 def _tool_set(body: ChatCompletionRequest) -> ToolSet | None:
@@ -150,5 +160,5 @@ def chat_job(body: ChatCompletionRequest) -> ChatJob:
     if constraint is not None:
         request["constraint"] = constraint
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return ChatJob(Submission("chat", request, "messages", body.model or None), tools, bool(body.stream), include_usage,
-                   forced_calls=_forced(body, tools))
+    return ChatJob(Submission("chat", request, "messages", body.model or None), tools, bool(body.stream),
+                   include_usage, forced_calls=_forced(body, tools), logprobs=bool(body.logprobs))

@@ -24,10 +24,6 @@ def _null(value: Any) -> bool:
     return value is None
 
 
-def _zero(value: Any) -> bool:
-    return value is None or (type(value) in (int, float) and value == 0)
-
-
 def _is(*defaults: Any) -> Callable[[Any], bool]:
     """Accepts null and exactly these JSON values (``False`` is not ``0``)."""
     return lambda value: value is None or any(type(value) is type(d) and value == d for d in defaults)
@@ -70,11 +66,11 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "parallel_tool_calls": honoured("false: at most one call"),
     "response_format": honoured("text | json_object | json_schema, held by a grammar"),
     "n": refused("one choice per request; only n = 1", _is(1)),
-    "logprobs": refused("log-probabilities are not returned; only false", _is(False)),
-    "top_logprobs": refused("log-probabilities are not returned; needs logprobs: true"),
-    "presence_penalty": refused("not implemented; only 0", _zero),
-    "frequency_penalty": refused("not implemented; only 0", _zero),
-    "logit_bias": refused("not implemented; only {}", _is({})),
+    "logprobs": honoured("after penalties and logit_bias, before the grammar mask and temperature/top-k/top-p"),
+    "top_logprobs": honoured("0..20 alternatives per token; needs logprobs: true"),
+    "presence_penalty": honoured("-2..2, over the generated tokens; on top of repetition_penalty"),
+    "frequency_penalty": honoured("-2..2, over the generated tokens; on top of repetition_penalty"),
+    "logit_bias": honoured("token id -> -100..100 added to the logits (-100 bans)"),
     "store": refused("completions are not stored; only false", _is(False)),
     "modalities": refused("text only; only [\"text\"]", _is(["text"])),
     "audio": refused("no audio output"),

@@ -9,6 +9,7 @@ from core.jobs import JobRecord
 from core.model_source import served_model_name
 from core.settings import Settings
 from web.openai.convert import ChatJob
+from web.openai.logprobs import openai_logprobs
 from web.openai.tool_calls import Recognised, openai_tool_calls, recognise
 
 
@@ -52,6 +53,11 @@ def extension(job: JobRecord, result: dict[str, Any]) -> dict[str, Any]:
             "engine_finish_reason": result.get("finish_reason"), "timings": result.get("timings") or {}}
 
 
+def choice_logprobs(chat: ChatJob, result: dict[str, Any]) -> dict[str, Any] | None:
+    """``choices[].logprobs`` when the request asked (one entry per generated token)."""
+    return openai_logprobs(result.get("logprobs")) if chat.logprobs else None
+
+
 def completion(job: JobRecord, chat: ChatJob, model: str) -> dict[str, Any]:
     result = job.result or {}
     answer = final_answer(chat, str(result.get("text", "")))
@@ -61,7 +67,7 @@ def completion(job: JobRecord, chat: ChatJob, model: str) -> dict[str, Any]:
     return {"id": completion_id(job.id), "object": "chat.completion", "created": int(job.created_at),
             "model": model,
             "choices": [{"index": 0, "message": message, "finish_reason": finish_reason(answer, result),
-                         "logprobs": None}],
+                         "logprobs": choice_logprobs(chat, result)}],
             "usage": usage(result), "system_fingerprint": None, "miniserve": extension(job, result)}
 
 
@@ -78,8 +84,10 @@ class ChunkWriter:
             payload["usage"] = None
         return f"data: {json.dumps({**self.base, **payload}, ensure_ascii=False)}\n\n"
 
-    def delta(self, delta: dict[str, Any], finish: str | None = None) -> str:
-        return self._event({"choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]})
+    def delta(self, delta: dict[str, Any], finish: str | None = None,
+              logprobs: dict[str, Any] | None = None) -> str:
+        return self._event({"choices": [{"index": 0, "delta": delta, "finish_reason": finish,
+                                         "logprobs": logprobs}]})
 
     def ending(self, result: dict[str, Any], buffered: bool, streamed_calls: bool = False) -> list[str]:
         """The closing chunks: tool calls (unless already streamed as deltas) or (when it was
@@ -94,7 +102,8 @@ class ChunkWriter:
             out.append(self.delta(delta))
         elif buffered and answer.content:
             out.append(self.delta({"content": answer.content}))
-        out.append(self.delta({}, finish_reason(answer, result)))
+        # the tokens' log-probabilities travel with the job's result, so they close the stream
+        out.append(self.delta({}, finish_reason(answer, result), choice_logprobs(self.chat, result)))
         if self.chat.include_usage:
             out.append(self._event({"choices": [], "usage": usage(result)}))
         return out

@@ -14,8 +14,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 
 from core.settings import GENERATION_METHODS
 from web.openai.fields import check_chat_fields
-from web.schemas import MAX_STOP_STRINGS, SSE_EVENT_SCHEMA, GuidedFields, StopString, json_int
+from web.schemas import MAX_LOGIT_BIAS, MAX_STOP_STRINGS, SSE_EVENT_SCHEMA, GuidedFields, StopString, json_int
 
+MAX_TOP_LOGPROBS = 20
 GenerationMethod = Literal[GENERATION_METHODS]  # type: ignore[valid-type]
 FUNCTION_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 
@@ -112,7 +113,17 @@ class ChatCompletionRequest(Lenient, GuidedFields):
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = Field(default=None, description="false: at most one call is returned")
     n: Annotated[Literal[1] | None, _exact_type(int)] = Field(default=None, description="only one choice is generated")
-    logprobs: Annotated[Literal[False] | None, _exact_type(bool)] = Field(default=None, description="not supported")
+    logprobs: bool | None = Field(default=None, description="per-token log-probabilities after penalties and "
+                                  "logit_bias, before the grammar mask and temperature/top-k/top-p")
+    top_logprobs: json_int(ge=0, le=MAX_TOP_LOGPROBS) | None = Field(
+        default=None, description=f"0..{MAX_TOP_LOGPROBS} most likely alternatives per token; needs logprobs")
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0,
+                                           description="subtracted once from every token already generated")
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0,
+                                            description="times how often the token was generated, subtracted")
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = Field(
+        default=None, max_length=MAX_LOGIT_BIAS,
+        description="token id (as a string) -> -100..100 added to its logit; -100 bans it")
     generation_method: GenerationMethod | None = Field(
         default=None, description="MiniServe extension; default MINISERVE_DEFAULT_GENERATION_METHOD (paged)")
     top_k: json_int(ge=0, le=1000) | None = Field(default=None, description="MiniServe extension; 0 = off")
@@ -159,11 +170,26 @@ class AssistantMessage(BaseModel):
     tool_calls: list[ToolCallOut] | None = None
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None = None
+    refusal: list[TokenLogprob] | None = None
+
+
 class Choice(BaseModel):
     index: int
     message: AssistantMessage
     finish_reason: Literal["stop", "length", "tool_calls"]
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class PromptTokensDetails(BaseModel):
