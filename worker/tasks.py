@@ -118,11 +118,13 @@ def agent(self: Task, job_id: str, dispatch: int = 0) -> dict[str, Any]:
     return run_task(self, job_id, dispatch, run_agent, names.AGENT, "agent")
 
 
-def run_task(task: Task, job_id: str, dispatch: int, body, name: str, base: str) -> dict[str, Any]:
-    """Run the attempt (unless the job is for another model: forwarded, worker/model_guard.py),
-    then give Celery the job's true end (worker/celery_state.py; a forwarded job is still
-    queued, so this delivery is acknowledged and ignored)."""
+def run_task(task: Task, job_id: str, dispatch: int, body, name: str | None = None,
+             base: str | None = None) -> dict[str, Any]:
+    """Run the attempt (unless the job is for another model: forwarded to ``<base>.<model>``,
+    worker/model_guard.py; bench jobs pass no ``base``: any worker runs them), then give Celery
+    the job's true end (worker/celery_state.py; a forwarded job is still queued, so this
+    delivery is acknowledged and ignored)."""
     rt = runtime()
-    if not forwarded(rt, app, job_id, dispatch, name, base):
+    if base is None or not forwarded(rt, app, job_id, dispatch, name, base):
         run_job(rt, job_id, dispatch, body)
     return report_outcome(task, rt.store, job_id)

@@ -12,7 +12,7 @@ from tests.harness.stack import wait_until
 from tests.integration.conftest import _started_worker, started_web, wait_for_worker
 
 PROMPTS = ["Name a fruit.", "Name a colour.", "Name a city.", "Name a tool.", "Name a river."]
-MALFORMED = {17: "not json at all", 60: "presence", 99: "duplicate", 140: "url", 180: "no-id"}
+MALFORMED = {17: "not json at all", 60: "refused", 99: "duplicate", 140: "url", 180: "no-id"}
 
 
 def lines() -> list[str]:
@@ -21,8 +21,8 @@ def lines() -> list[str]:
         body = {"messages": [{"role": "user", "content": PROMPTS[i % 5]}], "max_tokens": 4}
         line = {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
         kind = MALFORMED.get(i)
-        if kind == "presence":
-            body["presence_penalty"] = 0.5
+        if kind == "refused":
+            body["n"] = 2
         elif kind == "duplicate":
             line["custom_id"] = "r3"
         elif kind == "url":

@@ -61,7 +61,8 @@ def client(base_url):
 
 
 def ask(client, i: int, prompt: str, stream: bool, max_tokens: int = MAX_TOKENS, **body):
-    kwargs = dict(model="",  # empty: the cluster's default model (its only one) messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
+    kwargs = dict(model="",  # empty: the cluster's default model (its only one)
+                  messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
                   temperature=1.0, seed=i, **body)
     if not stream:
         choice = client.chat.completions.create(**kwargs).choices[0]
