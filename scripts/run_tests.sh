@@ -21,4 +21,6 @@ if [[ "${1:-}" == "--as" ]]; then
   shift 2
 fi
 .venv/bin/python -m engine.prepare_default --model all
-exec .venv/bin/python -m pytest -q -ra "$@"
+# Two processes, one per core; a test file stays in one process, so its module-scoped models
+# and servers are built once.
+exec .venv/bin/python -m pytest -q -ra -n 2 --dist loadfile "$@"
