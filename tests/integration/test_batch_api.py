@@ -50,6 +50,11 @@ def test_two_hundred_lines_on_two_workers_survive_a_sigkill(stack, store):
 
         wait_until(lambda: progress()["request_counts"]["completed"] >= 30, 120, interval_s=0.5,
                    what="30 results before the kill")
+
+        def b2_is_running_a_job() -> bool:  # kill while it holds one, or the kill proves nothing
+            return any(job.worker.startswith("b2@") for job in store.list(state="running", limit=200))
+
+        wait_until(b2_is_running_a_job, 120, interval_s=0.05, what="worker b2 running a batch job")
         workers[1].kill()  # SIGKILL, main process and pool
         wait_until(lambda: progress()["status"] == "completed", 180, interval_s=1, what="the batch to complete")
         done = progress()
