@@ -72,7 +72,9 @@ class RequestHandle:
         self.started = threading.Event()      # set when the loop picks the request up
         self.started_at: float | None = None  # time.monotonic() of that moment
         self.timed_out = False                # the loop stopped it at its deadline
+        self.tokens_streamed = 0              # generated tokens whose text ``stream`` has handed on
         self._cancel = threading.Event()
+        self._run: GenerationRun | None = None
 
     # -- submitter side ----------------------------------------------------------------------
     @property
@@ -92,7 +94,8 @@ class RequestHandle:
                on_start: Callable[[float], None] | None = None, poll_s: float = 0.05) -> GenerationResult:
         """Consume this request's outputs in the calling thread; returns the result.
 
-        ``on_text`` gets each piece in order; ``should_cancel`` is polled after each piece and
+        ``on_text`` gets each piece in order (``tokens_streamed`` then counts the generated
+        tokens up to that piece, for a client that plots tokens over time); ``should_cancel`` is polled after each piece and
         at least every ``poll_s`` (True cancels); ``on_start(started_at)`` is called once when
         the loop starts the request. A callback that raises cancels the request, then raises.
         """
@@ -107,8 +110,10 @@ class RequestHandle:
                     notified = True
                     if on_start is not None:
                         on_start(self.started_at or time.monotonic())
-                if kind == TEXT and on_text is not None:
-                    on_text(value)
+                if kind == TEXT:
+                    piece, self.tokens_streamed = value
+                    if on_text is not None:
+                        on_text(piece)
                 elif kind == RESULT:
                     return value
                 elif kind == ERROR:
@@ -134,8 +139,12 @@ class RequestHandle:
             return True
         return False
 
+    def bind(self, run: GenerationRun) -> None:
+        """The run whose text this handle carries (its token count goes with each piece)."""
+        self._run = run
+
     def push_text(self, piece: str) -> None:
-        self.outputs.put((TEXT, piece))
+        self.outputs.put((TEXT, (piece, self._run.produced if self._run is not None else 0)))
 
     def resolve(self, result: GenerationResult | None, error: BaseException | None = None) -> None:
         if self.future.done():
@@ -206,6 +215,7 @@ class EngineLoop:
         self.engine.check_method(request.method)
         handle = RequestHandle(next(self._ids), request, timeout_s)
         prompt, run, penalty = self.engine.new_run(request, handle.push_text, handle.stop_requested)
+        handle.bind(run)
         constraint = token_constraint(self.engine, request.constraint)  # compiled here: errors raise to the caller
         release_thread_team()  # if that ran a parallel op here, its team must not outlive it (engine.openmp)
         self.submitted += 1

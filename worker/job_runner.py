@@ -48,6 +48,9 @@ class JobContext:
     deadline: float
     stopped_reason: str | None = None  # "cancelled" | "timeout" | "superseded"
     text: TextCoalescer = field(default_factory=TextCoalescer)  # token chunks -> fewer events
+    tokens_done: int = 0             # generated tokens of this job's finished engine requests
+    _streaming: Any = None           # the engine request streaming now (its ``tokens_streamed``)
+    _counting: bool = False          # token events say how many tokens the job has generated
     _last_poll: float = 0.0
     _paused_at: float | None = None    # the clock is paused while waiting for the engine loop
 
@@ -64,12 +67,29 @@ class JobContext:
     def on_text(self, text: str) -> None:
         chunk = self.text.add(text)
         if chunk:
-            self.emit(TOKEN, {"text": chunk})
+            self.emit(TOKEN, self._token_data(chunk))
 
     def flush_text(self) -> None:
         chunk = self.text.flush()
         if chunk:
-            self.emit(TOKEN, {"text": chunk})
+            self.emit(TOKEN, self._token_data(chunk))
+
+    def follow_tokens(self, handle: Any) -> None:
+        """Count this engine request's tokens (``handle.tokens_streamed``) in token events."""
+        self._streaming, self._counting = handle, True
+
+    def end_tokens(self, completion_tokens: int) -> None:
+        """The request ended with ``completion_tokens`` (an agent's next call counts on)."""
+        self.tokens_done += completion_tokens
+        self._streaming = None
+
+    def _token_data(self, chunk: str) -> dict[str, Any]:
+        """``tokens``: the job's generated tokens up to this chunk's end, so a client can plot
+        tokens (not characters) over time; a chunk may hold several tokens' text."""
+        if not self._counting:
+            return {"text": chunk}
+        streaming = self._streaming.tokens_streamed if self._streaming is not None else 0
+        return {"text": chunk, "tokens": self.tokens_done + streaming}
 
     def pause_clock(self) -> None:
         """Stop counting the time limit (a request now waits for the engine loop)."""

@@ -53,7 +53,9 @@ class WorkerGenerator:
                 if waited:
                     ctx.emit(WAITING, {"waiting": False, "method": request.method})
 
+            ctx.follow_tokens(handle)
             result = handle.stream(on_text, should_cancel, on_start=started)
+            ctx.end_tokens(result.usage.completion_tokens)
         finally:
             ctx.resume_clock()
         if handle.timed_out and not ctx.stopped_reason:

@@ -255,3 +255,16 @@ def test_an_error_in_one_solo_job_fails_that_job_only(engine):
     for handle in fine:
         assert handle.result(timeout=30).usage.completion_tokens > 0
     assert events == ["unwound"]
+
+
+@pytest.mark.parametrize("method", ["paged", "custom_cache"])
+def test_each_piece_comes_with_the_tokens_generated_so_far(engine, method):
+    """What a client plots tokens over time from: the count never falls, and the last
+    piece's count is the result's completion tokens, or one less (an end-of-text token
+    brings no text)."""
+    handle = engine.loop.submit(_req(method, max_new_tokens=24, temperature=0.0))
+    counts: list[int] = []
+    result = handle.stream(on_text=lambda piece: counts.append(handle.tokens_streamed))
+    assert counts and counts == sorted(counts) and counts[0] >= 1
+    assert counts[-1] <= result.usage.completion_tokens <= counts[-1] + 1
+    assert handle.tokens_streamed == counts[-1]

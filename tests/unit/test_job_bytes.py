@@ -90,3 +90,28 @@ def test_held_text_goes_out_before_other_events(store):
     events = store.events(job.id)[1:]
     assert [(e.type, e.data) for e in events] == [("token", {"text": "a"}), ("token", {"text": "bc"}),
                                                   ("tool_step", {"step": 1}), ("token", {"text": "d"})]
+
+
+def test_token_events_count_the_jobs_tokens_across_engine_requests(store):
+    """Once the job follows an engine request, each token event says how many tokens the job
+    has generated up to its end (an agent's second call counts on from the first's total)."""
+    import time
+    from types import SimpleNamespace
+
+    from worker.job_runner import JobContext
+
+    job = store.create("agent", "agent", {})
+    attempt = store.start_attempt(job.id, "w", 30).attempt
+    ctx = JobContext(store, store.get(job.id), attempt, deadline=time.monotonic() + 60,
+                     text=TextCoalescer(interval_s=0.0))
+    handle = SimpleNamespace(tokens_streamed=0)
+    ctx.follow_tokens(handle)
+    for piece, count in (("a", 1), ("bc", 3)):
+        handle.tokens_streamed = count
+        ctx.on_text(piece)
+    ctx.end_tokens(4)  # an end-of-text token came after the last text
+    second = SimpleNamespace(tokens_streamed=2)
+    ctx.follow_tokens(second)
+    ctx.on_text("d")
+    assert [e.data for e in store.events(job.id)[1:]] == [
+        {"text": "a", "tokens": 1}, {"text": "bc", "tokens": 3}, {"text": "d", "tokens": 6}]

@@ -7,6 +7,8 @@ import re
 from core.events import CANCELLED
 from tests.web.conftest import run_job
 
+SHARED_ASSETS = (b"/static/common/ui.js", b"/static/common/chart.js", b"/static/common/ui.css")
+
 
 def test_page_and_assets_are_served_without_a_key_and_without_cdn(make_app):
     client = make_app(api_keys=["k"]).test_client()
@@ -14,7 +16,7 @@ def test_page_and_assets_are_served_without_a_key_and_without_cdn(make_app):
     assert page.status_code == 200 and b"MiniServe monitor" in page.data
     assets = re.findall(rb'(?:src|href)="([^"]+)"', page.data)
     assert assets and not [a for a in assets if a.startswith((b"http:", b"https:", b"//"))]
-    for asset in (b"/monitor/static/monitor.js", b"/monitor/static/monitor.css"):
+    for asset in (b"/monitor/static/monitor.js", b"/monitor/static/monitor.css", *SHARED_ASSETS):
         assert asset in assets and client.get(asset.decode()).status_code == 200
     assert client.get("/overview").status_code == 401
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from core.settings import GENERATION_METHODS
+from tests.web.test_monitor import SHARED_ASSETS
 
 
 def test_root_is_the_playground_with_local_assets_and_no_key(make_app):
@@ -15,6 +16,8 @@ def test_root_is_the_playground_with_local_assets_and_no_key(make_app):
     assert not [a for a in assets if a.startswith((b"http:", b"https:", b"//"))]
     for name in (b"api.js", b"chat.js", b"compare.js", b"playground.css"):
         asset = b"/playground/static/" + name
+        assert asset in assets and client.get(asset.decode()).status_code == 200
+    for asset in SHARED_ASSETS:  # the helpers the monitor page loads too: one copy
         assert asset in assets and client.get(asset.decode()).status_code == 200
     options = re.findall(rb"<option(?: selected)?>([a-z_]+)</option>", page.data)
     assert [o.decode() for o in options if o.decode() in GENERATION_METHODS] == list(GENERATION_METHODS)

@@ -1,11 +1,14 @@
-// MiniServe monitor, cluster view: routing decisions and a live chart of tokens/s and queue
-// depth over the last minutes, drawn on a plain <canvas> (no library, no CDN).
+// MiniServe monitor, cluster view: routing decisions and two live charts over the last five
+// minutes (common/chart.js, a plain <canvas>): tokens/s with queue depth, and each job's time
+// to first token. All from the /overview poll: the workers' heartbeats and the job rows.
 "use strict";
 
 const WINDOW_S = 300;       // the chart shows the last five minutes
 const RATE_OVER_S = 10;     // tokens/s is averaged over this (heartbeats arrive every 5 s)
 const samples = [];         // {t, tokens, depth}: tokens is a monotonic total across workers
 const lastCount = {};       // worker name -> its last token_events (a restart resets it)
+const firstTokens = new Map();  // job id -> {t, ttft, method}: the TTFT chart's dots
+const METHOD_COLOURS = ["#2f6fdf", "#c23b3b", "#1f8a4c", "#b7791f", "#7b3fbf", "#0f8b8d"];
 let tokensTotal = 0;
 
 function sampleCluster(data) {
@@ -34,40 +37,47 @@ function series() {
   return out;
 }
 
-function drawChart() {
-  const canvas = document.getElementById("cluster-chart");
-  const ctx = canvas.getContext("2d");
-  const dpr = window.devicePixelRatio || 1;
-  const width = canvas.clientWidth, height = canvas.clientHeight;
-  canvas.width = width * dpr; canvas.height = height * dpr;
-  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-  ctx.clearRect(0, 0, width, height);
-  const pad = { l: 44, r: 44, t: 10, b: 22 };
-  const now = Date.now() / 1000, pts = series();
-  const maxRate = Math.max(1, ...pts.map((p) => p.rate)) * 1.15;
-  const maxDepth = Math.max(1, ...pts.map((p) => p.depth)) * 1.15;
-  const x = (t) => pad.l + ((t - (now - WINDOW_S)) / WINDOW_S) * (width - pad.l - pad.r);
-  const y = (v, max) => height - pad.b - (v / max) * (height - pad.t - pad.b);
-  ctx.font = "11px system-ui, sans-serif";
-  ctx.strokeStyle = "#dcdfe6"; ctx.fillStyle = "#6b7080";
-  for (let k = 0; k <= 4; k++) {
-    const gy = y((maxRate * k) / 4, maxRate);
-    ctx.beginPath(); ctx.moveTo(pad.l, gy); ctx.lineTo(width - pad.r, gy); ctx.stroke();
-    ctx.textAlign = "right"; ctx.fillText(((maxRate * k) / 4).toFixed(0), pad.l - 4, gy + 4);
-    ctx.textAlign = "left"; ctx.fillText(((maxDepth * k) / 4).toFixed(0), width - pad.r + 4, gy + 4);
-  }
-  ctx.textAlign = "center";
-  for (let m = 0; m <= 5; m++) ctx.fillText(m === 0 ? "now" : `-${m} min`, x(now - m * 60), height - 6);
-  const line = (key, max, color) => {
-    ctx.strokeStyle = color; ctx.lineWidth = 2; ctx.beginPath();
-    pts.filter((p) => p.t >= now - WINDOW_S).forEach((p, i) => (i ? ctx.lineTo : ctx.moveTo).call(ctx, x(p.t), y(p[key], max)));
-    ctx.stroke(); ctx.lineWidth = 1;
-  };
-  line("rate", maxRate, "#2f6fdf");
-  line("depth", maxDepth, "#b7791f");
+const minuteTicks = (now) => [0, 1, 2, 3, 4, 5].map((m) => ({ at: now - m * 60, label: m ? `-${m} min` : "now" }));
+
+function drawThroughput(now) {
+  const pts = series().filter((p) => p.t >= now - WINDOW_S);
+  drawChart(document.getElementById("cluster-chart"), {
+    x0: now - WINDOW_S, x1: now, xTicks: minuteTicks(now), left: {}, right: {},
+    series: [{ points: pts.map((p) => [p.t, p.rate]), colour: "#2f6fdf" },
+             { points: pts.map((p) => [p.t, p.depth]), colour: "#b7791f", axis: "right" }],
+  });
   const last = pts[pts.length - 1];
   document.getElementById("chart-now").textContent = last
     ? `tokens/s ${last.rate.toFixed(1)} · waiting ${last.depth}` : "";
+}
+
+// Each job's time to first token, at the moment of its first token: kept across polls (the
+// overview lists only the latest jobs), dropped once out of the window.
+function sampleTtft(jobs) {
+  for (const j of jobs) {
+    const ttft = j.timings.ttft_s;
+    if (ttft === undefined || j.started_at === null || j.started_at === undefined) continue;
+    firstTokens.set(j.id, { t: j.started_at + ttft, ttft, method: j.method || j.type });
+  }
+  const oldest = Date.now() / 1000 - WINDOW_S;
+  for (const [id, p] of firstTokens) if (p.t < oldest) firstTokens.delete(id);
+}
+
+function drawTtft(now) {
+  const methods = [...new Set([...firstTokens.values()].map((p) => p.method))].sort();
+  const colour = (m) => METHOD_COLOURS[methods.indexOf(m) % METHOD_COLOURS.length];
+  drawChart(document.getElementById("ttft-chart"), {
+    x0: now - WINDOW_S, x1: now, xTicks: minuteTicks(now).filter((_, i) => i % 2 === 0), left: { min: 0.01 },
+    series: methods.map((m) => ({ kind: "dots", colour: colour(m),
+      points: [...firstTokens.values()].filter((p) => p.method === m).map((p) => [p.t, p.ttft]) })),
+  });
+  document.getElementById("ttft-legend").replaceChildren("time to first token, s (one dot per job): ",
+    ...methods.map((m) => {
+      const ttfts = [...firstTokens.values()].filter((p) => p.method === m).map((p) => p.ttft).sort((a, b) => a - b);
+      return el("span", { class: "method", "data-method": m, "data-jobs": ttfts.length },
+        el("span", { class: "swatch", style: `background: ${colour(m)}` }),
+        `${m}: ${ttfts.length} jobs, median ${secs((ttfts[(ttfts.length - 1) >> 1] + ttfts[ttfts.length >> 1]) / 2)}`);
+    }));
 }
 
 function renderRouting(routing) {
@@ -81,7 +91,10 @@ function renderRouting(routing) {
 
 function renderCluster(data) {
   sampleCluster(data);
+  sampleTtft(data.jobs);
   renderRouting(data.routing || {});
-  drawChart();
+  const now = Date.now() / 1000;
+  drawThroughput(now);
+  drawTtft(now);
 }
 window.renderCluster = renderCluster;

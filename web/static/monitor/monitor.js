@@ -1,39 +1,11 @@
-// MiniServe monitor: polls /overview, shows one job with its live events. No dependencies.
+// MiniServe monitor: polls /overview, shows one job with its live events and its agent trace as
+// readable steps. The DOM helpers, the job API and the event stream are in /static/common/ui.js.
 "use strict";
 
-const $ = (id) => document.getElementById(id);
 const REFRESH_MS = Number(document.body.dataset.refreshMs) || 1500;
-const TERMINAL = ["succeeded", "failed", "cancelled", "timeout"];
 let selected = null;      // job id shown in the detail view
 let follower = null;      // {close()} of the live event stream
-let keyInput = $("api-key");
-
-keyInput.value = localStorage.getItem("miniserve-key") || "";
-keyInput.addEventListener("change", () => localStorage.setItem("miniserve-key", keyInput.value));
-
-function headers() {
-  return keyInput.value ? { Authorization: "Bearer " + keyInput.value } : {};
-}
-
-async function api(path, options = {}) {
-  const response = await fetch(path, { ...options, headers: { ...headers(), ...(options.headers || {}) } });
-  const body = await response.json();
-  if (!response.ok) throw new Error((body.error && body.error.message) || response.statusText);
-  return body;
-}
-
-function el(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (k === "class") node.className = v; else node.setAttribute(k, v);
-  }
-  for (const child of children) node.append(child instanceof Node ? child : String(child ?? ""));
-  return node;
-}
-
-const fmt = (v, digits = 2) => (v === undefined || v === null ? "–" : Number(v).toFixed(digits));
-const secs = (v) => (v === undefined || v === null ? "–" : fmt(v, v < 10 ? 3 : 1) + " s");
-const clock = (t) => (t ? new Date(t * 1000).toLocaleTimeString() : "–");
+let firstTs = null;       // the shown job's first event time: events are timed from it
 
 function cacheCell(stats) {
   const parts = [];
@@ -98,8 +70,9 @@ function renderJobs(jobs, counts) {
       el("td", { class: "num" }, u.prompt_tokens === undefined ? "–" : `${u.prompt_tokens} / ${u.cached_tokens ?? 0}`),
       el("td", { class: "num" }, u.completion_tokens ?? "–"),
       el("td", { class: "num" }, u.draft_tokens ? `${u.accepted_draft_tokens ?? 0} / ${u.draft_tokens}` : "–"),
-      el("td", { class: "num" }, fmt(t.decode_tokens_per_s, 1)));
-    row.addEventListener("click", () => showJob(j.id));
+      el("td", { class: "num" }, fmt(t.decode_tokens_per_s, 1)),
+      el("td", {}, el("a", { class: "playground-link", href: "/#job=" + j.id, title: "this job in the playground" }, "open")));
+    row.addEventListener("click", (e) => { if (!e.target.closest("a")) showJob(j.id); });
     return row;
   }));
 }
@@ -117,84 +90,99 @@ async function refresh() {
     $("status").textContent = "updated " + new Date().toLocaleTimeString();
     if (selected) await refreshDetail();
   } catch (err) {
-    $("status").textContent = "error: " + err.message;
+    $("status").textContent = err instanceof ApiError ? "error: " + err.message
+      : `the web server did not answer; retrying every ${REFRESH_MS / 1000} s`;
   }
 }
 
 // ---- job detail ------------------------------------------------------------------------
 async function refreshDetail() {
-  const job = await api("/jobs/" + selected);
-  const partial = (job.error && typeof job.error.partial === "object" && job.error.partial) || {};
-  job.usage = job.usage || partial.usage;  // a cancelled or timed-out job: its output so far
-  job.timings = { ...(partial.timings || {}), ...job.timings };
+  const outcome = await jobOutcome(selected), job = outcome.job;
   $("detail-state").textContent = job.state;
   $("detail-state").className = "state state-" + job.state;
-  $("cancel").disabled = TERMINAL.includes(job.state);
+  $("cancel").disabled = TERMINAL_STATES.includes(job.state);
   const fields = { type: job.type, queue: job.queue, worker: job.worker || "–", attempt: `${job.attempt}/${job.max_attempts}`,
     created: clock(job.created_at), started: clock(job.started_at), finished: clock(job.finished_at),
-    "queue wait": secs(job.timings.queue_wait_s), TTFT: secs(job.timings.ttft_s), total: secs(job.timings.job_total_s),
-    "tokens/s": fmt(job.timings.decode_tokens_per_s, 1), usage: JSON.stringify(job.usage || {}),
-    method: (job.result && job.result.method) || job.request.method || "–" };
+    "queue wait": secs(outcome.timings.queue_wait_s), TTFT: secs(outcome.timings.ttft_s), total: secs(outcome.timings.job_total_s),
+    "tokens/s": fmt(outcome.timings.decode_tokens_per_s, 1), method: outcome.method || job.request.method || "–",
+    ...usageWords(outcome.usage) };
   $("detail-fields").replaceChildren(...Object.entries(fields).flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
   const payload = job.result || job.error;
+  $("summary").replaceChildren(...summaryLines(job, outcome));
   $("result").textContent = payload ? JSON.stringify(payload, null, 2) : "(not finished)";
   const trace = (job.result && job.result.trace) || (job.error && job.error.trace) || [];
   $("trace-box").hidden = !trace.length;
-  $("trace").replaceChildren(...trace.map((step) => el("li", {}, el("pre", {}, JSON.stringify(step, null, 2)))));
+  if ($("trace").children.length !== trace.length) $("trace").replaceChildren(...trace.map(stepView));
+}
+
+function usageWords(u) {
+  if (!u || u.prompt_tokens === undefined) return {};
+  return { "prompt tokens": `${u.prompt_tokens} (${u.cached_tokens ?? 0} from a cache)`,
+           "answer tokens": u.completion_tokens ?? "–",
+           drafts: u.draft_tokens ? `${u.accepted_draft_tokens ?? 0} of ${u.draft_tokens} accepted` : "–" };
+}
+
+// How the job ended, in words (the raw payload stays one click away).
+function summaryLines(job, outcome) {
+  const e = job.error || {}, r = job.result || {};
+  if (job.state === "succeeded") {
+    const why = { stop: "it reached a stop (end of text or a stop string)", length: "it used its token budget" }[r.finish_reason];
+    return [el("p", {}, `succeeded${why ? ": " + why : ""}` + (r.model ? ` · model ${r.model}` : "") +
+      (r.model_calls !== undefined ? ` · ${r.model_calls} model calls` : ""))];
+  }
+  if (!TERMINAL_STATES.includes(job.state)) return [el("p", { class: "muted" }, `${job.state}: not finished`)];
+  const partial = outcome.usage.completion_tokens !== undefined ? ` after ${outcome.usage.completion_tokens} tokens` : "";
+  return [el("p", { class: "state-" + job.state }, `${job.state}${partial}` + (e.code ? ` (${e.code})` : "") +
+    (e.message || e.reason ? `: ${e.message || e.reason}` : ""))];
+}
+
+// One event in words, timed from the job's first event; a tool step is drawn as a step.
+function eventWords(event) {
+  const d = event.data || {};
+  switch (event.type) {
+    case "token": return JSON.stringify(d.text);
+    case "state": return [d.state, d.worker ? `on ${d.worker}` : "", d.restart ? "(a retry)" : "",
+      d.reason ? `(${String(d.reason).replace(/_/g, " ")})` : ""].filter(Boolean).join(" ");
+    case "waiting": return d.waiting ? "waiting for the worker's engine loop" : "the engine loop took it";
+    case "done": return [d.finish_reason && `finish: ${d.finish_reason}`, d.usage && `${d.usage.completion_tokens} tokens`,
+      d.timings && `TTFT ${secs(d.timings.ttft_s)}`].filter(Boolean).join(", ") || "finished";
+    case "error": case "timeout": return `${d.code ?? event.type}: ${d.message ?? ""}`;
+    case "cancelled": return d.reason || "the job was cancelled";
+    default: return JSON.stringify(d).slice(0, 300);
+  }
 }
 
 function addEvent(event) {
-  const text = event.type === "token" ? JSON.stringify(event.data.text) : JSON.stringify(event.data);
-  $("events").append(el("li", { class: "event event-" + event.type, value: event.seq },
-    el("b", {}, event.type), " ", text.length > 300 ? text.slice(0, 300) + "…" : text));
+  firstTs = firstTs ?? event.ts;
+  const item = el("li", { class: "event event-" + event.type, value: event.seq },
+    el("span", { class: "at" }, `+${fmt(event.ts - firstTs, 3)} s`), " ", el("b", {}, event.type.replace("_", " ")), " ");
+  if (event.type === "tool_step") item.append(el("ol", { class: "steps" }, stepView(event.data)));
+  else item.append(eventWords(event));
+  $("events").append(item);
   $("event-count").textContent = $("events").children.length;
   if (event.type === "token") $("output").textContent += event.data.text;
   $("events").scrollTop = $("events").scrollHeight;
 }
 
 function follow(jobId) {
-  const url = `/jobs/${jobId}/events`;
-  if (!keyInput.value) {  // EventSource cannot send a header: used when no key is needed
-    const source = new EventSource(url);
-    const onEvent = (message) => {
-      const event = JSON.parse(message.data);
-      addEvent(event);
-      if (TERMINAL.includes({ done: "succeeded", error: "failed" }[event.type] || event.type)) source.close();
-    };
-    for (const type of ["state", "token", "tool_step", "stats", "done", "error", "cancelled", "timeout"]) {
-      source.addEventListener(type, onEvent);
-    }
-    return source;
-  }
-  const controller = new AbortController();
-  (async () => {  // the same stream read with fetch, so the key goes in the Authorization header
-    const response = await fetch(url, { headers: headers(), signal: controller.signal });
-    const reader = response.body.getReader();
-    const decoder = new TextDecoder();
-    let buffer = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buffer += decoder.decode(value, { stream: true });
-      let cut;
-      while ((cut = buffer.indexOf("\n\n")) >= 0) {
-        const block = buffer.slice(0, cut);
-        buffer = buffer.slice(cut + 2);
-        const data = block.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trim()).join("\n");
-        if (data) addEvent(JSON.parse(data));
-      }
-    }
-  })().catch(() => {});
-  return { close: () => controller.abort() };
+  const stream = streamJob(jobId, addEvent, (kind, detail, seq) => {
+    $("stream-note").textContent = streamNoteText(kind, detail, seq);
+  });
+  stream.finished.catch((err) => { $("stream-note").textContent = err.message; });
+  return stream;
 }
 
 async function showJob(jobId) {
   if (follower) follower.close();
   selected = jobId;
+  firstTs = null;
   $("detail").hidden = false;
   $("detail-id").textContent = jobId;
+  $("detail-playground").href = "/#job=" + jobId;
   $("events").replaceChildren();
+  $("trace").replaceChildren();
   $("output").textContent = "";
+  $("stream-note").textContent = "";
   $("event-count").textContent = "0";
   follower = follow(jobId);
   await refreshDetail();

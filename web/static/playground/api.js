@@ -1,46 +1,7 @@
-// MiniServe playground, shared parts: the job API (submit, stream, cancel, read), the settings
-// form as a request body, and small DOM helpers. No dependencies, no CDN.
+// MiniServe playground, parts its views share: the settings form as a request body (with the
+// model picker once several models are served), a job's numbers in one line, and the tabs.
+// The DOM helpers, the job API and the event stream are in /static/common/ui.js.
 "use strict";
-
-const $ = (id) => document.getElementById(id);
-const TERMINAL_EVENTS = ["done", "error", "cancelled", "timeout"];
-const RECONNECT_MS = 1000;
-const keyInput = $("api-key");
-keyInput.value = localStorage.getItem("miniserve-key") || "";
-keyInput.addEventListener("change", () => localStorage.setItem("miniserve-key", keyInput.value));
-
-function el(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (k === "class") node.className = v; else node.setAttribute(k, v);
-  }
-  for (const child of children) node.append(child instanceof Node ? child : String(child ?? ""));
-  return node;
-}
-
-const fmt = (v, digits = 2) => (v === undefined || v === null ? "–" : Number(v).toFixed(digits));
-const secs = (v) => (v === undefined || v === null ? "–" : fmt(v, 3) + " s");
-const authHeader = () => (keyInput.value ? { Authorization: "Bearer " + keyInput.value } : {});
-
-class ApiError extends Error {}
-
-// The API's own error in plain words: its message, and the field it names when it names one.
-function errorText(body, status) {
-  const e = (body && body.error) || body || {};
-  const details = (e.details || []).map((d) => `${d.field}: ${d.message}`);
-  const message = details.length ? details.join("; ") : e.message || `HTTP ${status}`;
-  return e.field && !message.includes(e.field) ? `${e.field}: ${message}` : message;
-}
-
-async function api(path, options = {}) {
-  const response = await fetch(path, { ...options, headers: { ...authHeader(), ...(options.headers || {}) } });
-  const body = await response.json().catch(() => ({}));
-  if (!response.ok) throw new ApiError(errorText(body, response.status));
-  return body;
-}
-
-const postJson = (path, body) =>
-  api(path, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
 
 // The settings form as POST /jobs fields; a value the page cannot even send is thrown here.
 function samplingBody() {
@@ -51,6 +12,7 @@ function samplingBody() {
   if ($("seed").value !== "") body.seed = Number($("seed").value);
   const stops = $("stop").value.split("\n").filter((s) => s.length);
   if (stops.length) body.stop = stops;
+  if (!$("model-box").hidden) body.model = $("model").value;
   if ($("speculative").value) body.speculative = $("speculative").value === "true";
   const text = $("guide-text").value;
   if ($("guide").value === "regex") body.guided_regex = text;
@@ -62,64 +24,24 @@ function samplingBody() {
   return body;
 }
 
-// Read one SSE connection, calling onEvent per event; returns the last seq seen.
-async function readEvents(jobId, after, signal, onEvent) {
-  const response = await fetch(`/jobs/${jobId}/events`, {
-    headers: { ...authHeader(), "Last-Event-ID": String(after) }, signal });
-  if (!response.ok) throw new ApiError(errorText(await response.json().catch(() => ({})), response.status));
-  const reader = response.body.getReader(), decoder = new TextDecoder();
-  let buffer = "", last = after;
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) return last;
-    buffer += decoder.decode(value, { stream: true });
-    let cut;
-    while ((cut = buffer.indexOf("\n\n")) >= 0) {
-      const block = buffer.slice(0, cut);
-      buffer = buffer.slice(cut + 2);
-      const data = block.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trim()).join("\n");
-      if (!data) continue;
-      const event = JSON.parse(data);
-      last = event.seq;
-      onEvent(event);
+// The model picker: shown once the cluster serves several models (GET /v1/models, polled);
+// the chosen id then goes with every request as `model`. With one model none is sent, and
+// the cluster's default answers.
+const MODELS_POLL_MS = 10000;
+async function refreshModels() {
+  try {
+    const ids = (await api("/v1/models")).data.map((m) => m.id), pick = $("model");
+    if ([...pick.options].map((o) => o.value).join() !== ids.join()) {
+      const keep = pick.value;
+      pick.replaceChildren(...ids.map((id) => el("option", { value: id }, id)));
+      if (ids.includes(keep)) pick.value = keep;
     }
-  }
+    $("model-box").hidden = ids.length < 2;
+  } catch (err) { /* the last list stays; a request then shows the API's own error */ }
 }
-
-// Follow a job's events with fetch (so a key can go in the header). A dropped connection is
-// resumed from the last seq seen (Last-Event-ID), so no token is lost; onNote says so.
-function streamJob(jobId, onEvent, onNote = () => {}) {
-  const controller = new AbortController();
-  let last = 0, ended = false;
-  const seen = (event) => {
-    if (TERMINAL_EVENTS.includes(event.type)) ended = true;
-    onEvent(event);
-  };
-  const finished = (async () => {
-    while (!ended && !controller.signal.aborted) {
-      try {
-        last = await readEvents(jobId, last, controller.signal, (e) => { last = e.seq; seen(e); });
-      } catch (err) {
-        if (controller.signal.aborted) return;
-        if (err instanceof ApiError) throw err;
-      }
-      if (!ended && !controller.signal.aborted) {
-        onNote(`connection lost; resuming after event ${last}`);
-        await new Promise((r) => setTimeout(r, RECONNECT_MS));
-      }
-    }
-  })();
-  return { finished, close: () => controller.abort() };
-}
-
-// A finished job's numbers: its result, or (cancelled, timed out) its partial output.
-async function jobOutcome(jobId) {
-  const job = await api("/jobs/" + jobId);
-  const partial = (job.error && typeof job.error.partial === "object" && job.error.partial) || {};
-  const payload = job.result || partial;
-  return { job, text: payload.text, usage: payload.usage || job.usage || {},
-           timings: { ...(payload.timings || {}), ...job.timings }, method: payload.method };
-}
+refreshModels();
+setInterval(refreshModels, MODELS_POLL_MS);
+keyInput.addEventListener("change", refreshModels);
 
 function statsLine(outcome) {
   const u = outcome.usage, t = outcome.timings;
@@ -129,7 +51,14 @@ function statsLine(outcome) {
     `answer ${u.completion_tokens ?? "–"} tokens`,
     `drafted ${u.draft_tokens ?? 0}, accepted ${u.accepted_draft_tokens ?? 0}`];
   if (outcome.method) parts.unshift(outcome.method);
+  if (outcome.model && !$("model-box").hidden) parts.unshift(outcome.model);
   return parts.join(" · ");
+}
+
+// The header's connection line: a dropped stream and its resumption, in words.
+function connectionNote(kind, detail, seq) {
+  $("connection").textContent = streamNoteText(kind, detail, seq);
+  $("connection").className = "connection " + kind;
 }
 
 // Tabs: click, or the arrow keys on a focused tab.

@@ -22,27 +22,11 @@ function setBusy(busy) {
   $("stop-button").disabled = !busy;
 }
 
-// One agent step in words: what the model wrote, the tool it chose, what a safeguard changed.
-function stepView(step) {
-  const args = (a) => (a ? JSON.stringify(a) : "–");
-  const item = el("li", { class: "step" + (step.error ? " step-failed" : "") },
-    el("div", { class: "step-title" }, `step ${step.step}: `, step.tool_name ? `tool ${step.tool_name}` : "no usable tool call"),
-    el("details", {}, el("summary", {}, "model's raw output"), el("pre", {}, step.raw_output || "")));
-  if (step.safeguard_applied) {
-    item.append(el("div", { class: "safeguard" }, `safeguard ${step.safeguards.join(", ")} changed the call: `,
-      step.model_tool_name ? `the model chose ${step.model_tool_name} ${args(step.model_arguments)}, ` : "the model chose no tool, ",
-      `it ran ${step.tool_name} ${args(step.arguments)} instead`));
-  }
-  if (step.tool_name) item.append(el("div", { class: "args" }, "arguments ", el("code", {}, args(step.arguments))));
-  if (step.result) item.append(el("div", { class: "result" }, "result ", el("code", {}, step.result)));
-  if (step.error) item.append(el("div", { class: "error" }, `error (${step.error_kind ?? "tool"}): ${step.error}`));
-  return item;
-}
-
 function jobBody(text, agent) {
   if (agent) {
     const s = samplingBody();
-    return { type: "agent", prompt: text, max_new_tokens: s.max_new_tokens, max_steps: 3 };
+    return { type: "agent", prompt: text, max_new_tokens: s.max_new_tokens, max_steps: 3,
+             ...(s.model ? { model: s.model } : {}) };
   }
   return { ...samplingBody(), generation_method: $("method").value,
            messages: [...chatTurns, { role: "user", content: text }] };
@@ -66,8 +50,27 @@ async function finishTurn(turn, jobId, agent) {
   if (agent && outcome.text !== undefined) turn.querySelector(".text").textContent = outcome.text;
   const payload = outcome.job.result || outcome.job.error || {};
   const calls = agent && payload.model_calls !== undefined ? ` · ${payload.model_calls} model calls` : "";
-  turn.append(el("div", { class: "stats" }, statsLine(outcome) + calls));
+  turn.append(el("div", { class: "stats" }, statsLine(outcome) + calls + " · ",
+    el("a", { href: "/monitor#job=" + jobId }, "in the monitor")));
   return outcome.job.state === "succeeded" ? turn.querySelector(".text").textContent : null;
+}
+
+function answerTurn(agent) {
+  const turn = addTurn(agent ? "agent" : "assistant", "");
+  if (agent) turn.insertBefore(el("ol", { class: "steps" }), turn.querySelector(".text"));
+  return turn;
+}
+
+// Stream a job into its turn (from event 0: a finished job is replayed), then its numbers.
+async function follow(turn, jobId, agent) {
+  turn.dataset.jobId = jobId;
+  const stream = streamJob(jobId, (e) => onEvent(turn, e), (kind, detail, seq) => {
+    note(turn, streamNoteText(kind, detail, seq));
+    connectionNote(kind, detail, seq);
+  });
+  running = { jobId, stream };
+  await stream.finished;
+  return finishTurn(turn, jobId, agent);
 }
 
 async function send() {
@@ -75,17 +78,12 @@ async function send() {
   if (!text || running) return;
   const agent = $("agent-mode").checked;
   addTurn("user", text);
-  const turn = addTurn(agent ? "agent" : "assistant", "");
-  if (agent) turn.insertBefore(el("ol", { class: "steps" }), turn.querySelector(".text"));
+  const turn = answerTurn(agent);
   $("prompt").value = "";
   setBusy(true);
   try {
     const job = await postJson("/jobs", jobBody(text, agent));
-    turn.dataset.jobId = job.id;
-    const stream = streamJob(job.id, (e) => onEvent(turn, e), (msg) => note(turn, msg));
-    running = { jobId: job.id, stream };
-    await stream.finished;
-    const answer = await finishTurn(turn, job.id, agent);
+    const answer = await follow(turn, job.id, agent);
     if (answer !== null) chatTurns.push({ role: "user", content: text }, { role: "assistant", content: answer });
   } catch (err) {
     turn.dataset.state = "rejected";
@@ -95,6 +93,35 @@ async function send() {
     setBusy(false);
     $("prompt").focus();
   }
+}
+
+// /#job=<id> (each job in the monitor links here): that job's prompt and answer, replayed from
+// its event stream and followed live while it runs. It starts a new chat.
+async function openJob(jobId) {
+  if (running) return;
+  selectTab($("tab-chat"));
+  chatTurns.length = 0;
+  $("conversation").replaceChildren();
+  setBusy(true);
+  let turn = null;
+  try {
+    const job = await api("/jobs/" + jobId);
+    addTurn("user", jobPrompt(job));
+    turn = answerTurn(job.type === "agent");
+    await follow(turn, jobId, job.type === "agent");
+  } catch (err) {
+    turn = turn || addTurn("assistant", "");
+    turn.dataset.state = "rejected";
+    note(turn, err.message, "error");
+  } finally {
+    running = null;
+    setBusy(false);
+  }
+}
+
+function jobFromHash() {
+  const match = location.hash.match(/^#job=([0-9a-f]+)$/);
+  if (match) openJob(match[1]);
 }
 
 $("chat-form").addEventListener("submit", (e) => { e.preventDefault(); send(); });
@@ -111,3 +138,5 @@ $("clear").addEventListener("click", () => {
   chatTurns.length = 0;
   $("conversation").replaceChildren();
 });
+window.addEventListener("hashchange", jobFromHash);
+jobFromHash();

@@ -15,36 +15,22 @@ function laneColumn(method, colour) {
     el("h3", {}, method), el("pre", { class: "text" }), el("div", { class: "stats muted" }, "submitting…"));
 }
 
-function drawChart() {
-  const canvas = $("compare-chart"), ctx = canvas.getContext("2d");
-  const dpr = window.devicePixelRatio || 1, width = canvas.clientWidth, height = canvas.clientHeight;
-  canvas.width = width * dpr; canvas.height = height * dpr;
-  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-  ctx.clearRect(0, 0, width, height);
-  const pad = { l: 44, r: 10, t: 10, b: 22 };
-  const all = lanes.flatMap((l) => l.samples);
-  const running = lanes.some((l) => !l.outcome);
-  const maxT = Math.max(1, running ? performance.now() - startedAt : 0, ...all.map((s) => s.t)), maxC = Math.max(1, ...all.map((s) => s.chars));
-  const x = (t) => pad.l + (t / maxT) * (width - pad.l - pad.r);
-  const y = (c) => height - pad.b - (c / maxC) * (height - pad.t - pad.b);
-  ctx.strokeStyle = "#dcdfe6"; ctx.fillStyle = "#6b7080"; ctx.font = "11px system-ui";
-  ctx.strokeRect(pad.l, pad.t, width - pad.l - pad.r, height - pad.t - pad.b);
-  ctx.fillText(`${maxC} chars`, 2, pad.t + 8);
-  ctx.fillText(`${(maxT / 1000).toFixed(1)} s`, width - pad.r - 30, height - 6);
-  ctx.fillText("0", pad.l - 10, height - 6);
-  lanes.forEach((lane, i) => {
-    ctx.strokeStyle = COLOURS[i % COLOURS.length]; ctx.lineWidth = 2;
-    ctx.beginPath();
-    ctx.moveTo(x(0), y(0));
-    let chars = 0;  // a step line: flat until each chunk arrives, nothing drawn before it
-    for (const s of lane.samples) { ctx.lineTo(x(s.t), y(chars)); ctx.lineTo(x(s.t), y(s.chars)); chars = s.chars; }
-    if (!lane.outcome) ctx.lineTo(x(performance.now() - startedAt), y(chars));
-    ctx.stroke();
+function drawLanes() {
+  const now = performance.now() - startedAt, running = lanes.some((l) => !l.outcome);
+  const end = Math.max(1000, running ? now : 0, ...lanes.flatMap((l) => l.samples.map((s) => s.t)));
+  drawChart($("compare-chart"), {
+    x0: 0, x1: end, right: null,
+    xTicks: [{ at: 0, label: "0" }, { at: end / 2, label: `${(end / 2000).toFixed(1)} s` }, { at: end, label: `${(end / 1000).toFixed(1)} s` }],
+    series: lanes.map((lane, i) => {
+      const points = [[0, 0], ...lane.samples.map((s) => [s.t, s.chars])];
+      if (!lane.outcome) points.push([now, points[points.length - 1][1]]);
+      return { points, colour: COLOURS[i % COLOURS.length], kind: "step" };
+    }),
   });
 }
 
 function animate() {
-  drawChart();
+  drawLanes();
   if (lanes.some((l) => !l.outcome)) requestAnimationFrame(animate); else drawing = false;
 }
 
@@ -59,7 +45,7 @@ async function runLane(lane, body) {
       if (e.type !== "token") return;
       text.textContent += e.data.text;
       lane.samples.push({ t: performance.now() - startedAt, chars: text.textContent.length });
-    }, (msg) => { stats.textContent = msg; });
+    }, (kind, detail, seq) => { stats.textContent = streamNoteText(kind, detail, seq); connectionNote(kind, detail, seq); });
     await stream.finished;
     lane.outcome = await jobOutcome(job.id);
     lane.state = lane.outcome.job.state;
@@ -115,7 +101,7 @@ async function compare() {
   startedAt = performance.now();
   if (!drawing) { drawing = true; requestAnimationFrame(animate); }
   await Promise.all(lanes.map((lane) => runLane(lane, body)));
-  drawChart();
+  drawLanes();
   renderTable();
   $("compare-run").disabled = $("compare-again").disabled = false;
 }
