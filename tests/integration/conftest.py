@@ -149,11 +149,12 @@ def sleep_until_tokens(store: JobStore, job_id: str, n: int, timeout_s: float = 
     time.sleep(0)
 
 
-def started_web(stack: Stack, **env: str):
-    """Start ``python -m web`` for ``stack`` and wait until it answers; returns (process, base url)."""
+def started_web(stack: Stack, port: int | None = None, **env: str):
+    """Start ``python -m web`` for ``stack`` (on ``port``, or a free one) and wait until it
+    answers; returns (process, base url)."""
     import requests
 
-    proc, base_url = stack.start_web(**env)
+    proc, base_url = stack.start_web(port, **env)
 
     def up() -> bool:
         try:

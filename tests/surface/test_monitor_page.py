@@ -65,7 +65,18 @@ def test_lists_workers_and_a_finished_job_and_shows_its_events(page, base_url, s
     tokens = page.locator("#events li.event-token").count()
     assert tokens == sum(1 for e in surface_store.events(job_id) if e.type == "token") > 0
     assert page.locator("#output").inner_text() == surface_store.get(job_id).result["text"].strip() or tokens
+    job = surface_store.get(job_id)
+    # events in words, not JSON: the state with its worker, the end with its numbers
+    assert f"running on {job.worker}" in page.locator("#events li.event-state").first.inner_text()
+    done = page.locator("#events li.event-done").inner_text()
+    assert f"finish: {job.result['finish_reason']}" in done and f"{job.result['usage']['completion_tokens']} tokens" in done
+    assert page.locator("#summary").inner_text().startswith("succeeded")
     assert page.locator("#cancel").is_disabled()
+    assert page.locator(f'#jobs tr[data-job-id="{job_id}"] a.playground-link').get_attribute("href") == f"/#job={job_id}"
+    # the TTFT chart: one dot per job; its legend counts them per method, from the same rows
+    page.locator('#ttft-legend [data-method="prefix_cache"][data-jobs="2"]').wait_for()
+    assert "median" in page.locator('#ttft-legend [data-method="paged"]').inner_text()
+    assert "waiting" in page.locator("#chart-now").inner_text()
     page.select_option("#filter-state", "running")
     page.wait_for_function("document.querySelectorAll('#jobs tr.job').length === 0")
     page.select_option("#filter-state", "")
@@ -82,8 +93,19 @@ def test_an_agent_job_shows_its_trace(page, base_url, surface_store):
     assert steps, (job.state, job.result, job.error)
     page.goto(f"{base_url}/monitor#job={job_id}")
     page.locator("#trace-box:not([hidden])").wait_for()
-    assert page.locator("#trace > li").count() == len(steps)
+    assert page.locator("#trace > li.step").count() == len(steps)
+    first = page.locator("#trace > li.step").first
+    tool = f"tool {steps[0]['tool_name']}" if steps[0].get("tool_name") else "no usable tool call"
+    assert first.locator(".step-title").inner_text() == f"step {steps[0]['step']}: {tool}"  # words, not JSON
+    assert first.locator("details pre").text_content() == steps[0]["raw_output"]
+    assert page.locator("#events li.event-tool_step li.step").count() == len(steps)  # the live events too
     assert page.locator(f'#jobs tr[data-job-id="{job_id}"]').inner_text().split("\t")[1] == "agent"
+    page.click("#detail-playground")  # the same job in the playground: its prompt, then its steps
+    page.wait_for_url(f"**/#job={job_id}")
+    turn = page.locator("#conversation .turn.agent")
+    turn.locator("xpath=self::*[@data-state]").wait_for()
+    assert page.locator("#conversation .turn.user .text").inner_text() == "What is 17 * 23?"
+    assert turn.get_attribute("data-state") == job.state and turn.locator(".steps > li.step").count() == len(steps)
 
 
 def test_the_cancel_button_cancels_a_running_job(page, base_url, surface_store):

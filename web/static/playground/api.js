@@ -12,7 +12,7 @@ function samplingBody() {
   if ($("seed").value !== "") body.seed = Number($("seed").value);
   const stops = $("stop").value.split("\n").filter((s) => s.length);
   if (stops.length) body.stop = stops;
-  if (!$("model-box").hidden) body.model = $("model").value;
+  if (!$("model-box").hidden && $("model").value) body.model = $("model").value;
   if ($("speculative").value) body.speculative = $("speculative").value === "true";
   const text = $("guide-text").value;
   if ($("guide").value === "regex") body.guided_regex = text;
@@ -25,18 +25,18 @@ function samplingBody() {
 }
 
 // The model picker: shown once the cluster serves several models (GET /v1/models, polled);
-// the chosen id then goes with every request as `model`. With one model none is sent, and
-// the cluster's default answers.
+// a chosen id then goes with every request as `model`. "cluster default" (and a single
+// model) sends none: the cluster's default answers.
 const MODELS_POLL_MS = 10000;
 async function refreshModels() {
   try {
-    const ids = (await api("/v1/models")).data.map((m) => m.id), pick = $("model");
+    const ids = ["", ...(await api("/v1/models")).data.map((m) => m.id)], pick = $("model");
     if ([...pick.options].map((o) => o.value).join() !== ids.join()) {
       const keep = pick.value;
-      pick.replaceChildren(...ids.map((id) => el("option", { value: id }, id)));
-      if (ids.includes(keep)) pick.value = keep;
+      pick.replaceChildren(...ids.map((id) => el("option", { value: id }, id || "cluster default")));
+      pick.value = ids.includes(keep) ? keep : "";
     }
-    $("model-box").hidden = ids.length < 2;
+    $("model-box").hidden = ids.length < 3;
   } catch (err) { /* the last list stays; a request then shows the API's own error */ }
 }
 refreshModels();

@@ -1,9 +1,10 @@
 // MiniServe playground, compare view: one prompt through several generation methods at once,
-// a column each, a live chart of text streamed over time (plain <canvas>), then a table.
+// a column each, a live chart of tokens over time per method (common/chart.js: each token
+// event says how many tokens its job has generated), then a table.
 "use strict";
 
 const COLOURS = ["#2f6fdf", "#c23b3b", "#1f8a4c", "#b7791f", "#7b3fbf", "#0f8b8d"];
-let lanes = [];        // {method, jobId, column, samples: [{t, chars}], state, outcome}
+let lanes = [];        // {method, jobId, column, samples: [{t, tokens}], state, outcome}
 let startedAt = 0, drawing = false;
 
 function chosenMethods() {
@@ -18,11 +19,12 @@ function laneColumn(method, colour) {
 function drawLanes() {
   const now = performance.now() - startedAt, running = lanes.some((l) => !l.outcome);
   const end = Math.max(1000, running ? now : 0, ...lanes.flatMap((l) => l.samples.map((s) => s.t)));
+  for (const lane of lanes) lane.count.textContent = lane.samples.length ? lane.samples[lane.samples.length - 1].tokens : 0;
   drawChart($("compare-chart"), {
     x0: 0, x1: end, right: null,
     xTicks: [{ at: 0, label: "0" }, { at: end / 2, label: `${(end / 2000).toFixed(1)} s` }, { at: end, label: `${(end / 1000).toFixed(1)} s` }],
     series: lanes.map((lane, i) => {
-      const points = [[0, 0], ...lane.samples.map((s) => [s.t, s.chars])];
+      const points = [[0, 0], ...lane.samples.map((s) => [s.t, s.tokens])];
       if (!lane.outcome) points.push([now, points[points.length - 1][1]]);
       return { points, colour: COLOURS[i % COLOURS.length], kind: "step" };
     }),
@@ -42,9 +44,13 @@ async function runLane(lane, body) {
     lane.column.dataset.jobId = job.id;
     stats.textContent = "running…";
     const stream = streamJob(job.id, (e) => {
-      if (e.type !== "token") return;
-      text.textContent += e.data.text;
-      lane.samples.push({ t: performance.now() - startedAt, chars: text.textContent.length });
+      const t = performance.now() - startedAt;
+      if (e.type === "token") {
+        text.textContent += e.data.text;
+        lane.samples.push({ t, tokens: e.data.tokens });
+      } else if (e.type === "done" && e.data.usage) {  // an end-of-text token has no text of its own
+        lane.samples.push({ t, tokens: e.data.usage.completion_tokens });
+      }
     }, (kind, detail, seq) => { stats.textContent = streamNoteText(kind, detail, seq); connectionNote(kind, detail, seq); });
     await stream.finished;
     lane.outcome = await jobOutcome(job.id);
@@ -95,8 +101,11 @@ async function compare() {
   $("compare-status").textContent = `running ${methods.length} methods…`;
   lanes = methods.map((method, i) => ({ method, samples: [], column: laneColumn(method, COLOURS[i % COLOURS.length]) }));
   $("compare-columns").replaceChildren(...lanes.map((l) => l.column));
-  $("compare-legend").replaceChildren(...lanes.map((l, i) =>
-    el("span", {}, el("span", { class: "swatch", style: `background: ${COLOURS[i % COLOURS.length]}` }), l.method)));
+  $("compare-legend").replaceChildren("tokens over time: ", ...lanes.map((l, i) => {
+    l.count = el("span", { class: "count" }, "0");
+    return el("span", { "data-method": l.method }, el("span", { class: "swatch", style: `background: ${COLOURS[i % COLOURS.length]}` }),
+      `${l.method} `, l.count, " tokens");
+  }));
   $("compare-table").tBodies[0].replaceChildren();
   startedAt = performance.now();
   if (!drawing) { drawing = true; requestAnimationFrame(animate); }

@@ -1,0 +1,134 @@
+"""The README's screenshots of every view, taken on a real local stack (redis-server, a Celery
+worker with the default model, the web) in Debian's headless Chromium: the playground's
+chat, an agent run, the compare view after "same prefix again", the KV pool while two jobs
+with one prefix run, and the monitor page with the agent job open.
+
+    .venv/bin/python -m scripts.screenshots [--out docs/img] [--model default]
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+import requests
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+from core.workers import list_workers
+from tests.harness.stack import Stack, job_store, start_redis, wait_until
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+VIEWPORT = {"width": 1300, "height": 860}
+LONG_S = 600_000  # ms: the default model on a busy CPU is slow; a view waits up to 10 minutes
+POOL_PREFIX = ("You are a patient teacher of computer science. Answer with care, in plain words, "
+               "and give one small example.")
+
+
+def chat(page, base: str) -> None:
+    page.goto(base)
+    page.fill("#max_new_tokens", "48")
+    for text in ("What is a KV cache, in two sentences?", "请用一句话解释什么是 KV Cache。"):
+        count = page.locator("#conversation .turn.assistant[data-state]").count()
+        page.fill("#prompt", text)
+        page.press("#prompt", "Enter")
+        page.locator("#conversation .turn.assistant[data-state]").nth(count).wait_for(timeout=LONG_S)
+
+
+def agent(page, base: str) -> None:
+    page.goto(base)
+    page.check("#agent-mode")
+    page.fill("#max_new_tokens", "96")
+    page.fill("#prompt", "What is (125 * 8) - 37?")
+    page.press("#prompt", "Enter")
+    page.locator("#conversation .turn.agent[data-state]").wait_for(timeout=LONG_S)
+
+
+def compare(page, base: str) -> None:
+    page.goto(base)
+    page.click("#tab-compare")
+    page.fill("#max_new_tokens", "24")
+    for button in ("#compare-run", "#compare-again"):
+        page.click(button)
+        page.locator("#compare-again:not([disabled])").wait_for(timeout=LONG_S)
+
+
+def worker(page, base: str) -> list[str]:
+    """Two long paged jobs with one prefix: their prompt blocks are shared. Returns their ids."""
+    ids = [requests.post(f"{base}/jobs", timeout=30, json={
+        "prefix": POOL_PREFIX, "prompt": prompt, "max_new_tokens": 2000, "stop": ["<never>"],
+        "generation_method": "paged"}).json()["id"] for prompt in ("Explain paging.", "Explain caching.")]
+    page.goto(base)
+    page.click("#tab-worker")
+    summary = "document.getElementById('pool-summary').textContent"
+    page.wait_for_function(f"/in use [1-9]/.test({summary})", timeout=LONG_S)
+    try:  # the second job reuses the first one's prefix blocks once both run
+        page.wait_for_function(f"/shared [1-9]/.test({summary})", timeout=30_000)
+    except PlaywrightTimeout:
+        print("no shared blocks seen: the view shows the blocks in use")
+    return ids
+
+
+def monitor(page, base: str, agent_job: str) -> None:
+    page.goto(f"{base}/monitor#job={agent_job}")
+    page.locator("#trace-box:not([hidden])").wait_for(timeout=LONG_S)
+    page.wait_for_timeout(12_000)  # a few polls: the charts draw a line, not a dot
+
+
+def shoot(page, path: Path, action: Callable[[], object], full_page: bool = False) -> object:
+    started = time.perf_counter()
+    out = action()
+    page.screenshot(path=str(path), full_page=full_page)
+    print(f"{path} ({time.perf_counter() - started:.0f} s)")
+    return out
+
+
+def take_all(base: str, out: Path) -> None:
+    from playwright.sync_api import sync_playwright
+
+    out.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=shutil.which("chromium") or "/usr/bin/chromium",
+                                    args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport=VIEWPORT)
+        shoot(page, out / "chat.png", lambda: chat(page, base))
+        shoot(page, out / "agent.png", lambda: agent(page, base))
+        agent_job = page.locator("#conversation .turn.agent").get_attribute("data-job-id")
+        shoot(page, out / "compare.png", lambda: compare(page, base), full_page=True)
+        for job_id in shoot(page, out / "worker.png", lambda: worker(page, base)):
+            requests.post(f"{base}/jobs/{job_id}/cancel", timeout=30)
+        shoot(page, out / "monitor.png", lambda: monitor(page, base, agent_job), full_page=True)
+        browser.close()
+
+
+def answers(base: str) -> bool:
+    try:
+        return requests.get(f"{base}/healthz", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="docs/img", help="folder for the PNGs")
+    parser.add_argument("--model", default="default", help="MINISERVE_MODEL for the worker and the web")
+    args = parser.parse_args()
+    redis_proc, url = start_redis(Path("/tmp"))
+    stack = Stack(redis_url=url, env_overrides={"MINISERVE_MODEL": args.model, "MINISERVE_LOG_LEVEL": "WARNING"})
+    worker_proc = stack.start_worker(pool="threads", concurrency=8)
+    web, base = stack.start_web()
+    store = job_store(url)
+    try:
+        wait_until(lambda: any(w["info"].get("engine_loaded") for w in list_workers(store.client, 15)), 600,
+                   what="the worker to load its model")
+        wait_until(lambda: answers(base), 60, what="the web")
+        take_all(base, Path(args.out))
+    finally:
+        for proc in (web, worker_proc, redis_proc):
+            proc.stop()
+
+
+if __name__ == "__main__":
+    main()
