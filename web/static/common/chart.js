@@ -5,17 +5,18 @@
 const CHART_PAD = { l: 44, r: 44, t: 10, b: 22 };
 
 // Draw `series` ({points: [[x, y]...], colour, axis: "left" | "right", kind: "line" | "step" |
-// "dots"}) over x in [x0, x1], with xTicks ([{at, label}]). Each axis is scaled to its own
-// largest value (at least its `min`, default 1); `left` / `right` ({min, digits}) label them, and a missing `right` leaves
-// that side blank. The canvas is redrawn at the device's pixel ratio, so it stays sharp.
+// "dots"}) over x in [x0, x1], with xTicks ([{at, label}]). Each axis runs from 0 to its own
+// largest value (at least its `min`, default 1) rounded up to four round steps; `left` and
+// `right` ({min, digits}) label them, and a null `right` leaves that side blank. The canvas
+// is redrawn at the device's pixel ratio, so it stays sharp.
 function drawChart(canvas, { x0, x1, xTicks = [], left = {}, right = null, series = [] }) {
   const ctx = canvas.getContext("2d"), dpr = window.devicePixelRatio || 1;
   const width = canvas.clientWidth, height = canvas.clientHeight, pad = CHART_PAD;
   canvas.width = width * dpr; canvas.height = height * dpr;
   ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
   ctx.clearRect(0, 0, width, height);
-  const top = (axis) => Math.max(axis.min ?? 1, ...series.filter((s) => (s.axis || "left") === axis.side)
-    .flatMap((s) => s.points.map((p) => p[1]))) * 1.1;
+  const top = (axis) => niceTop(Math.max(axis.min ?? 1, ...series.filter((s) => (s.axis || "left") === axis.side)
+    .flatMap((s) => s.points.map((p) => p[1]))));
   const axes = { left: { ...left, side: "left" }, right: right && { ...right, side: "right" } };
   for (const axis of Object.values(axes)) if (axis) axis.max = top(axis);
   const x = (v) => pad.l + ((v - x0) / Math.max(x1 - x0, 1e-9)) * (width - pad.l - pad.r);
@@ -33,9 +34,16 @@ function drawChart(canvas, { x0, x1, xTicks = [], left = {}, right = null, serie
   for (const s of series) drawSeries(ctx, s, x, (v) => y(v, axes[s.axis || "left"]));
 }
 
+// The axis top: four gridline steps of a round size (1, 1.5, 2, 2.5, 3, 4, 5, 6 or 8 × 10^k).
+function niceTop(v) {
+  const raw = v / 4, unit = 10 ** Math.floor(Math.log10(raw));
+  return 4 * unit * [1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10].find((m) => m * unit >= raw);
+}
+
 function tick(axis, k) {
   const v = (axis.max * k) / 4;
-  return v.toFixed(axis.digits ?? (axis.max < 4 ? 1 : 0));
+  const step = axis.max / 4, exact = (d) => Math.abs(Math.round(step * 10 ** d) - step * 10 ** d) < 1e-6;
+  return v.toFixed(axis.digits ?? [0, 1, 2, 3, 4].find(exact) ?? 4);
 }
 
 function drawSeries(ctx, s, x, y) {
