@@ -60,7 +60,7 @@ def test_lists_workers_and_a_finished_job_and_shows_its_events(page, base_url, s
     row.wait_for()
     assert "succeeded" in row.inner_text() and "generate" in row.inner_text()
     assert page.locator('#queues [data-queue="generation"]').count() == 1
-    row.click()
+    row.press("Enter")  # the keyboard opens it
     page.locator("#events li.event-done").wait_for()
     tokens = page.locator("#events li.event-token").count()
     assert tokens == sum(1 for e in surface_store.events(job_id) if e.type == "token") > 0
@@ -81,6 +81,9 @@ def test_lists_workers_and_a_finished_job_and_shows_its_events(page, base_url, s
     page.wait_for_function("document.querySelectorAll('#jobs tr.job').length === 0")
     page.select_option("#filter-state", "")
     page.locator(f'#jobs tr[data-job-id="{job_id}"]').wait_for()
+    page.set_viewport_size({"width": 390, "height": 800})  # a phone: wide tables scroll, the page does not
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    page.set_viewport_size({"width": 1400, "height": 1100})
 
 
 def test_an_agent_job_shows_its_trace(page, base_url, surface_store):

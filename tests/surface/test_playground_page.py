@@ -152,8 +152,13 @@ def test_compare_runs_every_method_and_the_texts_agree(page, surface_store):
     for i in range(rows.count()):
         assert rows.nth(i).locator("td").nth(1).inner_text() == "succeeded"
         assert rows.nth(i).locator("td.same").inner_text() == "yes"
-    texts = {surface_store.get(c.get_attribute("data-job-id")).result["text"]
-             for c in page.locator("#compare-columns .column").all()}
+    jobs = [surface_store.get(c.get_attribute("data-job-id")) for c in page.locator("#compare-columns .column").all()]
+    texts = {job.result["text"] for job in jobs}
+    for job in jobs:  # the chart's legend: each method's tokens, as its job counted them
+        shown = page.locator(f'#compare-legend [data-method="{job.result["method"]}"] .count').inner_text()
+        assert int(shown) == job.result["usage"]["completion_tokens"], (job.result["method"], shown)
+        counts = [e.data["tokens"] for e in surface_store.events(job.id) if e.type == "token"]
+        assert counts == sorted(counts) and counts[-1] <= job.result["usage"]["completion_tokens"]
     assert len(texts) == 1 and "identical" in page.locator("#compare-status").inner_text()
     page.click("#compare-again")
     page.locator("#compare-again:not([disabled])").wait_for()

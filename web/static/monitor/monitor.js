@@ -60,6 +60,8 @@ function renderQueues(queues) {
 function renderJobs(jobs, counts) {
   $("counts").textContent = Object.entries(counts).map(([s, n]) => `${s}: ${n}`).join(" · ");
   const body = $("jobs").tBodies[0];
+  const focused = document.activeElement.closest && document.activeElement.closest("tr.job");  // kept over the redraw
+  const focusedLink = focused && document.activeElement !== focused;
   body.replaceChildren(...jobs.map((j) => {
     const t = j.timings, u = j.usage;
     const row = el("tr", { class: "job" + (j.id === selected ? " selected" : ""), "data-job-id": j.id },
@@ -72,9 +74,13 @@ function renderJobs(jobs, counts) {
       el("td", { class: "num" }, u.draft_tokens ? `${u.accepted_draft_tokens ?? 0} / ${u.draft_tokens}` : "–"),
       el("td", { class: "num" }, fmt(t.decode_tokens_per_s, 1)),
       el("td", {}, el("a", { class: "playground-link", href: "/#job=" + j.id, title: "this job in the playground" }, "open")));
+    row.tabIndex = 0;  // the keyboard opens a job too: Tab to its row, then Enter
     row.addEventListener("click", (e) => { if (!e.target.closest("a")) showJob(j.id); });
+    row.addEventListener("keydown", (e) => { if (e.key === "Enter" && e.target === row) showJob(j.id); });
     return row;
   }));
+  const again = focused && body.querySelector(`tr[data-job-id="${focused.dataset.jobId}"]`);
+  if (again) (focusedLink ? again.querySelector("a") : again).focus();
 }
 
 async function refresh() {
