@@ -1,7 +1,8 @@
 """The playground against a changing cluster, in headless Chromium on the real stack: a
-stream that survives the web being killed and started again (it reconnects, resumes with
-Last-Event-ID and says so), and the model picker once a second model's worker joins.
-Each test asserts on what the page shows, checked against the job the store holds."""
+stream that survives the web being killed and started again, and one that survives Redis
+restarting (each reconnects, resumes with Last-Event-ID and says so), and the model picker
+once a second model's worker joins. Each test asserts on what the page shows, checked
+against the job the store holds."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,8 +11,9 @@ import pytest
 import requests
 
 from core.routing import ALIVE_S
-from tests.harness.stack import free_port, wait_until
-from tests.integration.conftest import _started_worker, started_web, wait_for_worker
+from tests.harness.stack import Stack, free_port, wait_until
+from tests.integration.conftest import WORKER_ENV, _started_worker, stack_store, started_web, wait_for_worker
+from tests.reliability.conftest import RestartableRedis
 from tests.surface.test_monitor_page import CHROMIUM
 from tests.surface.test_playground_page import answer, browser, send  # noqa: F401  (fixture)
 from tests.tiny_model import make_tiny_model_dir
@@ -32,34 +34,73 @@ def streamed_text(store, job_id: str) -> str:
     return "".join(e.data["text"] for e in store.events(job_id) if e.type == "token")
 
 
+def start_long_answer(page) -> str:
+    page.fill("#max_new_tokens", "2000")
+    page.fill("#stop", "<never>")
+    send(page, "Write a long story")
+    page.wait_for_function("document.querySelector('#conversation .turn.assistant .text').textContent.length > 0")
+    return page.locator("#conversation .turn.assistant").get_attribute("data-job-id")
+
+
+def check_resumed(page, store, job_id: str, why: str) -> None:
+    """The page said the stream was lost (and why), then that it resumed; its text is the
+    job's streamed text: nothing lost, nothing shown twice."""
+    page.locator("#connection.resumed").wait_for()
+    note = page.locator("#connection").inner_text()
+    assert "reconnected after" in note and "resumed after event" in note, note
+    lost = page.locator("#conversation .turn.assistant .note", has_text="connection lost").inner_text()
+    assert why in lost, lost
+    if store.get(job_id).state == "running":
+        page.click("#stop-button")
+    turn = answer(page, 0)
+    job = store.get(job_id)
+    assert turn.get_attribute("data-state") == job.state and job.state in ("succeeded", "cancelled")
+    assert turn.locator(".text").inner_text() == streamed_text(store, job_id)
+    assert "nothing lost" in turn.locator(".note", has_text="reconnected").inner_text()
+
+
 def test_a_stream_survives_a_web_restart(browser, surface_stack, surface_store, surface_worker):  # noqa: F811
     port = free_port()
     web, url = started_web(surface_stack, port)
     context, page = open_page(browser, url)
     try:
-        page.fill("#max_new_tokens", "2000")
-        page.fill("#stop", "<never>")
-        send(page, "Write a long story")
-        page.wait_for_function("document.querySelector('#conversation .turn.assistant .text').textContent.length > 0")
-        job_id = page.locator("#conversation .turn.assistant").get_attribute("data-job-id")
+        job_id = start_long_answer(page)
         web.kill()  # the web and its gunicorn workers die with the stream open
         page.locator("#connection.lost").wait_for()
-        assert "connection lost" in page.locator("#connection").inner_text()
-        web, _ = started_web(surface_stack, port)
-        page.locator("#connection.resumed").wait_for()
-        note = page.locator("#connection").inner_text()
-        assert "reconnected after" in note and "resumed after event" in note, note
-        if surface_store.get(job_id).state == "running":
-            page.click("#stop-button")
-        turn = answer(page, 0)
-        job = surface_store.get(job_id)
-        assert turn.get_attribute("data-state") == job.state and job.state in ("succeeded", "cancelled")
-        # nothing lost, nothing shown twice: the page's text is the job's streamed text
-        assert turn.locator(".text").inner_text() == streamed_text(surface_store, job_id)
-        assert "resumed after event" in turn.locator(".note", has_text="reconnected").inner_text()
+        web, _ = started_web(surface_stack, port)  # the same address again
+        check_resumed(page, surface_store, job_id, "the web server did not answer")
     finally:
         context.close()
         web.kill()
+
+
+@pytest.fixture(scope="module")
+def blip_stack(tmp_path_factory, tiny_model):
+    """A stack of its own on a Redis that can restart (append-only file on): web, one worker."""
+    server = RestartableRedis(tmp_path_factory.mktemp("redis-data"), free_port())
+    server.start()
+    stack = Stack(redis_url=server.url, env_overrides={**WORKER_ENV, "MINISERVE_MODEL": str(tiny_model)})
+    store = stack_store(stack)
+    worker = _started_worker(stack, store)
+    web, url = started_web(stack)
+    yield server, store, url
+    web.stop()
+    worker.stop()
+    if server.proc is not None:
+        server.proc.kill()
+
+
+def test_a_stream_survives_a_redis_restart(browser, blip_stack):  # noqa: F811
+    server, store, url = blip_stack
+    context, page = open_page(browser, url)
+    try:
+        job_id = start_long_answer(page)
+        server.stop()  # the web ends the stream cleanly, then answers 503 until Redis is back
+        page.locator("#connection.lost").wait_for()
+        server.start()
+        check_resumed(page, store, job_id, "the server closed the stream")
+    finally:
+        context.close()
 
 
 @pytest.fixture(scope="module")
