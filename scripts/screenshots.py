@@ -30,7 +30,8 @@ POOL_PREFIX = ("You are a patient teacher of computer science. Answer with care,
 def chat(page, base: str) -> None:
     page.goto(base)
     page.fill("#max_new_tokens", "48")
-    for text in ("What is a KV cache, in two sentences?", "请用一句话解释什么是 KV Cache。"):
+    # English only: Debian's headless chromium has no CJK font here (Chinese shows as boxes)
+    for text in ("What is a KV cache, in two sentences?", "And what does a prefix cache add?"):
         count = page.locator("#conversation .turn.assistant[data-state]").count()
         page.fill("#prompt", text)
         page.press("#prompt", "Enter")
