@@ -4,6 +4,10 @@ chat, an agent run, the compare view after "same prefix again", the KV pool whil
 with one prefix run, and the monitor page with the agent job open.
 
     .venv/bin/python -m scripts.screenshots [--out docs/img] [--model default]
+    .venv/bin/python -m scripts.screenshots --base http://127.0.0.1:8000 --only worker,monitor
+
+``--base`` shoots a service already running (its model, its jobs) instead of starting one;
+``--only`` takes some views (the monitor opens the newest agent job).
 """
 from __future__ import annotations
 
@@ -86,7 +90,14 @@ def shoot(page, path: Path, action: Callable[[], object], full_page: bool = Fals
     return out
 
 
-def take_all(base: str, out: Path) -> None:
+VIEWS = ("chat", "agent", "compare", "worker", "monitor")
+
+
+def newest_agent_job(base: str) -> str:
+    return requests.get(f"{base}/overview?type=agent&limit=1", timeout=30).json()["jobs"][0]["id"]
+
+
+def take_all(base: str, out: Path, views: tuple[str, ...] = VIEWS) -> None:
     from playwright.sync_api import sync_playwright
 
     out.mkdir(parents=True, exist_ok=True)
@@ -94,13 +105,17 @@ def take_all(base: str, out: Path) -> None:
         browser = p.chromium.launch(executable_path=shutil.which("chromium") or "/usr/bin/chromium",
                                     args=CHROMIUM_ARGS)
         page = browser.new_page(viewport=VIEWPORT)
-        shoot(page, out / "chat.png", lambda: chat(page, base))
-        shoot(page, out / "agent.png", lambda: agent(page, base))
-        agent_job = page.locator("#conversation .turn.agent").get_attribute("data-job-id")
-        shoot(page, out / "compare.png", lambda: compare(page, base), full_page=True)
-        for job_id in shoot(page, out / "worker.png", lambda: worker(page, base)):
-            requests.post(f"{base}/jobs/{job_id}/cancel", timeout=30)
-        shoot(page, out / "monitor.png", lambda: monitor(page, base, agent_job), full_page=True)
+        if "chat" in views:
+            shoot(page, out / "chat.png", lambda: chat(page, base))
+        if "agent" in views:
+            shoot(page, out / "agent.png", lambda: agent(page, base))
+        if "compare" in views:
+            shoot(page, out / "compare.png", lambda: compare(page, base), full_page=True)
+        if "worker" in views:
+            for job_id in shoot(page, out / "worker.png", lambda: worker(page, base)):
+                requests.post(f"{base}/jobs/{job_id}/cancel", timeout=30)
+        if "monitor" in views:
+            shoot(page, out / "monitor.png", lambda: monitor(page, base, newest_agent_job(base)), full_page=True)
         browser.close()
 
 
@@ -115,7 +130,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="docs/img", help="folder for the PNGs")
     parser.add_argument("--model", default="default", help="MINISERVE_MODEL for the worker and the web")
+    parser.add_argument("--base", help="the URL of a running service to shoot (no stack is started)")
+    parser.add_argument("--only", default=",".join(VIEWS), help=f"comma-separated views of {', '.join(VIEWS)}")
     args = parser.parse_args()
+    views = tuple(v for v in args.only.split(",") if v)
+    if unknown := set(views) - set(VIEWS):
+        parser.error(f"--only: no view {', '.join(sorted(unknown))}")
+    if args.base:
+        take_all(args.base.rstrip("/"), Path(args.out), views)
+        return
     redis_proc, url = start_redis(Path("/tmp"))
     stack = Stack(redis_url=url, env_overrides={"MINISERVE_MODEL": args.model, "MINISERVE_LOG_LEVEL": "WARNING"})
     worker_proc = stack.start_worker(pool="threads", concurrency=8)
@@ -125,7 +148,7 @@ def main() -> None:
         wait_until(lambda: any(w["info"].get("engine_loaded") for w in list_workers(store.client, 15)), 600,
                    what="the worker to load its model")
         wait_until(lambda: answers(base), 60, what="the web")
-        take_all(base, Path(args.out))
+        take_all(base, Path(args.out), views)
     finally:
         for proc in (web, worker_proc, redis_proc):
             proc.stop()
