@@ -18,9 +18,9 @@ PACKAGE = "engine"
 
 # Bottom to top. A module belongs to the layer of the longest prefix that names it.
 LAYERS = ("low-level operations", "model forward", "KV caches", "generation methods and scheduler", "loop")
-# Packages whose __init__ imports nothing of engine: importing ``engine.fused`` runs
+# Packages whose __init__ imports nothing of engine: importing ``engine.ops.c_calls`` runs
 # engine/__init__.py, so a re-exporting package would tie its modules into one cycle.
-INERT_PACKAGES = ("engine", "engine.quant")
+INERT_PACKAGES = ("engine", "engine.quant", "engine.ops")
 LAYER_OF = {
     "engine.types": 0,
     "engine.errors": 0,                # ModelLoadError, raised by the loader and the architecture
@@ -31,7 +31,11 @@ LAYER_OF = {
     "engine.quant.prefill_choice": 0,
     "engine.quant.kernels": 0,
     "engine.quant.mapped": 0,
-    "engine.fused": 0,
+    "engine.ops.interface": 0,         # the small operations' one interface
+    "engine.ops.torch_ops": 0,         # torch's: the exact reference
+    "engine.ops.c_calls": 0,           # one C call per operation (native/decode.c)
+    "engine.ops.fused_ops": 0,         # the interface over those C calls
+    "engine.ops.choose": 1,            # which of them a forward runs (reads the quantized weights)
     "engine.packed": 0,
     "engine.quant.plan": 1,
     "engine.quant.layer": 1,
