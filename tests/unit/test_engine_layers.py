@@ -53,6 +53,7 @@ LAYER_OF = {
     "engine.sampling": 3,
     "engine.penalties": 3,             # OpenAI's presence/frequency penalties and logit_bias
     "engine.logprobs": 3,              # per-token log-probabilities, when asked
+    "engine.prompt_logprobs": 3,       # the prompt's own tokens scored (echo with logprobs)
     "engine.prompt": 3,
     "engine.run": 3,
     "engine.textstream": 3,
