@@ -143,7 +143,7 @@ def from_agent_body(body: AgentBody) -> Submission:
 
 
 def _check_prompt(sub: Submission) -> None:
-    texts = [m["content"] for m in sub.request["messages"]]
+    texts = [m["content"] for m in sub.request["messages"]] + list(sub.request.get("prompts") or [])
     if sub.job_type == "agent":
         _check_agent_chars(sum(len(text) for text in texts), sub.input_field)
     if sub.request["prefix"]:

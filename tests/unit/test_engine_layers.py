@@ -64,7 +64,8 @@ LAYER_OF = {
     "engine.official_processors": 3,
     "engine.batching": 3,
     "engine.loop": 4,
-    "engine.solo": 4,                  # the loop's non-batched requests, resumed a token at a time
+    "engine.solo": 4,
+    "engine.group": 4,                 # one thread consuming a group of requests (n choices)                  # the loop's non-batched requests, resumed a token at a time
     "engine.model_engine": 4,          # the loaded model and its method table
     "engine.engine": 4,
     "engine.methods": 4,
