@@ -305,3 +305,13 @@ def test_a_batch_of_completions(app_client, store, celery, fim_folder):
     assert all(o["response"]["body"]["object"] == "text_completion" for o in output)
     errors = app_client.get(f"/v1/files/{done['error_file_id']}/content").get_data(as_text=True)
     assert json.loads(errors)["response"]["body"]["error"]["param"] == "prompt"
+
+
+def test_each_prompt_must_fit_the_context_on_its_own(app_client, store, celery, fim_folder):
+    worker_answers(store, celery, [" a"] * 3, fim_folder)
+    piece = "The quick brown fox jumps over the lazy dog. "
+    per_prompt = len(ids_of(fim_folder, piece * 100))
+    assert 3 * per_prompt > 4096 > per_prompt  # together they would not fit one context
+    assert complete(app_client, prompt=[piece * 100] * 3).status_code == 200
+    too_long = complete(app_client, prompt=["short", piece * 400]).get_json()["error"]
+    assert too_long["param"] == "prompt" and too_long["code"] == "prompt_too_long"
