@@ -114,8 +114,11 @@ def test_completion_with_echo_and_logprobs(client, fim_store, model, base_url):
     prompt_ids = requests.post(f"{base_url}/tokenize", json={"prompt": prompt}, timeout=10).json()["tokens"]
     assert parsed.usage.prompt_tokens == len(prompt_ids)
     assert lp.token_logprobs[0] is None and all(v <= 0 for v in lp.token_logprobs[1:])
-    assert "".join(lp.tokens) == choice.text
-    assert all(choice.text[o:].startswith(t) for o, t in zip(lp.text_offset, lp.tokens))
+    assert "".join(lp.tokens[:len(prompt_ids)]) == prompt
+    assert len(lp.tokens) == len(prompt_ids) + len(job_of(fim_store, answer.id).result["logprobs"])
+    # a random model writes partial characters: such a token's text shows U+FFFD (legacy
+    # logprobs have no bytes); every other token stands where its offset says
+    assert all(choice.text[o:].startswith(t) for o, t in zip(lp.text_offset, lp.tokens) if "\ufffd" not in t)
     assert lp.text_offset[len(prompt_ids)] == len(prompt)
     for token, value, top in zip(lp.tokens[1:], lp.token_logprobs[1:], lp.top_logprobs[1:]):
         assert top[token] == value and len(top) <= 3

@@ -10,6 +10,7 @@ piece by piece, so a stream's chunks and a whole answer agree.
 """
 from __future__ import annotations
 
+import codecs
 import json
 from typing import Any
 
@@ -32,7 +33,9 @@ class LegacyLogprobs:
     def __init__(self, start: int = 0) -> None:
         self.tokenizer = load_tokenizer(ctx().budget.folder)
         self.start = start            # where the first added token starts in the choice's text
-        self._bytes = b""
+        # the text so far, decoded as the detokenizer decodes it (invalid bytes: one U+FFFD each run)
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._chars = 0
 
     def _text(self, token_id: int) -> tuple[str, bytes]:
         raw = bytes(token_bytes(self.tokenizer, token_id))
@@ -42,18 +45,24 @@ class LegacyLogprobs:
         out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for entry in entries:
             text, raw = self._text(entry["token_id"])
-            out["text_offset"].append(self.start + len(self._bytes.decode("utf-8", errors="ignore")))
-            self._bytes += raw
+            out["text_offset"].append(self.start + self._offset())
+            self._chars += len(self._utf8.decode(raw))
             out["tokens"].append(text)
             out["token_logprobs"].append(entry["logprob"])
             out["top_logprobs"].append(self._top(entry, text))
         return out
 
+    def _offset(self) -> int:
+        """Characters of the text before the next token: those decoded, plus the bytes the
+        decoder still holds (the start of a character, read as one U+FFFD until it is whole)."""
+        pending, _ = self._utf8.getstate()
+        return self._chars + len(pending.decode("utf-8", errors="replace"))
+
     def _top(self, entry: dict[str, Any], text: str) -> dict[str, float] | None:
         if entry["logprob"] is None:
             return None
         top = {self._text(i)[0]: lp for i, lp in entry.get("top") or []}
-        top.setdefault(text, entry["logprob"])
+        top[text] = entry["logprob"]  # the chosen token wins a text two alternatives share (U+FFFD)
         return top
 
 
