@@ -31,7 +31,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bench.stats import RESULTS, machine_line, p50, print_table, pyplot, write_csv, write_json
+from bench.stats import RESULTS, machine_info, machine_line, p50, print_table, pyplot, write_csv, write_json
 from core.settings import load_settings
 from engine.batching import PagedService
 from engine.engine import Engine
@@ -228,6 +228,7 @@ def main() -> None:
           f"(block {settings.kv_block_size}):")
     print_table(mem)
     write_csv(out, speed)
+    write_json(out.with_suffix(".machine.json"), machine_info() | {"model": engine.loaded.name, "args": vars(args)})
     write_csv(out.with_name(out.stem + "_memory.csv"), mem)
     write_json(out.with_name(out.stem + "_reservation.json"), {"rows": booked, "summary": booked_summary})
     if args.real_sharing:
