@@ -57,6 +57,7 @@ LAYER_OF = {
     "engine.sampling": 3,
     "engine.penalties": 3,             # OpenAI's presence/frequency penalties and logit_bias
     "engine.logprobs": 3,              # per-token log-probabilities, when asked
+    "engine.prompt_logprobs": 3,       # the prompt's own tokens scored (echo with logprobs)
     "engine.prompt": 3,
     "engine.run": 3,
     "engine.textstream": 3,
@@ -67,7 +68,8 @@ LAYER_OF = {
     "engine.official_processors": 3,
     "engine.batching": 3,
     "engine.loop": 4,
-    "engine.solo": 4,                  # the loop's non-batched requests, resumed a token at a time
+    "engine.solo": 4,
+    "engine.group": 4,                 # one thread consuming a group of requests (n choices)                  # the loop's non-batched requests, resumed a token at a time
     "engine.model_engine": 4,          # the loaded model and its method table
     "engine.engine": 4,
     "engine.methods": 4,
