@@ -299,7 +299,7 @@ CONNECTIONS = "results/connections.json"
 def read_connections(data: dict[str, Any], figures: Figures) -> None:
     """The connections mode: ``/health`` and a new job's TTFT, alone and beside thousands of
     held streams and slowloris sockets (a table and a note added to the Load section)."""
-    setup, subs, slow = data["setup"], data["subscribers"], data["slowloris"]
+    setup, subs, slow, machine = data["setup"], data["subscribers"], data["slowloris"], data["load_phase_machine"]
     rows = [[phase, num(data["health"][phase]["p50_ms"], 1), num(data["health"][phase]["p99_ms"], 1),
              data["health"][phase]["n"], num(data["ttft"][phase]["p50_ms"], 1), data["ttft"][phase]["n"]]
             for phase in ("unloaded", "loaded")]
@@ -312,8 +312,9 @@ def read_connections(data: dict[str, Any], figures: Figures) -> None:
     figures.notes.append(f"Connections: {subs['held']} held streams, {subs['held_lost']} lost an event, "
                          f"{subs['cycling_streams']} cycling streams, {subs['cycling_incomplete']} incomplete; "
                          f"slowloris sockets dropped by the server {drops} times; loaded TTFT "
-                         f"{ratio(data['ttft_loaded_over_unloaded'], 1)} unloaded; the web used "
-                         f"{num(data['load_phase_machine']['web_cpu_s_per_s'])} CPU-s/s while loaded.")
+                         f"{ratio(data['ttft_loaded_over_unloaded'], 1)} unloaded; while loaded the web ran "
+                         f"{num(machine['web_cpu_s_per_s'])} CPU-s/s and waited {num(machine.get('web_runqueue_wait_s_per_s'))} "
+                         f"s/s runnable for a CPU (load average {num(machine['load_average_1m'], 1)}).")
     figures.headline.append(f"Connections: {load}; `/health` p99 {num(data['health']['loaded']['p99_ms'], 0)} ms, "
                             f"a new job's first token in {ratio(data['ttft_loaded_over_unloaded'], 1)} its unloaded time, "
                             f"{subs['held_lost']} streams lost an event")
