@@ -19,6 +19,7 @@ from core.coalesce import TextCoalescer
 from core.events import CANCELLED, FAILED, SUCCEEDED, TIMEOUT, TOKEN
 from core.jobs import JobRecord, JobStore
 from core.logs import log_event
+from worker.choice_stream import ChoiceStreams
 from worker.runtime import ModelUnavailable, WorkerRuntime
 
 logger = logging.getLogger("miniserve.worker")
@@ -53,6 +54,7 @@ class JobContext:
     _counting: bool = False          # token events say how many tokens the job has generated
     _last_poll: float = 0.0
     _paused_at: float | None = None    # the clock is paused while waiting for the engine loop
+    _choices: ChoiceStreams | None = None  # per-choice chunks (worker.choice_stream), built on first use
 
     @property
     def job_id(self) -> str:
@@ -64,15 +66,27 @@ class JobContext:
         if self.store.append_event(self.job_id, self.attempt, event_type, data) < 0:
             self.stopped_reason = self.stopped_reason or "superseded"
 
+    @property
+    def choices(self) -> ChoiceStreams:
+        if self._choices is None:
+            self._choices = ChoiceStreams(self.text)
+        return self._choices
+
     def on_text(self, text: str) -> None:
-        chunk = self.text.add(text)
-        if chunk:
-            self.emit(TOKEN, self._token_data(chunk))
+        self.on_choice_text(0, text)
+
+    def on_choice_text(self, index: int, text: str) -> None:
+        data = self.choices.add(index, text)
+        if data:
+            self.emit(TOKEN, self._with_tokens(data))
+
+    def on_choice_logprobs(self, index: int, entries: list[dict[str, Any]]) -> None:
+        """Held until the choice's next chunk (the entries come before their text)."""
+        self.choices.add_logprobs(index, entries)
 
     def flush_text(self) -> None:
-        chunk = self.text.flush()
-        if chunk:
-            self.emit(TOKEN, self._token_data(chunk))
+        for data in self.choices.flush():
+            self.emit(TOKEN, self._with_tokens(data))
 
     def follow_tokens(self, handle: Any) -> None:
         """Count this engine request's tokens (``handle.tokens_streamed``) in token events."""
@@ -83,13 +97,14 @@ class JobContext:
         self.tokens_done += completion_tokens
         self._streaming = None
 
-    def _token_data(self, chunk: str) -> dict[str, Any]:
+    def _with_tokens(self, data: dict[str, Any]) -> dict[str, Any]:
         """``tokens``: the job's generated tokens up to this chunk's end, so a client can plot
-        tokens (not characters) over time; a chunk may hold several tokens' text."""
-        if not self._counting:
-            return {"text": chunk}
+        tokens (not characters) over time; a chunk may hold several tokens' text. Single-choice
+        jobs only (a job of several choices streams them side by side)."""
+        if not self._counting or "index" in data:
+            return data
         streaming = self._streaming.tokens_streamed if self._streaming is not None else 0
-        return {"text": chunk, "tokens": self.tokens_done + streaming}
+        return {**data, "tokens": self.tokens_done + streaming}
 
     def pause_clock(self) -> None:
         """Stop counting the time limit (a request now waits for the engine loop)."""
