@@ -340,7 +340,45 @@ def read_soak(root: Path) -> Figures:
     figures.headline.append(f"Soak: {data['accepted_jobs']} jobs in {num(data['minutes'], 0)} minutes with a worker "
                             f"killed and Redis down for {data['outage_s']} s: {data['lost']} lost, "
                             f"{data['http_5xx_outside_outage']} server errors outside the outage")
+    if (root / SOAK_MEMORY).exists():
+        memory = load_json(root, SOAK_MEMORY)
+        figures.tables.append(soak_memory(memory))
+        figures.notes += official_reload_note(memory.get("official_reload", []))
+        after = memory["readings"][1]
+        figures.headline.append(f"Worker memory (default model, `{memory['quant']}`): {num(after['VmRSS_mb'], 0)} MB "
+                                f"resident after {memory['jobs']} mixed jobs, {num(after['RssFile_mb'], 0)} MB of "
+                                f"it mapped files")
     return figures
+
+
+SOAK_MEMORY = "results/soak_memory.json"
+
+
+def official_reload_note(events: list[dict[str, Any]]) -> list[str]:
+    """What the official job paid to reload the full-precision weights and what it freed after."""
+    restored = [e for e in events if e.get("event") == "full_weights_restored"]
+    freed = [e for e in events if e.get("event") == "full_weights_freed"]
+    if not restored:
+        return []
+    return [f"The `official` job reloaded {num(restored[-1]['mb'], 0)} MB of full-precision weights in "
+            f"{num(restored[-1]['latency_ms'], 0)} ms (`full_weights_restored`) and "
+            + (f"freed {num(freed[-1]['mb'], 0)} MB when it ended (`full_weights_freed`)." if freed
+               else "kept them (`MINISERVE_OFFICIAL_KEEP_WEIGHTS`).")]
+
+
+def soak_memory(data: dict[str, Any]) -> tuple[str, list[str], list[Row]]:
+    """The memory mode: one default worker's resident memory at three points."""
+    rows = [[r["stage"], num(r["VmRSS_mb"], 0), num(r["RssAnon_mb"], 0), num(r["RssFile_mb"], 0), num(r["Pss_mb"], 0),
+             num(r.get("peak_sampled_mb"), 0), num(r["VmHWM_mb"], 0),
+             ", ".join(f"{name} {num(mb, 0)}" for name, mb in list(r["file_mappings_mb"].items())[:3])]
+            for r in data["readings"]]
+    machine = data.get("cpu") or "machine not recorded"
+    title = (f"Worker memory, MB (`{clean_command(data['command'])}`: {data['model']}, `{data['quant']}`, "
+             f"{data['pool']} pool x {data['concurrency']}, {data['clients']} clients, max_new_tokens "
+             f"{data['max_tokens']}; {machine}). Anon is private heap (the weights, caches, allocator); file "
+             f"is mapped files (libraries, the embedding table): clean pages shared with other processes "
+             f"mapping them, which the kernel can drop and re-read; Pss counts a shared page once per sharer")
+    return title, ["after", "VmRSS", "anon", "file", "Pss", "peak while running", "VmHWM", "largest file mappings"], rows
 
 
 def read_fairness(root: Path) -> Figures:
@@ -397,8 +435,8 @@ SECTIONS: tuple[Section, ...] = (
             "python -m bench.scale", ("results/scale.json", "results/scale_routing.json", "results/scale_redis_cost.json"),
             read_scale, ("results/scale.png", "results/scale_routing.png")),
     Section("soak", "Soak",
-            "Over minutes of mixed and hostile traffic with a worker killed and Redis down, is any job lost or any answer a 500?",
-            "python -m bench.soak --minutes 10", ("results/soak.json",), read_soak, ("results/soak.png",)),
+            "Over minutes of mixed and hostile traffic with a worker killed and Redis down, is any job lost or any answer a 500, and how much memory does a worker hold?",
+            "python -m bench.soak --minutes 10", ("results/soak.json", SOAK_MEMORY), read_soak, ("results/soak.png",)),
     Section("fairness", "Loop fairness",
             "While jobs of every other method run, how long does a `paged` job wait between two tokens?",
             "python -m bench.fairness", ("results/fairness.json",), read_fairness, ("results/fairness.png",)),

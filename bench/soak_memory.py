@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as futures
+import json
 import random
 import tempfile
 import threading
@@ -209,14 +210,28 @@ def measure(args) -> dict[str, Any]:
         peak = sampler.stop()
         readings.append({**reading("after an official job", pid, args.jobs + 1, args.settle_s),
                          "peak_sampled_mb": peak})
+        official = log_events(procs[1].log_path, ("full_weights_restored", "full_weights_freed"))
     finally:
         for proc in procs:
             proc.stop()
-    return {"model": info.get("model"), "quant": info.get("quant"), "dtype": info.get("dtype"),
+    return {"official_reload": official, "model": info.get("model"), "quant": info.get("quant"), "dtype": info.get("dtype"),
             "pool": info.get("pool"), "concurrency": info.get("concurrency"), "clients": args.clients,
             "jobs": args.jobs, "max_tokens": args.max_tokens, "mixed_seconds": round(mixed_s, 1),
             "job_states": dict(sorted(runner.states.items())), "readings": readings,
             "target_mb": args.target_mb, "logs": str(folder)}
+
+
+def log_events(path: Path, names: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The worker log's JSON events of these names (the official job's reload and free)."""
+    found = []
+    for line in path.read_text(errors="replace").splitlines():
+        if "{" in line and any(f'"{name}"' in line for name in names):
+            try:
+                event = json.loads(line[line.index("{"):])
+            except ValueError:
+                continue
+            found.append({k: event.get(k) for k in ("event", "mb", "latency_ms", "tensors")})
+    return found
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
