@@ -165,7 +165,8 @@ def start_stack(args, folder: Path) -> tuple[list[Process], str, dict[str, Any]]
     redis_proc, url = start_redis(folder)
     stack = Stack(redis_url=url, env_overrides={"MINISERVE_JSON_LOGS": "true", "MINISERVE_LOG_LEVEL": "INFO",
                                                 "MINISERVE_RATE_LIMIT_PER_MINUTE": "0",
-                                                **({"MINISERVE_MODEL": args.model} if args.model else {})},
+                                                **({"MINISERVE_MODEL": args.model} if args.model else {}),
+                                                **dict(item.split("=", 1) for item in args.worker_env)},
                   log_dir=folder)
     worker = stack.start_worker(name="memory", pool="threads", concurrency=8)
     web, base = stack.start_web()
@@ -218,7 +219,7 @@ def measure(args) -> dict[str, Any]:
             "pool": info.get("pool"), "concurrency": info.get("concurrency"), "clients": args.clients,
             "jobs": args.jobs, "max_tokens": args.max_tokens, "mixed_seconds": round(mixed_s, 1),
             "job_states": dict(sorted(runner.states.items())), "readings": readings,
-            "target_mb": args.target_mb, "logs": str(folder)}
+            "target_mb": args.target_mb, "worker_env": args.worker_env, "logs": str(folder)}
 
 
 def log_events(path: Path, names: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -242,6 +243,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--memory-clients", dest="memory_clients", type=int, default=8)
     group.add_argument("--model", default="", help="MINISERVE_MODEL for the worker (default: the default model)")
     group.add_argument("--settle-s", type=float, default=3.0, help="idle seconds before each reading")
+    group.add_argument("--worker-env", action="append", default=[], metavar="NAME=VALUE",
+                       help="an extra environment variable for the processes (e.g. MALLOC_ARENA_MAX=2)")
     group.add_argument("--target-mb", type=float, default=1300.0, help="the VmRSS target after the mixed jobs")
 
 

@@ -42,6 +42,7 @@ from engine.constrained import token_constraint
 from engine.handwritten import forward_for
 from engine.model_engine import ModelEngine
 from engine.openmp import release_thread_team
+from engine.packed import release_freed_memory
 from engine.run import GenerationRun
 from engine.solo import SoloTask
 from engine.types import CancelCheck, GenerationRequest, GenerationResult, TextCallback
@@ -193,6 +194,7 @@ class EngineLoop:
         self.owner: int | None = None          # the loop thread's ident, once started
         self.submitted = 0
         self.snapshot: dict[str, Any] = {"loop": {"solo_waiting": 0}}
+        self._was_busy = False
 
     # -- public ------------------------------------------------------------------------------
     def submit(self, request: GenerationRequest, timeout_s: float | None = None,
@@ -289,6 +291,9 @@ class EngineLoop:
         busy = bool(self._solo or self._running) or (scheduler is not None and scheduler.has_work)
         if not busy:
             release_thread_team()  # idle: leave the CPUs' spinning OpenMP workers to a busy loop
+            if self._was_busy:
+                release_freed_memory()  # once per idle spell: the requests' freed heap back to the OS
+        self._was_busy = busy
         self._drain(block=not busy)
         if self._closing.is_set():
             return
