@@ -19,6 +19,7 @@ import hashlib
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -92,14 +93,29 @@ def _compile(compiler: str, out: Path) -> None:
     (under ``auto`` it would run full precision at a third of the speed; under ``q8`` every
     job would fail). A real compile error fails every try and is raised with its message."""
     for attempt in range(1, BUILD_TRIES + 1):
-        done = subprocess.run([compiler, *FLAGS, "-o", str(out), *map(str, SOURCES), "-lm"],
-                              capture_output=True, text=True)
-        if done.returncode == 0:
+        returncode, stderr = _run_compiler([compiler, *FLAGS, "-o", str(out), *map(str, SOURCES), "-lm"])
+        if returncode == 0:
             return
-        why = f"killed by signal {-done.returncode}" if done.returncode < 0 else done.stderr.strip()[-800:]
-        log_event(logger, "kernel_build_failed", level=logging.WARNING, attempt=attempt, returncode=done.returncode)
+        why = f"killed by signal {-returncode}" if returncode < 0 else stderr.strip()[-800:]
+        log_event(logger, "kernel_build_failed", level=logging.WARNING, attempt=attempt, returncode=returncode)
     names = ", ".join(path.name for path in SOURCES)
     raise NativeBuildError(f"compiling {names} failed ({BUILD_TRIES} tries): {why}")
+
+
+def _run_compiler(argv: list[str]) -> tuple[int, str]:
+    """(return code, stderr) of one compiler run, in a process group of its own. Waits for the
+    compiler process only, not for its pipes: a killed ``cc`` leaves its ``cc1`` running,
+    which would hold a stderr pipe open until it finished; the group is killed instead."""
+    with tempfile.TemporaryFile() as stderr:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+        returncode = proc.wait()
+        if returncode != 0:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # what the dead compiler left running
+            except (ProcessLookupError, PermissionError):
+                pass
+        stderr.seek(0)
+        return returncode, stderr.read().decode(errors="replace")
 
 
 @functools.lru_cache(maxsize=1)
