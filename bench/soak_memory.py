@@ -170,11 +170,21 @@ def start_stack(args, folder: Path) -> tuple[list[Process], str, dict[str, Any]]
                   log_dir=folder)
     worker = stack.start_worker(name="memory", pool="threads", concurrency=8)
     web, base = stack.start_web()
-    store = job_store(url)
+    procs = [web, worker, redis_proc]
+    try:
+        return procs, base, wait_for_model(job_store(url), base)
+    except BaseException:
+        for proc in procs:
+            proc.stop()
+        raise
+
+
+def wait_for_model(store, base: str, timeout_s: float = 3600) -> dict[str, Any]:
+    """The loaded worker's heartbeat info (a first start quantizes the model: minutes on a busy CPU)."""
     loaded = lambda: [w for w in list_workers(store.client, 30) if w["info"].get("engine_loaded")]  # noqa: E731
-    wait_until(lambda: bool(loaded()), 900, interval_s=1.0, what="the worker's model")
+    wait_until(lambda: bool(loaded()), timeout_s, interval_s=1.0, what="the worker's model")
     wait_until(lambda: _up(base), 60, what="web server")
-    return [web, worker, redis_proc], base, loaded()[0]["info"]
+    return loaded()[0]["info"]
 
 
 def _up(base: str) -> bool:
@@ -192,34 +202,39 @@ def reading(stage: str, pid: int, jobs: int, settle_s: float) -> dict[str, Any]:
 def measure(args) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(prefix="miniserve-soak-memory-"))
     procs, base, info = start_stack(args, folder)
-    pid, runner, rng = int(info["pid"]), JobRunner(base), random.Random(0)
     try:
-        readings = [reading("started", pid, 0, args.settle_s)]
-        sampler = Sampler(pid)
-        kinds = [KINDS[i % len(KINDS)] for i in range(args.jobs)]
-        rng.shuffle(kinds)
-        started = time.monotonic()
-        with futures.ThreadPoolExecutor(args.clients) as pool:
-            list(pool.map(lambda item: runner.run(item[1], job_body(item[1], item[0], args.max_tokens),
-                                                  random.Random(item[0])), enumerate(kinds)))
-        mixed_s = time.monotonic() - started
-        peak = sampler.stop()
-        readings.append({**reading(f"after {args.jobs} mixed jobs", pid, args.jobs, args.settle_s),
-                         "peak_sampled_mb": peak})
-        sampler = Sampler(pid)
-        runner.run("official", {**job_body("paged", 0, args.max_tokens), "generation_method": "official"}, rng)
-        peak = sampler.stop()
-        readings.append({**reading("after an official job", pid, args.jobs + 1, args.settle_s),
-                         "peak_sampled_mb": peak})
-        official = log_events(procs[1].log_path, ("full_weights_restored", "full_weights_freed"))
+        return measure_worker(args, base, info, procs[1].log_path) | {"logs": str(folder)}
     finally:
         for proc in procs:
             proc.stop()
+
+
+def measure_worker(args, base: str, info: dict[str, Any], worker_log: Path) -> dict[str, Any]:
+    """The three readings of the loaded worker ``info`` describes, jobs sent through ``base``."""
+    pid, runner, rng = int(info["pid"]), JobRunner(base), random.Random(0)
+    readings = [reading("started", pid, 0, args.settle_s)]
+    sampler = Sampler(pid)
+    kinds = [KINDS[i % len(KINDS)] for i in range(args.jobs)]
+    rng.shuffle(kinds)
+    started = time.monotonic()
+    with futures.ThreadPoolExecutor(args.clients) as pool:
+        list(pool.map(lambda item: runner.run(item[1], job_body(item[1], item[0], args.max_tokens),
+                                              random.Random(item[0])), enumerate(kinds)))
+    mixed_s = time.monotonic() - started
+    peak = sampler.stop()
+    readings.append({**reading(f"after {args.jobs} mixed jobs", pid, args.jobs, args.settle_s),
+                     "peak_sampled_mb": peak})
+    sampler = Sampler(pid)
+    runner.run("official", {**job_body("paged", 0, args.max_tokens), "generation_method": "official"}, rng)
+    peak = sampler.stop()
+    readings.append({**reading("after an official job", pid, args.jobs + 1, args.settle_s),
+                     "peak_sampled_mb": peak})
+    official = log_events(worker_log, ("full_weights_restored", "full_weights_freed"))
     return {"official_reload": official, "model": info.get("model"), "quant": info.get("quant"), "dtype": info.get("dtype"),
             "pool": info.get("pool"), "concurrency": info.get("concurrency"), "clients": args.clients,
             "jobs": args.jobs, "max_tokens": args.max_tokens, "mixed_seconds": round(mixed_s, 1),
             "job_states": dict(sorted(runner.states.items())), "readings": readings,
-            "target_mb": args.target_mb, "worker_env": args.worker_env, "logs": str(folder)}
+            "target_mb": args.target_mb, "worker_env": args.worker_env}
 
 
 def log_events(path: Path, names: tuple[str, ...]) -> list[dict[str, Any]]:
