@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.constrained import token_constraint
+from engine.constrained import run_constraint
 from engine.handwritten import handwritten_methods
 from engine.official import generate_official
 from engine.prompt import Prompt
@@ -20,7 +20,7 @@ from engine.types import GenerationRequest
 def run_official(engine: Any, prompt: Prompt, run: GenerationRun, request: GenerationRequest,
                  penalty: float) -> int:
     generate_official(engine.loaded.model, prompt.ids, run, request.sampling, penalty,
-                      constraint=token_constraint(engine, request.constraint))
+                      constraint=run_constraint(engine, run, request.constraint))
     return 0
 
 
