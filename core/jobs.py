@@ -357,11 +357,16 @@ class JobStore:
 
     # ---- cancellation -------------------------------------------------------------------
     def request_cancel(self, job_id: str) -> JobRecord:
-        """Raise the cancel flag; a queued job ends ``cancelled`` at once (its task will skip)."""
+        """Raise the cancel flag and tell the workers (one message on ``keys.CANCELS``: the
+        running job's worker stops it between two tokens); a queued job ends ``cancelled`` at
+        once (its task will skip)."""
         record = self.get(job_id)
         if record.is_terminal:
             return record
-        self.client.set(keys.cancel_key(job_id), "1", ex=self.ttl_s)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.set(keys.cancel_key(job_id), "1", ex=self.ttl_s)
+        pipe.publish(keys.CANCELS, record.id)
+        pipe.execute()
         if record.state == QUEUED:
             self.finish(job_id, CANCELLED, {"reason": "cancelled while queued"})
         return self.get(job_id)

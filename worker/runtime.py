@@ -25,6 +25,7 @@ from core.redis_conn import redis_client
 from core.routing import register_queue
 from core.settings import Settings, get_settings
 from core.workers import write_heartbeat
+from worker.cancel_watch import CancelWatch
 
 logger = logging.getLogger("miniserve.worker")
 HEARTBEAT_S = 5.0
@@ -49,6 +50,8 @@ class WorkerRuntime:
     _engine: Any = None
     load_error: str | None = None  # why the model could not be loaded (a ModelLoadError): on /workers, in job errors
     _engine_lock: threading.Lock = field(default_factory=threading.Lock)
+    _cancels: CancelWatch | None = None
+    _cancels_lock: threading.Lock = field(default_factory=threading.Lock)
     _pid: int = field(default_factory=os.getpid)
 
     @property
@@ -76,6 +79,15 @@ class WorkerRuntime:
                               load_ms=round((time.perf_counter() - started) * 1000, 1))
                     self._engine = engine
         return self._engine
+
+    @property
+    def cancels(self) -> CancelWatch:
+        """The process's one cancel subscription (started with its first job)."""
+        if self._cancels is None:
+            with self._cancels_lock:
+                if self._cancels is None:
+                    self._cancels = CancelWatch(self.store.client)
+        return self._cancels
 
     @property
     def model_id(self) -> str:
