@@ -193,7 +193,8 @@ def submit(sub: Submission, idempotency_key: str | None = None) -> Submitted:
         job = store.create(sub.job_type, queue, sub.request, owner=owner, max_attempts=settings.max_attempts)
     note_job(job.id)
     try:
-        ctx().celery.send_task(tasks.TASK_FOR_JOB_TYPE[sub.job_type], args=[job.id], task_id=job.id, queue=target)
+        ctx().celery.send_task(tasks.TASK_FOR_JOB_TYPE[sub.job_type], args=[job.id], task_id=job.id, queue=target,
+                               **({"kwargs": {"model": model}} if model else {}))  # the worker's model guard reads it
     except Exception:
         _abandon(job.id, idempotency_key, owner)
         raise

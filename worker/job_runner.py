@@ -128,13 +128,21 @@ class LeaseKeeper:
 JobBody = Callable[[JobContext], dict[str, Any]]
 
 
-def run_job(rt: WorkerRuntime, job_id: str, dispatch: int, body: JobBody) -> str | None:
-    """Run one attempt; returns the terminal state written, or None when skipped."""
+@dataclass(frozen=True)
+class Ended:
+    """The terminal state this attempt wrote, and its result or error payload."""
+
+    state: str
+    payload: dict[str, Any]
+
+
+def run_job(rt: WorkerRuntime, job_id: str, dispatch: int, body: JobBody) -> Ended | None:
+    """Run one attempt; returns how it ended, or None when skipped (or another ending won)."""
     started = rt.store.start_attempt(job_id, rt.name, rt.settings.lease_s, dispatch)
     if not started.should_run:
         log_event(logger, "job_skipped", job_id=job_id, dispatch=dispatch, code=started.attempt)
         return None
-    record = rt.store.get(job_id)
+    record = started.record or rt.store.get(job_id)  # the script hands the stored request over
     log_event(logger, "job_started", job_id=job_id, job_type=record.type, attempt=started.attempt,
               queue_wait_ms=round((time.time() - record.created_at) * 1000, 1))
     began = time.perf_counter()
@@ -151,7 +159,7 @@ def run_job(rt: WorkerRuntime, job_id: str, dispatch: int, body: JobBody) -> str
               attempt=started.attempt, latency_ms=round((time.perf_counter() - began) * 1000, 1),
               completion_tokens=payload.get("usage", {}).get("completion_tokens"),
               recorded=bool(written))
-    return state if written else None
+    return Ended(state, payload) if written else None
 
 
 def _flush_text(ctx: JobContext) -> None:
