@@ -116,6 +116,11 @@ def model_queue(base: str, model_id: str) -> str:
     return f"{base}.{model_id}"
 
 
+def model_text_key(model_id: str) -> str:
+    """Hash: a served model's tokenizer.json, chat template and limits (core/model_text.py)."""
+    return f"model:{model_id}:text"
+
+
 def worker_queue(node: str) -> str:
     """The queue only the Celery node ``node`` (``name@host``) consumes."""
     return f"generation.{node}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from core.prompt_block import system_block, tokens_before
 from engine.types import GenerationRequest
 
 
@@ -40,9 +41,6 @@ def chat_messages(request: GenerationRequest) -> list[dict[str, Any]]:
     return messages
 
 
-MARKER = "<|im_start|>user"  # where the system block ends (the chat templates MiniServe renders)
-
-
 def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, generation_prompt: bool) -> str:
     return tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
                                          add_generation_prompt=generation_prompt)
@@ -53,46 +51,17 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
 
 
 def build_prompt(tokenizer: Any, request: GenerationRequest) -> Prompt:
-    """Token ids of the full prompt, and how many of them form the cacheable system block.
-
-    One render and one encoding in the usual case: the system block is the full text up to
-    its first user header when the first message after the system part is the user's (the
-    block does not depend on what follows it); otherwise a probe (system part plus a user
-    "x") is rendered to find it. Its token count comes from the same encoding's offsets: the
-    block ends where a token starts (the ``<|im_start|>`` special token)."""
+    """Token ids of the full prompt, and how many of them form the cacheable system block:
+    one render and one encoding in the usual case (:mod:`core.prompt_block`)."""
     messages = chat_messages(request)
     full_text = _render(tokenizer, messages, request.tools, generation_prompt=True)
-    prefix_text = _system_block(tokenizer, messages, request.tools, full_text)
+    prefix_text = system_block(messages, full_text,
+                               lambda probe: _render(tokenizer, probe, request.tools, generation_prompt=False))
     if not getattr(tokenizer, "is_fast", False):  # no offsets: encode the block on its own
         return _slow_prompt(tokenizer, full_text, prefix_text)
     encoding = tokenizer(full_text, add_special_tokens=False, return_offsets_mapping=True)
     ids = list(encoding["input_ids"])
-    return Prompt(ids=ids, prefix_len=_tokens_before(encoding["offset_mapping"], len(prefix_text)))
-
-
-def _system_block(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, full_text: str) -> str:
-    """The rendered system block (the given system part or the template's default, tools
-    included): a prefix of ``full_text``, or "" when the template shows none."""
-    system = [m for m in messages[:1] if m.get("role") == "system"]
-    following = messages[len(system):len(system) + 1]
-    if following and following[0].get("role") == "user":
-        text = full_text
-    else:
-        text = _render(tokenizer, system + [{"role": "user", "content": "x"}], tools, generation_prompt=False)
-    cut = text.find(MARKER)
-    prefix_text = text[:cut] if cut > 0 else ""
-    return prefix_text if prefix_text and full_text.startswith(prefix_text) else ""
-
-
-def _tokens_before(offsets: list[tuple[int, int]], cut: int) -> int:
-    """How many tokens cover ``text[:cut]``: the index of the token that starts at ``cut``
-    (0 when none does: no token boundary there, so no cacheable block)."""
-    if cut <= 0:
-        return 0
-    for index, (start, _end) in enumerate(offsets):
-        if start >= cut:
-            return index if start == cut else 0
-    return 0
+    return Prompt(ids=ids, prefix_len=tokens_before(encoding["offset_mapping"], len(prefix_text)))
 
 
 def _slow_prompt(tokenizer: Any, full_text: str, prefix_text: str) -> Prompt:

@@ -99,7 +99,7 @@ def _sampling(body: ChatCompletionRequest) -> dict[str, Any]:
 
 def _openai_sampling(body: ChatCompletionRequest) -> dict[str, Any]:
     """Penalties, bias and log-probabilities, only when asked (a plain job stays as it was)."""
-    out = openai_penalties(body.presence_penalty, body.frequency_penalty, body.logit_bias)
+    out = openai_penalties(body.presence_penalty, body.frequency_penalty, body.logit_bias, body.model)
     if body.logprobs:
         out.update(logprobs=True, top_logprobs=body.top_logprobs or 0)
     return out

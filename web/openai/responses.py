@@ -55,7 +55,7 @@ def extension(job: JobRecord, result: dict[str, Any]) -> dict[str, Any]:
 
 def choice_logprobs(chat: ChatJob, result: dict[str, Any]) -> dict[str, Any] | None:
     """``choices[].logprobs`` when the request asked (one entry per generated token)."""
-    return openai_logprobs(result.get("logprobs")) if chat.logprobs else None
+    return openai_logprobs(result.get("logprobs"), result.get("model")) if chat.logprobs else None
 
 
 def completion(job: JobRecord, chat: ChatJob, model: str) -> dict[str, Any]:
