@@ -41,6 +41,11 @@ class PromptBudget:
         """The text side of ``model`` (None: the web's own model), when one is known here."""
         return self.texts.get(model)
 
+    def tokenizer(self, model: str | None = None) -> Any | None:
+        """``model``'s ``tokenizers`` Tokenizer, or None when none is known here."""
+        found = self.model(model)
+        return found.tokenizer if found is not None else None
+
     def context_length(self, model: str | None = None) -> int:
         found = self.model(model)
         return found.context_length if found is not None else FALLBACK_CONTEXT
@@ -64,7 +69,7 @@ class PromptBudget:
         found = self.model(model)
         if found is None:
             chars = sum(len(str(m.get("content") or "")) for m in request.get("messages") or [])
-            chars += len(request.get("prefix") or "")
+            chars += len(request.get("prefix") or "") + len(request.get("raw_prompt") or "")
             if chars > self.max_prompt_chars:
                 raise ApiError(422, "prompt_too_long", f"{field_name}: {chars} characters, more than "
                                f"the limit of {self.max_prompt_chars}", field=field_name)

@@ -39,7 +39,10 @@ def chat_messages(request: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def count(model: TextModel, request: dict[str, Any]) -> PromptCount:
-    """The request's prompt tokens with ``model``'s tokenizer (see the module doc)."""
+    """The request's prompt tokens with ``model``'s tokenizer (see the module doc); a
+    ``raw_prompt`` (a text completion's) is encoded as is, as engine/prompt.py does."""
+    if request.get("raw_prompt") is not None:
+        return PromptCount(len(model.tokenizer.encode(request["raw_prompt"], add_special_tokens=True).ids), exact=True)
     if model.template is not None:
         try:
             return _rendered(model, chat_messages(request), request.get("tools"))

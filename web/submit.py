@@ -148,6 +148,12 @@ def from_agent_body(body: AgentBody) -> Submission:
 
 def _check_prompt(sub: Submission, model: str | None) -> PromptCount | None:
     """The prompt against ``model``'s context, counted with its tokenizer (web/prompt_budget.py)."""
+    max_new = sub.request["sampling"]["max_new_tokens"]
+    prompts = sub.request.get("prompts")
+    if prompts:  # a text completion's prompts are separate sequences: each must fit
+        for text in prompts:
+            ctx().budget.check({"raw_prompt": text}, max_new, sub.input_field, model)
+        return None
     if sub.job_type == "agent":
         _check_agent_chars(sum(len(m["content"]) for m in sub.request["messages"]), sub.input_field)
     return ctx().budget.check(sub.request, sub.request["sampling"]["max_new_tokens"], sub.input_field, model)

@@ -1,4 +1,4 @@
-"""OpenAI-compatible API (``/v1``): chat completions through the queue, the model list,
+"""OpenAI-compatible API (``/v1``): chat and text completions through the queue, the model list,
 and OpenAI's error shape for everything under ``/v1/``."""
 from __future__ import annotations
 
@@ -6,10 +6,12 @@ from flask_openapi3 import OpenAPI
 
 from web.openai import errors
 from web.openai.batch_routes import api as batch_api
+from web.openai.completion_routes import api as completion_api
 from web.openai.routes import api
 
 
 def register(app: OpenAPI) -> None:
     app.register_api(api)
     app.register_api(batch_api)
+    app.register_api(completion_api)
     errors.install(app)

@@ -65,7 +65,7 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "tool_choice": honoured("none | auto | required | a named function, held by a grammar"),
     "parallel_tool_calls": honoured("false: at most one call"),
     "response_format": honoured("text | json_object | json_schema, held by a grammar"),
-    "n": refused("one choice per request; only n = 1", _is(1)),
+    "n": honoured("1..16 choices in one job (seed + i each); paged: they share the prompt's KV blocks"),
     "logprobs": honoured("after penalties and logit_bias, before the grammar mask and temperature/top-k/top-p"),
     "top_logprobs": honoured("0..20 alternatives per token; needs logprobs: true"),
     "presence_penalty": honoured("-2..2, over the generated tokens; on top of repetition_penalty"),
@@ -104,8 +104,13 @@ def check_chat_fields(body: Any) -> None:
         return  # the model's own validation says what is wrong
     if body.get("top_logprobs") is not None and body.get("logprobs") is not True:
         raise ValueError("top_logprobs: needs logprobs: true")
+    check_fields(body, CHAT_FIELDS)
+
+
+def check_fields(body: dict[str, Any], table: dict[str, FieldRule]) -> None:
+    """:func:`check_chat_fields`'s walk over any endpoint's table (``/v1/completions`` too)."""
     for name, value in body.items():
-        rule = CHAT_FIELDS.get(name)
+        rule = table.get(name)
         if rule is None:
             raise ValueError(f"{name}: unknown field, not supported")
         if rule.kind == "refused" and not rule.accepts(value):
