@@ -266,7 +266,36 @@ def read_queue_overhead(root: Path) -> Figures:
     figures = Figures(["path", "p50 TTFT ms", "p90 TTFT ms", "p50 total ms"], rows, data["machine"])
     figures.notes.append(f"Burst: {burst['jobs']} jobs from {burst['clients']} clients, {num(burst['jobs_per_s'], 1)} "
                          f"jobs/s, {burst['lost']} lost, {burst['duplicated']} duplicated.")
+    if (root / SERVED).exists():
+        served_table(figures, load_json(root, SERVED))
     return figures
+
+
+SERVED = "results/queue_served.json"
+SERVED_COMMAND = "python -m bench.queue_overhead --served"
+
+
+def served_table(figures: Figures, data: dict[str, Any]) -> None:
+    """``--served``: streaming /v1 clients against the in-process engine (and llama-server)."""
+    rows = []
+    for s in data["summary"]:
+        cpu = s.get("cpu_s_per_1k_tokens") or {}
+        rows.append([s["clients"], s["mode"], num(s["tok_per_s"], 1), ratio(s["x_inproc"]), num(s["ttft_p50_s"], 3),
+                     ", ".join(f"{k} {num(v, 2)}" for k, v in cpu.items())])
+    args = data["args"]
+    figures.tables.append((f"Streaming chats through `/v1` against the in-process batched engine, same requests "
+                           f"(`{SERVED_COMMAND}`, model `{Path(args['model']).name}`: {args['rounds']} chats of "
+                           f"{args['new_tokens']} greedy tokens per client, median of {args['repeats']} interleaved runs)",
+                           ["clients", "path", "tok/s", "x in-process", "TTFT p50 s", "CPU s per 1k tokens"], rows))
+    figures.notes.append("`inproc`: client threads submitting to an engine loop in the benchmark's process, as a "
+                         "worker's job threads do; `v1`: the same chats as streaming HTTP clients of the whole stack. "
+                         "CPU time is read from /proc for the web, the worker and redis-server (`engine`: the "
+                         "benchmark process). `--llama-server PATH` (or `MINISERVE_LLAMA_SERVER`) adds `llama`: "
+                         "llama.cpp's server (`-np 8 --cont-batching`) on the same GGUF, same chats.")
+    at8 = next((s for s in data["summary"] if s["clients"] == 8 and s["mode"] == "v1"), None)
+    if at8 and at8.get("x_inproc"):
+        figures.headline.append(f"Through `/v1` with 8 streaming clients: {ratio(at8['x_inproc'])} the in-process "
+                                f"engine's tokens/s on the same requests (model `{Path(args['model']).name}`)")
 
 
 KILL_FLAGS = "--workers 2 --max-new-tokens 64 --kill-worker-after 2 --output results/load_kill.csv"
@@ -494,8 +523,8 @@ SECTIONS: tuple[Section, ...] = (
             "python -m bench.evaluate_agent", ("results/agent_eval.json",), read_agent, ("results/agent_eval.png",)),
     Section("queue_overhead", "Queue overhead",
             "How much latency do web, Redis and Celery add to a direct engine call?",
-            "python -m bench.queue_overhead", ("results/queue_overhead.json",), read_queue_overhead,
-            ("results/queue_overhead.png",)),
+            "python -m bench.queue_overhead", ("results/queue_overhead.json", SERVED), read_queue_overhead,
+            ("results/queue_overhead.png", "results/queue_served.png")),
     Section("load", "Load",
             "Does the service lose, duplicate or fail jobs under 50 clients, and when a worker is killed? Does `/health` stay fast beside thousands of open streams?",
             "python -m bench.load", ("results/load.json", "results/load_kill.json", CONNECTIONS), read_load,

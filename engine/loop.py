@@ -254,6 +254,7 @@ class EngineLoop:
         prompt, run, penalty = self.engine.new_run(request, handle.push_text, handle.stop_requested,
                                                    handle.push_logprobs)
         constraint = token_constraint(self.engine, request.constraint)  # compiled here: errors raise to the caller
+        run.constraint = constraint  # a non-batched method samples with this one (engine.constrained.run_constraint)
         release_thread_team()  # if that ran a parallel op here, its team must not outlive it (engine.openmp)
         self.submitted += 1
         if should_cancel is not None and should_cancel():

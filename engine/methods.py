@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.constrained import token_constraint
+from engine.constrained import run_constraint
 from engine.handwritten import handwritten_methods
 from engine.official import generate_official
 from engine.prompt import Prompt
@@ -23,7 +23,7 @@ def run_official(engine: Any, prompt: Prompt, run: GenerationRun, request: Gener
     model = engine.loaded.model
     with full_weights(model, keep=engine.settings.official_keep_weights):  # freed again after (restore.py)
         generate_official(model, prompt.ids, run, request.sampling, penalty,
-                          constraint=token_constraint(engine, request.constraint))
+                          constraint=run_constraint(engine, run, request.constraint))
     return 0
 
 
