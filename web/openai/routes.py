@@ -92,7 +92,7 @@ def stream_completion(store: JobStore, celery: Any, job: JobRecord, chat: ChatJo
     client leaves before its end."""
     writer = ChunkWriter(job, chat, model)
     buffered = chat.tools is not None
-    calls = ToolStream(job.id, chat.forced_calls) if chat.tools is not None else None
+    calls = ToolStream(job.id, chat.forced_calls, chat.tools.names) if chat.tools is not None else None
     ended, last = False, 0
     try:
         yield writer.delta({"role": "assistant", "content": ""})
