@@ -104,8 +104,13 @@ def check_chat_fields(body: Any) -> None:
         return  # the model's own validation says what is wrong
     if body.get("top_logprobs") is not None and body.get("logprobs") is not True:
         raise ValueError("top_logprobs: needs logprobs: true")
+    check_fields(body, CHAT_FIELDS)
+
+
+def check_fields(body: dict[str, Any], table: dict[str, FieldRule]) -> None:
+    """The check of :func:`check_chat_fields` against any endpoint's table (``/v1/responses`` too)."""
     for name, value in body.items():
-        rule = CHAT_FIELDS.get(name)
+        rule = table.get(name)
         if rule is None:
             raise ValueError(f"{name}: unknown field, not supported")
         if rule.kind == "refused" and not rule.accepts(value):
