@@ -63,7 +63,8 @@ keyed_schema = schemathesis.openapi.from_wsgi("/openapi.json", _app(api_keys=[AP
 # messages; tools only with messages) and ``/detokenize`` (ids below the model's vocabulary
 # size). Every other check still applies.
 # ``/v1/files``: the uploaded file must be UTF-8 text.
-CROSS_FIELD_RULES = {"/v1/chat/completions", "/jobs", "/generate", "/tokenize", "/detokenize", "/v1/files"}
+CROSS_FIELD_RULES = {"/v1/chat/completions", "/v1/responses", "/jobs", "/generate", "/tokenize", "/detokenize",
+                     "/v1/files"}
 SETTINGS = dict(deadline=None, database=None, derandomize=False, suppress_health_check=list(HealthCheck))
 
 

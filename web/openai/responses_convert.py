@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from core.events import SUCCEEDED
 from web.errors import ApiError, validation_details
@@ -144,20 +144,27 @@ def _chat(body: dict[str, Any]) -> ChatJob:
         raise _renamed_error(exc) from None
 
 
+def _meta(body: ResponseRequest, conversation: tuple[int, int]) -> dict[str, Any]:
+    """What the answer echoes and a later turn reads (``conversation``: the stored messages
+    after the instructions and before any hint the chat path appends)."""
+    choice = body.tool_choice
+    text_format = body.text.format if body.text is not None else None
+    return {"instructions": body.instructions, "previous_response_id": body.previous_response_id,
+            "store": body.store is not False, "conversation": list(conversation),
+            "tools": [t.model_dump(exclude_none=True) for t in body.tools or []],
+            "tool_choice": choice.model_dump() if isinstance(choice, BaseModel) else choice,
+            "parallel_tool_calls": body.parallel_tool_calls is not False,
+            "text": {"format": text_format.model_dump(by_alias=True, exclude_none=True) if text_format
+                     else {"type": "text"}},
+            "max_output_tokens": body.max_output_tokens}
+
+
 def response_job(body: ResponseRequest, find: Any) -> ResponseJob:
     """Validate and build the job; ``find`` looks up a previous response's job (owner-checked)."""
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     history = previous_conversation(body.previous_response_id, find) if body.previous_response_id else []
     conversation = history + input_messages(body.input)
     chat = _chat(chat_body(body, system + conversation))
-    meta = {"instructions": body.instructions, "previous_response_id": body.previous_response_id,
-            "store": body.store is not False, "conversation": [len(system), len(system) + len(conversation)],
-            "tools": [t.model_dump(exclude_none=True) for t in body.tools or []],
-            "tool_choice": body.tool_choice if isinstance(body.tool_choice, str) or body.tool_choice is None
-            else body.tool_choice.model_dump(), "parallel_tool_calls": body.parallel_tool_calls is not False,
-            "text": {"format": body.text.format.model_dump(by_alias=True, exclude_none=True)}
-            if body.text is not None and body.text.format is not None else {"format": {"type": "text"}},
-            "max_output_tokens": body.max_output_tokens}
+    meta = _meta(body, (len(system), len(system) + len(conversation)))
     chat.submission.request["response"] = meta
     return ResponseJob(replace(chat, submission=replace(chat.submission, input_field="input")), meta)
-
