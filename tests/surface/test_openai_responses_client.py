@@ -95,3 +95,12 @@ def test_refused_fields_are_400s_naming_them(client, served_model):
     with pytest.raises(openai.NotFoundError) as info:
         client.responses.create(model=served_model, input="x", previous_response_id="resp_" + "0" * 32)
     assert info.value.body["param"] == "previous_response_id"
+
+
+def test_a_background_response_is_polled_to_its_end(client, served_model):
+    from tests.harness.stack import wait_until
+
+    started = created(client, model=served_model, input="Count to three.", max_output_tokens=6, background=True)
+    assert started.background is True and started.status in ("queued", "in_progress", "completed", "incomplete")
+    assert wait_until(lambda: client.responses.retrieve(started.id).status in ("completed", "incomplete"), 60)
+    assert client.responses.retrieve(started.id).usage.output_tokens <= 6

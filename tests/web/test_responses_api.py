@@ -200,7 +200,7 @@ def test_a_chat_job_is_not_a_stored_response(client, store, celery):
     ({"input": []}, "input"),
     ({"input": 5}, "input"),
     ({"reasoning": {"effort": "high"}}, "reasoning"),
-    ({"background": True}, "background"),
+    ({"background": True, "store": False}, "background"),
     ({"min_p": 0.1}, "min_p"),
 ])
 def test_bad_input_is_a_400_naming_the_field(client, body, param):
@@ -208,3 +208,23 @@ def test_bad_input_is_a_400_naming_the_field(client, body, param):
     assert response.status_code == 400, response.get_json()
     error = response.get_json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param, error
+
+
+def test_a_background_response_answers_at_once_and_can_be_cancelled(client, store, celery):
+    celery.runner = None  # no worker takes it: it stays queued
+    first = create(client, background=True)
+    assert first.status_code == 200, first.get_json()
+    body = Response.model_validate(first.get_json())
+    assert body.status == "queued" and body.background is True and body.output == []
+    assert client.get(f"/v1/responses/{body.id}").get_json()["status"] == "queued"
+    cancelled = client.post(f"/v1/responses/{body.id}/cancel")
+    assert cancelled.status_code == 200 and cancelled.get_json()["status"] == "cancelled"
+    assert store.get(first.headers["X-Job-Id"]).state == "cancelled"
+    assert client.get(f"/v1/responses/{body.id}").get_json()["status"] == "cancelled"
+
+
+def test_only_a_background_response_can_be_cancelled(client, store, celery):
+    says(store, celery, "ok")
+    done = create(client).get_json()
+    response = client.post(f"/v1/responses/{done['id']}/cancel")
+    assert response.status_code == 400 and response.get_json()["error"]["param"] == "response_id"

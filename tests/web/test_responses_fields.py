@@ -44,13 +44,14 @@ HONOURED = {
     "text": ({}, {"text": {"format": {"type": "json_object"}}}),
     "store": ({}, {"store": False}),
     "previous_response_id": ({}, {"previous_response_id": "<first>"}),
+    "background": ({}, {"background": True}),
 }
 NO_EFFECT = {"user": "u-1", "safety_identifier": "s-1", "metadata": {"k": "v"}, "service_tier": "flex",
              "prompt_cache_key": "k", "prompt_cache_retention": "24h", "prompt_cache_options": {"mode": "explicit"},
              "stream_options": {"include_obfuscation": False}}
 # refused: (a value that would change the answer, the default value that is accepted)
 REFUSED = {
-    "background": (True, False), "include": (["message.output_text.logprobs"], []), "top_logprobs": (3, 0),
+    "include": (["message.output_text.logprobs"], []), "top_logprobs": (3, 0),
     "truncation": ("auto", "disabled"), "reasoning": ({"effort": "low"}, None), "max_tool_calls": (2, None),
     "conversation": ("conv_1", None), "context_management": ([{"type": "compaction"}], None),
     "prompt": ({"id": "pmpt_1"}, None), "moderation": ({"policy": {}}, None), "image": ({"size": "auto"}, None),

@@ -150,7 +150,8 @@ def _meta(body: ResponseRequest, conversation: tuple[int, int]) -> dict[str, Any
     choice = body.tool_choice
     text_format = body.text.format if body.text is not None else None
     return {"instructions": body.instructions, "previous_response_id": body.previous_response_id,
-            "store": body.store is not False, "conversation": list(conversation),
+            "store": body.store is not False, "background": bool(body.background),
+            "conversation": list(conversation),
             "tools": [t.model_dump(exclude_none=True) for t in body.tools or []],
             "tool_choice": choice.model_dump() if isinstance(choice, BaseModel) else choice,
             "parallel_tool_calls": body.parallel_tool_calls is not False,
@@ -161,6 +162,9 @@ def _meta(body: ResponseRequest, conversation: tuple[int, int]) -> dict[str, Any
 
 def response_job(body: ResponseRequest, find: Any) -> ResponseJob:
     """Validate and build the job; ``find`` looks up a previous response's job (owner-checked)."""
+    if body.background and body.store is False:
+        raise ApiError(422, "validation_error", "background: needs store (a background response is read "
+                       "back with GET /v1/responses/{id})", field="background")
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     history = previous_conversation(body.previous_response_id, find) if body.previous_response_id else []
     conversation = history + input_messages(body.input)

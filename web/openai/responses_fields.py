@@ -36,7 +36,8 @@ RESPONSE_FIELDS: dict[str, FieldRule] = {
     "prompt_cache_key": no_effect("prompt caching is automatic (prefix routing)", str),
     "prompt_cache_retention": no_effect("prompt caching is automatic", str),
     "prompt_cache_options": no_effect("prompt caching is automatic", dict),
-    "background": refused("a response runs while its request waits or streams; only false", _is(False)),
+    "background": honoured("true: answered at once (status queued); poll GET /v1/responses/{id}, cancel with "
+                           "POST /v1/responses/{id}/cancel; needs store"),
     "background_options": refused("no background mode"),
     "include": refused("no extra output data; only []", _is([])),
     "top_logprobs": refused("no log-probabilities on /v1/responses (use /v1/chat/completions); only 0", _is(0)),

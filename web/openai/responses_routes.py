@@ -4,9 +4,10 @@ A response is a ``chat`` job (:mod:`web.openai.responses_convert`), queued, canc
 visible in ``/jobs`` like any other; its id is ``resp_<job id>``. Without ``stream`` the
 route waits for the job, as ``/v1/chat/completions`` does (a failed, cancelled or timed-out
 job is the same OpenAI error); with it, the job's events become Responses events
-(:mod:`web.openai.responses_stream`). ``store`` (default true) keeps the response readable
-and continuable (``previous_response_id``) for as long as the job record lives
-(``MINISERVE_JOB_TTL_S``).
+(:mod:`web.openai.responses_stream`); with ``background`` it answers at once (``queued``)
+and the client polls ``GET /v1/responses/{id}`` or cancels with ``POST .../cancel``.
+``store`` (default true) keeps the response readable and continuable
+(``previous_response_id``) for as long as the job record lives (``MINISERVE_JOB_TTL_S``).
 """
 from __future__ import annotations
 
@@ -15,8 +16,11 @@ import logging
 from flask import Response, jsonify, stream_with_context
 from flask_openapi3 import APIBlueprint, Tag
 
+from core.jobs import JobRecord
 from core.logs import log_event
+from web.cancel import cancel_job
 from web.context import ctx
+from web.errors import ApiError
 from web.openai.responses import model_id
 from web.openai.responses_convert import response_job
 from web.openai.responses_schemas import ResponseIdPath, ResponseObject, ResponseRequest
@@ -52,7 +56,12 @@ def create_response(body: ResponseRequest):
         response = Response(stream_with_context(events), mimetype="text/event-stream")
         response.headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Job-Id": job.id})
         return limited(response, slot)
-    response = jsonify(response_object(finished_job(job.id), model))
+    done = ctx().store.get(job.id) if spec.meta["background"] else finished_job(job.id)
+    return _answer(done, model)
+
+
+def _answer(job: JobRecord, model: str | None = None) -> Response:
+    response = jsonify(response_object(job, model or job.request.get("model") or model_id(ctx().settings)))
     response.headers["X-Job-Id"] = job.id
     return response
 
@@ -60,7 +69,19 @@ def create_response(body: ResponseRequest):
 @api.get("/responses/<response_id>", summary="A stored response, as it stands now (queued, in progress, done)",
          responses={200: ResponseObject, **ERRORS})
 def retrieve_response(path: ResponseIdPath):
+    return _answer(stored_response(path.response_id, find_job))
+
+
+@api.post("/responses/<response_id>/cancel", summary="Cancel a background response (its job)",
+          responses={200: ResponseObject, **ERRORS})
+def cancel_response(path: ResponseIdPath):
+    """As OpenAI: only a ``background`` response can be cancelled (400 otherwise); one that
+    already ended is answered as it is."""
     job = stored_response(path.response_id, find_job)
-    response = jsonify(response_object(job, job.request.get("model") or model_id(ctx().settings)))
-    response.headers["X-Job-Id"] = job.id
-    return response
+    if not job.request["response"].get("background"):
+        raise ApiError(400, "not_background", "only a response created with background: true can be cancelled",
+                       field="response_id")
+    if not job.is_terminal:
+        job, _ = cancel_job(ctx().store, ctx().celery, job.id)
+        log_event(logger, "response_cancelled", job_id=job.id, state=job.state)
+    return _answer(job)

@@ -124,6 +124,7 @@ class ResponseRequest(Lenient):
     text: TextConfig | None = None
     store: bool | None = Field(default=None, description="null/true: kept as its job; false: not retrievable")
     previous_response_id: str | None = Field(default=None, min_length=1, max_length=200)
+    background: bool | None = Field(default=None, description="true: answered at once; poll GET /v1/responses/{id}")
     stream_options: dict[str, Any] | None = None
     generation_method: GenerationMethod | None = None
     top_k: json_int(ge=0, le=1000) | None = None

@@ -147,6 +147,6 @@ def response_object(job: JobRecord, model: str, output: list[dict[str, Any]] | N
         "parallel_tool_calls": meta.get("parallel_tool_calls", True), "text": meta.get("text"),
         "temperature": sampling.get("temperature"), "top_p": sampling.get("top_p"),
         "max_output_tokens": meta.get("max_output_tokens"), "store": meta.get("store", True),
-        "truncation": "disabled", "background": False, "metadata": None,
+        "truncation": "disabled", "background": meta.get("background", False), "metadata": None,
         "usage": usage(result) if job.state == SUCCEEDED else None, "miniserve": extension(job, result),
     }
