@@ -102,5 +102,6 @@ def test_a_background_response_is_polled_to_its_end(client, served_model):
 
     started = created(client, model=served_model, input="Count to three.", max_output_tokens=6, background=True)
     assert started.background is True and started.status in ("queued", "in_progress", "completed", "incomplete")
-    assert wait_until(lambda: client.responses.retrieve(started.id).status in ("completed", "incomplete"), 60)
+    wait_until(lambda: client.responses.retrieve(started.id).status in ("completed", "incomplete"), 60,
+               what="the background response to end")
     assert client.responses.retrieve(started.id).usage.output_tokens <= 6
