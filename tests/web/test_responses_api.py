@@ -62,6 +62,8 @@ def test_input_items_become_chat_messages_with_tool_turns(client, store, celery)
     says(store, celery, "It is 21 C in Paris.")
     items = [{"role": "developer", "content": "Use tools."},
              {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather in Paris?"}]},
+             {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+              "content": [{"type": "output_text", "text": "Checking.", "annotations": []}]},
              {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}',
               "id": "fc_1", "status": "completed"},
              {"type": "function_call_output", "call_id": "c1", "output": "21 C"}]
@@ -70,7 +72,7 @@ def test_input_items_become_chat_messages_with_tool_turns(client, store, celery)
     job = store.get(response.headers["X-Job-Id"])
     assert job.request["messages"] == [
         {"role": "system", "content": "Use tools."}, {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
+        {"role": "assistant", "content": "Checking.", "tool_calls": [{"id": "c1", "type": "function", "function": {
             "name": "get_weather", "arguments": {"city": "Paris"}}}]},
         {"role": "tool", "content": "21 C", "tool_call_id": "c1"}]
     assert job.request["tools"][0]["function"]["name"] == "get_weather"

@@ -43,7 +43,8 @@ def _text(content: str | list[ContentPart]) -> str:
 
 
 def input_messages(items: str | list[Any]) -> list[dict[str, Any]]:
-    """Input items as chat messages; consecutive function calls join one assistant turn."""
+    """Input items as chat messages; function calls join the assistant turn just before them
+    (the text and calls of one answer, as a client echoes its output back), or open one."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     out: list[dict[str, Any]] = []
@@ -53,8 +54,8 @@ def input_messages(items: str | list[Any]) -> list[dict[str, Any]]:
         elif isinstance(item, FunctionCallItem):
             call = {"id": item.call_id, "type": "function",
                     "function": {"name": item.name, "arguments": item.arguments}}
-            if out and out[-1]["role"] == "assistant" and "tool_calls" in out[-1]:
-                out[-1]["tool_calls"].append(call)
+            if out and out[-1]["role"] == "assistant":
+                out[-1].setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif isinstance(item, FunctionCallOutputItem):
