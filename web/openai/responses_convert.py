@@ -28,7 +28,7 @@ from web.openai.responses_shape import RESPONSE_PREFIX, assistant_turn, stored_r
 from web.openai.schemas import ChatCompletionRequest
 
 RENAMES = (("max_completion_tokens", "max_output_tokens"), ("response_format.json_schema", "text.format"),
-           ("response_format", "text.format"), ("messages", "input"))
+           ("response_format", "text.format"))
 _CHAT_TOOL_FIELD = re.compile(r"^tools\.(\d+)\.function(\.|$)")
 
 
@@ -117,9 +117,12 @@ def chat_body(body: ResponseRequest, messages: list[dict[str, Any]]) -> dict[str
 
 
 def renamed(field: str | None) -> str | None:
-    """A chat body's field name as the Responses body spells it."""
+    """A chat body's field name as the Responses body spells it (a message's index counts the
+    instructions and the previous turns too, so ``messages.N`` is just ``input``)."""
     if field is None:
         return None
+    if field == "messages" or field.startswith("messages."):
+        return "input"
     field = _CHAT_TOOL_FIELD.sub(lambda m: f"tools.{m.group(1)}{m.group(2)}", field)
     for old, new in RENAMES:
         if field == old or field.startswith(old + "."):
