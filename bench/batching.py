@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from bench.stats import RESULTS, machine_line, p50, percentile, print_table, pyplot, write_csv
+from bench.stats import RESULTS, machine_info, machine_line, p50, percentile, print_table, pyplot, write_csv, write_json
 from core.settings import load_settings
 from engine.loop import EngineLoop
 from engine.engine import Engine
@@ -233,6 +233,7 @@ def main() -> None:
           f"{args.new_tokens} new tokens per job, greedy")
     print_table(rows)
     path = write_csv(Path(args.output), rows)
+    write_json(path.with_suffix(".machine.json"), machine_info() | {"model": engine.loaded.name, "args": vars(args)})
     plot(rows, path.with_suffix(".png"))
     print(f"wrote {path}, {path.with_suffix('.png')}")
 

@@ -7,20 +7,28 @@ decodes at least 3x the default model at batch 1.
 Each model loads once in bf16 on the CPU (``bench.quantization``'s setup: one hand-written
 forward per setting over the same weights). Batch 1 is the engine's ``custom_cache`` greedy
 run (its reported decode tokens/s, median over prompts); batch 8 is a plain batched greedy
-decode of 8 sequences (:mod:`bench.quantization_batch`). llama.cpp is not run beside them:
-llama-cpp-python is not installed here.
+decode of 8 sequences (:mod:`bench.quantization_batch`).
 
-Run: ``python -m bench.models [--tokens 32] [--threads 2] [--out results]``.
+Beside them, llama.cpp's own native tools on the same GGUF files, at their best: ``llama-bench``
+(batch 1, text generation) and ``llama-batched-bench`` (8 parallel sequences), the same thread
+count, each file in its own quantization (Q4_K_M for the default model, Q4_1 for SmolLM2).
+They are built from the source inside the ``llama-cpp-python`` sdist (docs/benchmarks.md says
+how); pass their folder with ``--llama-bin`` or ``MINISERVE_LLAMA_BIN``, or the rows say
+"not run".
+
+Run: ``python -m bench.models [--tokens 32] [--threads 2] [--llama-bin DIR] [--out results]``.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from bench.llama_native import llama_rows
 from bench.quantization_batch import batched_greedy
 from bench.quantization_model import _engines, _request
 from bench.stats import machine_info, print_table, write_csv, write_json
@@ -63,11 +71,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=32, help="new tokens per run")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--llama-bin", default=os.environ.get("MINISERVE_LLAMA_BIN", ""),
+                        help="folder holding llama-bench and llama-batched-bench (default: $MINISERVE_LLAMA_BIN)")
     parser.add_argument("--out", default="results")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(machine_info(), flush=True)
-    rows = [row for model in args.models.split(",") for row in measure(model, args)]
+    models = args.models.split(",")
+    rows = [row for model in models for row in measure(model, args)]
+    llama, llama_note = llama_rows(models, args) if args.llama_bin else ([], "not run: no --llama-bin")
+    rows += llama
     by_setting = {(r["setting"]): r["decode_tps_b1"] for r in rows if r["model"].startswith("qwen")}
     for row in rows:
         base = by_setting.get(row["setting"])
@@ -79,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     write_csv(out / "models.csv", rows)
     write_json(out / "models.json", {"machine": machine_info(), "args": vars(args), "rows": rows, "checks": met,
-                                     "llama_cpp": "not run: llama-cpp-python is not installed"})
+                                     "llama_cpp": llama_note})
     print(f"wrote {out}/models.csv, models.json")
     return 0
 

@@ -23,7 +23,7 @@ import argparse
 import time
 from pathlib import Path
 
-from bench.stats import RESULTS, machine_line, p50, print_table, pyplot, write_csv, write_json
+from bench.stats import RESULTS, machine_info, machine_line, p50, print_table, pyplot, write_csv, write_json
 from core.settings import load_settings
 from engine.batching import PagedService
 from engine.engine import Engine
@@ -184,6 +184,7 @@ def main() -> None:
     print_table(mem)
     out = Path(args.output)
     write_csv(out, speed)
+    write_json(out.with_suffix(".machine.json"), machine_info() | {"model": engine.loaded.name, "args": vars(args)})
     write_csv(out.with_name(out.stem + "_memory.csv"), mem)
     write_json(out.with_name(out.stem + "_reservation.json"), {"rows": booked, "summary": booked_summary})
     if args.real_sharing:

@@ -41,7 +41,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "How fast are `q8` weights against bf16 and llama.cpp, how much memory do they take, and how often do they pick the same tokens?",
               children=("bench.quantization_memory", "bench.quantization_llamacpp")),
     Benchmark("models", "bench.models",
-              "How fast does each bundled model decode at batch 1 and 8, in full precision and under `q8`?"),
+              "How fast does each bundled model decode at batch 1 and 8, full precision and `q8`, beside llama.cpp on the same GGUF file?"),
     Benchmark("constrained_overhead", "bench.constrained_overhead",
               "What does a JSON-schema grammar cost per token, alone and in a batch?"),
     Benchmark("evaluate_agent", "bench.evaluate_agent",

@@ -56,6 +56,11 @@ def load_json(root: Path, name: str) -> dict[str, Any]:
     return json.loads((root / name).read_text())
 
 
+def optional_json(root: Path, name: str) -> dict[str, Any]:
+    """A file older runs did not write (their machine, say): empty when missing."""
+    return load_json(root, name) if (root / name).is_file() else {}
+
+
 def load_csv(root: Path, name: str) -> list[dict[str, str]]:
     with (root / name).open(newline="") as handle:
         return list(csv.DictReader(handle))
@@ -130,9 +135,9 @@ def read_batching(root: Path) -> Figures:
            for n in levels]
     top = levels[-1]
     best = by[(top, "batched")]
-    figures = Figures(["concurrent jobs", *(f"{m} tok/s" for m in modes), "batched vs sequential"], out)
-    figures.notes.append("Aggregate tokens/s (prefill included), median of interleaved rounds; the "
-                         "results file does not record the machine.")
+    figures = Figures(["concurrent jobs", *(f"{m} tok/s" for m in modes), "batched vs sequential"], out,
+                      optional_json(root, "results/batching.machine.json"))
+    figures.notes.append("Aggregate tokens/s (prefill included), median of interleaved rounds.")
     figures.headline.append(
         f"Continuous batching: {top} concurrent jobs on one engine give {num(best['tok_per_s'], 1)} tok/s, "
         f"{out[-1][-1]} one-at-a-time and {ratio(best['x_hf_cb'])} transformers' own continuous batching")
@@ -177,13 +182,13 @@ def read_paged_generation(root: Path) -> Figures:
     sharing = [[r["sequences"], r["prefix_sharing"], num(r["wall_s"], 2), r["cached_tokens_total"],
                 num(r["ttft_p50_rest_s"], 3), r["peak_blocks"]]
                for r in load_csv(root, "results/paged_generation_sharing_run.csv")]
-    figures = Figures(["method", "p50 decode tok/s", "p50 TTFT s", "vs custom_cache"], speed)
+    figures = Figures(["method", "p50 decode tok/s", "p50 TTFT s", "vs custom_cache"], speed,
+                      optional_json(root, "results/paged_generation.machine.json"))
     figures.tables.append(("KV memory of sequences sharing a system prompt",
                            ["sequences", "prefix sharing", "logical tokens", "blocks held", "KV MiB"], memory))
     figures.tables.append(("The same through the model (the first request alone, then the rest at once)",
                            ["sequences", "prefix sharing", "wall s", "cached tokens", "p50 TTFT of the rest s",
                             "peak blocks"], sharing))
-    figures.notes.append("The results files do not record the machine.")
     last = [r for r in memory if r[0] == memory[-1][0]]
     off, on = (next(r[4] for r in last if r[1] == flag) for flag in ("False", "True"))
     figures.headline.append(f"Paged KV cache: {last[0][0]} sequences sharing a system prompt hold {on} MiB "
@@ -368,6 +373,37 @@ def read_fairness(root: Path) -> Figures:
     return Figures(["", "value"], rows, data.get("machine", {}), data.get("command"))
 
 
+def read_models(root: Path) -> Figures:
+    """Both bundled models under ``none`` and ``q8``, and llama.cpp's native tools on their GGUF files."""
+    data = load_json(root, "results/models.json")
+    batch = data["args"].get("batch", 8)
+    llama = {r["model"]: r for r in data["rows"] if r["setting"] == "llama.cpp"}
+
+    def vs_llama(row: dict[str, Any]) -> str:
+        base = llama.get(row["model"])
+        return ratio(row["decode_tps_b1"] / base["decode_tps_b1"]) if base and row is not base else "-"
+
+    rows = [[r["model"], r["setting"] + (f" ({r['quant']})" if r.get("quant") else ""), num(r["decode_tps_b1"], 1),
+             num(r.get(f"decode_tps_b{batch}"), 1), ratio(r.get("b1_vs_default")), vs_llama(r)]
+            for r in data["rows"]]
+    figures = Figures(["model", "setting", "decode tok/s, batch 1", f"decode tok/s, batch {batch}",
+                       "batch 1 vs the default model", "batch 1 vs llama.cpp"], rows, data["machine"],
+                      "python -m bench.models")
+    figures.notes.append(f"llama.cpp: {data.get('llama_cpp', 'not run')}. Its tools build natively from the "
+                         "`llama-cpp-python` sdist: `pip download llama-cpp-python==0.3.36 --no-binary :all: --no-deps`, "
+                         "unpack, then `cmake -S vendor/llama.cpp -B build -DLLAMA_CURL=OFF && cmake --build build "
+                         "--target llama-bench llama-batched-bench llama-server`; pass `--llama-bin build/bin`.")
+    for name, met in data.get("checks", {}).items():
+        figures.notes.append(f"Target {name}: {'met' if met else 'not met'}.")
+    by = {(r["model"], r["setting"]): r for r in data["rows"]}
+    small = by.get(("smollm2-135m-instruct", "q8"))
+    if small:
+        figures.headline.append(f"Second bundled model: SmolLM2-135M under `q8` decodes {num(small['decode_tps_b1'], 1)} "
+                                f"tok/s at batch 1, {ratio(small['b1_vs_default'])} the default model and "
+                                f"{vs_llama(small)} llama.cpp on the same file")
+    return figures
+
+
 SECTIONS: tuple[Section, ...] = (
     Section("compare_generation", "Generation methods side by side",
             "How fast is each generation method, and does it produce the same tokens as transformers' `generate`?",
@@ -387,6 +423,9 @@ SECTIONS: tuple[Section, ...] = (
             "python -m bench.paged_generation",
             ("results/paged_generation.csv", "results/paged_generation_memory.csv", "results/paged_generation_sharing_run.csv"), read_paged_generation,
             ("results/paged_generation.png",)),
+    Section("models", "Bundled models",
+            "How fast does each bundled model decode at batch 1 and 8, full precision and `q8`, beside llama.cpp on the same GGUF file?",
+            "python -m bench.models", ("results/models.json",), read_models),
     Section("quantization", "Weight quantization",
             "How fast are `q8` weights against bf16 and llama.cpp, how much memory do they take, and how often do they pick the same tokens?",
             "python -m bench.quantization", ("results/quantization.json",), read_quantization,
