@@ -129,6 +129,7 @@ def run_tool_choice(args: argparse.Namespace) -> int:
     engine = Engine(get_settings()).load()
     started = time.perf_counter()
     try:
+        tool_choice.warm(engine, tools, cases[0], args.method)
         rows = [r for rule in rules for r in tool_choice.run_rule(engine, tools, cases, rule, args.max_new_tokens,
                                                                  args.method, args.batch)]
         info = engine.info()

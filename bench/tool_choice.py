@@ -98,6 +98,15 @@ def summarize(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
             "ok": counts["ok"], "by_kind": by_kind}
 
 
+def warm(engine: Any, tools: list[dict[str, Any]], case: Case, method: str) -> None:
+    """One token of one case first, so the tools' long system prompt is in the paged pool's
+    prefix cache before the batches share it (the comparison is about calls, not prefill)."""
+    from engine.types import GenerationRequest, SamplingParams
+
+    engine.generate(GenerationRequest(messages=[{"role": "user", "content": case.prompt}], tools=tools, method=method,
+                                      sampling=SamplingParams(max_new_tokens=1, temperature=0.0)))
+
+
 def run_rule(engine: Any, tools: list[dict[str, Any]], cases: list[Case], rule: str, max_new_tokens: int,
              method: str, batch: int) -> list[dict[str, Any]]:
     """Every case under ``rule``, ``batch`` at a time through the engine loop (greedy)."""
