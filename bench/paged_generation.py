@@ -15,12 +15,20 @@ tokenizer's ids (the same allocation code the engine runs), with and without pre
 ``--real-sharing N`` also runs N such requests through the model (the first one alone, then
 the rest at once, with sharing) and reports their ``cached_tokens``, TTFT and pool peak.
 
+Part 4 (choices, ``--choices N``): ``n = N`` choices of one ~1,000-token prompt, as a job with
+``n`` runs them (one group, :meth:`engine.loop.EngineLoop.submit_group`: the first choice
+prefills, the others take its prompt blocks) against the same N requests submitted at once
+as separate requests (each admitted before any prompt block is committed, so each prefills
+the whole prompt): prompt tokens the scheduler computed, peak blocks, wall time, TTFT.
+``--only-choices`` runs this part alone.
+
     flock /tmp/miniserve-heavy.lock python -m bench.paged_generation [--repeats 5]
 """
 from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from bench.stats import RESULTS, machine_info, machine_line, p50, print_table, pyplot, write_csv, write_json
@@ -156,6 +164,33 @@ def real_sharing(engine: Engine, n: int, new_tokens: int) -> list[dict]:
     return rows
 
 
+def choices(engine: Engine, n: int, new_tokens: int) -> list[dict]:
+    """N choices of one prompt: one group, or N requests submitted together (see the module doc)."""
+    system = system_prompt(engine.loaded.tokenizer)
+    rows = []
+    for mode in ("separate", "group"):
+        forward = engine.loop.call(lambda: forward_for(engine))
+        service = PagedService(forward, engine.settings)
+        batch = EngineLoop(engine, service)
+        # no drafts: every token past the prompts is then one decode (the prompt count below is exact)
+        requests = [replace(req(QUESTIONS[0], "paged", new_tokens, system), speculative=False) for _ in range(n)]
+        start = time.perf_counter()
+        handles = batch.submit_group(requests) if mode == "group" else [batch.submit(r) for r in requests]
+        results = [h.result() for h in handles]
+        wall = time.perf_counter() - start
+        stats = batch.call(service.stats)
+        batch.close()
+        prompt = results[0].usage.prompt_tokens
+        generated = sum(r.usage.completion_tokens for r in results)
+        rows.append({"choices": n, "mode": mode, "prompt_tokens": prompt, "wall_s": round(wall, 2),
+                     "prompt_tokens_computed": stats["tokens_computed"] - (generated - n),
+                     "cached_tokens_total": sum(r.usage.cached_tokens for r in results),
+                     "peak_blocks": stats["blocks"]["peak_blocks_used"],
+                     "ttft_p50_s": round(p50([r.timings.ttft_s for r in results]), 3),
+                     "ttft_max_s": round(max(r.timings.ttft_s for r in results), 3)})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -165,11 +200,21 @@ def main() -> None:
                         help="request lengths of the reservation part")
     parser.add_argument("--reserve", type=int, default=256, help="contiguous slots reserved per request")
     parser.add_argument("--real-sharing", type=int, default=4, help="0 to skip")
+    parser.add_argument("--choices", type=int, default=4, help="n of the choices part; 0 to skip")
+    parser.add_argument("--only-choices", action="store_true", help="run only the choices part")
     parser.add_argument("--output", default=str(RESULTS / "paged_generation.csv"))
     args = parser.parse_args()
     settings = load_settings()
     engine = Engine(settings).load()
     print(machine_line(engine.loaded.dtype), f"model {engine.loaded.name}")
+    out = Path(args.output)
+    if args.choices:
+        rows = choices(engine, args.choices, 16)
+        print(f"\nn = {args.choices} choices of one prompt: one group vs separate requests:")
+        print_table(rows)
+        write_csv(out.with_name(out.stem + "_choices.csv"), rows)
+    if args.only_choices:
+        return
     speed = decode_speed(engine, args.repeats, args.new_tokens)
     print(f"\ndecode speed, {args.new_tokens} new tokens, greedy:")
     print_table(speed)
@@ -182,7 +227,6 @@ def main() -> None:
     print(f"\nKV held by N sequences sharing a {system_tokens}-token system prompt "
           f"(block {settings.kv_block_size}):")
     print_table(mem)
-    out = Path(args.output)
     write_csv(out, speed)
     write_json(out.with_suffix(".machine.json"), machine_info() | {"model": engine.loaded.name, "args": vars(args)})
     write_csv(out.with_name(out.stem + "_memory.csv"), mem)

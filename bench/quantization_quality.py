@@ -12,7 +12,6 @@ import torch
 
 from engine.forward import Qwen2Forward
 from engine.kv_cache import ContiguousKVCache
-from engine.quant.model import exact_attention
 
 
 def free_running(reference: list[list[int]], other: list[list[int]]) -> dict[str, float]:
@@ -37,7 +36,7 @@ def teacher_forced(forward: Qwen2Forward, prompts: list[list[int]], reference: l
         for ids, ref in zip(prompts, reference):
             # the cache a worker's custom_cache builds for these weights (engine.handwritten)
             cache = ContiguousKVCache(forward.config, len(ids) + len(ref) + 1, weights.dtype, weights.device,
-                                      exact=exact_attention(weights), fused=forward.fused_attention)
+                                      ops=forward.ops)
             logits = forward(torch.tensor(ids, dtype=torch.long), cache)
             token = torch.empty(1, dtype=torch.long)
             for expected in ref:

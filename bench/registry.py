@@ -49,7 +49,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("queue_overhead", "bench.queue_overhead",
               "How much latency do web, Redis and Celery add to a direct engine call?"),
     Benchmark("load", "bench.load",
-              "Does the service lose, duplicate or fail jobs under 50 clients, and when a worker is killed?"),
+              "Does the service lose, duplicate or fail jobs under 50 clients, and when a worker is killed? "
+              "Does `/health` stay fast beside thousands of open streams?"),
     Benchmark("scale", "bench.scale",
               "How does throughput grow with worker processes, and how fast do a dead worker's jobs move?"),
     Benchmark("soak", "bench.soak",

@@ -304,7 +304,36 @@ def read_load(root: Path) -> Figures:
                        "lost", "duplicated", "failed", "re-run"], rows, machine)
     figures.notes.append("50 clients, the tiny test model: this measures the service, not the model. The killed run: "
                          f"`python -m bench.load {KILL_FLAGS}`.")
+    if (root / CONNECTIONS).exists():
+        read_connections(load_json(root, CONNECTIONS), figures)
     return figures
+
+
+CONNECTIONS = "results/connections.json"
+
+
+def read_connections(data: dict[str, Any], figures: Figures) -> None:
+    """The connections mode: ``/health`` and a new job's TTFT, alone and beside thousands of
+    held streams and slowloris sockets (a table and a note added to the Load section)."""
+    setup, subs, slow, machine = data["setup"], data["subscribers"], data["slowloris"], data["load_phase_machine"]
+    rows = [[phase, num(data["health"][phase]["p50_ms"], 1), num(data["health"][phase]["p99_ms"], 1),
+             data["health"][phase]["n"], num(data["ttft"][phase]["p50_ms"], 1), data["ttft"][phase]["n"]]
+            for phase in ("unloaded", "loaded")]
+    load = (f"{setup['connections']} held SSE streams, {setup['cycling_subscribers']} cycling over finished jobs and "
+            f"{setup['slowloris']} slowloris sockets")
+    figures.tables.append((f"`python -m bench.load --connections {setup['connections']} --slowloris {setup['slowloris']}` "
+                           f"(a fake worker, {setup['web_workers']} web processes, {machine_kind(data['machine'])}; loaded: {load})",
+                           ["phase", "/health p50 ms", "/health p99 ms", "probes", "TTFT p50 ms", "jobs"], rows))
+    drops = slow["header_drip"]["dropped_by_server"] + slow["body_drip"]["dropped_by_server"]
+    figures.notes.append(f"Connections: {subs['held']} held streams, {subs['held_lost']} lost an event, "
+                         f"{subs['cycling_streams']} cycling streams, {subs['cycling_incomplete']} incomplete; "
+                         f"slowloris sockets dropped by the server {drops} times; loaded TTFT "
+                         f"{ratio(data['ttft_loaded_over_unloaded'], 1)} unloaded; while loaded the web ran "
+                         f"{num(machine['web_cpu_s_per_s'])} CPU-s/s and waited {num(machine.get('web_runqueue_wait_s_per_s'))} "
+                         f"s/s runnable for a CPU (load average {num(machine['load_average_1m'], 1)}).")
+    figures.headline.append(f"Connections: {load}; `/health` p99 {num(data['health']['loaded']['p99_ms'], 0)} ms, "
+                            f"a new job's first token in {ratio(data['ttft_loaded_over_unloaded'], 1)} its unloaded time, "
+                            f"{subs['held_lost']} streams lost an event")
 
 
 def read_scale(root: Path) -> Figures:
@@ -421,7 +450,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("paged_generation", "Paged KV cache",
             "What does the paged cache cost in decode speed, and how much KV memory does prefix sharing save?",
             "python -m bench.paged_generation",
-            ("results/paged_generation.csv", "results/paged_generation_memory.csv", "results/paged_generation_sharing_run.csv"), read_paged_generation,
+            ("results/paged_generation.csv", "results/paged_generation_memory.csv", "results/paged_generation_sharing_run.csv",
+             "results/paged_generation.machine.json"), read_paged_generation,
             ("results/paged_generation.png",)),
     Section("models", "Bundled models",
             "How fast does each bundled model decode at batch 1 and 8, full precision and `q8`, beside llama.cpp on the same GGUF file?",
@@ -445,8 +475,9 @@ SECTIONS: tuple[Section, ...] = (
             "python -m bench.queue_overhead", ("results/queue_overhead.json",), read_queue_overhead,
             ("results/queue_overhead.png",)),
     Section("load", "Load",
-            "Does the service lose, duplicate or fail jobs under 50 clients, and when a worker is killed?",
-            "python -m bench.load", ("results/load.json", "results/load_kill.json"), read_load, ("results/load.png", "results/load_kill.png")),
+            "Does the service lose, duplicate or fail jobs under 50 clients, and when a worker is killed? Does `/health` stay fast beside thousands of open streams?",
+            "python -m bench.load", ("results/load.json", "results/load_kill.json", CONNECTIONS), read_load,
+            ("results/load.png", "results/load_kill.png", "results/connections.png")),
     Section("scale", "Scaling out",
             "How does throughput grow with worker processes, and how fast do a dead worker's jobs move?",
             "python -m bench.scale", ("results/scale.json", "results/scale_routing.json", "results/scale_redis_cost.json"),

@@ -25,7 +25,7 @@ from core.events import (
 from core.models import model_queues
 from core.payloads import event_summary, stored_payload
 
-JOB_TYPES = ("generate", "agent", "chat", "bench")
+JOB_TYPES = ("generate", "agent", "chat", "completion", "bench")
 
 
 class JobNotFound(KeyError):

@@ -4,7 +4,7 @@ Requests: a fixed one-minute window per client, one counter key per (client, min
 incremented and given a TTL in one transaction, so gunicorn's processes share the count.
 
 Open streams: one sorted set per client, a member per open stream scored with its lease
-deadline. A stream renews its lease while it runs and removes itself when it closes; a web
+deadline. A web process renews the leases of its open streams while they run and removes itself when it closes; a web
 process that dies without closing leaves members whose leases simply run out, so a crash
 never locks a client out for longer than one lease.
 """
@@ -54,11 +54,16 @@ def open_stream(client: redis.Redis, clients: tuple[str, ...], token: str, limit
     return None
 
 
-def renew_stream(client: redis.Redis, clients: tuple[str, ...], token: str, lease_s: float) -> None:
-    deadline = time.time() + lease_s
+def renew_streams(client: redis.Redis, streams: list[tuple[tuple[str, ...], str]], lease_s: float) -> None:
+    """:func:`renew_stream` for many open streams (``(clients, token)`` each) in one pipeline:
+    one ``ZADD XX`` and one ``EXPIRE`` per client, however many streams it holds."""
+    deadline, tokens = time.time() + lease_s, {}
+    for clients, token in streams:
+        for name in clients:
+            tokens.setdefault(name, {})[token] = deadline
     pipe = client.pipeline(transaction=False)
-    for name in clients:
-        pipe.zadd(keys.streams_key(name), {token: deadline}, xx=True)
+    for name, members in tokens.items():
+        pipe.zadd(keys.streams_key(name), members, xx=True)
         pipe.expire(keys.streams_key(name), math.ceil(lease_s))
     pipe.execute()
 

@@ -5,5 +5,7 @@ GENERATE = "miniserve.generate"
 AGENT = "miniserve.agent"
 BENCH = "miniserve.bench"
 
-QUEUE_FOR_JOB_TYPE = {"generate": "generation", "chat": "generation", "agent": "agent", "bench": "bench"}
-TASK_FOR_JOB_TYPE = {"generate": GENERATE, "chat": GENERATE, "agent": AGENT, "bench": BENCH}
+QUEUE_FOR_JOB_TYPE = {"generate": "generation", "chat": "generation", "completion": "generation", "agent": "agent",
+                      "bench": "bench"}
+TASK_FOR_JOB_TYPE = {"generate": GENERATE, "chat": GENERATE, "completion": GENERATE, "agent": AGENT,
+                     "bench": BENCH}

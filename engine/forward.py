@@ -16,38 +16,25 @@ Everything that depends on *where the keys and values live* is behind the
 - ``cache.commit(n)``: after the last layer, the new tokens become part of the sequence.
 
 The contiguous cache (:mod:`engine.kv_cache`), the no-cache path and the paged cache all
-implement it. Numerics follow transformers' Qwen2 so greedy outputs match token for token:
-RMSNorm in float32, rotary tables computed in float32 and cast to the model dtype.
+implement it. The small operations between the linears (RMSNorm, rotary, silu * up) and the
+caches' attention are those of one :class:`~engine.ops.interface.SmallOps`, chosen once per
+forward (:func:`engine.ops.choose.small_ops_for`); full-precision weights get torch's, which
+follow transformers' Qwen2 so greedy outputs match token for token. The rotary tables are
+computed in float32 and cast to the model dtype.
 """
 from __future__ import annotations
 
-import logging
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 
-from core.logs import log_event
-from engine import fused as fused_ops
-from engine.quant.model import exact_attention
+from engine.ops.choose import small_ops_for, whole_step_for
+from engine.ops.interface import SmallOps
 from engine.quant.step import DecodeStep
 from engine.weights import ForwardConfig, Qwen2Weights
 
-logger = logging.getLogger("miniserve.engine.forward")
 Positions = int | torch.Tensor
 _UNBUILT = object()
-
-
-def fused_for(weights: Any) -> bool:
-    """Whether a forward over ``weights`` runs the fused operations (engine.fused): quantized
-    (not exact) bf16 weights on CPU, with the native library loadable (said loudly when not)."""
-    if weights.dtype != torch.bfloat16 or weights.device.type != "cpu" or exact_attention(weights):
-        return False
-    reason = fused_ops.unavailable()
-    if reason is not None:  # no compiler, odd platform: torch's ops instead
-        log_event(logger, "fused_ops_unavailable", level=logging.WARNING, reason=reason)
-        return False
-    return True
 
 
 class AttentionCache(Protocol):
@@ -89,59 +76,40 @@ class RotaryTable:
         return self.cos[positions][:, None], self.sin[positions][:, None]
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    dtype = x.dtype
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return (x * cos) + (_rotate_half(x) * sin)
-
-
 class Qwen2Forward:  # the name predates the Llama family; every supported architecture runs here
     """Stateless apart from the rotary table: ``forward(ids, cache)`` -> logits of chosen rows."""
 
-    def __init__(self, weights: Qwen2Weights, fused: bool | None = None) -> None:
-        """``fused``: run norms, rotary and silu * up as one C call each (:mod:`engine.fused`);
-        None decides by the weights (low-bit bf16 on CPU: yes; ``none``: no, exact tokens)."""
+    def __init__(self, weights: Qwen2Weights, ops: SmallOps | None = None) -> None:
+        """``ops``: the small operations to run (None: those the weights call for)."""
         self.weights = weights
         self.config = weights.config
         self.rotary = RotaryTable(self.config, weights.dtype, weights.device)
-        if fused is None:
-            fused = fused_for(weights)
-        self.fused = fused
-        self.c_attention = fused_ops.attention_like_torch()
-        # a decode or verify step of one sequence in one C call where every piece of it runs in C
-        # (engine.quant.step); benchmarks turn it off to time the per-operation path beside it
+        self.ops = small_ops_for(weights) if ops is None else ops
+        # a decode or verify step of one sequence in one C call where the ops hand one out
+        # (engine.ops.choose.whole_step_for); tests turn it off to compare the per-operation path
         self.one_call_step = True
-        self._decode_step: object = _UNBUILT
+
+    @property
+    def ops(self) -> SmallOps:
+        return self._ops
+
+    @ops.setter
+    def ops(self, ops: SmallOps) -> None:
+        self._ops = ops
+        self._decode_step: object = _UNBUILT   # the whole-step kernel goes with the ops
 
     @property
     def decode_step(self) -> "DecodeStep | None":
         """The one-call step (engine.quant.step) when this forward's decode and verify steps can
-        take it: fused with the C attention, ``one_call_step`` on, every projection q8/q5."""
-        if not (self.fused_attention and self.one_call_step):
+        take it: ``one_call_step`` on and the chooser hands one out for these ops and weights."""
+        if not self.one_call_step:
             return None
         if self._decode_step is _UNBUILT:
-            self._decode_step = DecodeStep(self.weights) if DecodeStep.supports(self.weights) else None
+            self._decode_step = whole_step_for(self.weights, self._ops)
         return self._decode_step
 
-    @property
-    def fused_attention(self) -> bool:
-        """Whether the decode attention runs in C too (engine.fused.attention_like_torch)."""
-        return self.fused and self.c_attention
-
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        if self.fused:
-            return fused_ops.rms_norm(x, weight, self.config.rms_eps)
-        return rms_norm(x, weight, self.config.rms_eps)
+        return self._ops.rms_norm(x, weight, self.config.rms_eps)
 
     def hidden(self, input_ids: torch.Tensor, cache: AttentionCache) -> torch.Tensor:
         """Residual-stream states ``[n, hidden]`` (before the final norm) for ``input_ids [n]``."""
@@ -156,13 +124,13 @@ class Qwen2Forward:  # the name predates the Llama family; every supported archi
             qkv = layer.qkv(self._norm(x, layer.input_norm))
             if layer.q_norm is not None:
                 self._norm_heads(qkv, layer.q_norm, layer.k_norm)
-            q, k = self._rotate(qkv, n, cos, sin)
+            q, k = self._rotate(qkv, cos, sin)
             v = qkv[:, k_end:].view(n, cfg.num_kv_heads, cfg.head_dim)
             window = spec.window(index)
             out = cache.attend(index, q, k, v) if window is None else cache.attend(index, q, k, v, window=window)
             x.add_(layer.o(out))  # residual, in place: x is ours
             gate_up = layer.gate_up(self._norm(x, layer.post_norm))
-            x.add_(layer.down(self._silu_mul(gate_up)))
+            x.add_(layer.down(self._ops.silu_mul(gate_up)))
         cache.commit(n)
         return x
 
@@ -174,23 +142,12 @@ class Qwen2Forward:  # the name predates the Llama family; every supported archi
             heads = qkv[:, begin:end].reshape(-1, cfg.head_dim)
             qkv[:, begin:end] = self._norm(heads, weight).view(n, end - begin)
 
-    def _rotate(self, qkv: torch.Tensor, n: int, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rotate(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q ``[n, heads, d]`` and k ``[n, kv_heads, d]`` of the fused qkv output, rotated. q and
-        k sit side by side in qkv: both heads-sets rotate in one pass (in place when fused)."""
+        k sit side by side in qkv: both heads-sets rotate in one pass."""
         cfg = self.config
-        heads, k_end = cfg.num_heads + cfg.num_kv_heads, cfg.q_size + cfg.kv_size
-        if self.fused:
-            fused_ops.rotary_(qkv, heads, cfg.head_dim, cos, sin)
-            qk = qkv[:, :k_end].view(n, heads, cfg.head_dim)
-        else:
-            qk = apply_rotary(qkv[:, :k_end].view(n, heads, cfg.head_dim), cos, sin)
+        qk = self._ops.rotary(qkv, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim, cos, sin)
         return qk[:, :cfg.num_heads], qk[:, cfg.num_heads:]
-
-    def _silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        if self.fused:
-            return fused_ops.silu_mul(gate_up)
-        gate, up = gate_up.chunk(2, dim=-1)
-        return F.silu(gate).mul_(up)
 
     def head_input(self, hidden: torch.Tensor) -> torch.Tensor:
         """What the lm_head multiplies: the final norm of ``hidden``."""

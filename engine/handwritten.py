@@ -30,7 +30,7 @@ from engine.speculative.contiguous import speculative_decode_loop
 from engine.speculative.counters import spec_counters
 from engine.speculative.policy import SpecState
 from engine.types import GenerationRequest
-from engine.quant.model import exact_attention, forward_weights
+from engine.quant.model import forward_weights
 
 
 def forward_for(engine: Any) -> Qwen2Forward:
@@ -85,8 +85,7 @@ def _new_cache(forward: Qwen2Forward, prompt: Prompt, request: GenerationRequest
                extra: int = 0) -> ContiguousKVCache:
     """Sized for the whole request; ``extra`` room for drafts verified past the last token."""
     capacity = len(prompt.ids) + request.sampling.max_new_tokens + extra
-    return ContiguousKVCache(forward.config, capacity, forward.weights.dtype, forward.weights.device,
-                             exact=exact_attention(forward.weights), fused=forward.fused_attention)
+    return ContiguousKVCache(forward.config, capacity, forward.weights.dtype, forward.weights.device, ops=forward.ops)
 
 
 def _run_cached(engine: Any, prompt: Prompt, run: GenerationRun, request: GenerationRequest, penalty: float,

@@ -7,86 +7,39 @@
 - :class:`NoCache`: holds nothing; each call attends causally within its own tokens. The
   ``no_cache`` method uses it to recompute the whole sequence for every token.
 
-:func:`grouped_attention` is the attention both use (and the paged cache can reuse): query
-heads that share a kv head read it directly (SDPA ``enable_gqa``), so keys and values are never repeated.
+A cache attends through the forward's small operations (:mod:`engine.ops`): its buffers are
+handed to ``ops.cache_attend``, which writes the new keys and values and attends, in torch or
+in C, as the forward's weights call for.
 """
 from __future__ import annotations
 
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from engine.fused import attend_decode, attend_rows
+from engine.ops.fused_ops import C_MAX_TOKENS
+from engine.ops.interface import SmallOps
+from engine.ops.torch_ops import EXACT, grouped_attention
 from engine.weights import ForwardConfig
-
-
-def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
-                      exact: bool = True, window: int | None = None) -> torch.Tensor:
-    """Attention of ``q [n, heads, d]`` at positions ``start..start+n-1`` over ``keys/values
-    [kv_heads, start+n, d]`` (causal). Returns ``[n, heads * d]``.
-
-    SDPA's ``enable_gqa`` shares each kv head with its query group without repeating keys,
-    and is the exact call transformers makes (same kernel, same rounding), so greedy tokens
-    match ``generate`` bit for bit. ``exact=False`` (quantized weights, which promise no such
-    equality) runs a one-token decode step with the query group folded into the query axis,
-    as the paged decode does: it rounds differently in bf16, but SDPA's ``enable_gqa`` path
-    for one query grows with the context, ~10x the folded call by 1,000 tokens
-    (``python -m bench.decode_attention``, results/decode_attention.json).
-    """
-    n, heads, dim = q.shape
-    if window is not None and start + n > window:
-        return _windowed_attention(q, keys, values, start, window)
-    if n == 1 and not exact:
-        kv_heads = keys.shape[0]
-        folded = q.view(1, kv_heads, heads // kv_heads, dim)   # [1, kv_heads, group, d]
-        out = F.scaled_dot_product_attention(folded, keys.unsqueeze(0), values.unsqueeze(0))
-        return out.reshape(1, heads * dim)
-    qh = q.transpose(0, 1).unsqueeze(0)  # [1, heads, n, d]
-    total = keys.shape[1]
-    mask = None
-    if n > 1 and not (start == 0 and total == n):
-        key_pos = torch.arange(total, device=q.device)
-        query_pos = torch.arange(start, start + n, device=q.device)
-        mask = key_pos[None, :] <= query_pos[:, None]
-    out = F.scaled_dot_product_attention(qh, keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask,
-                                         is_causal=n > 1 and mask is None, enable_gqa=True)
-    return out[0].transpose(0, 1).reshape(n, heads * dim)
-
-
-def _windowed_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
-                        window: int) -> torch.Tensor:
-    """:func:`grouped_attention` where each query at position ``p`` sees keys ``p - window + 1
-    .. p`` only (Mistral's sliding window, transformers' mask), once the context exceeds it."""
-    n, heads, dim = q.shape
-    key_pos = torch.arange(keys.shape[1], device=q.device)
-    query_pos = torch.arange(start, start + n, device=q.device)[:, None]
-    mask = (key_pos[None, :] <= query_pos) & (key_pos[None, :] > query_pos - window)
-    out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0),
-                                         attn_mask=mask, enable_gqa=True)
-    return out[0].transpose(0, 1).reshape(n, heads * dim)
-
-
-# Steps of at most this many tokens attend in C in a fused cache (as the paged cache's verify
-# steps and short chunks do, engine.paged.attention); longer prefills keep torch's SDPA.
-FUSED_MAX_TOKENS = 16
 
 
 class ContiguousKVCache:
     """Keys/values of one sequence in preallocated contiguous buffers."""
 
     def __init__(self, config: ForwardConfig, capacity: int, dtype: torch.dtype, device: torch.device,
-                 exact: bool = True, fused: bool = False) -> None:
-        """``exact``: attention rounded as transformers' (see :func:`grouped_attention`);
-        ``fused`` (a low-bit bf16 forward on CPU, :mod:`engine.fused`): a one-token step writes
-        its k/v and attends in one C call."""
+                 ops: SmallOps = EXACT) -> None:
+        """``ops``: the forward's small operations, which write and attend (torch's exact ones
+        unless told: attention rounded as transformers')."""
         shape = (config.num_layers, config.num_kv_heads, max(1, capacity), config.head_dim)
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)
         self.length = 0
         self._start = 0
-        self.exact = exact
-        self.fused = fused and not exact
+        self.ops = ops
+
+    @property
+    def exact(self) -> bool:
+        return self.ops.exact
 
     @property
     def capacity(self) -> int:
@@ -108,23 +61,15 @@ class ContiguousKVCache:
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                window: int | None = None) -> torch.Tensor:
-        end = self._start + q.shape[0]
-        if self.fused and (window is None or end <= window):   # the C calls attend over everything
-            if q.shape[0] == 1:
-                return attend_decode(q, k, v, self.k[layer], self.v[layer], self._start)
-            if q.shape[0] <= FUSED_MAX_TOKENS:   # a verify step, a short chunk
-                return attend_rows(q, k, v, self.k[layer], self.v[layer], self._start)
-        self.k[layer, :, self._start:end].copy_(k.transpose(0, 1))
-        self.v[layer, :, self._start:end].copy_(v.transpose(0, 1))
-        return grouped_attention(q, self.k[layer, :, :end], self.v[layer, :, :end], self._start, self.exact, window)
+        return self.ops.cache_attend(q, k, v, self.k[layer], self.v[layer], self._start, window)
 
     def commit(self, num_new: int) -> None:
         self.length += num_new
 
     def takes_decode_step(self, num_new: int) -> bool:
         """Whether a step of ``num_new`` tokens may run as one C call (engine.quant.step): the
-        same numbers as :meth:`attend`'s fused paths, which only a fused cache takes."""
-        return self.fused and num_new <= FUSED_MAX_TOKENS
+        same numbers as :meth:`attend` gives where its ops attend in C."""
+        return self.ops.c_attention and num_new <= C_MAX_TOKENS
 
     def run_decode_step(self, step: Any, x: torch.Tensor, rotary: Any, last_only: bool) -> torch.Tensor:
         """The tokens of embeddings ``x [n, hidden]`` through ``step``: their k/v land at the

@@ -14,6 +14,13 @@ lock guards it and nothing is built twice.  Each turn of the loop
 4. takes ONE batched step of the paged scheduler (every running sequence advances);
 5. publishes a stats snapshot (a plain dict swapped in whole) for the heartbeat.
 
+Several requests may be submitted as one *group* (:meth:`EngineLoop.submit_group`: a job's
+``n`` choices, a completion's list of prompts). A ``paged`` request whose prompt ids equal an
+earlier member's waits until that *leader* has prefilled: its prompt blocks are committed
+and hashed by then, so the follower's admission takes them from the block manager (reference
+counts, no recompute) and prefills only the part of the prompt past the last full block. The
+other methods run each member as its own solo task.
+
 No request holds the loop until it finishes: between two tokens of any request, every other
 running request gets one token (or one chunk of prefill) of its own.
 
@@ -42,13 +49,14 @@ from engine.constrained import token_constraint
 from engine.handwritten import forward_for
 from engine.model_engine import ModelEngine
 from engine.openmp import release_thread_team
+from engine.prompt_logprobs import score_prompt
 from engine.run import GenerationRun
 from engine.solo import SoloTask
-from engine.types import CancelCheck, GenerationRequest, GenerationResult, TextCallback
+from engine.types import CancelCheck, GenerationRequest, GenerationResult, LogprobsCallback, TextCallback
 
 logger = logging.getLogger("miniserve.engine.loop")
 BATCHED_METHOD = "paged"
-TEXT, RESULT, ERROR = "text", "result", "error"
+TEXT, LOGPROBS, RESULT, ERROR = "text", "logprobs", "result", "error"
 IDLE_WAIT_S = 1.0
 
 
@@ -89,10 +97,12 @@ class RequestHandle:
         return self.future.result(timeout)
 
     def stream(self, on_text: TextCallback | None = None, should_cancel: CancelCheck | None = None,
-               on_start: Callable[[float], None] | None = None, poll_s: float = 0.05) -> GenerationResult:
+               on_start: Callable[[float], None] | None = None, poll_s: float = 0.05,
+               on_logprobs: LogprobsCallback | None = None) -> GenerationResult:
         """Consume this request's outputs in the calling thread; returns the result.
 
-        ``on_text`` gets each piece in order; ``should_cancel`` is polled after each piece and
+        ``on_text`` gets each piece in order (``on_logprobs``, when the request records
+        them, the entries of the tokens behind the next piece); ``should_cancel`` is polled after each piece and
         at least every ``poll_s`` (True cancels); ``on_start(started_at)`` is called once when
         the loop starts the request. A callback that raises cancels the request, then raises.
         """
@@ -109,6 +119,8 @@ class RequestHandle:
                         on_start(self.started_at or time.monotonic())
                 if kind == TEXT and on_text is not None:
                     on_text(value)
+                elif kind == LOGPROBS and on_logprobs is not None:
+                    on_logprobs(value)
                 elif kind == RESULT:
                     return value
                 elif kind == ERROR:
@@ -137,6 +149,9 @@ class RequestHandle:
     def push_text(self, piece: str) -> None:
         self.outputs.put((TEXT, piece))
 
+    def push_logprobs(self, entries: list[dict[str, Any]]) -> None:
+        self.outputs.put((LOGPROBS, entries))
+
     def resolve(self, result: GenerationResult | None, error: BaseException | None = None) -> None:
         if self.future.done():
             return
@@ -156,6 +171,8 @@ class _Job:
         self.handle, self.prompt, self.run, self.penalty = handle, prompt, run, penalty
         self.constraint = constraint  # the sequence's grammar state (engine.constrained), if any
         self.task: SoloTask | None = None  # a non-batched request's greenlet, once started
+        self.leader: _Job | None = None  # a group member with the same prompt, prefilled first
+        self.seq: Any = None  # a paged request's scheduler sequence, once accepted
 
 
 class _Call:
@@ -186,6 +203,7 @@ class EngineLoop:
         self._inbox: queue.SimpleQueue[_Job | _Call | None] = queue.SimpleQueue()
         self._solo: deque[_Job] = deque()      # non-batched requests not yet started
         self._running: list[_Job] = []          # started solo tasks, in arrival order
+        self._held: list[_Job] = []             # paged group members waiting for their leader's prefill
         self._ids = itertools.count(1)
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
@@ -201,11 +219,38 @@ class EngineLoop:
         raise here, in the caller. ``timeout_s`` counts from when the loop starts it;
         ``should_cancel`` is checked once before queuing (an already-cancelled request never
         produces a token); later cancels go through :meth:`RequestHandle.cancel`."""
+        handle, job = self._prepare(request, timeout_s, should_cancel)
+        if job is not None:
+            self._inbox.put(job)
+        return handle
+
+    def submit_group(self, requests: list[GenerationRequest], timeout_s: float | None = None,
+                     should_cancel: CancelCheck | None = None) -> list[RequestHandle]:
+        """Queue requests that belong together (see the module doc): a ``paged`` member whose
+        prompt repeats an earlier member's is admitted once that one has prefilled. All are
+        checked before any is queued, so a bad member queues none."""
+        prepared = [self._prepare(request, timeout_s, should_cancel) for request in requests]
+        leaders: dict[tuple[int, ...], _Job] = {}
+        for _, job in prepared:
+            if job is None or job.handle.request.method != BATCHED_METHOD:
+                continue
+            key = tuple(job.prompt.ids)
+            job.leader = leaders.get(key)
+            leaders.setdefault(key, job)
+        for _, job in prepared:
+            if job is not None:
+                self._inbox.put(job)
+        return [handle for handle, _ in prepared]
+
+    def _prepare(self, request: GenerationRequest, timeout_s: float | None,
+                 should_cancel: CancelCheck | None) -> tuple[RequestHandle, _Job | None]:
+        """The request's handle, and its job for the inbox (None: already resolved)."""
         if self._closing.is_set():
             raise LoopClosedError("the engine loop is closed")
         self.engine.check_method(request.method)
         handle = RequestHandle(next(self._ids), request, timeout_s)
-        prompt, run, penalty = self.engine.new_run(request, handle.push_text, handle.stop_requested)
+        prompt, run, penalty = self.engine.new_run(request, handle.push_text, handle.stop_requested,
+                                                   handle.push_logprobs)
         constraint = token_constraint(self.engine, request.constraint)  # compiled here: errors raise to the caller
         release_thread_team()  # if that ran a parallel op here, its team must not outlive it (engine.openmp)
         self.submitted += 1
@@ -214,10 +259,9 @@ class EngineLoop:
         if request.sampling.max_new_tokens <= 0:
             handle.begin()
             handle.resolve(run.result(prompt_tokens=len(prompt.ids)))
-            return handle
+            return handle, None
         self._ensure_thread()
-        self._inbox.put(_Job(handle, prompt, run, penalty, constraint))
-        return handle
+        return handle, _Job(handle, prompt, run, penalty, constraint)
 
     def generate(self, request: GenerationRequest, on_text: TextCallback | None = None,
                  should_cancel: CancelCheck | None = None) -> GenerationResult:
@@ -286,7 +330,7 @@ class EngineLoop:
 
     def _turn(self) -> None:
         scheduler = self._paged.scheduler if self._paged is not None else None
-        busy = bool(self._solo or self._running) or (scheduler is not None and scheduler.has_work)
+        busy = bool(self._solo or self._running or self._held) or (scheduler is not None and scheduler.has_work)
         if not busy:
             release_thread_team()  # idle: leave the CPUs' spinning OpenMP workers to a busy loop
         self._drain(block=not busy)
@@ -295,6 +339,7 @@ class EngineLoop:
         if self._solo and len(self._running) < self.engine.settings.max_batch:
             self._start_solo(self._solo.popleft())
         self._advance_solo()
+        self._release_held()
         if self._paged is not None and self._paged.scheduler.has_work:
             self._paged.step()
         self._publish()
@@ -313,20 +358,58 @@ class EngineLoop:
         if isinstance(job, _Call):
             job.run()
             return
+        if not self._score_prompt(job):
+            return
         if job.handle.request.method != BATCHED_METHOD:
             self._solo.append(job)
             return
         try:
             service = self.paged
-            seq = service.new_sequence(job.prompt.ids, job.run, job.handle.request.sampling,
-                                       job.penalty, on_finish=lambda s, job=job: self._finish_seq(job, s),
-                                       speculative=job.handle.request.speculative,
-                                       constraint=job.constraint)
+            job.seq = service.new_sequence(job.prompt.ids, job.run, job.handle.request.sampling,
+                                           job.penalty, on_finish=lambda s, job=job: self._finish_seq(job, s),
+                                           speculative=job.handle.request.speculative,
+                                           constraint=job.constraint)
         except Exception as exc:  # noqa: BLE001 - e.g. the pool cannot be built: fail this one
             job.handle.resolve(None, exc)
             return
         job.handle.begin()
-        service.add(seq)
+        if job.leader is not None and not self._leader_ready(job):
+            self._held.append(job)
+            return
+        service.add(job.seq)
+
+    def _score_prompt(self, job: _Job) -> bool:
+        """The prompt's own log-probabilities when asked (module engine.prompt_logprobs);
+        False when that failed (the request is resolved with the error)."""
+        top = job.handle.request.sampling.prompt_logprobs
+        if top is None:
+            return True
+        try:
+            job.run.prompt_logprobs = score_prompt(forward_for(self.engine), job.prompt.ids, top)
+        except Exception as exc:  # noqa: BLE001 - this request fails, the loop goes on
+            job.handle.resolve(None, exc)
+            return False
+        return True
+
+    @staticmethod
+    def _leader_ready(job: _Job) -> bool:
+        """The leader has prefilled (its prompt blocks are committed), ended, or never got a
+        sequence; or the follower is cancelled (the scheduler then drops it at once)."""
+        leader = job.leader.seq if job.leader is not None else None
+        if leader is None or leader.finished or job.run.cancelled():
+            return True
+        return leader.num_computed >= len(leader.prompt_ids)
+
+    def _release_held(self) -> None:
+        if not self._held:
+            return
+        still = []
+        for job in self._held:
+            if self._leader_ready(job):
+                self.paged.add(job.seq)
+            else:
+                still.append(job)
+        self._held = still
 
     def _start_solo(self, job: _Job) -> None:
         job.handle.begin()
@@ -371,8 +454,8 @@ class EngineLoop:
         for job in self._running:
             assert job.task is not None
             job.task.close()
-        pending = self._running + list(self._solo)
-        self._running = []
+        pending = self._running + list(self._solo) + self._held
+        self._running, self._held = [], []
         try:
             while True:
                 job = self._inbox.get_nowait()

@@ -22,7 +22,7 @@ from engine.methods import builtin_methods
 from engine.openmp import release_thread_team
 from engine.prompt import Prompt, build_prompt
 from engine.run import GenerationRun
-from engine.types import CancelCheck, GenerationRequest, GenerationResult, TextCallback
+from engine.types import CancelCheck, GenerationRequest, GenerationResult, LogprobsCallback, TextCallback
 
 logger = logging.getLogger("miniserve.engine")
 BATCHED_METHOD = "paged"
@@ -100,8 +100,8 @@ class ModelEngine:
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
         return len(self.prompt(request).ids)
 
-    def new_run(self, request: GenerationRequest, on_text: TextCallback,
-                should_cancel: CancelCheck) -> tuple[Prompt, GenerationRun, float]:
+    def new_run(self, request: GenerationRequest, on_text: TextCallback, should_cancel: CancelCheck,
+                on_logprobs: LogprobsCallback | None = None) -> tuple[Prompt, GenerationRun, float]:
         """Render the prompt and build the request's run (in the submitting thread)."""
         started = time.perf_counter()
         loaded = self.loaded
@@ -113,7 +113,7 @@ class ModelEngine:
         run = GenerationRun(loaded.tokenizer, method=request.method,
                             max_new_tokens=sampling.max_new_tokens, eos_ids=loaded.eos_ids,
                             stops=sampling.stop, on_text=on_text, should_cancel=should_cancel,
-                            started=started, logprobs=sampling.logprobs)
+                            started=started, logprobs=sampling.logprobs, on_logprobs=on_logprobs)
         return prompt, run, penalty
 
     def run_solo(self, prompt: Prompt, run: GenerationRun, request: GenerationRequest,

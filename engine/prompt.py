@@ -6,6 +6,10 @@ system message and ``request.tools`` goes through the template's tools section. 
 prefix, or the template's default system text, plus any tools), whose token ids are a
 prefix of the full prompt's ids because the block ends right before an ``<|im_start|>``
 special token.
+
+A text completion (``request.raw_prompt``) skips the template: its text is encoded as is,
+with the tokenizer's own special tokens (a BOS where the tokenizer adds one, as vLLM's
+``/v1/completions`` does); its prefix part is empty.
 """
 from __future__ import annotations
 
@@ -49,8 +53,18 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
+def raw_prompt(tokenizer: Any, text: str) -> Prompt:
+    """A completion prompt's ids: the text as is (special tokens written in it are parsed)."""
+    ids = list(tokenizer.encode(text, add_special_tokens=True))
+    if not ids:
+        raise PromptError("a completion prompt needs at least one token")
+    return Prompt(ids=ids, prefix_len=0)
+
+
 def build_prompt(tokenizer: Any, request: GenerationRequest) -> Prompt:
     """Token ids of the full prompt, and how many of them form the cacheable system block."""
+    if request.raw_prompt is not None:
+        return raw_prompt(tokenizer, request.raw_prompt)
     messages = chat_messages(request)
     full_text = _render(tokenizer, messages, request.tools, generation_prompt=True)
     ids = _encode(tokenizer, full_text)

@@ -10,6 +10,11 @@ Pausing: a method that runs as a solo task on the engine loop (:mod:`engine.solo
 run, so every method yields the loop between two tokens at this one place. Cancellation
 and the deadline are read again when it resumes.
 
+Log-probabilities, when asked, travel with the text: before each piece, ``on_logprobs``
+gets the entries of the tokens that piece completes (:attr:`TextStream.covered`), and the
+last call (at :meth:`GenerationRun.result`) brings the rest, so a stream carries exactly the
+result's entries, each with the text of its token.
+
 Counting: ``token_ids`` are the generated tokens without a final end-of-sequence id;
 ``usage.completion_tokens`` counts every token the model produced, that id included.
 """
@@ -19,17 +24,21 @@ import time
 from typing import Any, Callable, Iterable
 
 from engine.textstream import TextStream
-from engine.types import (CANCELLED, LENGTH, STOP, CancelCheck, GenerationResult, TextCallback,
-                          Timings, Usage)
+from engine.types import (CANCELLED, LENGTH, STOP, CancelCheck, GenerationResult, LogprobsCallback,
+                          TextCallback, Timings, Usage)
 
 
 class GenerationRun:
     def __init__(self, tokenizer: Any, *, method: str, max_new_tokens: int,
                  eos_ids: Iterable[int], stops: Iterable[str] = (),
                  on_text: TextCallback | None = None, should_cancel: CancelCheck | None = None,
-                 started: float | None = None, logprobs: bool = False) -> None:
+                 started: float | None = None, logprobs: bool = False,
+                 on_logprobs: LogprobsCallback | None = None) -> None:
         self.method = method
         self.logprobs: list[dict[str, Any]] | None = [] if logprobs else None  # filled by the sampler
+        self.prompt_logprobs: list[dict[str, Any]] | None = None  # set by the loop when asked
+        self._on_logprobs = on_logprobs if logprobs else None
+        self._logprobs_sent = 0
         self.tokenizer = tokenizer      # speculative drafting reads its vocabulary
         self.max_new_tokens = max_new_tokens
         self.eos_ids = frozenset(int(i) for i in eos_ids)
@@ -86,13 +95,19 @@ class GenerationRun:
         self.draft_tokens += drafted
         self.accepted_draft_tokens += accepted
 
-    def _emit(self, piece: str) -> None:
+    def _emit(self, piece: str, upto: int | None = None) -> None:
+        """``piece`` to ``on_text``, after the log-probabilities of the tokens it completes."""
+        if self._on_logprobs is not None and self.logprobs is not None:
+            end = min(self._stream.covered if upto is None else upto, len(self.logprobs), len(self.token_ids))
+            if end > self._logprobs_sent:
+                entries, self._logprobs_sent = self.logprobs[self._logprobs_sent:end], end
+                self._on_logprobs(entries)
         if piece and self._on_text is not None:
             self._on_text(piece)
 
     def result(self, prompt_tokens: int, cached_tokens: int = 0) -> GenerationResult:
         """Flush held-back text and build the result (call once, at the end)."""
-        self._emit(self._stream.finish())
+        self._emit(self._stream.finish(), upto=len(self.token_ids))
         if self.finish_reason is None:
             self.finish_reason = LENGTH
         end = time.perf_counter()
@@ -107,7 +122,8 @@ class GenerationRun:
                         cached_tokens=cached_tokens, draft_tokens=self.draft_tokens,
                         accepted_draft_tokens=self.accepted_draft_tokens),
             timings=Timings(ttft_s=ttft, total_s=end - self.started, decode_tokens_per_s=decode_tps),
-            method=self.method, token_ids=list(self.token_ids), logprobs=self._token_logprobs())
+            method=self.method, token_ids=list(self.token_ids), logprobs=self._token_logprobs(),
+            prompt_logprobs=self.prompt_logprobs)
 
     def _token_logprobs(self) -> list[dict[str, Any]] | None:
         """The sampler's entries for the tokens kept (not a final end-of-sequence id, nor

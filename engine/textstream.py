@@ -6,9 +6,13 @@ recent tokens and only releases text once it no longer ends in an incomplete cha
 (the approach vLLM and TGI use). :class:`StopMatcher` holds back any tail that could still
 become a stop string, so streamed text never shows part of one. Every generation method
 uses :class:`TextStream`, which combines both.
+
+:attr:`TextStream.covered` says how many of the pushed tokens have all their text handed
+out, so per-token data (log-probabilities) can travel with the piece that shows the token.
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from typing import Any, Sequence
 
 _REPLACEMENT = "\ufffd"
@@ -75,7 +79,21 @@ class TextStream:
         self._stops = StopMatcher(stops)
         self._text = ""  # everything decoded so far (up to a stop string, once one hits)
         self._emitted = 0  # characters of _text already handed out
+        self._ends: list[int] = []  # per token: where its text ends in the decoded text
+        self._unplaced = 0  # tokens whose text the detokenizer still holds
         self.stopped = False
+
+    @property
+    def covered(self) -> int:
+        """Leading tokens whose text has all been handed out (every token, once stopped or finished)."""
+        if self.stopped:
+            return len(self._ends) + self._unplaced
+        return bisect_right(self._ends, self._emitted)
+
+    def _place(self, decoded_len: int) -> None:
+        """Tokens held by the detokenizer end where the text just released ends."""
+        self._ends.extend([decoded_len] * self._unplaced)
+        self._unplaced = 0
 
     @property
     def text(self) -> str:
@@ -84,14 +102,21 @@ class TextStream:
 
     def push(self, token_id: int) -> tuple[str, bool]:
         if self.stopped:
+            self._unplaced += 1
             return "", True
-        return self._add(self._detok.push(token_id), final=False)
+        piece = self._detok.push(token_id)
+        self._unplaced += 1
+        if piece:
+            self._place(len(self._text) + len(piece))
+        return self._add(piece, final=False)
 
     def finish(self) -> str:
         """Release the held-back tail at the end of generation."""
         if self.stopped:
             return ""
-        piece, _ = self._add(self._detok.flush(), final=True)
+        piece = self._detok.flush()
+        self._place(len(self._text) + len(piece))
+        piece, _ = self._add(piece, final=True)
         return piece
 
     def _add(self, piece: str, final: bool) -> tuple[str, bool]:

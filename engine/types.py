@@ -27,6 +27,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, -100..100) added to the logits
     logprobs: bool = False              # record per-token log-probabilities (engine.logprobs)
     top_logprobs: int = 0               # and this many alternatives per token (0..20)
+    prompt_logprobs: int | None = None  # score the prompt's tokens too, this many alternatives each
 
     @property
     def greedy(self) -> bool:
@@ -47,6 +48,7 @@ class GenerationRequest:
     tools: list[dict[str, Any]] | None = None
     speculative: bool | None = None  # None: MINISERVE_SPECULATIVE decides
     constraint: Constraint | None = None  # structured output: a grammar the answer must follow
+    raw_prompt: str | None = None  # a text completion: this text as is, no chat template (messages unused)
 
 
 @dataclass
@@ -76,12 +78,14 @@ class GenerationResult:
     method: str
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[str, Any]] | None = None  # one entry per token_ids entry, when asked
+    prompt_logprobs: list[dict[str, Any]] | None = None  # one per prompt token (the first: logprob None)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 TextCallback = Callable[[str], None]
+LogprobsCallback = Callable[[list[dict[str, Any]]], None]  # the entries of the tokens behind the next text
 CancelCheck = Callable[[], bool]
 
 

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+FIM_TOKENS = ["<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>"]  # Qwen2.5-Coder's fill-in-the-middle
 
 # Qwen2.5-Instruct's chat template (tokenizer_config.json of Qwen/Qwen2.5-0.5B-Instruct).
 QWEN25_CHAT_TEMPLATE = (
@@ -67,7 +68,7 @@ Emoji test: 😀 🚀 ✨ — café, naïve, über.
 """
 
 
-def _train_tokenizer(vocab_size: int):
+def _train_tokenizer(vocab_size: int, special_tokens: list[str] = SPECIAL_TOKENS):
     """A deterministic byte-level BPE over the small corpus above."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -75,7 +76,7 @@ def _train_tokenizer(vocab_size: int):
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False,
+        vocab_size=vocab_size, special_tokens=list(special_tokens), show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), min_frequency=1)
     lines = [line for line in _CORPUS.strip().splitlines() if line] * 3
     tokenizer.train_from_iterator(lines, trainer=trainer)
@@ -87,11 +88,12 @@ def make_tiny_model_dir(path: str | Path, *, hidden_size: int = 64, num_layers: 
                         intermediate_size: int | None = None, tie_word_embeddings: bool = False,
                         vocab_size: int = 400, rope_theta: float = 10000.0,
                         repetition_penalty: float = 1.1, seed: int = 0, model_type: str = "qwen2",
-                        config_extra: dict | None = None) -> Path:
+                        config_extra: dict | None = None, fim_tokens: bool = False) -> Path:
     """Write a tiny random model (Qwen2ForCausalLM unless ``model_type`` names another
     transformers architecture, e.g. llama, qwen3, mistral) + tokenizer + generation config
     into ``path``. ``config_extra`` overrides or adds config fields (rope_parameters, biases,
-    sliding_window...).
+    sliding_window...). ``fim_tokens``: the tokenizer also has Qwen2.5-Coder's three
+    fill-in-the-middle tokens (``/v1/completions`` with ``suffix``).
 
     ``vocab_size`` is the tokenizer's BPE target; the model's embedding has exactly as many
     rows as the tokenizer has tokens. ``head_dim`` may differ from hidden/heads (e.g. 24).
@@ -101,10 +103,11 @@ def make_tiny_model_dir(path: str | Path, *, hidden_size: int = 64, num_layers: 
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    raw = _train_tokenizer(vocab_size)
+    specials = SPECIAL_TOKENS + (FIM_TOKENS if fim_tokens else [])
+    raw = _train_tokenizer(vocab_size, specials)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=raw, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        additional_special_tokens=list(SPECIAL_TOKENS), model_max_length=4096)
+        additional_special_tokens=list(specials), model_max_length=4096)
     tokenizer.chat_template = QWEN25_CHAT_TEMPLATE
     tokenizer.save_pretrained(path)
     eos_ids = [raw.token_to_id("<|im_end|>"), raw.token_to_id("<|endoftext|>")]

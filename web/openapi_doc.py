@@ -18,7 +18,8 @@ from core.settings import Settings
 # Body schemas and their token-count fields whose maximum is MINISERVE_MAX_NEW_TOKENS_CAP.
 CAPPED_FIELDS = {"JobSubmit": ("max_new_tokens",), "GenerateBody": ("max_new_tokens",),
                  "AgentBody": ("max_new_tokens",),
-                 "ChatCompletionRequest": ("max_tokens", "max_completion_tokens")}
+                 "ChatCompletionRequest": ("max_tokens", "max_completion_tokens"),
+                 "CompletionRequest": ("max_tokens",)}
 _GIVEN = {"prompt": {"type": "string"}, "messages": {"type": "array"}, "prefix": {"type": "string"},
           "system": {"type": "string"}}  # "given" = present and not null
 JOB_SUBMIT_RULES: dict[str, Any] = {

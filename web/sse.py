@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import redis
 from flask import Response, request, stream_with_context
@@ -25,6 +25,7 @@ from web.feeds import FeedHub, Formatted
 logger = logging.getLogger("miniserve.web.sse")
 RETRY_MS = 2000
 MAX_EVENT_SEQ = 2**63 - 1  # the largest seq a Last-Event-ID / ?after= may name
+CHUNK_CHARS = 64 * 1024  # frames joined into one write up to about this size
 
 
 def format_event(event: Event) -> str:
@@ -59,11 +60,9 @@ def stream_events(store: JobStore, job: JobRecord, after: int, keepalive_s: int,
         return
     state, started = _Progress(after), time.perf_counter()
     try:
-        for event in store.events(job.id, after):
-            yield state.sent_one(event.seq, format_event(event))
-            if event.is_terminal:
-                return
-        yield from _follow(store, job.id, state, keepalive_s, feeds)
+        yield from state.chunks(Formatted(e, format_event(e)) for e in store.events(job.id, after))
+        if not state.ended:
+            yield from _follow(store, job.id, state, keepalive_s, feeds)
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         _redis_lost(job.id, type(exc).__name__)
     finally:
@@ -75,10 +74,27 @@ def stream_events(store: JobStore, job: JobRecord, after: int, keepalive_s: int,
 class _Progress:
     last: int
     sent: int = 0
+    ended: bool = False  # the terminal event went out
 
-    def sent_one(self, seq: int, text: str) -> str:
-        self.last, self.sent = seq, self.sent + 1
-        return text
+    def chunks(self, items: Iterable[Formatted]) -> Iterator[str]:
+        """The frames of ``items``, up to the terminal one, joined into chunks of up to
+        :data:`CHUNK_CHARS`: every event that is ready goes out in one write. Measured at
+        1,000 streams, the socket sends were the web's largest cost; a replay of 20 events,
+        or a stream woken late with several waiting, now costs one send instead of one each."""
+        parts: list[str] = []
+        size = 0
+        for item in items:
+            self.last, self.sent = item.event.seq, self.sent + 1
+            parts.append(item.text)
+            size += len(item.text)
+            self.ended = item.event.is_terminal
+            if self.ended:
+                break
+            if size >= CHUNK_CHARS:
+                yield "".join(parts)
+                parts, size = [], 0
+        if parts:
+            yield "".join(parts)
 
 
 def _follow(store: JobStore, job_id: str, state: _Progress, keepalive_s: int, feeds: FeedHub) -> Iterator[str]:
@@ -88,10 +104,9 @@ def _follow(store: JobStore, job_id: str, state: _Progress, keepalive_s: int, fe
             items = feed.after(state.last)
             if items is None:  # fell behind the feed's buffer: the gap comes from Redis
                 items = [Formatted(e, format_event(e)) for e in store.events(job_id, state.last)]
-            for item in items:
-                yield state.sent_one(item.event.seq, item.text)
-                if item.event.is_terminal:
-                    return
+            yield from state.chunks(items)
+            if state.ended:
+                return
             if items:
                 continue
             if feed.done:

@@ -143,6 +143,11 @@ def from_agent_body(body: AgentBody) -> Submission:
 
 
 def _check_prompt(sub: Submission) -> None:
+    prompts = sub.request.get("prompts")
+    if prompts:  # a text completion's prompts are separate sequences: each must fit
+        for text in prompts:
+            ctx().budget.check([text], sub.request["sampling"]["max_new_tokens"], sub.input_field)
+        return
     texts = [m["content"] for m in sub.request["messages"]]
     if sub.job_type == "agent":
         _check_agent_chars(sum(len(text) for text in texts), sub.input_field)

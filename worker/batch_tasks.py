@@ -3,6 +3,7 @@ batch's summary out. The lines go through exactly the web's path (validation by 
 field table, limits, prefix routing), run in a web app context built here::
 
     celery -A worker call miniserve.batch --args '["/path/in.jsonl"]'
+    celery -A worker call miniserve.batch --args '["/path/in.jsonl"]' --kwargs '{"endpoint": "/v1/completions"}'
     celery -A worker result <task id>            # {"batch_id", "summary_task_id", ...}
     celery -A worker result <summary_task_id>    # the batch object once it has ended
 
@@ -41,25 +42,30 @@ def web_context() -> Iterator[None]:
         yield
 
 
-def jsonl_of(source: str | list[dict[str, Any]]) -> tuple[str, str]:
-    """(filename, JSONL) from a path, or from requests: full lines, or bare chat bodies
-    (given ``custom_id`` ``request-<n>``)."""
+def jsonl_of(source: str | list[dict[str, Any]], endpoint: str = ENDPOINT) -> tuple[str, str]:
+    """(filename, JSONL) from a path, or from requests: full lines, or bare bodies of
+    ``endpoint`` (given ``custom_id`` ``request-<n>``)."""
     if isinstance(source, str):
         return Path(source).name, Path(source).read_text(encoding="utf-8")
-    lines = [item if "body" in item else {"custom_id": f"request-{n}", "method": "POST", "url": ENDPOINT,
+    lines = [item if "body" in item else {"custom_id": f"request-{n}", "method": "POST", "url": endpoint,
                                           "body": item} for n, item in enumerate(source)]
     return "requests.jsonl", "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
 
 
 @app.task(name=BATCH_START)
-def start_batch(source: str | list[dict[str, Any]], metadata: dict[str, str] | None = None) -> dict[str, Any]:
-    """Upload the requests as a file, start the batch, start its summary task."""
+def start_batch(source: str | list[dict[str, Any]], metadata: dict[str, str] | None = None,
+                endpoint: str = ENDPOINT) -> dict[str, Any]:
+    """Upload the requests as a file, start the batch, start its summary task. ``endpoint``:
+    ``/v1/chat/completions`` (default) or ``/v1/completions``."""
     from web.openai import batch_flow
+    from web.openai.batch_schemas import ENDPOINTS
 
-    filename, text = jsonl_of(source)
+    if endpoint not in ENDPOINTS:
+        raise ValueError(f"endpoint: one of {', '.join(ENDPOINTS)}")
+    filename, text = jsonl_of(source, endpoint)
     with web_context():
         stored = batch_flow.batch_store().put_file("batch", filename, text)
-        record = batch_flow.start_batch(text, stored.id, ENDPOINT, "24h", metadata, "")
+        record = batch_flow.start_batch(text, stored.id, endpoint, "24h", metadata, "")
     summary = summarize_batch.apply_async(args=[record.id], queue=QUEUE, countdown=POLL_S)
     return {"batch_id": record.id, "input_file_id": stored.id, "status": record.status,
             "request_counts": record.object["request_counts"], "summary_task_id": summary.id}

@@ -19,6 +19,7 @@ from core.coalesce import TextCoalescer
 from core.events import CANCELLED, FAILED, SUCCEEDED, TIMEOUT, TOKEN
 from core.jobs import JobRecord, JobStore
 from core.logs import log_event
+from worker.choice_stream import ChoiceStreams
 from worker.runtime import ModelUnavailable, WorkerRuntime
 
 logger = logging.getLogger("miniserve.worker")
@@ -50,6 +51,7 @@ class JobContext:
     text: TextCoalescer = field(default_factory=TextCoalescer)  # token chunks -> fewer events
     _last_poll: float = 0.0
     _paused_at: float | None = None    # the clock is paused while waiting for the engine loop
+    _choices: ChoiceStreams | None = None  # per-choice chunks (worker.choice_stream), built on first use
 
     @property
     def job_id(self) -> str:
@@ -61,15 +63,27 @@ class JobContext:
         if self.store.append_event(self.job_id, self.attempt, event_type, data) < 0:
             self.stopped_reason = self.stopped_reason or "superseded"
 
+    @property
+    def choices(self) -> ChoiceStreams:
+        if self._choices is None:
+            self._choices = ChoiceStreams(self.text)
+        return self._choices
+
     def on_text(self, text: str) -> None:
-        chunk = self.text.add(text)
-        if chunk:
-            self.emit(TOKEN, {"text": chunk})
+        self.on_choice_text(0, text)
+
+    def on_choice_text(self, index: int, text: str) -> None:
+        data = self.choices.add(index, text)
+        if data:
+            self.emit(TOKEN, data)
+
+    def on_choice_logprobs(self, index: int, entries: list[dict[str, Any]]) -> None:
+        """Held until the choice's next chunk (the entries come before their text)."""
+        self.choices.add_logprobs(index, entries)
 
     def flush_text(self) -> None:
-        chunk = self.text.flush()
-        if chunk:
-            self.emit(TOKEN, {"text": chunk})
+        for data in self.choices.flush():
+            self.emit(TOKEN, data)
 
     def pause_clock(self) -> None:
         """Stop counting the time limit (a request now waits for the engine loop)."""

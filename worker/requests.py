@@ -4,9 +4,16 @@ The stored shape (see docs/api.md): ``{"messages": [...], "prefix": str|None,
 "sampling": {max_new_tokens, temperature, top_p, top_k, repetition_penalty, seed, stop,
 presence_penalty?, frequency_penalty?, logit_bias? [[id, bias], ...], logprobs?, top_logprobs?},
 "method": str, "tools": [...]|None, "max_steps": int, "speculative": bool|None}``.
+
+A text completion stores ``"prompts": [text, ...]`` (each encoded as is, no chat template)
+instead of ``messages``, and ``sampling.prompt_logprobs`` when it echoes the prompt with
+log-probabilities. ``"n": k`` (k > 1) asks for k choices per prompt: :func:`group_from`
+gives one engine request per choice, prompt-major (choice ``p * n + j``), choice j seeded
+``seed + j``.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from core.grammar import Constraint
@@ -45,10 +52,11 @@ def generation_request_from(stored: dict[str, Any], default_max_new_tokens: int,
     messages = stored.get("messages")
     if not messages and stored.get("prompt"):
         messages = [{"role": "user", "content": stored["prompt"]}]
-    if not messages:
+    prompts = _prompts(stored)
+    if not messages and not prompts:
         raise BadJobRequest("the job request has no messages")
     return GenerationRequest(
-        messages=list(messages),
+        messages=list(messages or []), raw_prompt=prompts[0] if prompts else None,
         sampling=sampling_from(stored, default_max_new_tokens),
         method=stored.get("method") or default_method,
         prefix=stored.get("prefix"),
@@ -62,3 +70,35 @@ def _flag(value: Any) -> bool | None:
     if value is None or isinstance(value, bool):
         return value
     raise BadJobRequest("speculative must be true, false or null")
+
+
+def _prompts(stored: dict[str, Any]) -> list[str]:
+    prompts = stored.get("prompts")
+    if prompts is None:
+        return []
+    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
+        raise BadJobRequest("prompts must be a non-empty list of strings")
+    return prompts
+
+
+def _choices_per_prompt(stored: dict[str, Any]) -> int:
+    n = stored.get("n", 1)
+    if type(n) is not int or n < 1:
+        raise BadJobRequest("n must be a positive integer")
+    return n
+
+
+def group_from(stored: dict[str, Any], default_max_new_tokens: int,
+               default_method: str = "official") -> list[GenerationRequest]:
+    """One request per choice (see the module doc); a plain job gives a list of one. Only
+    the first choice of a prompt scores the prompt (the others' prompt is the same)."""
+    base = generation_request_from(stored, default_max_new_tokens, default_method)
+    n = _choices_per_prompt(stored)
+    out = []
+    for prompt in _prompts(stored) or [None]:
+        for j in range(n):
+            seed = None if base.sampling.seed is None else (base.sampling.seed + j) % 2**63
+            sampling = replace(base.sampling, seed=seed,
+                               prompt_logprobs=base.sampling.prompt_logprobs if j == 0 else None)
+            out.append(replace(base, raw_prompt=prompt, sampling=sampling))
+    return out

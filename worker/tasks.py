@@ -10,12 +10,14 @@ from core import tasks as names
 from core.events import TOOL_STEP, WAITING
 from core.routing import note_prefix
 from engine.constrained.compiler import GrammarError
-from engine.types import CancelCheck, GenerationRequest, GenerationResult, TextCallback
+from engine.group import IndexedLogprobs, IndexedText, stream_group
+from engine.types import CancelCheck, GenerationRequest, GenerationResult, LogprobsCallback, TextCallback
 from worker.app import app
 from worker.celery_state import TASK_THROWS, report_outcome
+from worker.choices import group_result
 from worker.job_runner import JobContext, JobFailed, run_job
 from worker.model_guard import forwarded
-from worker.requests import generation_request_from
+from worker.requests import group_from
 from worker.runtime import WorkerRuntime, runtime
 
 BATCHED_METHOD = "paged"
@@ -36,43 +38,76 @@ class WorkerGenerator:
         self.ctx = ctx
 
     def generate(self, request: GenerationRequest, on_text: TextCallback | None = None,
-                 should_cancel: CancelCheck | None = None) -> GenerationResult:
-        ctx = self.ctx
-        if ctx is None:
+                 should_cancel: CancelCheck | None = None,
+                 on_logprobs: LogprobsCallback | None = None) -> GenerationResult:
+        if self.ctx is None:
             return self.rt.engine.generate(request, on_text=on_text, should_cancel=should_cancel)
-        handle = self.rt.engine.loop.submit(request, timeout_s=ctx.time_left(),
-                                            should_cancel=should_cancel)
+        handle = self.rt.engine.loop.submit(request, timeout_s=self.ctx.time_left(), should_cancel=should_cancel)
+        return self._follow([handle], request.method,
+                            lambda started: [handle.stream(on_text, should_cancel, on_start=started,
+                                                           on_logprobs=on_logprobs)])[0]
+
+    def generate_group(self, requests: list[GenerationRequest], on_text: IndexedText,
+                       on_logprobs: IndexedLogprobs, should_cancel: CancelCheck) -> list[GenerationResult]:
+        """Several choices of one job as one group on the loop (engine.group)."""
+        assert self.ctx is not None
+        handles = self.rt.engine.loop.submit_group(requests, timeout_s=self.ctx.time_left(),
+                                                   should_cancel=should_cancel)
+        return self._follow(handles, requests[0].method,
+                            lambda started: stream_group(handles, on_text, on_logprobs, should_cancel, started))
+
+    def _follow(self, handles, method: str, consume) -> list[GenerationResult]:
+        """Run ``consume(on_start)`` with the job's clock paused until the loop starts the
+        request, and ``waiting`` events around a wait longer than ``WAITING_AFTER_S``."""
+        ctx = self.ctx
+        assert ctx is not None
         ctx.pause_clock()                    # prompt rendering counted; the queue wait is not
         try:
-            waited = not handle.started.wait(WAITING_AFTER_S)
+            waited = not handles[0].started.wait(WAITING_AFTER_S)
             if waited:
-                ctx.emit(WAITING, {"waiting": True, "method": request.method})
+                ctx.emit(WAITING, {"waiting": True, "method": method})
 
             def started(at: float) -> None:
                 ctx.resume_clock(at)
                 if waited:
-                    ctx.emit(WAITING, {"waiting": False, "method": request.method})
+                    ctx.emit(WAITING, {"waiting": False, "method": method})
 
-            result = handle.stream(on_text, should_cancel, on_start=started)
+            results = consume(started)
         finally:
             ctx.resume_clock()
-        if handle.timed_out and not ctx.stopped_reason:
+        if any(h.timed_out for h in handles) and not ctx.stopped_reason:
             ctx.stopped_reason = "timeout"
-        return result
+        return results
 
 
 def run_generation(ctx: JobContext) -> dict[str, Any]:
     rt = runtime()
-    request = generation_request_from(ctx.record.request, rt.settings.default_max_new_tokens)
+    requests = group_from(ctx.record.request, rt.settings.default_max_new_tokens)
     prefix_key = (ctx.record.request.get("routing") or {}).get("prefix_key")
     if prefix_key:  # this worker is about to cache the prompt's prefix: say so (core/routing.py)
         note_prefix(rt.store.client, prefix_key, rt.name, rt.settings.route_ttl_s)
+    generator = WorkerGenerator(rt, ctx)
     try:
-        result = WorkerGenerator(rt, ctx).generate(request, on_text=counted(rt, ctx.on_text),
-                                                   should_cancel=ctx.should_cancel)
+        if len(requests) == 1:
+            payload = generator.generate(requests[0], on_text=counted(rt, ctx.on_text),
+                                         should_cancel=ctx.should_cancel,
+                                         on_logprobs=lambda entries: ctx.on_choice_logprobs(0, entries)).to_dict()
+        else:
+            results = generator.generate_group(requests, counted_choice(rt, ctx.on_choice_text),
+                                               ctx.on_choice_logprobs, ctx.should_cancel)
+            payload = group_result(results, int(ctx.record.request.get("n") or 1))
     except GrammarError as exc:  # the request's grammar, not the worker, is at fault
         raise JobFailed("grammar_error", str(exc)) from None
-    return {**result.to_dict(), "model": rt.model_id}
+    return {**payload, "model": rt.model_id}
+
+
+def counted_choice(rt: WorkerRuntime, on_text):
+    """:func:`counted` for a group's text, tagged with the choice's index."""
+    def wrapped(index: int, text: str) -> None:
+        on_text(index, text)
+        if text:
+            rt.token_events += 1
+    return wrapped
 
 
 def counted(rt: WorkerRuntime, on_text):

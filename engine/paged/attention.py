@@ -6,7 +6,9 @@ sequence, ``[n_tokens, ...]``.  The linear layers run on the packed tokens; atte
 queries per sequence (``[batch, max_new, heads, dim]``), gathers each sequence's blocks
 (``[batch, max_blocks * block_size, kv_heads, dim]``) and masks by position and length, so
 prefills, chunks and single decode tokens of different sequences share one forward.
-:class:`PagedBatch` is built once per step and used by every layer.
+:class:`PagedBatch` is built once per step and used by every layer. The write, the gather and
+(for steps of a few tokens per sequence) the attention itself are the forward's small
+operations (:mod:`engine.ops`): torch's, or C calls that read the blocks where they lie.
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from engine.fused import paged_attend, paged_gather
+from engine.ops.interface import SmallOps
+from engine.ops.torch_ops import EXACT
 from engine.paged.pool import KVBlockPool
 from engine.speculative.attention import MAX_FOLDED_QUERIES, verify_attention
 
@@ -124,28 +127,21 @@ def build_batch(chunks: Sequence[SeqChunk], block_size: int,
 
 
 def paged_attention(pool: KVBlockPool, layer: int, batch: PagedBatch, q: torch.Tensor,
-                    k_new: torch.Tensor, v_new: torch.Tensor,
-                    scale: float | None = None, fused: bool = False, gather_in_c: bool = False,
-                    window: int | None = None) -> torch.Tensor:
+                    k_new: torch.Tensor, v_new: torch.Tensor, scale: float | None = None,
+                    ops: SmallOps = EXACT, window: int | None = None) -> torch.Tensor:
     """Store ``k_new``/``v_new`` (``[n_tokens, kv_heads, dim]``) and attend the packed queries
     ``q`` (``[n_tokens, heads, dim]``) over their sequences. Returns ``[n_tokens, heads, dim]``.
-    ``fused`` (a low-bit forward, :mod:`engine.fused`): a step of at most
-    :data:`MAX_FOLDED_QUERIES` tokens per sequence (decodes, verify steps, short chunks)
-    attends in one C call per layer, reading the blocks where they lie; a decode-only step's
-    k/v are written by that call too. ``gather_in_c`` (a low-bit forward whose attention stays
-    torch's): the write and the gather are one C call (:func:`engine.fused.paged_gather`), the
-    same values torch's indexing gives. ``window``: a sliding-window layer's window; once a
-    query lies beyond it, the step attends through torch with the window's mask."""
+    ``ops`` (the forward's, :mod:`engine.ops`) store, gather and, where they have a kernel for
+    it (a low-bit forward's C attention), attend a step of a few tokens per sequence reading
+    the blocks where they lie. ``window``: a sliding-window layer's window; once a query lies
+    beyond it, the step attends through torch with the window's mask."""
     if batch.exceeds(window):
         return _windowed_attention(pool, layer, batch, q, k_new, v_new, scale, window)
-    if fused and scale is None and q.dtype == pool.dtype == torch.bfloat16:
-        decode_only = batch.q_index.shape[1] == 1
-        if batch.q_index.shape[1] <= MAX_FOLDED_QUERIES:   # decodes, + drafts, short chunks
-            if not decode_only:
-                pool.write_layer(layer, batch.slot_mapping, k_new, v_new, batch.slot_split)
-            return paged_attend(pool, layer, batch.block_tables, batch.token_rows, batch.positions, q, k_new,
-                                v_new, write=decode_only)
-    keys, values, mask = _keys_and_values(pool, layer, batch, q, k_new, v_new, gather_in_c)
+    if scale is None:
+        out = ops.paged_attend(pool, layer, batch, q, k_new, v_new)
+        if out is not None:
+            return out
+    keys, values, mask = _keys_and_values(pool, layer, batch, q, k_new, v_new, ops)
     if batch.q_index.shape[1] == 1:
         return _decode_attention(q, keys, values, mask, scale)
     if batch.single is None and batch.q_index.shape[1] <= MAX_FOLDED_QUERIES:   # decodes + drafts
@@ -162,10 +158,10 @@ def paged_attention(pool: KVBlockPool, layer: int, batch: PagedBatch, q: torch.T
 
 def _windowed_attention(pool: KVBlockPool, layer: int, batch: PagedBatch, q: torch.Tensor, k_new: torch.Tensor,
                         v_new: torch.Tensor, scale: float | None, window: int) -> torch.Tensor:
-    """Every query over its sequence's last ``window`` positions, one masked SDPA call."""
-    pool.write_layer(layer, batch.slot_mapping, k_new, v_new, batch.slot_split)
-    keys, values = pool.gather_layer(layer, batch.block_tables)    # [B, T, Hkv, D]
-    keys, values = keys.transpose(1, 2).to(q.dtype), values.transpose(1, 2).to(q.dtype)
+    """Every query over its sequence's last ``window`` positions, one masked SDPA call (over
+    keys and values gathered by torch: ``[B, Hkv, T, D]``, every block of the table)."""
+    length = batch.block_tables.shape[1] * pool.block_size
+    keys, values = EXACT.paged_gather(pool, layer, batch, k_new, v_new, length, q.dtype)
     queries = q[batch.q_index].transpose(1, 2)                     # [B, H, Q, D]
     out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=batch.window_bias(q.dtype, window),
                                          scale=scale, enable_gqa=keys.shape[1] != queries.shape[1])
@@ -173,7 +169,7 @@ def _windowed_attention(pool: KVBlockPool, layer: int, batch: PagedBatch, q: tor
 
 
 def _keys_and_values(pool: KVBlockPool, layer: int, batch: PagedBatch, q: torch.Tensor, k_new: torch.Tensor,
-                     v_new: torch.Tensor, gather_in_c: bool
+                     v_new: torch.Tensor, ops: SmallOps
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Store the new K/V, then each sequence's keys and values ``[B, Hkv, T, D]`` and the mask."""
     mask = batch.bias(q.dtype)
@@ -182,13 +178,8 @@ def _keys_and_values(pool: KVBlockPool, layer: int, batch: PagedBatch, q: torch.
     length = batch.single[0] if batch.single is not None else batch.block_tables.shape[1] * pool.block_size
     if batch.single is not None:
         mask = None if q.shape[0] == 1 else mask[..., :length]
-    if gather_in_c and q.dtype == pool.dtype == torch.bfloat16 and pool.device.type == "cpu":
-        keys, values = paged_gather(pool, layer, batch.block_tables, batch.slot_mapping, k_new, v_new, length)
-        return keys, values, mask
-    pool.write_layer(layer, batch.slot_mapping, k_new, v_new, batch.slot_split)
-    keys, values = pool.gather_layer(layer, batch.block_tables)    # [B, T, Hkv, D]
-    keys, values = keys[:, :length], values[:, :length]
-    return keys.transpose(1, 2).to(q.dtype), values.transpose(1, 2).to(q.dtype), mask
+    keys, values = ops.paged_gather(pool, layer, batch, k_new, v_new, length, q.dtype)
+    return keys, values, mask
 
 
 def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,

@@ -14,20 +14,21 @@ from contextlib import nullcontext
 import torch
 
 from engine.forward import Qwen2Forward
+from engine.ops.fused_ops import C_MAX_TOKENS
+from engine.ops.interface import SmallOps
+from engine.ops.torch_ops import EXACT
 from engine.quant import q8
 from engine.paged.attention import PagedBatch, paged_attention
 from engine.paged.pool import KVBlockPool, KVGeometry
-from engine.speculative.attention import MAX_FOLDED_QUERIES
 
 
 class PagedAttentionCache:
     """The ``AttentionCache`` of one step: positions and attention come from ``batch``."""
 
-    def __init__(self, pool: KVBlockPool, batch: PagedBatch, fused: bool = False, gather_in_c: bool = False):
-        """``fused``: steps of a few tokens per sequence attend in C (a low-bit forward,
-        :func:`engine.paged.attention.paged_attention`); ``gather_in_c``: the other steps write
-        and gather their K/V in C for torch's attention."""
-        self.pool, self.batch, self.fused, self.gather_in_c = pool, batch, fused, gather_in_c
+    def __init__(self, pool: KVBlockPool, batch: PagedBatch, ops: SmallOps = EXACT):
+        """``ops``: the forward's small operations, which write, gather and (in C, for a
+        low-bit forward) attend (:func:`engine.paged.attention.paged_attention`)."""
+        self.pool, self.batch, self.ops = pool, batch, ops
 
     def begin(self, num_new: int) -> torch.Tensor:
         if num_new != self.batch.num_tokens:
@@ -36,8 +37,7 @@ class PagedAttentionCache:
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                window: int | None = None) -> torch.Tensor:
-        out = paged_attention(self.pool, layer, self.batch, q, k, v, fused=self.fused, gather_in_c=self.gather_in_c,
-                              window=window)
+        out = paged_attention(self.pool, layer, self.batch, q, k, v, ops=self.ops, window=window)
         return out.reshape(q.shape[0], -1)
 
     def commit(self, num_new: int) -> None:
@@ -76,13 +76,13 @@ class PagedQwen2:
         # a decode-only step of many sequences is compute-bound: q8 may use one-byte activations,
         # in the head too, as bench.quantization --kernels times a step's linears
         # (results/quant_kernels_step.csv: 41.1 ms at 8 rows with two bytes, 28.9 with one)
-        if batch.batch_size == 1 and input_ids.shape[0] <= MAX_FOLDED_QUERIES:
+        if batch.batch_size == 1 and input_ids.shape[0] <= C_MAX_TOKENS:
             logits = self._one_call_step(input_ids, batch, pool, all_logits, rows, decode_only)
             if logits is not None:
                 return logits
         with q8.batched_decode() if decode_only else nullcontext():
             forward = self.forward_model
-            cache = PagedAttentionCache(pool, batch, forward.fused_attention, gather_in_c=forward.fused)
+            cache = PagedAttentionCache(pool, batch, forward.ops)
             hidden = forward.hidden(input_ids, cache)
             if rows is not None:
                 return forward.logits(hidden[rows])

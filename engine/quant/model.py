@@ -128,7 +128,7 @@ def quantize_model(model: Any, mode: QuantPlan | str, free_full: bool = True, so
     weights = fuse_projections(model)
     # q8 from the folder's stored values: the bundled GGUF's Q5_0 tensors come back exactly and
     # pack in 5 bits (fewer bytes per decode step). With the step's small operations rounding as
-    # the bf16 path does (engine.fused) they agree with bf16 above llama.cpp's 0.932 (bench.quantization,
+    # the bf16 path does (engine.ops) they agree with bf16 above llama.cpp's 0.932 (bench.quantization,
     # docs/quantization.md); before those, the bf16 weights' q8 had agreed better (0.946 vs 0.896).
     quantized, summary = quantize_weights(weights, plan, source=source)
     if table_dir is not None and isinstance(quantized.embed, QuantizedEmbedding):
@@ -186,7 +186,7 @@ def forward_weights(model: Any) -> Qwen2Weights:
 def exact_attention(weights: Qwen2Weights) -> bool:
     """Whether a contiguous cache should round attention as transformers does: full-precision
     weights promise ``official``'s greedy tokens; low-bit weights do not, and take the faster
-    one-token decode attention (:func:`engine.kv_cache.grouped_attention`)."""
+    one-token decode attention (:func:`engine.ops.torch_ops.grouped_attention`)."""
     return quantized_bytes(weights) == 0
 
 

@@ -10,9 +10,10 @@ the logits equal the fused Python forward's bit for bit (tests/quant/test_step.p
 
 Where it runs: a step of up to 16 consecutive tokens of one sequence (a decode token, a verify
 step's pending token and drafts, a short chunk) of a forward whose every projection and head is
-q8/q5 and whose attention runs in C (:attr:`engine.forward.Qwen2Forward.fused_attention`); a
-contiguous cache (engine.kv_cache) or a lone paged sequence (engine.paged.forward) hands it the
-step. Other steps keep the Python forward.
+q8/q5 and whose small operations attend in C (:class:`engine.ops.fused_ops.CAttentionOps`):
+it is the whole-step kernel that the operations' chooser hands out
+(:func:`engine.ops.choose.whole_step_for`). A contiguous cache (engine.kv_cache) or a lone
+paged sequence (engine.paged.forward) hands it the step. Other steps keep the Python forward.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from typing import Any
 
 import torch
 
-from engine import fused as fused_ops
+from engine.ops import c_calls
 from engine.quant import native, q8
 from engine.quant.layer import QuantizedLinear
 
@@ -71,7 +72,7 @@ class DecodeStep:
             _Layer(layer.input_norm.data_ptr(), layer.post_norm.data_ptr(), _describe(layer.qkv), _describe(layer.o),
                    _describe(layer.gate_up), _describe(layer.down)) for layer in weights.layers])
         self._model = _Model(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                             cfg.intermediate_size, weights.lm_head.out_features, fused_ops.torch_sum_lanes(),
+                             cfg.intermediate_size, weights.lm_head.out_features, c_calls.torch_sum_lanes(),
                              cfg.rms_eps,
                              self._layers, weights.norm.data_ptr(), _describe(weights.lm_head))
         self._call = native.library().ms_decode_step

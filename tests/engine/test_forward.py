@@ -12,7 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from engine.forward import Qwen2Forward
-from engine.kv_cache import ContiguousKVCache, NoCache, grouped_attention
+from engine.kv_cache import ContiguousKVCache, NoCache
+from engine.ops.torch_ops import grouped_attention
 from engine.weights import fuse_projections
 from tests.agreement import top1_agreement
 from tests.tiny_model import make_tiny_model_dir

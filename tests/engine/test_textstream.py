@@ -69,3 +69,22 @@ def test_stop_matcher_holds_back_only_possible_prefixes():
     assert matcher.safe_length("hello world") == len("hello world")
     assert matcher.find("abc STOP def", 0) == 4
     assert matcher.find("abc", 0) == -1
+
+
+@pytest.mark.parametrize("text", TEXTS)
+@pytest.mark.parametrize("stops", [(), ("天气",), ("ve",)])
+def test_covered_counts_the_tokens_whose_text_is_out(tokenizer, text, stops):
+    """After each push, the covered tokens decode to exactly the text handed out so far (a
+    token holding half a character waits for the token that completes it); with stop
+    strings, to a prefix of it (a token may be partly out, partly held back)."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    stream = TextStream(tokenizer, stops)
+    out = ""
+    for i in ids:
+        piece, hit = stream.push(i)
+        out += piece
+        if not hit:
+            covered = tokenizer.decode(ids[:stream.covered])
+            assert covered == out if not stops else out.startswith(covered)
+    out += stream.finish()
+    assert stream.covered == len(ids) and out == stream.text

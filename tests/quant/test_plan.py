@@ -10,6 +10,8 @@ from core.settings import load_settings
 from engine.engine import Engine
 from engine.handwritten import forward_for
 from engine.loader import ModelLoadError, load_model
+from engine.ops.fused_ops import CAttentionOps, FusedOps
+from engine.ops.torch_ops import TorchOps
 from engine.quant.plan import QUANT_CHOICES, resolve_quant
 from engine.quant.kernels import QuantKernelError
 from engine.quant.model import forward_weights
@@ -68,7 +70,7 @@ def test_every_handwritten_method_runs_under_q8(quant_model_dir, tmp_path):
     # with torch's small operations everywhere the methods agree (bit for bit on the CPUs
     # measured). Low-bit results are not promised alike across code paths (no_cache runs
     # prefill-sized calls, which may take another kernel), so: a floor a broken cache breaks.
-    engine.loop.call(lambda: setattr(forward_for(engine), "fused", False))
+    engine.loop.call(lambda: setattr(forward_for(engine), "ops", TorchOps(exact=False)))
     outputs = {m: engine.generate(request(m)).token_ids for m in HANDWRITTEN}
     assert all(common_prefix(ids, outputs["custom_cache"]) >= 5 for ids in outputs.values()), outputs
     assert engine.generate(request("official")).finish_reason == "length"
@@ -76,14 +78,14 @@ def test_every_handwritten_method_runs_under_q8(quant_model_dir, tmp_path):
 
 @pytest.mark.parametrize("c_attention", [True, False])
 def test_a_fused_forward_attends_in_c_only_with_c_attention(quant_model_dir, tmp_path, monkeypatch, c_attention):
-    import engine.fused as fused_ops
-    import engine.kv_cache as kv_cache
+    import engine.ops.c_calls as c_calls
 
     engine = Engine(load_settings(model=str(quant_model_dir), device="cpu", dtype="bfloat16",
                                   quant="q8", cache_dir=tmp_path)).load()
     forward = engine.loop.call(lambda: forward_for(engine))
     # the per-operation path (the one-call step, engine.quant.step, has its own tests)
-    engine.loop.call(lambda: (setattr(forward, "c_attention", c_attention), setattr(forward, "one_call_step", False)))
+    ops = CAttentionOps() if c_attention else FusedOps()
+    engine.loop.call(lambda: (setattr(forward, "ops", ops), setattr(forward, "one_call_step", False)))
     calls = {"rms_norm": 0, "attend_decode": 0, "silu_mul": 0}
 
     def counting(module, name):
@@ -93,8 +95,8 @@ def test_a_fused_forward_attends_in_c_only_with_c_attention(quant_model_dir, tmp
             calls[name] += 1
             return original(*args, **kwargs)
         monkeypatch.setattr(module, name, wrapper)
-    counting(fused_ops, "rms_norm"), counting(kv_cache, "attend_decode"), counting(fused_ops, "silu_mul")
+    counting(c_calls, "rms_norm"), counting(c_calls, "attend_decode"), counting(c_calls, "silu_mul")
     engine.generate(GenerationRequest(messages=[{"role": "user", "content": "Hi"}], method="custom_cache",
                                       sampling=SamplingParams(max_new_tokens=3)))
-    assert forward.fused and calls["silu_mul"] > 0 and calls["rms_norm"] > 0
+    assert calls["silu_mul"] > 0 and calls["rms_norm"] > 0
     assert (calls["attend_decode"] > 0) == c_attention

@@ -71,7 +71,7 @@ def test_q8_holds_the_ggufs_q5_0_tensors_exactly_in_five_bits(real):
 
 @pytest.mark.slow
 def test_q8_paged_decode_in_c_gives_the_tokens_of_the_contiguous_cache():
-    """Under q8 both caches decode with the same C attention (engine.fused): the paged one
+    """Under q8 both caches decode with the same C attention (engine.ops): the paged one
     reads the block table, the contiguous one its buffer. One request's greedy tokens agree
     (exactly on the CPUs measured; low-bit results of two code paths are held to a floor);
     the mapped embedding and the fused forward are what a worker runs."""

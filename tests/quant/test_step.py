@@ -9,6 +9,7 @@ from core.settings import load_settings
 from engine.engine import Engine
 from engine.forward import Qwen2Forward
 from engine.kv_cache import ContiguousKVCache
+from engine.ops.fused_ops import CAttentionOps, FusedOps
 from engine.quant import q8
 from engine.quant.model import quantize_weights
 from engine.quant.step import DecodeStep
@@ -36,16 +37,14 @@ def _q8_forward(model_dir, five_bits: bool = False) -> Qwen2Forward:
             for projection in (layer.qkv, layer.o, layer.gate_up, layer.down):
                 _snap_to_five_bits(projection.weight)
     quantized, _ = quantize_weights(weights, "q8")
-    forward = Qwen2Forward(quantized, fused=True)
-    forward.c_attention = True   # the C attention (and so the step) on any CPU, for the comparison
-    return forward
+    return Qwen2Forward(quantized, ops=CAttentionOps())   # the C attention (and so the step) on any CPU
 
 
 def _decode(forward: Qwen2Forward, one_call: bool, tokens: list[int], capacity: int):
     """Prefill PROMPT, then feed ``tokens`` one at a time; every step's logits and the cache."""
     forward.one_call_step = one_call
     cfg = forward.config
-    cache = ContiguousKVCache(cfg, capacity, torch.bfloat16, torch.device("cpu"), exact=False, fused=True)
+    cache = ContiguousKVCache(cfg, capacity, torch.bfloat16, torch.device("cpu"), ops=forward.ops)
     with torch.inference_mode():
         steps = [forward(torch.tensor(PROMPT), cache)]
         for token in tokens:
@@ -87,7 +86,7 @@ def test_a_verify_step_gives_every_row_the_same_logits(quant_model_dir):
     results = {}
     for one_call in (False, True):
         forward.one_call_step = one_call
-        cache = ContiguousKVCache(cfg, 64, torch.bfloat16, torch.device("cpu"), exact=False, fused=True)
+        cache = ContiguousKVCache(cfg, 64, torch.bfloat16, torch.device("cpu"), ops=forward.ops)
         with torch.inference_mode():
             forward(prompt, cache)
             results[one_call] = forward(torch.tensor([4, 8, 15, 16, 23]), cache, last_only=False), cache
@@ -101,9 +100,10 @@ def test_the_step_is_taken_only_where_every_piece_runs_in_c(quant_model_dir):
     weights = fuse_projections(engine.loaded.model)
     assert not DecodeStep.supports(weights)                     # bf16 projections: torch's linears
     forward = _q8_forward(quant_model_dir)
-    forward.c_attention = False                                 # attention stays torch's (AVX2 CPUs)
+    assert forward.decode_step is not None
+    forward.ops = FusedOps()                                    # attention stays torch's (AVX2 CPUs)
     assert forward.decode_step is None
-    forward.c_attention, forward.one_call_step = True, False    # turned off by a benchmark
+    forward.ops, forward.one_call_step = CAttentionOps(), False  # turned off by a test
     assert forward.decode_step is None
 
 
@@ -118,7 +118,7 @@ def test_the_step_runs_in_generation(quant_model_dir, monkeypatch):
 
     def greedy(one_call: bool) -> list[int]:
         forward.one_call_step = one_call
-        cache = ContiguousKVCache(cfg, 64, torch.bfloat16, torch.device("cpu"), exact=False, fused=True)
+        cache = ContiguousKVCache(cfg, 64, torch.bfloat16, torch.device("cpu"), ops=forward.ops)
         out, ids = [], torch.tensor(PROMPT)
         with torch.inference_mode():
             for _ in range(10):
@@ -155,7 +155,7 @@ def test_methods_decode_through_the_step_with_the_same_tokens(quant_model_dir, t
                                       cache_dir=tmp_path, spec_tokens=6, spec_ngram=(2, 1))).load()
         try:
             forward = engine.loop.call(lambda: forward_for(engine))
-            engine.loop.call(lambda: (setattr(forward, "c_attention", True), setattr(forward, "one_call_step", one_call)))
+            engine.loop.call(lambda: (setattr(forward, "ops", CAttentionOps()), setattr(forward, "one_call_step", one_call)))
             result = engine.generate(request)
             drafted.append(result.usage.draft_tokens)
             return result.token_ids

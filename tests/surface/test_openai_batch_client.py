@@ -32,7 +32,7 @@ def request_line(custom_id: str, content: str, **body) -> str:
 
 def test_files_and_batches_through_the_openai_client(client):
     lines = [request_line(f"q{i}", f"Question number {i}?") for i in range(4)]
-    lines.insert(2, request_line("bad", "Hi", n=2))
+    lines.insert(2, request_line("bad", "Hi", store=True))
     uploaded = client.files.create(file=("in.jsonl", io.BytesIO("\n".join(lines).encode())), purpose="batch")
     assert isinstance(uploaded, FileObject) and uploaded.purpose == "batch"
     assert client.files.retrieve(uploaded.id).bytes == uploaded.bytes
@@ -53,7 +53,7 @@ def test_files_and_batches_through_the_openai_client(client):
         assert completion.usage.completion_tokens <= 6
     [error] = [json.loads(x) for x in client.files.content(batch.error_file_id).text.splitlines()]
     assert error["custom_id"] == "bad" and error["response"]["status_code"] == 400
-    assert error["response"]["body"]["error"]["param"] == "n"
+    assert error["response"]["body"]["error"]["param"] == "store"
     assert batch.id in [b.id for b in client.batches.list(limit=5).data]
 
 

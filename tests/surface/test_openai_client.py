@@ -39,7 +39,7 @@ def test_models_retrieve_the_served_model_and_a_missing_one(client, tiny_model):
 
 def test_refused_and_no_effect_fields_through_the_client(client, served_model):
     messages = [{"role": "user", "content": "Fields?"}]  # not MESSAGES: its prefix would be cached
-    for field, value in [("n", 2), ("prediction", {"type": "content", "content": "x"})]:
+    for field, value in [("store", True), ("prediction", {"type": "content", "content": "x"})]:
         with pytest.raises(openai.BadRequestError) as info:
             client.chat.completions.create(model=served_model, messages=messages, max_tokens=2, **{field: value})
         assert info.value.body["param"] == field and "not supported" in info.value.body["message"]

@@ -18,9 +18,9 @@ PACKAGE = "engine"
 
 # Bottom to top. A module belongs to the layer of the longest prefix that names it.
 LAYERS = ("low-level operations", "model forward", "KV caches", "generation methods and scheduler", "loop")
-# Packages whose __init__ imports nothing of engine: importing ``engine.fused`` runs
+# Packages whose __init__ imports nothing of engine: importing ``engine.ops.c_calls`` runs
 # engine/__init__.py, so a re-exporting package would tie its modules into one cycle.
-INERT_PACKAGES = ("engine", "engine.quant")
+INERT_PACKAGES = ("engine", "engine.quant", "engine.ops")
 LAYER_OF = {
     "engine.types": 0,
     "engine.errors": 0,                # ModelLoadError, raised by the loader and the architecture
@@ -31,7 +31,11 @@ LAYER_OF = {
     "engine.quant.prefill_choice": 0,
     "engine.quant.kernels": 0,
     "engine.quant.mapped": 0,
-    "engine.fused": 0,
+    "engine.ops.interface": 0,         # the small operations' one interface
+    "engine.ops.torch_ops": 0,         # torch's: the exact reference
+    "engine.ops.c_calls": 0,           # one C call per operation (native/decode.c)
+    "engine.ops.fused_ops": 0,         # the interface over those C calls
+    "engine.ops.choose": 1,            # which of them a forward runs (reads the quantized weights)
     "engine.packed": 0,
     "engine.quant.plan": 1,
     "engine.quant.layer": 1,
@@ -53,6 +57,7 @@ LAYER_OF = {
     "engine.sampling": 3,
     "engine.penalties": 3,             # OpenAI's presence/frequency penalties and logit_bias
     "engine.logprobs": 3,              # per-token log-probabilities, when asked
+    "engine.prompt_logprobs": 3,       # the prompt's own tokens scored (echo with logprobs)
     "engine.prompt": 3,
     "engine.run": 3,
     "engine.textstream": 3,
@@ -63,7 +68,8 @@ LAYER_OF = {
     "engine.official_processors": 3,
     "engine.batching": 3,
     "engine.loop": 4,
-    "engine.solo": 4,                  # the loop's non-batched requests, resumed a token at a time
+    "engine.solo": 4,
+    "engine.group": 4,                 # one thread consuming a group of requests (n choices)                  # the loop's non-batched requests, resumed a token at a time
     "engine.model_engine": 4,          # the loaded model and its method table
     "engine.engine": 4,
     "engine.methods": 4,

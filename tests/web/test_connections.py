@@ -34,7 +34,7 @@ def test_every_held_stream_opened_and_got_every_event_once(summary):
 def test_health_and_new_jobs_stay_fast_under_the_load(summary):
     health, ttft = summary["health"]["loaded"], summary["ttft"]["loaded"]
     assert health["errors"] == 0 and health["n"] > 50
-    assert health["p99_ms"] < CI_HEALTH_P99_MS
+    assert health["p99_ms"] < CI_HEALTH_P99_MS, summary["load_phase_machine"]  # says whether the web was starved
     unloaded = summary["ttft"]["unloaded"]["p50_ms"]
     assert ttft["errors"] == 0 and ttft["n"] >= 5
     assert ttft["p50_ms"] < max(2 * unloaded, unloaded + 250)

@@ -8,6 +8,7 @@ import time
 from core.events import Event
 from web import feeds as feeds_module
 from web.feeds import FeedHub, JobFeed
+from web import sse as sse_module
 from web.sse import format_event, stream_events
 
 
@@ -48,10 +49,24 @@ def test_streams_of_one_job_share_one_feed_and_get_every_event(store, monkeypatc
     store.finish(job.id, "succeeded", {"text": ""}, attempt=attempt)
     for reader in readers:
         reader.join(10)
-    wanted = [format_event(e) for e in store.events(job.id)]
+    wanted = "".join(format_event(e) for e in store.events(job.id))  # events that are ready share a chunk
     for name, chunks in texts.items():
-        assert [c for c in chunks if c.startswith("id:")] == wanted, name
+        assert "".join(c for c in chunks if c.startswith("id:")) == wanted, name
     deadline = time.monotonic() + 5
     while hub.feeds and time.monotonic() < deadline:
         time.sleep(0.05)
     assert hub.feeds == {}  # no readers left: the feed stopped
+
+
+def test_events_that_are_ready_go_out_joined_in_chunks_up_to_the_cap(store, monkeypatch):
+    monkeypatch.setattr(sse_module, "CHUNK_CHARS", 600)
+    job = store.create("generation", "generation", {"prompt": "hi"})
+    attempt = store.start_attempt(job.id, "w", lease_s=30).attempt
+    for i in range(30):
+        store.append_event(job.id, attempt, "token", {"text": f"t{i}"})
+    store.finish(job.id, "succeeded", {"text": ""}, attempt=attempt)
+    frames = [format_event(e) for e in store.events(job.id)]
+    chunks = list(stream_events(store, store.get(job.id), 0, 1, FeedHub(store, format_event)))
+    assert chunks[0].startswith("retry:") and "".join(chunks[1:]) == "".join(frames)
+    assert 1 < len(chunks) - 1 <= len(frames) // 4  # one write per ~600 characters, not one per event
+    assert all(len(chunk) < 600 + max(map(len, frames)) for chunk in chunks[1:])

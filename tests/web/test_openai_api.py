@@ -173,7 +173,8 @@ def test_streaming_with_tools_holds_the_text_back_and_sends_tool_call_deltas(cli
 @pytest.mark.parametrize("body, param", [
     ({"temperature": 5}, "temperature"),
     ({"max_tokens": 10**9}, "max_tokens"),
-    ({"n": 2}, "n"),
+    ({"n": 17}, "n"),
+    ({"n": 0}, "n"),
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}]},

@@ -60,7 +60,7 @@ def test_upload_checks_purpose_size_and_encoding(make_app):
 
 
 def test_batch_create_refuses_other_endpoints_and_windows(client):
-    assert start(client, line("a"), endpoint="/v1/completions").get_json()["error"]["param"] == "endpoint"
+    assert start(client, line("a"), endpoint="/v1/embeddings").get_json()["error"]["param"] == "endpoint"
     assert start(client, line("a"), completion_window="1h").get_json()["error"]["param"] == "completion_window"
     unknown = client.post("/v1/batches", json={"input_file_id": "file-" + "1" * 32,
                                                "endpoint": "/v1/chat/completions", "completion_window": "24h"})
@@ -68,7 +68,7 @@ def test_batch_create_refuses_other_endpoints_and_windows(client):
 
 
 def test_lines_become_jobs_and_bad_lines_become_error_lines(client, store, celery):
-    text = "\n".join([line("ok1"), line("bad-field", n=2), "{not json", line("ok2"),
+    text = "\n".join([line("ok1"), line("bad-field", store=True), "{not json", line("ok2"),
                       line("ok1"), line("long", max_tokens=10**6), line("streamed", stream=True),
                       json.dumps({"custom_id": "u", "method": "POST", "url": "/v1/embeddings", "body": {}})])
     batch = start(client, text).get_json()
@@ -86,7 +86,7 @@ def test_lines_become_jobs_and_bad_lines_become_error_lines(client, store, celer
     errors = content(client, done["error_file_id"])
     by_id = {e["custom_id"]: e for e in errors}
     assert [e["custom_id"] for e in errors] == ["bad-field", None, "ok1", "long", "streamed", "u"]
-    assert by_id["bad-field"]["response"]["body"]["error"]["param"] == "n"
+    assert by_id["bad-field"]["response"]["body"]["error"]["param"] == "store"
     assert by_id["ok1"]["response"]["body"]["error"]["code"] == "duplicate_custom_id"
     assert by_id["long"]["response"]["body"]["error"]["param"] == "max_tokens"
     assert by_id["streamed"]["response"]["body"]["error"]["param"] == "stream"

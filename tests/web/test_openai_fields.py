@@ -47,6 +47,7 @@ HONOURED = {
     "frequency_penalty": ({}, {"frequency_penalty": -1.0}),
     "logit_bias": ({}, {"logit_bias": {"42": -100}}),
     "logprobs": ({}, {"logprobs": True}),
+    "n": ({}, {"n": 2}),
     "top_logprobs": ({"logprobs": True}, {"logprobs": True, "top_logprobs": 2}),
     "model": ({}, {"model": "another-model"}),  # both served (heartbeats below): the job names its model
 }
@@ -55,7 +56,7 @@ NO_EFFECT = {"user": "u-1", "safety_identifier": "s-1", "metadata": {"k": "v"},
              "prompt_cache_options": {"mode": "explicit"}}
 # refused: (a value that would change the answer, the default value that is accepted)
 REFUSED = {
-    "n": (2, 1), "store": (True, False), "modalities": (["text", "audio"], ["text"]),
+    "store": (True, False), "modalities": (["text", "audio"], ["text"]),
     "audio": ({"voice": "alloy", "format": "mp3"}, None), "prediction": ({"type": "content", "content": "x"}, None),
     "web_search_options": ({}, None), "functions": ([{"name": "f"}], None), "function_call": ("auto", None),
     "reasoning_effort": ("low", None), "verbosity": ("low", None), "moderation": ({"policy": {}}, None),

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 
-from core import keys
+from core import keys, limits
+from web import stream_limit
 from web.guards import owner_id
 
 KEY_A, KEY_B = "key-a", "key-b"
@@ -73,3 +74,23 @@ def test_zero_means_unlimited(make_app, store):
     job_id = running_job(store)
     assert all(open_stream(client, job_id).status_code == 200 for _ in range(5))
     assert store.client.zcard(keys.streams_key("ip:127.0.0.1")) == 0
+
+
+def test_one_pipeline_renews_every_open_stream_of_the_process(make_app, store, monkeypatch):
+    app = make_app(max_streams_per_client=10)
+    client = app.test_client()
+    job_id = running_job(store)
+    streams = [open_stream(client, job_id) for _ in range(3)]
+    members = store.client.zrange(keys.streams_key("ip:127.0.0.1"), 0, -1, withscores=True)
+    renewer = app.extensions[stream_limit.RENEWER_KEY]
+    assert len(members) == 3 and set(renewer.slots) == {token for token, _ in members}
+    calls = []
+    monkeypatch.setattr(stream_limit, "renew_streams", lambda *args: calls.append(args) or real(*args))
+    real = limits.renew_streams
+    time.sleep(0.01)
+    assert renewer.renew_now() == 3 and len(calls) == 1  # one call, one pipeline, for all three
+    renewed = dict(store.client.zrange(keys.streams_key("ip:127.0.0.1"), 0, -1, withscores=True))
+    assert all(renewed[token] > deadline for token, deadline in members)
+    streams[-1].close()
+    assert len(renewer.slots) == 2 and renewer.renew_now() == 2
+    assert store.client.zcard(keys.streams_key("ip:127.0.0.1")) == 2  # XX: a closed stream is not re-added

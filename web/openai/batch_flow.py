@@ -60,7 +60,7 @@ def start_batch(text: str, input_file_id: str, endpoint: str, window: str,
         errors = {"object": "list", "data": [{"code": "empty_file", "message": "the input file holds no request",
                                               "param": "input_file_id", "line": None}]}
         return store.set_entries(batch_id, [], {"status": "failed", "failed_at": int(time.time()), "errors": errors})
-    entries = [submit_line(line) for line in lines]
+    entries = [submit_line(line, endpoint) for line in lines]
     failed = sum(1 for e in entries if "job_id" not in e)
     record = store.set_entries(batch_id, entries, {
         "status": "in_progress", "in_progress_at": int(time.time()),
@@ -153,7 +153,8 @@ def finalize(record: BatchRecord, counts: dict[str, int]) -> BatchRecord:
                                                   "finalizing_at": obj.get("finalizing_at") or int(time.time())})
     if record.status != "finalizing":
         return record
-    files = build_files(record.id, record.entries, jobs_of(ctx().store, record.entries), model_id(ctx().settings))
+    files = build_files(record.id, record.entries, jobs_of(ctx().store, record.entries), model_id(ctx().settings),
+                        str(record.object.get("endpoint") or "/v1/chat/completions"))
     ids: dict[str, str | None] = {"output_file_id": None, "error_file_id": None}
     for field, kind, lines in (("output_file_id", "output", files.output), ("error_file_id", "error", files.errors)):
         if lines:

@@ -1,8 +1,8 @@
-"""A batch's input file, line by line, into jobs: the same path as ``/v1/chat/completions``.
+"""A batch's input file, line by line, into jobs: the same path as the batch's endpoint.
 
 Each line is ``{"custom_id", "method": "POST", "url": <the batch's endpoint>, "body": {...}}``.
-Its body is validated by the same request model (so by the field table,
-``web.openai.fields``), turned into a job by the same :func:`chat_job`, and queued by the same
+Its body is validated by the endpoint's request model (so by its field table), turned into a
+job by the same function as its route (``web.openai.batch_endpoints``), and queued by the same
 :func:`web.submit.submit` (limits, prefix routing). A line that fails any of these becomes
 an *entry* holding its error, for the error file; it never fails the batch. A repeated
 ``custom_id`` is such an error (the first line with it runs).
@@ -16,9 +16,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from web.errors import ApiError, validation_details
-from web.openai.convert import chat_job
+from web.openai.batch_endpoints import ENDPOINTS
 from web.openai.errors import openai_error
-from web.openai.schemas import ChatCompletionRequest
 from web.submit import submit
 
 MAX_CUSTOM_ID_CHARS = 512
@@ -84,16 +83,17 @@ def _body_error(line: Line, status: int, code: str, message: str, param: str | N
                       "message": message, "param": param}}
 
 
-def submit_line(line: Line) -> dict[str, Any]:
-    """The line's entry: its job, or the error a ``/v1/chat/completions`` call with its body
-    would have answered."""
+def submit_line(line: Line, endpoint: str = "/v1/chat/completions") -> dict[str, Any]:
+    """The line's entry: its job, or the error a call of ``endpoint`` with its body would
+    have answered."""
     if line.error is not None:
         return {"custom_id": line.custom_id, "line": line.number, "error": line.error}
+    target = ENDPOINTS[endpoint]
     try:
-        body = ChatCompletionRequest.model_validate(line.body)
-        if body.stream:
+        body = target.model.model_validate(line.body)
+        if getattr(body, "stream", False):
             raise ApiError(400, "validation_error", "stream: not in a batch (results are a file)", field="stream")
-        job = submit(chat_job(body).submission).job
+        job = submit(target.job(body).submission).job
     except ValidationError as exc:
         first = (validation_details(exc) or [{"field": "body", "message": "invalid"}])[0]
         return _body_error(line, 400, "validation_error", f"{first['field']}: {first['message']}", first["field"])

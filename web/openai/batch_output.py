@@ -3,7 +3,7 @@
 Output line (OpenAI's format)::
 
     {"id": "batch_req_<job id>", "custom_id": "...", "error": null,
-     "response": {"status_code": 200, "request_id": "<job id>", "body": <chat.completion>}}
+     "response": {"status_code": 200, "request_id": "<job id>", "body": <chat.completion or text_completion>}}
 
 The error file holds the lines that did not succeed, in the same shape: a body the
 endpoint refused (``status_code`` 400 and OpenAI's error body, no job), a job that failed,
@@ -11,9 +11,9 @@ timed out or was cancelled (500, 504, 409, naming the job). A line whose envelop
 not be read (not JSON, no ``custom_id``, wrong ``url``) has ``"response": null`` and the
 reason in ``error``. Lines keep the input's order.
 
-The completion is shaped from the job record exactly as the synchronous route shapes it
-(:func:`web.openai.responses.completion`), after the line's body is converted again
-(tools and tool choice decide how the text reads).
+The answer is shaped from the job record exactly as the endpoint's synchronous route
+shapes it (``web.openai.batch_endpoints``), after the line's body is converted again
+(tools and tool choice, or echo and logprobs, decide how the text reads).
 """
 from __future__ import annotations
 
@@ -21,17 +21,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
-
 from core.events import CANCELLED, SUCCEEDED, TIMEOUT
 from core.jobs import JobNotFound, JobRecord, JobStore
-from web.errors import ApiError
+from web.openai.batch_endpoints import ENDPOINTS
 from web.openai.batch_lines import error_body
-from web.openai.convert import ChatJob, chat_job
 from web.openai.errors import openai_error
-from web.openai.responses import completion
-from web.openai.schemas import ChatCompletionRequest
-from web.submit import Submission
 
 STATUS_FOR_JOB_STATE = {CANCELLED: 409, TIMEOUT: 504}  # any other unsuccessful end: 500
 ENVELOPE_CODES = ("invalid_json_line", "invalid_custom_id", "invalid_method", "invalid_url", "invalid_body",
@@ -59,7 +53,7 @@ def _refused(entry: dict[str, Any], index: int, batch_id: str) -> str:
     return _line(request_id, entry["custom_id"], response, None)
 
 
-def _job_line(entry: dict[str, Any], job: JobRecord | None, model: str) -> tuple[bool, str]:
+def _job_line(entry: dict[str, Any], job: JobRecord | None, model: str, endpoint: str) -> tuple[bool, str]:
     """(succeeded, line) for an entry that became a job (``model``: the answer's model when
     the job does not name one, as in ``/v1/chat/completions``)."""
     job_id = entry["job_id"]
@@ -68,7 +62,7 @@ def _job_line(entry: dict[str, Any], job: JobRecord | None, model: str) -> tuple
         return False, _line(job_id, entry["custom_id"], {"status_code": 500, "request_id": job_id,
                                                          "body": openai_error(500, {"error": error})}, None)
     if job.state == SUCCEEDED:
-        body = completion(job, _chat(entry["body"], job), job.request.get("model") or model)
+        body = ENDPOINTS[endpoint].answer(job, entry["body"], job.request.get("model") or model)
         return True, _line(job_id, entry["custom_id"], {"status_code": 200, "request_id": job_id, "body": body}, None)
     status = STATUS_FOR_JOB_STATE.get(job.state, 500)
     raw = job.error or {}
@@ -76,15 +70,6 @@ def _job_line(entry: dict[str, Any], job: JobRecord | None, model: str) -> tuple
              "code": str(raw.get("code") or f"job_{job.state}")}
     body = openai_error(status, {"error": error})
     return False, _line(job_id, entry["custom_id"], {"status_code": status, "request_id": job_id, "body": body}, None)
-
-
-def _chat(body: dict[str, Any], job: JobRecord) -> ChatJob:
-    """The line's chat job again (its tools decide how the text reads). A body the limits
-    refuse now (a setting changed since the line was queued) is shaped as plain content."""
-    try:
-        return chat_job(ChatCompletionRequest.model_validate(body))
-    except (ApiError, ValidationError):
-        return ChatJob(Submission("chat", job.request, "messages"), None, False, False)
 
 
 def jobs_of(store: JobStore, entries: list[dict[str, Any]]) -> dict[str, JobRecord | None]:
@@ -100,12 +85,12 @@ def jobs_of(store: JobStore, entries: list[dict[str, Any]]) -> dict[str, JobReco
 
 
 def build_files(batch_id: str, entries: list[dict[str, Any]], jobs: dict[str, JobRecord | None],
-                model: str) -> Files:
+                model: str, endpoint: str = "/v1/chat/completions") -> Files:
     output, errors = [], []
     for index, entry in enumerate(entries):
         if "job_id" not in entry:
             errors.append(_refused(entry, index, batch_id))
             continue
-        ok, line = _job_line(entry, jobs.get(entry["job_id"]), model)
+        ok, line = _job_line(entry, jobs.get(entry["job_id"]), model, endpoint)
         (output if ok else errors).append(line)
     return Files(output, errors)

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from flask_openapi3 import FileStorage
 from pydantic import BaseModel, ConfigDict, Field
 
-ENDPOINTS = ("/v1/chat/completions",)  # /v1/completions joins once it exists
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 BatchStatus = Literal["validating", "in_progress", "finalizing", "completed", "failed", "expired",
                       "cancelling", "cancelled"]
 

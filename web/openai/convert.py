@@ -36,6 +36,7 @@ class ChatJob:
     include_usage: bool
     forced_calls: bool = False  # required / named: the answer is calls only, streamed as deltas
     logprobs: bool = False      # the answer carries choices[].logprobs
+    n: int = 1                  # choices (one job runs them all: worker/choices.py)
 
 
 def _text(content: str | list[Any] | None) -> str:
@@ -84,25 +85,27 @@ def stored_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 
 
 def _sampling(body: ChatCompletionRequest) -> dict[str, Any]:
+    field_name = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+    out = sampling_fields(body, body.max_completion_tokens or body.max_tokens, field_name)
+    if body.logprobs:
+        out.update(logprobs=True, top_logprobs=body.top_logprobs or 0)
+    return out
+
+
+def sampling_fields(body: Any, max_tokens: int | None, field_name: str) -> dict[str, Any]:
+    """The stored sampling of a ``/v1`` body (chat or completion): the token cap checked
+    (a 422 naming ``field_name``), greedy when ``temperature`` is omitted, penalties and
+    bias only when set (a plain job stays as it was)."""
     settings = ctx().settings
-    max_new = body.max_completion_tokens or body.max_tokens or settings.default_max_new_tokens
+    max_new = max_tokens or settings.default_max_new_tokens
     if max_new > settings.max_new_tokens_cap:
-        field_name = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
         raise ApiError(422, "validation_error", f"{field_name}: at most {settings.max_new_tokens_cap}",
                        field=field_name)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     return {"max_new_tokens": max_new, "temperature": body.temperature or 0.0,
             "top_p": body.top_p if body.top_p is not None else 1.0, "top_k": body.top_k or 0,
             "repetition_penalty": body.repetition_penalty, "seed": body.seed, "stop": stop,
-            **_openai_sampling(body)}
-
-
-def _openai_sampling(body: ChatCompletionRequest) -> dict[str, Any]:
-    """Penalties, bias and log-probabilities, only when asked (a plain job stays as it was)."""
-    out = openai_penalties(body.presence_penalty, body.frequency_penalty, body.logit_bias)
-    if body.logprobs:
-        out.update(logprobs=True, top_logprobs=body.top_logprobs or 0)
-    return out
+            **openai_penalties(body.presence_penalty, body.frequency_penalty, body.logit_bias)}
 
 
 def _tool_set(body: ChatCompletionRequest) -> ToolSet | None:
@@ -159,6 +162,8 @@ def chat_job(body: ChatCompletionRequest) -> ChatJob:
     with_speculative(request, body.speculative)
     if constraint is not None:
         request["constraint"] = constraint
+    if (body.n or 1) > 1:
+        request["n"] = body.n
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return ChatJob(Submission("chat", request, "messages", body.model or None), tools, bool(body.stream),
-                   include_usage, forced_calls=_forced(body, tools), logprobs=bool(body.logprobs))
+                   include_usage, forced_calls=_forced(body, tools), logprobs=bool(body.logprobs), n=body.n or 1)

@@ -65,7 +65,7 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "tool_choice": honoured("none | auto | required | a named function, held by a grammar"),
     "parallel_tool_calls": honoured("false: at most one call"),
     "response_format": honoured("text | json_object | json_schema, held by a grammar"),
-    "n": refused("one choice per request; only n = 1", _is(1)),
+    "n": honoured("1..16 choices in one job (seed + i each); paged: they share the prompt's KV blocks"),
     "logprobs": honoured("after penalties and logit_bias, before the grammar mask and temperature/top-k/top-p"),
     "top_logprobs": honoured("0..20 alternatives per token; needs logprobs: true"),
     "presence_penalty": honoured("-2..2, over the generated tokens; on top of repetition_penalty"),
@@ -108,7 +108,7 @@ def check_chat_fields(body: Any) -> None:
 
 
 def check_fields(body: dict[str, Any], table: dict[str, FieldRule]) -> None:
-    """The check of :func:`check_chat_fields` against any endpoint's table (``/v1/responses`` too)."""
+    """:func:`check_chat_fields`'s walk over any endpoint's table (``/v1/completions``, ``/v1/responses``)."""
     for name, value in body.items():
         rule = table.get(name)
         if rule is None:

@@ -8,6 +8,7 @@ from typing import Any
 from core.jobs import JobRecord
 from core.model_source import served_model_name
 from core.settings import Settings
+from web.openai.choices import result_choices
 from web.openai.convert import ChatJob
 from web.openai.logprobs import openai_logprobs
 from web.openai.tool_calls import Recognised, openai_tool_calls, recognise
@@ -41,10 +42,11 @@ def final_answer(chat: ChatJob, text: str) -> Recognised:
     return recognise(text, chat.tools)
 
 
-def finish_reason(answer: Recognised, result: dict[str, Any]) -> str:
+def finish_reason(answer: Recognised, choice: dict[str, Any]) -> str:
+    """``choice``: a job result, or one of its choices (same keys)."""
     if answer.calls:
         return "tool_calls"
-    return "length" if result.get("finish_reason") == "length" else "stop"
+    return "length" if choice.get("finish_reason") == "length" else "stop"
 
 
 def extension(job: JobRecord, result: dict[str, Any]) -> dict[str, Any]:
@@ -53,21 +55,24 @@ def extension(job: JobRecord, result: dict[str, Any]) -> dict[str, Any]:
             "engine_finish_reason": result.get("finish_reason"), "timings": result.get("timings") or {}}
 
 
-def choice_logprobs(chat: ChatJob, result: dict[str, Any]) -> dict[str, Any] | None:
+def choice_logprobs(chat: ChatJob, choice: dict[str, Any]) -> dict[str, Any] | None:
     """``choices[].logprobs`` when the request asked (one entry per generated token)."""
-    return openai_logprobs(result.get("logprobs")) if chat.logprobs else None
+    return openai_logprobs(choice.get("logprobs")) if chat.logprobs else None
+
+
+def _choice(job: JobRecord, chat: ChatJob, choice: dict[str, Any]) -> dict[str, Any]:
+    answer = final_answer(chat, str(choice.get("text") or ""))
+    message: dict[str, Any] = {"role": "assistant", "content": answer.content}
+    if answer.calls:
+        message["tool_calls"] = openai_tool_calls(answer.calls, job.id)
+    return {"index": choice["index"], "message": message, "finish_reason": finish_reason(answer, choice),
+            "logprobs": choice_logprobs(chat, choice)}
 
 
 def completion(job: JobRecord, chat: ChatJob, model: str) -> dict[str, Any]:
     result = job.result or {}
-    answer = final_answer(chat, str(result.get("text", "")))
-    message: dict[str, Any] = {"role": "assistant", "content": answer.content}
-    if answer.calls:
-        message["tool_calls"] = openai_tool_calls(answer.calls, job.id)
     return {"id": completion_id(job.id), "object": "chat.completion", "created": int(job.created_at),
-            "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason(answer, result),
-                         "logprobs": choice_logprobs(chat, result)}],
+            "model": model, "choices": [_choice(job, chat, c) for c in result_choices(result)],
             "usage": usage(result), "system_fingerprint": None, "miniserve": extension(job, result)}
 
 
@@ -85,25 +90,29 @@ class ChunkWriter:
         return f"data: {json.dumps({**self.base, **payload}, ensure_ascii=False)}\n\n"
 
     def delta(self, delta: dict[str, Any], finish: str | None = None,
-              logprobs: dict[str, Any] | None = None) -> str:
-        return self._event({"choices": [{"index": 0, "delta": delta, "finish_reason": finish,
+              logprobs: dict[str, Any] | None = None, index: int = 0) -> str:
+        return self._event({"choices": [{"index": index, "delta": delta, "finish_reason": finish,
                                          "logprobs": logprobs}]})
 
-    def ending(self, result: dict[str, Any], buffered: bool, streamed_calls: bool = False) -> list[str]:
-        """The closing chunks: tool calls (unless already streamed as deltas) or (when it was
-        held back) the content, the finish reason, usage."""
+    def ending(self, result: dict[str, Any], buffered: bool, streamed_calls: set[int] | bool = False) -> list[str]:
+        """The closing chunks of every choice: tool calls (unless already streamed as deltas)
+        or (when it was held back) the content, the finish reason; then usage. Streamed
+        content carried its tokens' log-probabilities; held-back answers get theirs here."""
         out = []
-        answer = final_answer(self.chat, str(result.get("text", "")))
-        if answer.calls and not streamed_calls:
-            calls = [{"index": i, **call} for i, call in enumerate(openai_tool_calls(answer.calls, self.job.id))]
-            delta: dict[str, Any] = {"tool_calls": calls}
-            if answer.content:
-                delta["content"] = answer.content
-            out.append(self.delta(delta))
-        elif buffered and answer.content:
-            out.append(self.delta({"content": answer.content}))
-        # the tokens' log-probabilities travel with the job's result, so they close the stream
-        out.append(self.delta({}, finish_reason(answer, result), choice_logprobs(self.chat, result)))
+        for choice in result_choices(result):
+            index = choice["index"]
+            calls_out = index in streamed_calls if isinstance(streamed_calls, set) else streamed_calls
+            answer = final_answer(self.chat, str(choice.get("text") or ""))
+            if answer.calls and not calls_out:
+                calls = [{"index": i, **call} for i, call in enumerate(openai_tool_calls(answer.calls, self.job.id))]
+                delta: dict[str, Any] = {"tool_calls": calls}
+                if answer.content:
+                    delta["content"] = answer.content
+                out.append(self.delta(delta, index=index))
+            elif buffered and answer.content:
+                out.append(self.delta({"content": answer.content}, index=index))
+            logprobs = choice_logprobs(self.chat, choice) if buffered else None
+            out.append(self.delta({}, finish_reason(answer, choice), logprobs, index=index))
         if self.chat.include_usage:
             out.append(self._event({"choices": [], "usage": usage(result)}))
         return out

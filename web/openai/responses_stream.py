@@ -16,15 +16,14 @@ from __future__ import annotations
 import json
 from typing import Any, Iterator
 
-from core.events import DONE, TOKEN
+from core.events import DONE
 from core.jobs import JobRecord, JobStore
 from web.openai.call_stream import ToolStream
 from web.openai.convert import ChatJob
 from web.openai.responses_shape import (
     answer_of, call_item, message_item, output_items, response_object, status_of, text_part,
 )
-from web.openai.routes import KEEPALIVE, TICK_S, abandon
-from web.sse import _stream_over as stream_over
+from web.openai.routes import KEEPALIVE, follow_job
 
 CLOSING_EVENT = {"completed": "response.completed", "incomplete": "response.incomplete"}
 
@@ -144,28 +143,18 @@ def _skeleton(item: dict[str, Any]) -> dict[str, Any]:
 
 
 def stream_response(store: JobStore, celery: Any, job: JobRecord, chat: ChatJob, model: str) -> Iterator[str]:
-    """The job's events as Responses events; cancels the job when the client leaves early."""
+    """The job's events as Responses events (:func:`web.openai.routes.follow_job`: keep-alives,
+    the terminal event, the job cancelled when the client leaves early)."""
     events = ResponseEvents(job, chat, model)
-    ended, last = False, 0
-    try:
-        yield from events.start()
-        for event in store.follow(job.id, block_ms=TICK_S * 1000):
-            if event is None:
-                if stream_over(store, job.id, last):
-                    ended = True
-                    yield from events.failed(store.get(job.id))
-                    return
-                yield KEEPALIVE
-                continue
-            last = event.seq
-            if event.type == TOKEN:
-                yield from events.token(event.data.get("text", ""))
-            elif event.is_terminal:
-                ended = True
-                record = store.get(job.id)
-                yield from (events.finish(record) if event.type == DONE else events.failed(record))
-                return
-    except GeneratorExit:
-        if not ended:
-            abandon(store, celery, job.id)
-        raise
+
+    def ending(event_type: str, _payload: dict[str, Any]) -> Iterator[str]:
+        record = store.get(job.id)
+        return iter(events.finish(record) if event_type == DONE else events.failed(record))
+
+    def token(data: dict[str, Any]) -> Iterator[str]:
+        return iter(events.token(data.get("text", "")))
+
+    def error(_type: str, _message: str, _code: str) -> str:
+        return "".join(events.failed(store.get(job.id)))
+
+    return follow_job(store, celery, job, events.start(), token, ending, error)

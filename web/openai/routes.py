@@ -16,7 +16,7 @@ one that leaves a non-streaming request is noticed while it waits (``web.disconn
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from flask import Response, jsonify, stream_with_context
 from flask_openapi3 import APIBlueprint, Tag
@@ -29,6 +29,7 @@ from web.context import ctx
 from web.models import model_cards
 from web.openai.call_stream import ToolStream
 from web.openai.convert import ChatJob, chat_job
+from web.openai.logprobs import openai_logprobs
 from web.openai.responses import ChunkWriter, completion, model_id
 from web.errors import ApiError
 from web.openai.schemas import (
@@ -89,28 +90,47 @@ def retrieve_model(path: ModelPath):
 
 def stream_completion(store: JobStore, celery: Any, job: JobRecord, chat: ChatJob, model: str) -> Iterator[str]:
     """OpenAI chunks from the job's events, ``data: [DONE]`` last; cancels the job when the
-    client leaves before its end."""
+    client leaves before its end. A token event's ``index`` names its choice (n > 1)."""
     writer = ChunkWriter(job, chat, model)
     buffered = chat.tools is not None
-    calls = ToolStream(job.id, chat.forced_calls, chat.tools.names) if chat.tools is not None else None
+    calls = {i: ToolStream(job.id, chat.forced_calls, chat.tools.names) for i in range(chat.n)} if chat.tools is not None else {}
+
+    def token(data: dict[str, Any]) -> Iterator[str]:
+        index = int(data.get("index", 0))
+        return _token(writer, data, index, buffered, calls.get(index))
+
+    def ending(event_type: str, payload: dict[str, Any]) -> Iterator[str]:
+        streamed = {i for i, c in calls.items() if c.streamed}
+        return _ending(writer, event_type, payload, buffered, streamed)
+
+    opening = [writer.delta({"role": "assistant", "content": ""}, index=index) for index in range(chat.n)]
+    return follow_job(store, celery, job, opening, token, ending, writer.error)
+
+
+def follow_job(store: JobStore, celery: Any, job: JobRecord, opening: list[str],
+               token: Callable[[dict[str, Any]], Iterator[str]],
+               ending: Callable[[str, dict[str, Any]], Iterator[str]],
+               error: Callable[[str, str, str], str]) -> Iterator[str]:
+    """A streamed ``/v1`` answer: the ``opening`` chunks, ``token(data)`` per token event,
+    keep-alives while idle, ``ending(type, payload)`` at the terminal event (its full
+    payload); the job is cancelled when the client leaves before that."""
     ended, last = False, 0
     try:
-        yield writer.delta({"role": "assistant", "content": ""})
+        yield from opening
         for event in store.follow(job.id, block_ms=TICK_S * 1000):
             if event is None:
                 if stream_over(store, job.id, last):
                     ended = True
-                    yield writer.error("server_error", "the job's events are gone", "job_expired")
+                    yield error("server_error", "the job's events are gone", "job_expired")
                     return
                 yield KEEPALIVE
                 continue
             last = event.seq
             if event.type == TOKEN:
-                yield from _token(writer, event.data.get("text", ""), buffered, calls)
+                yield from token(event.data)
             elif event.is_terminal:
                 ended = True
-                yield from _ending(writer, event.type, _full_payload(store, job.id, event), buffered,
-                                   bool(calls and calls.streamed))
+                yield from ending(event.type, _full_payload(store, job.id, event))
                 return
     except GeneratorExit:
         if not ended:
@@ -125,20 +145,27 @@ def _full_payload(store: JobStore, job_id: str, event: Event) -> dict[str, Any]:
     return (record.result if event.type == DONE else record.error) or event.data
 
 
-def _token(writer: ChunkWriter, text: str, buffered: bool, calls: ToolStream | None) -> Iterator[str]:
-    """A token event: content, tool-call deltas, or a keep-alive (text held back)."""
+def _token(writer: ChunkWriter, data: dict[str, Any], index: int, buffered: bool,
+           calls: ToolStream | None) -> Iterator[str]:
+    """A token event: content (with its tokens' log-probabilities), tool-call deltas, or a
+    keep-alive (text held back)."""
+    text = data.get("text", "")
     if calls is not None:
         deltas = calls.feed(text)
         for delta in deltas:
-            yield writer.delta({"tool_calls": [delta]})
+            yield writer.delta({"tool_calls": [delta]}, index=index)
         if not deltas:
             yield KEEPALIVE
+    elif buffered:
+        yield KEEPALIVE
     else:
-        yield KEEPALIVE if buffered else writer.delta({"content": text})
+        entries = data.get("logprobs")
+        logprobs = openai_logprobs(entries) if writer.chat.logprobs and entries else None
+        yield writer.delta({"content": text}, logprobs=logprobs, index=index)
 
 
 def _ending(writer: ChunkWriter, event_type: str, data: dict[str, Any], buffered: bool,
-            streamed_calls: bool = False) -> Iterator[str]:
+            streamed_calls: set[int] | bool = False) -> Iterator[str]:
     if event_type == DONE:
         yield from writer.ending(data, buffered, streamed_calls)
     else:

@@ -10,24 +10,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from core.settings import GENERATION_METHODS
 from web.openai.fields import check_chat_fields
 from web.schemas import MAX_LOGIT_BIAS, MAX_STOP_STRINGS, SSE_EVENT_SCHEMA, GuidedFields, StopString, json_int
 
 MAX_TOP_LOGPROBS = 20
+MAX_CHOICES = 16  # n: choices of one request (each a sequence on the worker)
 GenerationMethod = Literal[GENERATION_METHODS]  # type: ignore[valid-type]
 FUNCTION_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
-
-
-def _exact_type(kind: type) -> BeforeValidator:
-    """``Literal[False]`` / ``Literal[1]`` alone would take 0 / true (equal in Python, not in JSON)."""
-    def check(value: Any) -> Any:
-        if value is not None and (type(value) is bool) != (kind is bool):
-            raise ValueError(f"must be a {kind.__name__}")
-        return value
-    return BeforeValidator(check)
 
 
 class Lenient(BaseModel):
@@ -112,7 +104,8 @@ class ChatCompletionRequest(Lenient, GuidedFields):
     tools: list[ToolDef] | None = Field(default=None, max_length=128)
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = Field(default=None, description="false: at most one call is returned")
-    n: Annotated[Literal[1] | None, _exact_type(int)] = Field(default=None, description="only one choice is generated")
+    n: json_int(ge=1, le=MAX_CHOICES) | None = Field(
+        default=None, description=f"1..{MAX_CHOICES} choices, in one job; choice i is seeded seed + i")
     logprobs: bool | None = Field(default=None, description="per-token log-probabilities after penalties and "
                                   "logit_bias, before the grammar mask and temperature/top-k/top-p")
     top_logprobs: json_int(ge=0, le=MAX_TOP_LOGPROBS) | None = Field(

@@ -109,7 +109,7 @@ def library() -> ctypes.CDLL:
 
 
 def _declare_decode(lib: ctypes.CDLL) -> None:
-    """Signatures of decode.c's functions (engine.fused calls them)."""
+    """Signatures of decode.c's functions (engine.ops.c_calls calls them)."""
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     signatures = {
         "ms_rms_norm_bf16": [ptr, ptr, ptr, i64, i64, ctypes.c_float, ctypes.c_int],

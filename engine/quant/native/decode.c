@@ -6,7 +6,7 @@
  * piece in one call on bf16 tensors, computed as transformers computes it in bf16 (float32
  * inside, rounded to bf16 where torch rounds), except that sums and exponentials may round
  * in a different order: only low-bit settings use them, which promise no token equality
- * with `official` (engine/fused.py).
+ * with `official` (engine/ops/c_calls.py).
  */
 #include <math.h>
 #include <stdint.h>
@@ -426,7 +426,7 @@ int ms_attend_decode_bf16(const uint16_t *q, const uint16_t *k_new, const uint16
 }
 
 /* A paged step's keys and values of one layer for torch's attention (CPUs where the decode
- * attention stays torch's, engine.fused.attention_like_torch): store the n_new tokens' k, v
+ * attention stays torch's, engine.ops.choose.attention_like_torch): store the n_new tokens' k, v
  * ([n_new, kv_heads, dim]) at their slots (block slot / block_size, offset slot % block_size of
  * the pool [num_blocks, layers, block_size, kv_heads, dim]), then copy positions 0..length-1 of
  * each of the `batch` block tables ([batch, max_blocks], as torch's gather reads them, padding

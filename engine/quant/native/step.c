@@ -89,7 +89,7 @@ static int attend_all(const ms_step_model *m, const step_buffers *b, kv_rows kv,
                       const uint16_t *cos, const uint16_t *sin) {
     const int64_t dim = m->head_dim, group = m->heads / m->kv_heads, q_size = m->heads * dim;
     const int64_t kv_size = m->kv_heads * dim, stride = q_size + 2 * kv_size;
-    const float scale = (float)(1.0 / sqrt((double)dim));   /* as engine.fused passes it */
+    const float scale = (float)(1.0 / sqrt((double)dim));   /* as engine.ops.c_calls passes it */
     int status = 0;
     #pragma omp for schedule(static)
     for (int64_t h = 0; h < m->kv_heads; h++) {

@@ -44,3 +44,14 @@ def test_a_list_of_bodies_gets_numbered_custom_ids(client, worker):
     started = client.send_task(BATCH_START, args=[[body("A?"), body("B?")]], queue="bench").get(timeout=60)
     summary = client.AsyncResult(started["summary_task_id"]).get(timeout=120)
     assert summary["request_counts"] == {"total": 2, "completed": 2, "failed": 0}
+
+
+def test_a_list_of_completion_bodies_with_the_endpoint(client, worker, store):
+    bodies = [{"prompt": "Once upon a time", "max_tokens": 3}, {"prompt": ["a", "b"], "max_tokens": 2}]
+    started = client.send_task(BATCH_START, args=[bodies], kwargs={"endpoint": "/v1/completions"},
+                               queue="bench").get(timeout=60)
+    summary = client.AsyncResult(started["summary_task_id"]).get(timeout=120)
+    assert summary["endpoint"] == "/v1/completions" and summary["request_counts"]["completed"] == 2
+    lines = [json.loads(x) for x in BatchStore(store.client).get_file(summary["output_file_id"]).content.splitlines()]
+    assert [len(x["response"]["body"]["choices"]) for x in lines] == [1, 2]
+    assert all(x["response"]["body"]["object"] == "text_completion" for x in lines)

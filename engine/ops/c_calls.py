@@ -1,17 +1,17 @@
-"""The low-bit forward's small operations in one C call each (``engine/quant/native/decode.c``).
+"""The fused small operations' C calls, one each (``engine/quant/native/decode.c``).
 
 Why: a one-token step of ``q8`` spent ~18 ms in the linears and ~4 ms between them, most of it
 the fixed cost of a dozen torch calls per layer (an RMSNorm alone is 7). Here an RMSNorm, the
-rotary embedding of q and k, silu(gate) * up, and a decode token's cache write + attention
-are one call each. They round where transformers rounds in bf16, but sums and exponentials
-may round in another order, so only forwards that promise no token equality with
-``official`` use them: low-bit weights, bf16, on CPU (:func:`engine.forward.fused_for`). ``none`` keeps
+rotary embedding of q and k, silu(gate) * up, a decode token's cache write + attention, and a
+paged step's write + gather are one call each. They round where transformers rounds in bf16,
+but sums and exponentials may round in another order, so only forwards that promise no token
+equality with ``official`` use them (:mod:`engine.ops.fused_ops`, chosen by
+:func:`engine.ops.choose.small_ops_for`): low-bit weights, bf16, on CPU. ``none`` keeps
 torch's ops and its exact tokens.
 
 How closely the sums over a row (RMSNorm, attention) round like torch's depends on torch's own
 kernels, which differ by CPU: the RMSNorm sums in torch's order where its vectors hold 8 floats
-(:func:`torch_sum_lanes`), and the attention runs in C only where it was measured to keep q8's
-agreement with bf16 (:func:`attention_like_torch`).
+(:func:`torch_sum_lanes`); where the attention runs in C is the chooser's call.
 """
 from __future__ import annotations
 
@@ -22,18 +22,6 @@ from typing import Any
 import torch
 
 from engine.quant import native
-
-# torch CPU capabilities (torch.backends.cpu.get_cpu_capability()) on which the C decode
-# attention rounds closely enough to torch's SDPA that q8 keeps its agreement with bf16
-# (AVX-512: 0.995 free-running, results/quantization.json). With torch's AVX2 kernels it did
-# not (python -m bench.fused_ops --agreement, results/avx2/fused_agreement.json), so there the
-# decode step attends through torch's SDPA and the other small operations run in C.
-ATTENTION_LIKE_TORCH = ("AVX512",)
-
-
-def attention_like_torch() -> bool:
-    """Whether a fused forward also attends in C on this CPU."""
-    return torch.backends.cpu.get_cpu_capability() in ATTENTION_LIKE_TORCH
 
 
 def unavailable() -> str | None:
@@ -52,8 +40,8 @@ def _library() -> Any:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm of the rows of a contiguous bf16 ``x [n, dim]`` (as engine.forward.rms_norm; bit
-    for bit where torch's vectors hold 8 floats, :func:`torch_sum_lanes`)."""
+    """RMSNorm of the rows of a contiguous bf16 ``x [n, dim]`` (as engine.ops.torch_ops.rms_norm;
+    bit for bit where torch's vectors hold 8 floats, :func:`torch_sum_lanes`)."""
     x = x.contiguous()
     out = torch.empty_like(x)
     _library().ms_rms_norm_bf16(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // x.shape[-1],
