@@ -240,6 +240,9 @@ def read_constrained(root: Path) -> Figures:
                     "all valid"], rows, data["machine"], data.get("command"))
 
 
+TOOL_CHOICE = "results/tool_choice.json"
+
+
 def read_agent(root: Path) -> Figures:
     data = load_json(root, "results/agent_eval.json")
     keys = ("raw_routing", "routing", "tool_result", "end_to_end")
@@ -254,7 +257,20 @@ def read_agent(root: Path) -> Figures:
     share = {k: num(100 * data["overall"][k], 0) for k in keys}
     figures.headline.append(f"Agent: {share['end_to_end']}% of {overall[1]} cases right end to end; the safeguards "
                             f"lift tool routing from {share['raw_routing']}% to {share['routing']}%")
+    if (root / TOOL_CHOICE).exists():
+        figures.tables.append(tool_choice_table(load_json(root, TOOL_CHOICE)))
     return figures
+
+
+def tool_choice_table(data: dict[str, Any]) -> tuple[str, list[str], list[Row]]:
+    """``--tool-choice``: calls under ``tool_choice: auto`` on the own cases, per call-start rule."""
+    label = {"brace": "brace (old: any `{` opens a call)", "name": "name (a tag, or `{\"name\": tool}`)"}
+    rows = [[label.get(rule, rule), s["cases"], f"{s['unwanted_calls']} / {s['no_call_wanted']}",
+             f"{s['missed_calls']} / {s['call_wanted']}", s["wrong_tool"], s["wrong_arguments"]]
+            for rule, s in data["summary"].items()]
+    return (f"`tool_choice: auto` on data/tool_choice_cases.json (`{data['command']}`, {data['model']})",
+            ["call-start rule", "cases", "calls made when none was wanted", "calls missed", "wrong tool",
+             "wrong arguments"], rows)
 
 
 def read_queue_overhead(root: Path) -> Figures:

@@ -13,7 +13,7 @@ The stored request is a plain dict the worker turns into ``engine.types.Generati
      "method": "official", "tools": None, "max_steps": None, "model": "<model id>"}
 
 (``model``: generation and agent jobs, web/models.py) plus ``"return_token_ids": true`` when the body asked to keep the token ids in the result,
-``"speculative": true|false`` when the body set it, and ``"constraint": {"kind", "grammar", "lazy", "start_triggers", "triggers"}`` when the body
+``"speculative": true|false`` when the body set it, and ``"constraint": {"kind", "grammar", "lazy", "start_triggers", "triggers", "trigger_regex"}`` when the body
 asked for structured output (``web.constraints``).
 """
 from __future__ import annotations
