@@ -32,9 +32,11 @@ class EngineChatModel:
 
     ``constrained`` (default): tool-call turns carry the same lazy grammar as
     ``tool_choice: auto`` on ``/v1`` (:func:`core.grammar.tool_calls`): the model may answer
-    in text, but once it starts a call (bare JSON, a ```json fence or a ``<tool_call>`` tag)
+    in text, but once it writes a call (a ``<tool_call>`` tag, or JSON whose first key is
+    ``"name"`` naming a declared tool, bare or fenced: :func:`core.grammar.call_trigger`)
     the rest is held to ONE valid call of a declared tool (exact name, arguments that
-    validate), ended right after it; the loop takes further calls in later steps.
+    validate), ended right after it; the loop takes further calls in later steps. JSON
+    that answers (``{"result": 963}``) stays text.
     """
 
     def __init__(self, generator: TextGenerator, method: str = "official",

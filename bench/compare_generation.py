@@ -33,7 +33,9 @@ def run_dtype(dtype: str, args: argparse.Namespace) -> list[dict]:
     from engine.handwritten import forward_for
     from engine.quant.model import bytes_per_token
 
-    engine = Engine(load_settings(model=args.model, dtype=dtype, threads=args.threads, quant=args.quant))
+    # official's timings are generate's, not the reload of freed full-precision weights (engine.quant.restore)
+    engine = Engine(load_settings(model=args.model, dtype=dtype, threads=args.threads, quant=args.quant,
+                                  official_keep_weights=True))
     engine.load()
     step_bytes = bytes_per_token(forward_for(engine).weights)
     bandwidth = [read_bandwidth_gbs()]

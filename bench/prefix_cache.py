@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     from engine.handwritten import prefix_store
     from engine.types import GenerationRequest, SamplingParams
 
-    engine = Engine(load_settings(model=args.model, dtype=args.dtype))
+    # official's TTFT is generate's, not the reload of freed full-precision weights (engine.quant.restore)
+    engine = Engine(load_settings(model=args.model, dtype=args.dtype, official_keep_weights=True))
     engine.load()
     store = prefix_store(engine)
     prefixes = {"short": SHORT_PREFIX, "long": long_prefix(engine.loaded.tokenizer)}

@@ -5,6 +5,14 @@ short jobs counting lost and duplicated ones.
     python -m bench.queue_overhead [--model default] [--repeats 20] [--burst 200]
     python -m bench.queue_overhead --batch-api [--burst 200] [--batch-clients 8] [--workers 2]
 
+    python -m bench.queue_overhead --served [--clients 1 8 16] [--rounds 2] [--new-tokens 64]
+                                   [--llama-server PATH]
+
+``--served``: aggregate tokens/s and TTFT of N streaming ``/v1`` chat clients against the
+in-process batched engine on the same requests, in one run, with the CPU time the web, the
+worker and Redis spend per 1,000 tokens (``bench/queue_served.py``; ``--llama-server`` adds
+llama.cpp's own server beside them); writes results/queue_served.json.
+
 ``--batch-api``: the same ``--burst`` chat requests as one Batch API batch against separate
 ``/v1`` calls from ``--batch-clients`` clients (``bench/batch_api.py``), on ``--workers``
 workers of the production pool (threads); writes results/batch_api.json.
@@ -16,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as futures
+import os
 import time
 from pathlib import Path
 
@@ -88,7 +97,20 @@ def main() -> None:
     parser.add_argument("--batch-api", action="store_true", help="compare a batch with separate /v1 calls")
     parser.add_argument("--batch-clients", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2, help="--batch-api: worker processes")
+    parser.add_argument("--served", action="store_true", help="/v1 clients against the in-process engine")
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 16], help="--served: concurrencies")
+    parser.add_argument("--rounds", type=int, default=2, help="--served: chats per client")
+    parser.add_argument("--new-tokens", type=int, default=64, help="--served: max_tokens of each chat")
+    parser.add_argument("--served-repeats", type=int, default=3, help="--served: interleaved rounds")
+    parser.add_argument("--llama-server", default=os.environ.get("MINISERVE_LLAMA_SERVER", ""),
+                        help="--served: also run llama.cpp's llama-server binary (or MINISERVE_LLAMA_SERVER)")
     args = parser.parse_args()
+    if args.served:
+        from bench import queue_served
+
+        return queue_served.main(queue_served.ServedArgs(
+            model=args.model, clients=args.clients, rounds=args.rounds, new_tokens=args.new_tokens,
+            repeats=args.served_repeats, threads=args.threads, llama_server=args.llama_server))
 
     env = {"MINISERVE_MODEL": args.model, "MINISERVE_THREADS": str(args.threads), "MINISERVE_JSON_LOGS": "true",
            "MINISERVE_LOG_LEVEL": "WARNING", "MINISERVE_MAX_QUEUE_DEPTH": str(args.burst * 2)}

@@ -54,7 +54,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("scale", "bench.scale",
               "How does throughput grow with worker processes, and how fast do a dead worker's jobs move?"),
     Benchmark("soak", "bench.soak",
-              "Over minutes of mixed and hostile traffic with a worker killed and Redis down, is any job lost or any answer a 500?"),
+              "Over minutes of mixed and hostile traffic with a worker killed and Redis down, is any job lost or any answer a 500, and how much memory does a worker hold?"),
     Benchmark("report", "bench.report",
               "What do the results files say? Writes docs/benchmarks.md from them."),
 )

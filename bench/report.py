@@ -240,6 +240,9 @@ def read_constrained(root: Path) -> Figures:
                     "all valid"], rows, data["machine"], data.get("command"))
 
 
+TOOL_CHOICE = "results/tool_choice.json"
+
+
 def read_agent(root: Path) -> Figures:
     data = load_json(root, "results/agent_eval.json")
     keys = ("raw_routing", "routing", "tool_result", "end_to_end")
@@ -254,7 +257,20 @@ def read_agent(root: Path) -> Figures:
     share = {k: num(100 * data["overall"][k], 0) for k in keys}
     figures.headline.append(f"Agent: {share['end_to_end']}% of {overall[1]} cases right end to end; the safeguards "
                             f"lift tool routing from {share['raw_routing']}% to {share['routing']}%")
+    if (root / TOOL_CHOICE).exists():
+        figures.tables.append(tool_choice_table(load_json(root, TOOL_CHOICE)))
     return figures
+
+
+def tool_choice_table(data: dict[str, Any]) -> tuple[str, list[str], list[Row]]:
+    """``--tool-choice``: calls under ``tool_choice: auto`` on the own cases, per call-start rule."""
+    label = {"brace": "brace (old: any `{` opens a call)", "name": "name (a tag, or `{\"name\": tool}`)"}
+    rows = [[label.get(rule, rule), s["cases"], f"{s['unwanted_calls']} / {s['no_call_wanted']}",
+             f"{s['missed_calls']} / {s['call_wanted']}", s["wrong_tool"], s["wrong_arguments"]]
+            for rule, s in data["summary"].items()]
+    return (f"`tool_choice: auto` on data/tool_choice_cases.json (`{data['command']}`, {data['model']})",
+            ["call-start rule", "cases", "calls made when none was wanted", "calls missed", "wrong tool",
+             "wrong arguments"], rows)
 
 
 def read_queue_overhead(root: Path) -> Figures:
@@ -266,7 +282,36 @@ def read_queue_overhead(root: Path) -> Figures:
     figures = Figures(["path", "p50 TTFT ms", "p90 TTFT ms", "p50 total ms"], rows, data["machine"])
     figures.notes.append(f"Burst: {burst['jobs']} jobs from {burst['clients']} clients, {num(burst['jobs_per_s'], 1)} "
                          f"jobs/s, {burst['lost']} lost, {burst['duplicated']} duplicated.")
+    if (root / SERVED).exists():
+        served_table(figures, load_json(root, SERVED))
     return figures
+
+
+SERVED = "results/queue_served.json"
+SERVED_COMMAND = "python -m bench.queue_overhead --served"
+
+
+def served_table(figures: Figures, data: dict[str, Any]) -> None:
+    """``--served``: streaming /v1 clients against the in-process engine (and llama-server)."""
+    rows = []
+    for s in data["summary"]:
+        cpu = s.get("cpu_s_per_1k_tokens") or {}
+        rows.append([s["clients"], s["mode"], num(s["tok_per_s"], 1), ratio(s["x_inproc"]), num(s["ttft_p50_s"], 3),
+                     ", ".join(f"{k} {num(v, 2)}" for k, v in cpu.items())])
+    args = data["args"]
+    figures.tables.append((f"Streaming chats through `/v1` against the in-process batched engine, same requests "
+                           f"(`{SERVED_COMMAND}`, model `{Path(args['model']).name}`: {args['rounds']} chats of "
+                           f"{args['new_tokens']} greedy tokens per client, median of {args['repeats']} interleaved runs)",
+                           ["clients", "path", "tok/s", "x in-process", "TTFT p50 s", "CPU s per 1k tokens"], rows))
+    figures.notes.append("`inproc`: client threads submitting to an engine loop in the benchmark's process, as a "
+                         "worker's job threads do; `v1`: the same chats as streaming HTTP clients of the whole stack. "
+                         "CPU time is read from /proc for the web, the worker and redis-server (`engine`: the "
+                         "benchmark process). `--llama-server PATH` (or `MINISERVE_LLAMA_SERVER`) adds `llama`: "
+                         "llama.cpp's server (`-np 8 --cont-batching`) on the same GGUF, same chats.")
+    at8 = next((s for s in data["summary"] if s["clients"] == 8 and s["mode"] == "v1"), None)
+    if at8 and at8.get("x_inproc"):
+        figures.headline.append(f"Through `/v1` with 8 streaming clients: {ratio(at8['x_inproc'])} the in-process "
+                                f"engine's tokens/s on the same requests (model `{Path(args['model']).name}`)")
 
 
 KILL_FLAGS = "--workers 2 --max-new-tokens 64 --kill-worker-after 2 --output results/load_kill.csv"
@@ -374,7 +419,45 @@ def read_soak(root: Path) -> Figures:
     figures.headline.append(f"Soak: {data['accepted_jobs']} jobs in {num(data['minutes'], 0)} minutes with a worker "
                             f"killed and Redis down for {data['outage_s']} s: {data['lost']} lost, "
                             f"{data['http_5xx_outside_outage']} server errors outside the outage")
+    if (root / SOAK_MEMORY).exists():
+        memory = load_json(root, SOAK_MEMORY)
+        figures.tables.append(soak_memory(memory))
+        figures.notes += official_reload_note(memory.get("official_reload", []))
+        after = memory["readings"][1]
+        figures.headline.append(f"Worker memory (default model, `{memory['quant']}`): {num(after['VmRSS_mb'], 0)} MB "
+                                f"resident after {memory['jobs']} mixed jobs, {num(after['RssFile_mb'], 0)} MB of "
+                                f"it mapped files")
     return figures
+
+
+SOAK_MEMORY = "results/soak_memory.json"  # python -m bench.soak --memory; shown when committed
+
+
+def official_reload_note(events: list[dict[str, Any]]) -> list[str]:
+    """What the official job paid to reload the full-precision weights and what it freed after."""
+    restored = [e for e in events if e.get("event") == "full_weights_restored"]
+    freed = [e for e in events if e.get("event") == "full_weights_freed"]
+    if not restored:
+        return []
+    return [f"The `official` job reloaded {num(restored[-1]['mb'], 0)} MB of full-precision weights in "
+            f"{num(restored[-1]['latency_ms'], 0)} ms (`full_weights_restored`) and "
+            + (f"freed {num(freed[-1]['mb'], 0)} MB when it ended (`full_weights_freed`)." if freed
+               else "kept them (`MINISERVE_OFFICIAL_KEEP_WEIGHTS`).")]
+
+
+def soak_memory(data: dict[str, Any]) -> tuple[str, list[str], list[Row]]:
+    """The memory mode: one default worker's resident memory at three points."""
+    rows = [[r["stage"], num(r["VmRSS_mb"], 0), num(r["RssAnon_mb"], 0), num(r["RssFile_mb"], 0), num(r["Pss_mb"], 0),
+             num(r.get("peak_sampled_mb"), 0), num(r["VmHWM_mb"], 0),
+             ", ".join(f"{name} {num(mb, 0)}" for name, mb in list(r["file_mappings_mb"].items())[:3])]
+            for r in data["readings"]]
+    machine = data.get("cpu") or "machine not recorded"
+    title = (f"Worker memory, MB (`{clean_command(data['command'])}`: {data['model']}, `{data['quant']}`, "
+             f"{data['pool']} pool x {data['concurrency']}, {data['clients']} clients, max_new_tokens "
+             f"{data['max_tokens']}; {machine}). Anon is private heap (the weights, caches, allocator); file "
+             f"is mapped files (libraries, the embedding table): clean pages shared with other processes "
+             f"mapping them, which the kernel can drop and re-read; Pss counts a shared page once per sharer")
+    return title, ["after", "VmRSS", "anon", "file", "Pss", "peak while running", "VmHWM", "largest file mappings"], rows
 
 
 def read_fairness(root: Path) -> Figures:
@@ -456,8 +539,8 @@ SECTIONS: tuple[Section, ...] = (
             "python -m bench.evaluate_agent", ("results/agent_eval.json",), read_agent, ("results/agent_eval.png",)),
     Section("queue_overhead", "Queue overhead",
             "How much latency do web, Redis and Celery add to a direct engine call?",
-            "python -m bench.queue_overhead", ("results/queue_overhead.json",), read_queue_overhead,
-            ("results/queue_overhead.png",)),
+            "python -m bench.queue_overhead", ("results/queue_overhead.json", SERVED), read_queue_overhead,
+            ("results/queue_overhead.png", "results/queue_served.png")),
     Section("load", "Load",
             "Does the service lose, duplicate or fail jobs under 50 clients, and when a worker is killed? Does `/health` stay fast beside thousands of open streams?",
             "python -m bench.load", ("results/load.json", "results/load_kill.json", CONNECTIONS), read_load,
@@ -467,7 +550,7 @@ SECTIONS: tuple[Section, ...] = (
             "python -m bench.scale", ("results/scale.json", "results/scale_routing.json", "results/scale_redis_cost.json"),
             read_scale, ("results/scale.png", "results/scale_routing.png")),
     Section("soak", "Soak",
-            "Over minutes of mixed and hostile traffic with a worker killed and Redis down, is any job lost or any answer a 500?",
+            "Over minutes of mixed and hostile traffic with a worker killed and Redis down, is any job lost or any answer a 500, and how much memory does a worker hold?",
             "python -m bench.soak --minutes 10", ("results/soak.json",), read_soak, ("results/soak.png",)),
     Section("fairness", "Loop fairness",
             "While jobs of every other method run, how long does a `paged` job wait between two tokens?",

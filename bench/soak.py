@@ -16,6 +16,12 @@ Submissions that meet a 503 (Redis down) are retried with the same ``Idempotency
 Faults: at 30% of the run worker 0 gets SIGKILL (main process and pool) and is started again
 10 s later; at 55% Redis stops for ``--outage-s`` (longer than the lease) and comes back.
 
+    python -m bench.soak --memory [--jobs 100] [--max-tokens 16]
+
+is the memory mode instead (:mod:`bench.soak_memory`): one worker with the default model and
+settings, its resident memory after start, after 100 mixed jobs and after an ``official``
+job (``results/soak_memory.json``).
+
 Reported (``results/soak.json`` + ``.png``): jobs accepted / ended by state; *lost* (accepted,
 but not ended when the run drained, or gone from Redis); *duplicated terminal events* (a
 stream with more than one, or a client that saw a seq twice); responses by status class,
@@ -40,6 +46,7 @@ from pathlib import Path
 import redis
 import requests
 
+from bench import soak_memory
 from bench.load import tiny_model
 from bench.soak_report import attempt_intervals, check_jobs, concurrent_attempts, plot, summarize
 from bench.stats import cpu_model, machine_info, write_json
@@ -296,11 +303,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--output", default="results/soak")
+    soak_memory.add_arguments(parser)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.memory:
+        return soak_memory.main(args)
     folder = Path(tempfile.mkdtemp(prefix="miniserve-soak-"))
     soak_stack, base, store = start_stack(args, folder)
     stop, faults_done = threading.Event(), []

@@ -98,10 +98,17 @@ class StartedAttempt:
 
     attempt: int  # 0: job already ended, do nothing; -1: attempts exhausted, job failed
     seq: int
+    record: JobRecord | None = None  # the job as it started (state running), when it did
 
     @property
     def should_run(self) -> bool:
         return self.attempt > 0
+
+
+def _pairs(flat: list[Any]) -> dict[str, str]:
+    """A Lua ``HGETALL`` reply (field, value, field, value, ...) as a dict of strings."""
+    text = [item.decode() if isinstance(item, bytes) else str(item) for item in flat]
+    return dict(zip(text[::2], text[1::2]))
 
 
 def _event_body(event_type: str, attempt: int | str, ts: float, data_json: str) -> str:
@@ -272,11 +279,12 @@ class JobStore:
     # ---- the worker's side ---------------------------------------------------------------
     def start_attempt(self, job_id: str, worker: str, lease_s: int, dispatch: int = 0) -> StartedAttempt:
         now = time.time()
-        attempt, seq = self._scripts["START_ATTEMPT"](
+        reply = self._scripts["START_ATTEMPT"](
             keys=self._job_keys(job_id) + [keys.LEASES, keys.UNDISPATCHED, keys.PENDING],
             args=[job_id, worker, repr(now), repr(now + lease_s), self.ttl_s, dispatch],
         )
-        return StartedAttempt(int(attempt), int(seq))
+        record = JobRecord.from_redis(_pairs(reply[2])) if len(reply) > 2 else None
+        return StartedAttempt(int(reply[0]), int(reply[1]), record)
 
     def append_event(self, job_id: str, attempt: int, event_type: str, data: dict[str, Any]) -> int:
         """Append one event; returns its seq, or a negative code when the attempt is no
@@ -357,11 +365,16 @@ class JobStore:
 
     # ---- cancellation -------------------------------------------------------------------
     def request_cancel(self, job_id: str) -> JobRecord:
-        """Raise the cancel flag; a queued job ends ``cancelled`` at once (its task will skip)."""
+        """Raise the cancel flag and tell the workers (one message on ``keys.CANCELS``: the
+        running job's worker stops it between two tokens); a queued job ends ``cancelled`` at
+        once (its task will skip)."""
         record = self.get(job_id)
         if record.is_terminal:
             return record
-        self.client.set(keys.cancel_key(job_id), "1", ex=self.ttl_s)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.set(keys.cancel_key(job_id), "1", ex=self.ttl_s)
+        pipe.publish(keys.CANCELS, record.id)
+        pipe.execute()
         if record.state == QUEUED:
             self.finish(job_id, CANCELLED, {"reason": "cancelled while queued"})
         return self.get(job_id)

@@ -14,6 +14,7 @@ LEASES = "jobs:leases"  # sorted set: running job id -> lease deadline (unix sec
 UNDISPATCHED = "jobs:undispatched"  # sorted set: queued job id -> when its task message was due
 PENDING = "jobs:pending"  # sorted set: job id -> when its message was confirmed sent, until it starts
 WORKERS_INDEX = "workers:index"  # sorted set: worker name -> last heartbeat
+CANCELS = "jobs:cancels"  # pub/sub channel: the id of each job whose cancel flag was just raised
 QUEUES = ("generation", "agent", "bench")  # Celery queue names (kombu keeps each as a Redis list)
 
 
@@ -56,7 +57,7 @@ def live_channel(job_id: str) -> str:
 
 
 def cancel_key(job_id: str) -> str:
-    """Flag a running job's worker checks between tokens."""
+    """Flag raised by a cancel; its worker hears of it on :data:`CANCELS` (worker/cancel_watch.py)."""
     return f"job:{JobId(job_id)}:cancel"
 
 
@@ -113,6 +114,11 @@ def model_queue(base: str, model_id: str) -> str:
     """The queue of one model's jobs of one kind (``generation.<model id>``, ``agent.<model id>``),
     consumed by every worker that serves that model."""
     return f"{base}.{model_id}"
+
+
+def model_text_key(model_id: str) -> str:
+    """Hash: a served model's tokenizer.json, chat template and limits (core/model_text.py)."""
+    return f"model:{model_id}:text"
 
 
 def worker_queue(node: str) -> str:

@@ -86,6 +86,8 @@ return redis.call('HINCRBY', KEYS[1], 'dispatch', 1)
 # never starts a second, concurrent attempt. A running job gets a new attempt only through
 # REQUEUE, when the reaper judged its lease expired (fairly: see worker/reaper.py).
 # {-1, seq} when the attempt budget is spent and the job was failed instead (poison message).
+# A started attempt also gets the job's fields (HGETALL, flat) as a third element: the worker
+# reads the stored request in the same round trip instead of reading the hash back.
 START_ATTEMPT = _APPEND + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state or is_terminal(state) then return {0, 0} end
@@ -111,7 +113,7 @@ redis.call('ZADD', KEYS[4], ARGV[4], ARGV[1])
 local data = cjson.encode({state = 'running', worker = ARGV[2], restart = attempt > 1})
 local body = '"type": "state", "attempt": ' .. attempt .. ', "ts": ' .. ts .. ', "data": ' .. data .. '}'
 local seq = append(KEYS[1], KEYS[2], KEYS[3], 'state', attempt, ts, data, body, ARGV[5])
-return {attempt, seq}
+return {attempt, seq, redis.call('HGETALL', KEYS[1])}
 """
 
 # KEYS: job, events, channel, leases. ARGV: job_id, state, type, attempt ('' = any), ts,

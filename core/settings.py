@@ -53,6 +53,9 @@ class Settings(BaseSettings):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     # auto: the quality-matched low-bit plan on CPU, none on CUDA (docs/quantization.md).
     quant: Literal["auto", "none", "q8"] = "auto"
+    # official (transformers' generate) under q8 or packed bf16 reloads the full-precision weights
+    # per job and frees them after it (engine.quant.restore); true keeps them after the first.
+    official_keep_weights: bool = False
     threads: int = Field(default=0, ge=0)  # 0 = torch's default
 
     # Web server.

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from engine.constrained import token_constraint
+from engine.constrained import run_constraint
 from engine.forward import Qwen2Forward
 from engine.kv_cache import ContiguousKVCache, NoCache
 from engine.prefix_cache import PrefixCache
@@ -50,7 +50,7 @@ def prefix_store(engine: Any) -> PrefixCache:
 def _sampler(engine: Any, forward: Qwen2Forward, request: GenerationRequest, penalty: float,
              prompt: Prompt, run: GenerationRun) -> Sampler:
     return Sampler(request.sampling, penalty, forward.config.vocab_size, prompt.ids, forward.weights.device,
-                   constraint=token_constraint(engine, request.constraint), record=run.logprobs)
+                   constraint=run_constraint(engine, run, request.constraint), record=run.logprobs)
 
 
 def decode_loop(forward: Qwen2Forward, cache: Any, logits: torch.Tensor, sampler: Sampler,

@@ -23,7 +23,7 @@ from core.model_source import (BUNDLED_MODELS, gguf_model_dir, local_model_dir, 
 from core.settings import Settings
 from engine.architecture import ModelSpec, model_spec
 from engine.errors import ModelLoadError
-from engine.packed import packing_available
+from engine.packed import packing_available, release_freed_memory
 from engine.prepare_default import prepare_bundled_model
 from engine.prepare_gguf import prepare_gguf_folder
 from engine.quant.kernels import QuantKernelError
@@ -190,6 +190,10 @@ def load_model(settings: Settings) -> LoadedModel:
     model.to(device).eval()
     torch.set_grad_enabled(False)
     quant = apply_quant(model, settings.quant, device, source, Path(settings.cache_dir) / "tables")
+    # The load's transient buffers (the stored float32 tensors read to quantize, the bf16 copies
+    # freed after) stay in glibc's heap otherwise: the default q8 model measured 2,435 MB
+    # resident after load with 462 MB in use, 907 MB once handed back.
+    release_freed_memory()
     load_s = time.perf_counter() - started
     log_event(logger, "model_loaded", model=name, architecture=spec.describe(), device=str(device), dtype=str(dtype).replace("torch.", ""),
               quant=quant, latency_ms=int(load_s * 1000))

@@ -49,6 +49,7 @@ from engine.constrained import token_constraint
 from engine.handwritten import forward_for
 from engine.model_engine import ModelEngine
 from engine.openmp import release_thread_team
+from engine.packed import release_freed_memory
 from engine.prompt_logprobs import score_prompt
 from engine.run import GenerationRun
 from engine.solo import SoloTask
@@ -221,6 +222,7 @@ class EngineLoop:
         self.owner: int | None = None          # the loop thread's ident, once started
         self.submitted = 0
         self.snapshot: dict[str, Any] = {"loop": {"solo_waiting": 0}}
+        self._was_busy = False
 
     # -- public ------------------------------------------------------------------------------
     def submit(self, request: GenerationRequest, timeout_s: float | None = None,
@@ -263,6 +265,7 @@ class EngineLoop:
                                                    handle.push_logprobs)
         handle.bind(run)
         constraint = token_constraint(self.engine, request.constraint)  # compiled here: errors raise to the caller
+        run.constraint = constraint  # a non-batched method samples with this one (engine.constrained.run_constraint)
         release_thread_team()  # if that ran a parallel op here, its team must not outlive it (engine.openmp)
         self.submitted += 1
         if should_cancel is not None and should_cancel():
@@ -344,6 +347,9 @@ class EngineLoop:
         busy = bool(self._solo or self._running or self._held) or (scheduler is not None and scheduler.has_work)
         if not busy:
             release_thread_team()  # idle: leave the CPUs' spinning OpenMP workers to a busy loop
+            if self._was_busy:
+                release_freed_memory()  # once per idle spell: the requests' freed heap back to the OS
+        self._was_busy = busy
         self._drain(block=not busy)
         if self._closing.is_set():
             return

@@ -9,18 +9,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.constrained import token_constraint
+from engine.constrained import run_constraint
 from engine.handwritten import handwritten_methods
 from engine.official import generate_official
 from engine.prompt import Prompt
+from engine.quant.restore import full_weights
 from engine.run import GenerationRun
 from engine.types import GenerationRequest
 
 
 def run_official(engine: Any, prompt: Prompt, run: GenerationRun, request: GenerationRequest,
                  penalty: float) -> int:
-    generate_official(engine.loaded.model, prompt.ids, run, request.sampling, penalty,
-                      constraint=token_constraint(engine, request.constraint))
+    model = engine.loaded.model
+    with full_weights(model, keep=engine.settings.official_keep_weights):  # freed again after (restore.py)
+        generate_official(model, prompt.ids, run, request.sampling, penalty,
+                          constraint=run_constraint(engine, run, request.constraint))
     return 0
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,8 +61,18 @@ def release_freed_memory() -> None:
     """Hand freed heap pages back to the OS (glibc ``malloc_trim``). The per-layer matrices are
     below glibc's mmap threshold, so freeing them after packing leaves the pages in the heap
     and the resident size unchanged until this is called. A no-op elsewhere."""
-    name = ctypes.util.find_library("c")
-    try:
-        ctypes.CDLL(name).malloc_trim(0)
-    except (OSError, AttributeError, TypeError):
-        pass
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.lru_cache(maxsize=1)
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim``, looked up once, by its soname first (``find_library`` runs
+    ``ldconfig``, a child process), or None."""
+    for find in (lambda: "libc.so.6", lambda: ctypes.util.find_library("c")):
+        try:
+            return ctypes.CDLL(find()).malloc_trim
+        except (OSError, AttributeError, TypeError):
+            continue
+    return None

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from core.prompt_block import system_block, tokens_before
 from engine.types import GenerationRequest
 
 
@@ -62,20 +63,25 @@ def raw_prompt(tokenizer: Any, text: str) -> Prompt:
 
 
 def build_prompt(tokenizer: Any, request: GenerationRequest) -> Prompt:
-    """Token ids of the full prompt, and how many of them form the cacheable system block."""
+    """Token ids of the full prompt, and how many of them form the cacheable system block:
+    one render and one encoding in the usual case (:mod:`core.prompt_block`)."""
     if request.raw_prompt is not None:
         return raw_prompt(tokenizer, request.raw_prompt)
     messages = chat_messages(request)
     full_text = _render(tokenizer, messages, request.tools, generation_prompt=True)
+    prefix_text = system_block(messages, full_text,
+                               lambda probe: _render(tokenizer, probe, request.tools, generation_prompt=False))
+    if not getattr(tokenizer, "is_fast", False):  # no offsets: encode the block on its own
+        return _slow_prompt(tokenizer, full_text, prefix_text)
+    encoding = tokenizer(full_text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = list(encoding["input_ids"])
+    return Prompt(ids=ids, prefix_len=tokens_before(encoding["offset_mapping"], len(prefix_text)))
+
+
+def _slow_prompt(tokenizer: Any, full_text: str, prefix_text: str) -> Prompt:
     ids = _encode(tokenizer, full_text)
-    system = [m for m in messages[:1] if m.get("role") == "system"]
-    probe = system + [{"role": "user", "content": "x"}]
-    probe_text = _render(tokenizer, probe, request.tools, generation_prompt=False)
-    marker = "<|im_start|>user"
-    cut = probe_text.find(marker)
-    prefix_text = probe_text[:cut] if cut > 0 else ""
     prefix_len = 0
-    if prefix_text and full_text.startswith(prefix_text):
+    if prefix_text:
         prefix_ids = _encode(tokenizer, prefix_text)
         if ids[:len(prefix_ids)] == prefix_ids:
             prefix_len = len(prefix_ids)

@@ -53,6 +53,7 @@ class GenerationRun:
         self.finish_reason: str | None = None
         self.draft_tokens = self.accepted_draft_tokens = 0
         self.pause: Callable[[], None] | None = None  # set by the loop for a solo task
+        self.constraint: Any = None  # the request's grammar state, compiled once by the loop at submit
 
     @property
     def done(self) -> bool:

@@ -57,12 +57,7 @@ def warm_up(app: Any) -> None:
     """Load the tokenizer and chat template before the first request. Under the gevent
     worker, a load inside a request (seen: the first ``POST /jobs`` of a process) holds the
     hub, so every stream of that process waits for it; done here, it delays only the boot."""
-    from web.routing import ROUTER_KEY
-
-    app.extensions[EXTENSION_KEY].budget.uses_tokenizer  # noqa: B018 - the property loads it
-    router = app.extensions.get(ROUTER_KEY)
-    if router is not None:
-        router.key({"prefix": "warm-up"})
+    app.extensions[EXTENSION_KEY].budget.warm_up()
 
 
 def create_app(settings: Settings | None = None, store: JobStore | None = None,
@@ -87,7 +82,7 @@ def create_app(settings: Settings | None = None, store: JobStore | None = None,
         settings=settings,
         store=store,
         celery=celery_client or make_celery_client(settings),
-        budget=PromptBudget.from_settings(settings),
+        budget=PromptBudget.from_settings(settings, store.client),
         feeds=FeedHub(store, format_event),
     )
     install_request_log(app)

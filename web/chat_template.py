@@ -21,8 +21,12 @@ class TemplateError(ValueError):
 def load_chat_template(folder: Path | None) -> Any | None:
     """A compiled jinja template, or ``None`` when the folder has no chat template."""
     source = _template_source(folder) if folder else None
-    if source is None:
-        return None
+    return compile_template(source) if source is not None else None
+
+
+@functools.lru_cache(maxsize=16)
+def compile_template(source: str) -> Any:
+    """Template source (a model folder's, or what a worker published) compiled as transformers does."""
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 

@@ -1,7 +1,7 @@
 """``logit_bias`` keys checked against the served tokenizer, for ``/v1`` and ``/jobs`` alike.
 
 JSON object keys are strings; the engine takes ``[[token id, bias], ...]``. A key that is
-not a token id of the model's own ``tokenizer.json`` is refused here, naming the field,
+not a token id of the request's model's tokenizer (web/model_texts.py) is refused here, naming the field,
 rather than failing the job on the worker. Without a prepared tokenizer only the shape is
 checked (the worker checks the model's vocabulary and fails the job with a clear error).
 """
@@ -11,18 +11,18 @@ from typing import Any
 
 from web.context import ctx
 from web.errors import ApiError
-from web.tokenizer import load_tokenizer
 
 
-def vocab_size() -> int | None:
-    tokenizer = load_tokenizer(ctx().budget.folder)
-    return tokenizer.get_vocab_size(with_added_tokens=True) if tokenizer is not None else None
+def vocab_size(model: str | None = None) -> int | None:
+    found = ctx().budget.model(model)
+    return found.vocab_size if found is not None else None
 
 
-def bias_pairs(raw: dict[str, float]) -> list[list[Any]]:
-    """``{"id": bias}`` as ``[[id, bias], ...]``; a key that is not a token id is a 422 naming
-    ``logit_bias`` (a 400 under ``/v1``, where validation errors are 400s)."""
-    vocab = vocab_size()
+def bias_pairs(raw: dict[str, float], model: str | None = None) -> list[list[Any]]:
+    """``{"id": bias}`` as ``[[id, bias], ...]``; a key that is not a token id of ``model``'s
+    tokenizer (None: the web's own) is a 422 naming ``logit_bias`` (a 400 under ``/v1``,
+    where validation errors are 400s)."""
+    vocab = vocab_size(model)
     out = []
     for key, value in raw.items():
         if not key.isascii() or not key.isdigit() or (vocab is not None and int(key) >= vocab):

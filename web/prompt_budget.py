@@ -1,91 +1,91 @@
-"""Prompt length against the model's context, checked before a job is enqueued.
+"""Prompt length against the request's model's context, checked before a job is enqueued.
 
-The web holds no model: it loads only ``tokenizer.json`` with the ``tokenizers`` library
-(fast, no torch) and reads ``max_position_embeddings`` from ``config.json``. When the
-prepared model folder has no tokenizer file (model not prepared yet, or a Hugging Face id
-not downloaded here), it falls back to a character limit, ``MINISERVE_MAX_PROMPT_CHARS``.
-
-The count is an upper-bound estimate of the templated prompt: the text's tokens plus
-:data:`PER_MESSAGE_TOKENS` per message for the chat template's role markers, plus
-:data:`TEMPLATE_TOKENS` for the default system prompt and the assistant header.
+The web holds no model: each model's tokenizer, chat template and context length come from
+web/model_texts.py (what its workers published, or the web's own prepared folder). The
+prompt is rendered and encoded once (web/prompt_text.py): that count is checked here, and the
+same encoding gives the prefix router its system block. Without a template the count is an
+upper-bound estimate; without any tokenizer for the model (nothing published yet, no local
+folder) a character limit applies, ``MINISERVE_MAX_PROMPT_CHARS``.
 """
 from __future__ import annotations
 
-import json
-import threading
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-from core.model_source import local_model_dir
-from core.settings import Settings
-from web.errors import ApiError
-from web.tokenizer import load_tokenizer
+import redis
 
-PER_MESSAGE_TOKENS = 8
-TEMPLATE_TOKENS = 48
+from core.model_source import local_model_dir, model_id
+from core.models import seen_models
+from core.settings import Settings
+from web import prompt_text
+from web.errors import ApiError
+from web.model_texts import ModelTexts, TextModel
+from web.prompt_text import PromptCount
+
 FALLBACK_CONTEXT = 32_768
 
 
 @dataclass
 class PromptBudget:
-    """Counts prompt tokens with the model's own tokenizer (loaded once, lazily)."""
+    """Counts a request's prompt tokens with its own model's tokenizer."""
 
-    folder: Path | None
+    texts: ModelTexts
     max_prompt_chars: int
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _loaded: bool = field(default=False, repr=False)
-    _tokenizer: Any = field(default=None, repr=False)
-    _context: int = field(default=FALLBACK_CONTEXT, repr=False)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> "PromptBudget":
-        return cls(local_model_dir(settings), settings.max_prompt_chars)
+    def from_settings(cls, settings: Settings, client: Any) -> "PromptBudget":
+        texts = ModelTexts(client, model_id(settings.model), local_model_dir(settings))
+        return cls(texts, settings.max_prompt_chars)
 
-    def _load(self) -> None:
-        with self._lock:
-            if self._loaded:
-                return
-            self._tokenizer = load_tokenizer(self.folder)
-            if self._tokenizer is not None:
-                self._context = _context_length(self.folder / "config.json")
-            self._loaded = True
+    def model(self, model: str | None = None) -> TextModel | None:
+        """The text side of ``model`` (None: the web's own model), when one is known here."""
+        return self.texts.get(model)
 
-    @property
-    def uses_tokenizer(self) -> bool:
-        self._load()
-        return self._tokenizer is not None
+    def tokenizer(self, model: str | None = None) -> Any | None:
+        """``model``'s ``tokenizers`` Tokenizer, or None when none is known here."""
+        found = self.model(model)
+        return found.tokenizer if found is not None else None
 
-    @property
-    def context_length(self) -> int:
-        self._load()
-        return self._context
+    def context_length(self, model: str | None = None) -> int:
+        found = self.model(model)
+        return found.context_length if found is not None else FALLBACK_CONTEXT
 
-    def check(self, texts: list[str], max_new_tokens: int, field_name: str) -> int | None:
-        """Raise a 422 when the prompt (plus ``max_new_tokens``) cannot fit; returns the
-        estimated prompt tokens, or ``None`` when only the character limit was applied."""
-        self._load()
-        if self._tokenizer is None:
-            chars = sum(len(text) for text in texts)
+    def warm_up(self) -> None:
+        """Load the tokenizers of the web's own model and of every model seen in the cluster,
+        and compile the own model's template, now (at boot)."""
+        try:
+            seen = sorted(seen_models(self.texts.client))
+        except redis.RedisError:
+            seen = []
+        self.texts.warm_up(seen)
+        found = self.model()
+        if found is not None:
+            prompt_text.count(found, {"messages": [{"role": "user", "content": "warm-up"}], "prefix": "warm-up"})
+
+    def check(self, request: dict[str, Any], max_new_tokens: int, field_name: str,
+              model: str | None = None) -> PromptCount | None:
+        """Raise a 422 when the prompt (plus ``max_new_tokens``) cannot fit in ``model``'s
+        context; returns the count, or ``None`` when only the character limit was applied."""
+        found = self.model(model)
+        if found is None:
+            chars = sum(len(str(m.get("content") or "")) for m in request.get("messages") or [])
+            chars += len(request.get("prefix") or "") + len(request.get("raw_prompt") or "")
             if chars > self.max_prompt_chars:
                 raise ApiError(422, "prompt_too_long", f"{field_name}: {chars} characters, more than "
                                f"the limit of {self.max_prompt_chars}", field=field_name)
             return None
-        encodings = self._tokenizer.encode_batch(texts, add_special_tokens=False)
-        tokens = sum(len(e.ids) for e in encodings) + PER_MESSAGE_TOKENS * len(texts) + TEMPLATE_TOKENS
-        if tokens >= self._context:
-            raise ApiError(422, "prompt_too_long", f"{field_name}: about {tokens} tokens, the model's "
-                           f"context holds {self._context}", field=field_name)
-        if tokens + max_new_tokens > self._context:
-            raise ApiError(422, "context_exceeded", f"max_new_tokens: about {tokens} prompt tokens + "
-                           f"{max_new_tokens} new tokens exceed the context of {self._context}; "
-                           f"ask for at most {self._context - tokens}", field="max_new_tokens")
-        return tokens
-
-
-def _context_length(config_file: Path) -> int:
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-        return int(config.get("max_position_embeddings") or FALLBACK_CONTEXT)
-    except (OSError, ValueError, TypeError):
-        return FALLBACK_CONTEXT
+        try:
+            counted = prompt_text.count(found, request)
+        except (TypeError, ValueError):  # text the tokenizer refuses (web.guards stops lone surrogates first)
+            raise ApiError(422, "validation_error", f"{field_name}: text the model's tokenizer cannot read",
+                           field=field_name) from None
+        tokens, context = counted.tokens, found.context_length
+        about = "" if counted.exact else "about "
+        if tokens >= context:
+            raise ApiError(422, "prompt_too_long", f"{field_name}: {about}{tokens} tokens, the model's "
+                           f"context holds {context}", field=field_name)
+        if tokens + max_new_tokens > context:
+            raise ApiError(422, "context_exceeded", f"max_new_tokens: {about}{tokens} prompt tokens + "
+                           f"{max_new_tokens} new tokens exceed the context of {context}; "
+                           f"ask for at most {context - tokens}", field="max_new_tokens")
+        return counted

@@ -1,9 +1,11 @@
 """``POST /tokenize`` and ``POST /detokenize``, in vLLM's request and response shapes.
 
-The web already holds the model's ``tokenizer.json`` (``web.tokenizer``) and renders its chat
-template (``web.chat_template``), so these answer without a worker, with the ids the worker
+``model`` picks whose tokenizer (default: the model a request naming none would get): the
+web holds each model's ``tokenizer.json`` and chat template as its workers published them
+(web/model_texts.py), so these answer without a worker, with the ids that model's worker
 will see: a ``messages`` prompt is rendered as the worker renders it (the template's default
-system prompt included, ``add_generation_prompt`` true by default).
+system prompt included, ``add_generation_prompt`` true by default). A model this cluster does
+not know is a 404 ``model_not_found``; one known but whose tokenizer is not here yet, a 503.
 """
 from __future__ import annotations
 
@@ -13,24 +15,27 @@ from flask import jsonify
 from flask_openapi3 import APIBlueprint, Tag
 from pydantic import BaseModel, Field, model_validator
 
-from web.chat_template import TemplateError, load_chat_template
+from web.chat_template import TemplateError
 from web.context import ctx
 from web.errors import ApiError
+from web.model_texts import TextModel
+from web.models import cluster_models, own_model_is_explicit
+from web.prompt_text import render
 from web.openai.convert import stored_messages
 from web.openai.schemas import ChatMessage, ToolDef
 from web.routes_jobs import BODY_ERRORS, GUARD_ERRORS
 from web.schemas import ErrorResponse, Strict, json_int
-from web.tokenizer import load_tokenizer
 
 api = APIBlueprint("tokenize", __name__, abp_tags=[Tag(name="tokenizer", description="vLLM-compatible")])
 MAX_TOKENS = 1_000_000
-ERRORS = {**BODY_ERRORS, 503: ErrorResponse, **GUARD_ERRORS}
+ERRORS = {**BODY_ERRORS, 404: ErrorResponse, 503: ErrorResponse, **GUARD_ERRORS}
 
 
 class TokenizeRequest(Strict):
     """Either ``prompt`` (text as is) or ``messages`` (through the chat template)."""
 
-    model: str | None = Field(default=None, max_length=200, description="any name; the served model's tokenizer")
+    model: str | None = Field(default=None, max_length=200, description="whose tokenizer; default: the "
+                              "model a request naming none gets")
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(default=None, min_length=1, max_length=256)
     add_generation_prompt: bool = Field(default=True, description="messages only: end with the assistant header")
@@ -56,7 +61,7 @@ class TokenizeResponse(BaseModel):
 
 
 class DetokenizeRequest(Strict):
-    model: str | None = Field(default=None, max_length=200)
+    model: str | None = Field(default=None, max_length=200, description="whose tokenizer (as for /tokenize)")
     tokens: list[json_int(ge=0)] = Field(max_length=MAX_TOKENS)
 
 
@@ -67,11 +72,11 @@ class DetokenizeResponse(BaseModel):
 @api.post("/tokenize", summary="Token ids of a prompt or of chat messages (vLLM-compatible)",
           responses={200: TokenizeResponse, **ERRORS})
 def tokenize(body: TokenizeRequest):
-    tokenizer = _tokenizer()
-    text = body.prompt if body.prompt is not None else _render(body)
+    model = _model(body.model)
+    text = body.prompt if body.prompt is not None else _render(model, body)
     special = body.add_special_tokens if body.add_special_tokens is not None else body.prompt is not None
-    encoding = tokenizer.encode(text, add_special_tokens=special)  # lone surrogates: refused by web.guards
-    return jsonify({"count": len(encoding.ids), "max_model_len": ctx().budget.context_length,
+    encoding = model.tokenizer.encode(text, add_special_tokens=special)  # lone surrogates: refused by web.guards
+    return jsonify({"count": len(encoding.ids), "max_model_len": model.context_length,
                     "tokens": list(encoding.ids), "token_strs": list(encoding.tokens) if body.return_token_strs
                     else None})
 
@@ -79,7 +84,7 @@ def tokenize(body: TokenizeRequest):
 @api.post("/detokenize", summary="The text of token ids (vLLM-compatible)",
           responses={200: DetokenizeResponse, **ERRORS})
 def detokenize(body: DetokenizeRequest):
-    tokenizer = _tokenizer()
+    tokenizer = _model(body.model).tokenizer
     vocab = tokenizer.get_vocab_size(with_added_tokens=True)
     bad = next((i for i, token in enumerate(body.tokens) if token >= vocab), None)
     if bad is not None:
@@ -88,22 +93,26 @@ def detokenize(body: DetokenizeRequest):
     return jsonify({"prompt": tokenizer.decode(body.tokens, skip_special_tokens=False)})
 
 
-def _tokenizer() -> Any:
-    tokenizer = load_tokenizer(ctx().budget.folder)
-    if tokenizer is None:
-        raise ApiError(503, "tokenizer_unavailable", "the model's tokenizer.json is not prepared here yet",
-                       retry_after=5)
-    return tokenizer
+def _model(requested: str | None) -> TextModel:
+    """The named model's text side (default: the cluster's default model)."""
+    models = cluster_models()
+    name = requested or models.default(own_model_is_explicit())
+    found = ctx().budget.model(name)
+    if found is not None:
+        return found
+    if name not in models.available() and name not in models.seen:
+        raise ApiError(404, "model_not_found", f"The model '{name}' does not exist; this cluster serves "
+                       f"{', '.join(repr(m) for m in models.available()) or 'no model yet'}", field="model")
+    raise ApiError(503, "tokenizer_unavailable", f"the tokenizer of '{name}' is not here yet (its worker "
+                   "publishes it once its model has loaded)", retry_after=5)
 
 
-def _render(body: TokenizeRequest) -> str:
-    template = load_chat_template(ctx().budget.folder)
-    if template is None:
+def _render(model: TextModel, body: TokenizeRequest) -> str:
+    if model.template is None:
         raise ApiError(503, "tokenizer_unavailable", "the model's chat template is not prepared here yet",
                        retry_after=5)
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
     try:
-        return template.render(messages=stored_messages(body.messages or []), tools=tools,
-                               add_generation_prompt=body.add_generation_prompt)
+        return render(model, stored_messages(body.messages or []), tools, body.add_generation_prompt)
     except TemplateError as exc:
         raise ApiError(422, "validation_error", f"messages: {exc}", field="messages") from None

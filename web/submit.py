@@ -1,7 +1,9 @@
 """Turning a validated body into a queued job: normalise, check limits, enqueue by task name.
 
-Order matters: every check that can reject a request (token cap, prompt length, queue
-depth) runs before anything is written, so a rejected request leaves no job behind.
+Order matters: every check that can reject a request (token cap, model, prompt length with
+that model's tokenizer, queue depth) runs before anything is written, so a rejected request
+leaves no job behind. The prompt is rendered and encoded once here, for the length check and
+the prefix router together (web/prompt_text.py).
 
 The stored request is a plain dict the worker turns into ``engine.types.GenerationRequest``::
 
@@ -11,7 +13,7 @@ The stored request is a plain dict the worker turns into ``engine.types.Generati
      "method": "official", "tools": None, "max_steps": None, "model": "<model id>"}
 
 (``model``: generation and agent jobs, web/models.py) plus ``"return_token_ids": true`` when the body asked to keep the token ids in the result,
-``"speculative": true|false`` when the body set it, and ``"constraint": {"kind", "grammar", "lazy", "start_triggers", "triggers"}`` when the body
+``"speculative": true|false`` when the body set it, and ``"constraint": {"kind", "grammar", "lazy", "start_triggers", "triggers", "trigger_regex"}`` when the body
 asked for structured output (``web.constraints``).
 """
 from __future__ import annotations
@@ -30,6 +32,7 @@ from web.context import ctx, note_job, request_owner
 from web.errors import ApiError
 from web.logit_bias import bias_pairs
 from web.models import pick_model
+from web.prompt_text import PromptCount
 from web.routing import route_job
 from web.schemas import AgentBody, GenerateBody, JobSubmit, SamplingFields
 
@@ -64,11 +67,12 @@ def _sampling(body: SamplingFields | AgentBody) -> dict[str, Any]:
     out = {"max_new_tokens": max_new, "temperature": body.temperature, "top_p": body.top_p,
            "top_k": body.top_k, "repetition_penalty": body.repetition_penalty, "seed": body.seed,
            "stop": stop}
-    return {**out, **openai_penalties(body.presence_penalty, body.frequency_penalty, body.logit_bias)}
+    return {**out, **openai_penalties(body.presence_penalty, body.frequency_penalty, body.logit_bias,
+                                      getattr(body, "model", None))}
 
 
 def openai_penalties(presence: float | None, frequency: float | None,
-                     logit_bias: dict[str, float] | None) -> dict[str, Any]:
+                     logit_bias: dict[str, float] | None, model: str | None = None) -> dict[str, Any]:
     """OpenAI's penalties and bias for the stored sampling, only when set (a plain job's
     stored request stays as it was)."""
     out: dict[str, Any] = {}
@@ -77,7 +81,7 @@ def openai_penalties(presence: float | None, frequency: float | None,
     if frequency:
         out["frequency_penalty"] = frequency
     if logit_bias:
-        out["logit_bias"] = bias_pairs(logit_bias)
+        out["logit_bias"] = bias_pairs(logit_bias, model)  # ids of the named model's vocabulary
     return out
 
 
@@ -142,18 +146,17 @@ def from_agent_body(body: AgentBody) -> Submission:
                       body.model)
 
 
-def _check_prompt(sub: Submission) -> None:
+def _check_prompt(sub: Submission, model: str | None) -> PromptCount | None:
+    """The prompt against ``model``'s context, counted with its tokenizer (web/prompt_budget.py)."""
+    max_new = sub.request["sampling"]["max_new_tokens"]
     prompts = sub.request.get("prompts")
     if prompts:  # a text completion's prompts are separate sequences: each must fit
         for text in prompts:
-            ctx().budget.check([text], sub.request["sampling"]["max_new_tokens"], sub.input_field)
-        return
-    texts = [m["content"] for m in sub.request["messages"]]
+            ctx().budget.check({"raw_prompt": text}, max_new, sub.input_field, model)
+        return None
     if sub.job_type == "agent":
-        _check_agent_chars(sum(len(text) for text in texts), sub.input_field)
-    if sub.request["prefix"]:
-        texts.append(sub.request["prefix"])
-    ctx().budget.check(texts, sub.request["sampling"]["max_new_tokens"], sub.input_field)
+        _check_agent_chars(sum(len(m["content"]) for m in sub.request["messages"]), sub.input_field)
+    return ctx().budget.check(sub.request, sub.request["sampling"]["max_new_tokens"], sub.input_field, model)
 
 
 def _check_agent_chars(chars: int, field_name: str) -> None:
@@ -181,14 +184,14 @@ def submit(sub: Submission, idempotency_key: str | None = None) -> Submitted:
     The job (and its key) are created in one atomic step, then its task is sent, then the
     send is confirmed (:meth:`JobStore.mark_dispatched`). A crash in between leaves a queued
     job without a confirmed message: the workers' sweeper re-sends it (``worker/reaper.py``)."""
-    _check_prompt(sub)
+    queue, model = _queue_and_model(sub)
+    counted = _check_prompt(sub, model)
     owner = request_owner() or ""
     store, settings = ctx().store, ctx().settings
     if idempotency_key and (earlier := store.idempotent_job(idempotency_key, owner)) is not None:
         return _replayed(earlier)
-    queue, model = _queue_and_model(sub)
     _check_queue_depth(queue)
-    target = route_job(sub.request, queue, model)  # cache-aware routing (web/routing.py)
+    target = route_job(sub.request, queue, model, counted)  # cache-aware routing (web/routing.py)
     if idempotency_key:
         job, replayed = store.create_idempotent(sub.job_type, queue, sub.request, idempotency_key=idempotency_key,
                                                 owner=owner, max_attempts=settings.max_attempts)
@@ -198,7 +201,8 @@ def submit(sub: Submission, idempotency_key: str | None = None) -> Submitted:
         job = store.create(sub.job_type, queue, sub.request, owner=owner, max_attempts=settings.max_attempts)
     note_job(job.id)
     try:
-        ctx().celery.send_task(tasks.TASK_FOR_JOB_TYPE[sub.job_type], args=[job.id], task_id=job.id, queue=target)
+        ctx().celery.send_task(tasks.TASK_FOR_JOB_TYPE[sub.job_type], args=[job.id], task_id=job.id, queue=target,
+                               **({"kwargs": {"model": model}} if model else {}))  # the worker's model guard reads it
     except Exception:
         _abandon(job.id, idempotency_key, owner)
         raise

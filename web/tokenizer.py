@@ -1,8 +1,8 @@
-"""The model's ``tokenizer.json``, loaded once per web process and shared.
+"""A prepared model folder's ``tokenizer.json``, loaded once per web process and shared.
 
-The web holds no model, only the fast ``tokenizers`` library: the prompt budget and the
-prefix router both count or hash tokens exactly as the worker will, and one loaded copy
-(tens of MB) serves both. The ``tokenizers`` Tokenizer is safe to share between threads.
+The web holds no model, only the fast ``tokenizers`` library: the web's own model is read
+from its folder here; other models come from what their workers publish
+(web/model_texts.py). The ``tokenizers`` Tokenizer is safe to share between threads.
 """
 from __future__ import annotations
 

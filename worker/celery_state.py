@@ -42,22 +42,28 @@ class JobTimedOut(JobError):
 TASK_THROWS = (JobError, JobTimedOut)
 
 
-def report_outcome(task: Task, store: JobStore, job_id: str) -> dict[str, Any]:
-    """Return (SUCCESS) or raise (FAILURE, REVOKED, ignored) as the stored job ended."""
-    record = store.get(job_id)
-    if record.state == SUCCEEDED:
-        return {"job_id": job_id, "state": SUCCEEDED, "usage": (record.result or {}).get("usage")}
-    if record.state == FAILED:
-        raise JobError(_code(record, "failed"))
-    if record.state == TIMEOUT:
-        raise JobTimedOut(_code(record, "timeout"))
-    if record.state == CANCELLED:
+def report_outcome(task: Task, store: JobStore, job_id: str, ended: Any = None) -> dict[str, Any]:
+    """Return (SUCCESS) or raise (FAILURE, REVOKED, ignored) as the job ended.
+    ``ended`` (:class:`worker.job_runner.Ended`): the ending this delivery wrote itself, so
+    the job is not read back; without it (skipped, forwarded, lost a race) the store says."""
+    state, payload = (ended.state, ended.payload) if ended is not None else _stored(store.get(job_id))
+    if state == SUCCEEDED:
+        return {"job_id": job_id, "state": SUCCEEDED, "usage": (payload or {}).get("usage")}
+    if state == FAILED:
+        raise JobError(_code(payload, "failed"))
+    if state == TIMEOUT:
+        raise JobTimedOut(_code(payload, "timeout"))
+    if state == CANCELLED:
         _revoke(task, job_id)
     raise Ignore()
 
 
-def _code(record: JobRecord, default: str) -> str:
-    return str((record.error or {}).get("code") or default)
+def _stored(record: JobRecord) -> tuple[str, dict[str, Any] | None]:
+    return record.state, record.result if record.state == SUCCEEDED else record.error
+
+
+def _code(payload: dict[str, Any] | None, default: str) -> str:
+    return str((payload or {}).get("code") or default)
 
 
 def _revoke(task: Task, job_id: str) -> None:

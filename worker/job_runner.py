@@ -1,9 +1,9 @@
 """One attempt of one job, from ``start_attempt`` to its single terminal state.
 
 Every job type (generation, agent, bench) runs through :func:`run_job`, which owns the
-parts they share: the lease that proves the attempt is alive, cooperative cancellation and
-the time limit (checked between tokens), streaming events, and mapping outcomes to exactly
-one terminal state.
+parts they share: the lease that proves the attempt is alive, cooperative cancellation (by
+message: worker/cancel_watch.py) and the time limit (both read between tokens), streaming
+events, and mapping outcomes to exactly one terminal state.
 """
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from worker.choice_stream import ChoiceStreams
 from worker.runtime import ModelUnavailable, WorkerRuntime
 
 logger = logging.getLogger("miniserve.worker")
-CANCEL_POLL_S = 0.05
 
 
 class BadJobRequest(ValueError):
@@ -52,7 +51,7 @@ class JobContext:
     tokens_done: int = 0             # generated tokens of this job's finished engine requests
     _streaming: Any = None           # the engine request streaming now (its ``tokens_streamed``)
     _counting: bool = False          # token events say how many tokens the job has generated
-    _last_poll: float = 0.0
+    cancel: threading.Event = field(default_factory=threading.Event)  # set by the worker's CancelWatch
     _paused_at: float | None = None    # the clock is paused while waiting for the engine loop
     _choices: ChoiceStreams | None = None  # per-choice chunks (worker.choice_stream), built on first use
 
@@ -122,16 +121,14 @@ class JobContext:
         return max(0.0, self.deadline - now)
 
     def should_cancel(self) -> bool:
-        """Polled between tokens: cancel flag (throttled), time limit, superseded attempt."""
+        """Read between tokens, without Redis: the cancel event (worker/cancel_watch.py), the
+        time limit, a superseded attempt."""
         if self.stopped_reason:
             return True
-        now = time.monotonic()
-        if self._paused_at is None and now >= self.deadline:
+        if self._paused_at is None and time.monotonic() >= self.deadline:
             self.stopped_reason = "timeout"
-        elif now - self._last_poll >= CANCEL_POLL_S:
-            self._last_poll = now
-            if self.store.cancel_requested(self.job_id):
-                self.stopped_reason = "cancelled"
+        elif self.cancel.is_set():
+            self.stopped_reason = "cancelled"
         return self.stopped_reason is not None
 
 
@@ -166,20 +163,29 @@ class LeaseKeeper:
 JobBody = Callable[[JobContext], dict[str, Any]]
 
 
-def run_job(rt: WorkerRuntime, job_id: str, dispatch: int, body: JobBody) -> str | None:
-    """Run one attempt; returns the terminal state written, or None when skipped."""
+@dataclass(frozen=True)
+class Ended:
+    """The terminal state this attempt wrote, and its result or error payload."""
+
+    state: str
+    payload: dict[str, Any]
+
+
+def run_job(rt: WorkerRuntime, job_id: str, dispatch: int, body: JobBody) -> Ended | None:
+    """Run one attempt; returns how it ended, or None when skipped (or another ending won)."""
     started = rt.store.start_attempt(job_id, rt.name, rt.settings.lease_s, dispatch)
     if not started.should_run:
         log_event(logger, "job_skipped", job_id=job_id, dispatch=dispatch, code=started.attempt)
         return None
-    record = rt.store.get(job_id)
-    ctx = JobContext(rt.store, record, started.attempt,
-                     deadline=time.monotonic() + rt.settings.soft_time_limit_s,
-                     text=TextCoalescer(rt.settings.token_event_interval_ms / 1000))
+    record = started.record or rt.store.get(job_id)  # the script hands the stored request over
     log_event(logger, "job_started", job_id=job_id, job_type=record.type, attempt=started.attempt,
               queue_wait_ms=round((time.time() - record.created_at) * 1000, 1))
     began = time.perf_counter()
-    with rt.tracking(job_id), LeaseKeeper(rt.store, job_id, rt.settings.lease_s):
+    with rt.tracking(job_id), rt.cancels.watching(job_id) as cancel, \
+            LeaseKeeper(rt.store, job_id, rt.settings.lease_s):
+        ctx = JobContext(rt.store, record, started.attempt,
+                         deadline=time.monotonic() + rt.settings.soft_time_limit_s,
+                         text=TextCoalescer(rt.settings.token_event_interval_ms / 1000), cancel=cancel)
         state, payload = _outcome(ctx, body)
         _flush_text(ctx)
     written = rt.store.finish(job_id, state, payload, attempt=started.attempt,
@@ -188,7 +194,7 @@ def run_job(rt: WorkerRuntime, job_id: str, dispatch: int, body: JobBody) -> str
               attempt=started.attempt, latency_ms=round((time.perf_counter() - began) * 1000, 1),
               completion_tokens=payload.get("usage", {}).get("completion_tokens"),
               recorded=bool(written))
-    return state if written else None
+    return Ended(state, payload) if written else None
 
 
 def _flush_text(ctx: JobContext) -> None:

@@ -20,16 +20,21 @@ from worker.runtime import WorkerRuntime
 logger = logging.getLogger("miniserve.worker")
 
 
-def forwarded(rt: WorkerRuntime, celery_app, job_id: str, dispatch: int, task: str, base: str) -> bool:
-    """True when the job asks for a model this worker does not serve (and was re-sent)."""
-    try:
-        wanted = rt.store.get(job_id).request.get("model")
-    except JobNotFound:
-        return False  # run_job skips it and says why
+def forwarded(rt: WorkerRuntime, celery_app, job_id: str, dispatch: int, task: str, base: str,
+              model: str | None = None) -> bool:
+    """True when the job asks for a model this worker does not serve (and was re-sent).
+    ``model``: what the message says (the web's sends carry it); a message without it (the
+    sweeper's and reaper's re-sends) is checked against the stored request."""
+    wanted = model
+    if wanted is None:
+        try:
+            wanted = rt.store.get(job_id).request.get("model")
+        except JobNotFound:
+            return False  # run_job skips it and says why
     if not wanted or wanted == rt.model_id:
         return False
     queue = keys.model_queue(base, wanted)
-    celery_app.send_task(task, args=[job_id, dispatch], task_id=job_id, queue=queue)
+    celery_app.send_task(task, args=[job_id, dispatch], kwargs={"model": wanted}, task_id=job_id, queue=queue)
     log_event(logger, "job_forwarded", job_id=job_id, dispatch=dispatch, model=wanted, served=rt.model_id,
               queue=queue)
     return True

@@ -24,7 +24,10 @@ from core.model_source import model_id
 from core.redis_conn import redis_client
 from core.routing import register_queue
 from core.settings import Settings, get_settings
+from core import model_text as model_texts
 from core.workers import write_heartbeat
+from worker.cancel_watch import CancelWatch
+from worker.model_text import model_text
 
 logger = logging.getLogger("miniserve.worker")
 HEARTBEAT_S = 5.0
@@ -49,6 +52,9 @@ class WorkerRuntime:
     _engine: Any = None
     load_error: str | None = None  # why the model could not be loaded (a ModelLoadError): on /workers, in job errors
     _engine_lock: threading.Lock = field(default_factory=threading.Lock)
+    _cancels: CancelWatch | None = None
+    _text_published: bool = False
+    _cancels_lock: threading.Lock = field(default_factory=threading.Lock)
     _pid: int = field(default_factory=os.getpid)
 
     @property
@@ -75,7 +81,17 @@ class WorkerRuntime:
                     log_event(logger, "engine_loaded", worker=self.name,
                               load_ms=round((time.perf_counter() - started) * 1000, 1))
                     self._engine = engine
+                    self.publish_text()
         return self._engine
+
+    @property
+    def cancels(self) -> CancelWatch:
+        """The process's one cancel subscription (started with its first job)."""
+        if self._cancels is None:
+            with self._cancels_lock:
+                if self._cancels is None:
+                    self._cancels = CancelWatch(self.store.client)
+        return self._cancels
 
     @property
     def model_id(self) -> str:
@@ -124,8 +140,26 @@ class WorkerRuntime:
         """One heartbeat; any failure is logged and the next beat tries again."""
         try:
             write_heartbeat(self.store.client, self.name, self.describe(), ttl_s=int(HEARTBEAT_S * 3))
+            if self._text_published:
+                model_texts.refresh(self.store.client, self.model_id)
+            else:
+                self.publish_text()
         except Exception as exc:  # noqa: BLE001 - the heartbeat thread must never die
             log_event(logger, "heartbeat_failed", level=logging.WARNING, error=type(exc).__name__)
+
+    def publish_text(self) -> None:
+        """Once the model has loaded, its tokenizer, template and limits for the web
+        (core/model_text.py); a failure is logged and the next heartbeat tries again."""
+        if self._engine is None or self._text_published:
+            return
+        try:
+            text = model_text(self._engine.loaded)
+            written = text is not None and model_texts.publish(self.store.client, self.model_id, text)
+            self._text_published = True
+            log_event(logger, "model_text_published", worker=self.name, written=written,
+                      tokenizer_bytes=len(text.tokenizer_json) if text else 0)
+        except Exception as exc:  # noqa: BLE001 - the web falls back to its own files meanwhile
+            log_event(logger, "model_text_publish_failed", level=logging.WARNING, error=type(exc).__name__)
 
 
 def make_store(settings: Settings) -> JobStore:

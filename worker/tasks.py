@@ -1,5 +1,8 @@
-"""Celery tasks. Each takes the job id (the Celery task id is the job id) and a dispatch
-number; the job's request lives in Redis, not in the message."""
+"""Celery tasks. Each takes the job id (the Celery task id is the job id), a dispatch number
+and (from the web) the model the job is for. The job's request lives in Redis, not in the
+message: the record must outlive the message for ``GET /jobs/{id}`` and for the re-sends of
+the sweeper and the reaper after a worker died. The web writes it once, and the worker gets
+it back in the same round trip that starts the attempt (``START_ATTEMPT``)."""
 from __future__ import annotations
 
 from typing import Any
@@ -147,22 +150,23 @@ def run_agent(ctx: JobContext) -> dict[str, Any]:
 
 
 @app.task(name=names.GENERATE, bind=True, throws=TASK_THROWS)
-def generate(self: Task, job_id: str, dispatch: int = 0) -> dict[str, Any]:
-    return run_task(self, job_id, dispatch, run_generation, names.GENERATE, "generation")
+def generate(self: Task, job_id: str, dispatch: int = 0, model: str | None = None) -> dict[str, Any]:
+    return run_task(self, job_id, dispatch, run_generation, names.GENERATE, "generation", model)
 
 
 @app.task(name=names.AGENT, bind=True, throws=TASK_THROWS)
-def agent(self: Task, job_id: str, dispatch: int = 0) -> dict[str, Any]:
-    return run_task(self, job_id, dispatch, run_agent, names.AGENT, "agent")
+def agent(self: Task, job_id: str, dispatch: int = 0, model: str | None = None) -> dict[str, Any]:
+    return run_task(self, job_id, dispatch, run_agent, names.AGENT, "agent", model)
 
 
 def run_task(task: Task, job_id: str, dispatch: int, body, name: str | None = None,
-             base: str | None = None) -> dict[str, Any]:
+             base: str | None = None, model: str | None = None) -> dict[str, Any]:
     """Run the attempt (unless the job is for another model: forwarded to ``<base>.<model>``,
     worker/model_guard.py; bench jobs pass no ``base``: any worker runs them), then give Celery
     the job's true end (worker/celery_state.py; a forwarded job is still queued, so this
     delivery is acknowledged and ignored)."""
     rt = runtime()
-    if base is None or not forwarded(rt, app, job_id, dispatch, name, base):
-        run_job(rt, job_id, dispatch, body)
-    return report_outcome(task, rt.store, job_id)
+    ended = None
+    if base is None or not forwarded(rt, app, job_id, dispatch, name, base, model):
+        ended = run_job(rt, job_id, dispatch, body)
+    return report_outcome(task, rt.store, job_id, ended)

@@ -19,7 +19,7 @@ from engine.constrained.compiler import CompiledGrammar, GrammarCompiler, Gramma
 from engine.constrained.matcher import TokenConstraint
 
 __all__ = ["CompiledGrammar", "GrammarCompiler", "GrammarError", "TokenConstraint", "compiler_for",
-           "token_constraint"]
+           "run_constraint", "token_constraint"]
 
 
 _BUILD_LOCK = threading.Lock()
@@ -41,6 +41,16 @@ def compiler_for(engine: Any) -> GrammarCompiler:
                 compiler = GrammarCompiler(loaded.tokenizer, int(loaded.model.config.vocab_size), loaded.eos_ids)
                 engine._grammar_compiler = compiler
     return compiler
+
+
+def run_constraint(engine: Any, run: Any, constraint: Constraint | None) -> TokenConstraint | None:
+    """The request's constraint as the engine loop compiled it at submit (``run.constraint``),
+    so a non-batched method does not compile the grammar a second time; compiled here only
+    when a method is called without the loop (tests)."""
+    made = getattr(run, "constraint", None)
+    if made is not None or constraint is None:
+        return made
+    return token_constraint(engine, constraint)
 
 
 def token_constraint(engine: Any, constraint: Constraint | None) -> TokenConstraint | None:

@@ -8,18 +8,26 @@ a forward pre-hook on the model reloads those weights from the model's safetenso
 for a hub id without local files, from ``from_pretrained``) the first time transformers
 runs it, then removes itself. Parameter accounting (:func:`full_weight_bytes`) lets tests
 check that nothing full-precision is left behind.
+
+Why free them again after ``official`` (:func:`full_weights`): a reload kept for the rest of
+the process made a worker that ever served one ``official`` job hold both copies for good
+(about 1 GB more for the default model). Each ``official`` job now reloads them (logged as
+``full_weights_restored`` with its latency) and the last one running frees them, handing the
+pages back to the OS; ``MINISERVE_OFFICIAL_KEEP_WEIGHTS=true`` keeps them after the first.
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
 from core.logs import log_event
+from engine.packed import release_freed_memory
 
 logger = logging.getLogger("miniserve.engine.quant")
 _STATE = "miniserve_freed_weights"  # {"names": [...], "source": str, "hook": handle, "lock": Lock}
@@ -54,10 +62,38 @@ def free_full_weights(model: Any, source: str | None, embed: bool = False) -> in
         module.__dict__.pop("_miniserve_fused", None)
         dtype, device = module.weight.dtype, module.weight.device
         module.weight = torch.nn.Parameter(torch.empty(0, dtype=dtype, device=device), requires_grad=False)
-    if _STATE not in model.__dict__:
-        hook = model.register_forward_pre_hook(lambda module, args: restore_full_weights(module))
-        model.__dict__[_STATE] = {"names": list(modules), "source": source, "hook": hook, "lock": threading.Lock()}
+    state = model.__dict__.get(_STATE)
+    if state is None:
+        model.__dict__[_STATE] = {"names": list(modules), "source": source, "lock": threading.Lock(), "users": 0,
+                                  "hook": _reload_hook(model)}
+    elif state.get("done"):   # freed again after official: the next forward reloads once more
+        state.update(done=False, hook=_reload_hook(model))
     return freed
+
+
+def _reload_hook(model: Any) -> Any:
+    return model.register_forward_pre_hook(lambda module, args: restore_full_weights(module))
+
+
+@contextmanager
+def full_weights(model: Any, keep: bool = False) -> Iterator[None]:
+    """The full-precision weights for the duration of the block (``official``'s ``generate``);
+    freed again when the last block that asked for them ends, unless ``keep``. Blocks may
+    overlap (solo tasks interleave on the loop thread): a count of users decides."""
+    state = model.__dict__.get(_STATE)
+    if state is None:   # nothing was freed (full precision, or not packed): nothing to do
+        yield
+        return
+    state["users"] += 1
+    try:
+        restore_full_weights(model)
+        yield
+    finally:
+        state["users"] -= 1
+        if not keep and state["users"] == 0 and state.get("done"):
+            freed = free_full_weights(model, state["source"], embed="model.embed_tokens" in state["names"])
+            release_freed_memory()
+            log_event(logger, "full_weights_freed", reason="official_done", mb=round(freed / 2**20, 1))
 
 
 def restore_full_weights(model: Any) -> None:

@@ -21,9 +21,11 @@ def test_tool_turns_are_constrained_to_one_call_of_a_declared_tool():
     EngineChatModel(recorder).chat([{"role": "user", "content": "2+2"}], tools, 32)
     constraint = recorder.requests[0].constraint
     assert constraint.kind == "tools" and constraint.lazy
+    assert constraint.trigger_regex and not constraint.start_triggers  # the name rule, as on /v1
     for tool in tools:
-        assert f'"name\\": \\"{tool["function"]["name"]}\\"' in constraint.grammar
-    assert "{0," not in constraint.grammar  # one call per turn
+        assert f'"{tool["function"]["name"]}' in constraint.grammar
+        assert tool["function"]["name"] in constraint.trigger_regex
+    assert '"\\n" call' not in constraint.grammar  # one call per turn
 
 
 def test_answer_turns_and_the_unconstrained_model_carry_no_grammar():

@@ -103,6 +103,19 @@ def test_compiled_grammars_are_cached_by_hash(tiny_engine):
     assert (after["misses"] - before["misses"], after["hits"] - before["hits"]) == (1, 1)
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_a_request_compiles_its_grammar_once_whatever_the_method(tiny_engine, method):
+    """The loop compiles at submit (errors reach the caller); the method samples with that
+    constraint instead of looking the grammar up again."""
+    compiler = compiler_for(tiny_engine)
+    schema = {"type": "object", "properties": {f"once_{method}": {"type": "integer"}}}  # new to the cache
+    before = compiler.stats()
+    result = tiny_engine.generate(request(grammar.json_schema(schema), method=method, tokens=40))
+    after = compiler.stats()
+    assert (after["misses"] - before["misses"], after["hits"] - before["hits"]) == (1, 0)
+    assert result.text
+
+
 def test_a_grammar_that_does_not_compile_raises_grammar_error(tiny_engine):
     with pytest.raises(GrammarError, match="regex"):
         token_constraint(tiny_engine, grammar.regex("(unclosed"))

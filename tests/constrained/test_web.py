@@ -155,6 +155,22 @@ def test_auto_streams_a_bare_call_as_deltas_and_holds_text_back(client, store, c
     assert events[-1]["choices"][0]["finish_reason"] == "stop"
 
 
+def test_auto_json_that_answers_stays_content_and_a_spaced_call_still_streams(client, store, celery):  # noqa: F811
+    answer = '{"city": "Paris", "temperature": 21}'
+    events = streamed(client, store, celery, answer, tools=[TOOL])
+    assert not tool_deltas(events)
+    assert "".join(c["delta"].get("content") or "" for e in events for c in e["choices"]) == answer
+    assert events[-1]["choices"][0]["finish_reason"] == "stop"
+    spaced = '{\n  "name" : "get_weather", "arguments": {"city": "Rome"}}'
+    deltas = tool_deltas(streamed(client, store, celery, spaced, tools=[TOOL]))
+    assert len(deltas) > 2 and joined_arguments(deltas) == [{"city": "Rome"}]
+
+
+def test_auto_stores_the_name_rule_for_the_worker(client, store, celery):  # noqa: F811
+    constraint = stored_constraint(store, chat(client, tools=[TOOL]))
+    assert constraint.lazy and "get_weather" in constraint.trigger_regex and not constraint.start_triggers
+
+
 def test_a_grammar_the_worker_cannot_compile_is_a_400_not_a_500(client, store, celery):  # noqa: F811
     from core.events import FAILED
 

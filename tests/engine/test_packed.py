@@ -13,7 +13,7 @@ from core.settings import load_settings
 from engine.engine import Engine
 from engine.packed import PackedLinear, packing_available
 from engine.quant.model import bytes_per_token, forward_weights
-from engine.quant.restore import full_weight_bytes
+from engine.quant.restore import full_weight_bytes, full_weights
 from engine.types import GenerationRequest, SamplingParams
 from engine.weights import Linear, fuse_projections
 from tests.agreement import common_prefix, equal_fraction
@@ -45,13 +45,14 @@ def _greedy(engine: Engine, method: str) -> list[int]:
 
 
 def test_bf16_none_packs_frees_and_stays_greedy_in_agreement(tiny_model_dir):
-    engine = Engine(load_settings(model=str(tiny_model_dir), dtype="bfloat16", device="cpu", quant="none"))
+    engine = Engine(load_settings(model=str(tiny_model_dir), dtype="bfloat16", device="cpu", quant="none",
+                                  official_keep_weights=True))
     model = engine.loaded.model
     weights = forward_weights(model)
     assert isinstance(weights.layers[0].qkv, PackedLinear) and isinstance(weights.lm_head, PackedLinear)
     assert full_weight_bytes(model) == 0  # the plain copies are gone until official needs them
     got = {method: _greedy(engine, method) for method in ("custom_cache", "paged", "prefix_cache")}
-    reference = _greedy(engine, "official")  # reloads the plain weights first
+    reference = _greedy(engine, "official")  # reloads the plain weights first (and keeps them: asked to)
     assert full_weight_bytes(model) > 0
     head = model.lm_head.weight  # reloaded as from_pretrained leaves it (else generate runs 3-5x slower)
     assert head.requires_grad and not head.is_inference()
@@ -59,6 +60,25 @@ def test_bf16_none_packs_frees_and_stays_greedy_in_agreement(tiny_model_dir):
     # a wrongly packed weight gives another token from the first step
     assert all(common_prefix(tokens, reference) >= 5 for tokens in got.values()), (got, reference)
     assert bytes_per_token(weights) == bytes_per_token(fuse_projections(model))
+
+
+def test_official_frees_the_plain_weights_it_reloaded(tiny_model_dir):
+    engine = Engine(load_settings(model=str(tiny_model_dir), dtype="bfloat16", device="cpu", quant="none"))
+    model = engine.loaded.model
+    first = _greedy(engine, "official")
+    assert full_weight_bytes(model) == 0  # reloaded for the job, freed after it
+    assert _greedy(engine, "official") == first and full_weight_bytes(model) == 0
+
+
+def test_overlapping_official_runs_free_after_the_last(tiny_model_dir):
+    """Solo tasks interleave: the weights one official run reloaded stay until no run needs them."""
+    engine = Engine(load_settings(model=str(tiny_model_dir), dtype="bfloat16", device="cpu", quant="none"))
+    model = engine.loaded.model
+    with full_weights(model):
+        with full_weights(model):
+            assert full_weight_bytes(model) > 0
+        assert full_weight_bytes(model) > 0
+    assert full_weight_bytes(model) == 0
 
 
 def test_float32_is_not_packed(tiny_engine):

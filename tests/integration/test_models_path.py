@@ -19,11 +19,16 @@ from tests.tiny_model import make_tiny_model_dir
 pytestmark = pytest.mark.integration
 
 
+SECOND_CONTEXT = 512
+
+
 @pytest.fixture(scope="module")
 def second_model(tmp_path_factory):
-    """Another architecture size and seed, so its answers differ from the first model's."""
+    """Another architecture size and seed, so its answers differ from the first model's, and
+    another tokenizer (a smaller vocabulary) and context, so the web must use each model's own."""
     return make_tiny_model_dir(tmp_path_factory.mktemp("models") / "tiny-beta", hidden_size=48, num_layers=1,
-                               num_heads=4, num_kv_heads=1, seed=7, tie_word_embeddings=True)
+                               num_heads=4, num_kv_heads=1, seed=7, tie_word_embeddings=True, vocab_size=300,
+                               config_extra={"max_position_embeddings": SECOND_CONTEXT})
 
 
 def ask(base: str, store, model: str | None, i: int):
@@ -61,6 +66,7 @@ def test_two_models_each_request_reaches_its_model(stack, store, tiny_model, sec
             "model": "no-such-model", "messages": [{"role": "user", "content": "hello"}]})
         assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
 
+        check_each_model_has_its_own_tokenizer(base, tiny_model, second_model)
         check_a_misdelivered_job_is_forwarded(store, celery_client, first, wb)
 
         wb.stop()  # its heartbeat goes at once, or within ALIVE_S when the pool child leaves it behind
@@ -88,3 +94,25 @@ def check_a_misdelivered_job_is_forwarded(store, celery_client, first: str, wb) 
     done = wait_terminal(store, record.id, 60)
     assert done.state == SUCCEEDED and done.result["model"] == first and done.worker.startswith("wa@")
     assert '"job_forwarded"' in wb.log()
+
+
+def check_each_model_has_its_own_tokenizer(base: str, first_folder, second_folder) -> None:
+    """The web (whose own model is the first) counts and tokenizes the second model's prompts
+    with the tokenizer its worker published, and checks them against its context."""
+    from transformers import AutoTokenizer
+
+    text = "Hello there, 你好, copy-on-write queues"
+    answers = {}
+    for folder in (first_folder, second_folder):
+        wait_until(lambda folder=folder: requests.post(f"{base}/tokenize", json={"model": folder.name, "prompt": text},
+                                                        timeout=10).status_code == 200, 30, what="published tokenizer")
+        body = requests.post(f"{base}/tokenize", json={"model": folder.name, "prompt": text}, timeout=10).json()
+        assert body["tokens"] == AutoTokenizer.from_pretrained(str(folder)).encode(text)
+        answers[folder.name] = body
+    assert answers[first_folder.name]["tokens"] != answers[second_folder.name]["tokens"]
+    assert answers[second_folder.name]["max_model_len"] == SECOND_CONTEXT
+    assert answers[first_folder.name]["max_model_len"] == 4096
+    body = {"prompt": "queue " * 3, "max_new_tokens": SECOND_CONTEXT - 20}
+    refused = requests.post(f"{base}/jobs", json={**body, "model": second_folder.name}, timeout=10)
+    assert refused.status_code == 422 and refused.json()["error"]["code"] == "context_exceeded"
+    assert str(SECOND_CONTEXT) in refused.json()["error"]["message"]

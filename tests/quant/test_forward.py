@@ -65,8 +65,17 @@ def test_quantized_setting_frees_full_precision_weights(quant_model_dir):
     assert torch.allclose(layer(many).float(), torch.nn.functional.linear(many.float(), layer.dequantize()),
                           rtol=2e-2, atol=2e-2)  # many rows: the packed kernel, no bf16 copy
     reference = _greedy(_engine(quant_model_dir, "bfloat16"), "official")
-    assert _greedy(engine, "official") == reference
-    assert full_weight_bytes(model) > 0  # restored for official only now
+    assert _greedy(engine, "official") == reference  # on the reloaded full-precision weights
+    assert full_weight_bytes(model) == 0  # and freed again once official ended
+    assert _greedy(engine, "official") == reference and full_weight_bytes(model) == 0  # reloaded per job
+
+
+def test_official_keeps_the_reloaded_weights_when_asked(quant_model_dir):
+    engine = Engine(load_settings(model=str(quant_model_dir), dtype="bfloat16", device="cpu", quant="q8",
+                                  official_keep_weights=True))
+    assert full_weight_bytes(engine.loaded.model) == 0
+    _greedy(engine, "official")
+    assert full_weight_bytes(engine.loaded.model) > 0
 
 
 def test_quantize_model_none_restores_full_precision(quant_model_dir):

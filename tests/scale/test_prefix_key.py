@@ -1,8 +1,9 @@
 """The web's prefix key is the block manager's own hash of the same prompt blocks.
 
 The engine side renders the prompt with transformers (engine/prompt.py) and hashes blocks
-in the block manager; the web side renders with jinja2 + ``tokenizers`` (web/routing.py).
-Both must land on the same number, or routing would never find a cache."""
+in the block manager; the web side renders with jinja2 + ``tokenizers`` once per request
+(web/prompt_text.py) and hashes the system block's ids (web/routing.py). Both must land on
+the same number, or routing would never find a cache."""
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,8 @@ from engine.paged.block_manager import BlockManager
 from engine.prompt import build_prompt
 from engine.types import GenerationRequest
 from core.model_source import local_model_dir as model_folder
+from web.model_texts import _from_folder
+from web.prompt_text import count
 from web.routing import PrefixKeyer, format_key
 
 BLOCK = 16
@@ -30,8 +33,13 @@ def engine_hashes(folder: Path, request: GenerationRequest) -> tuple[list[int], 
     return manager._seqs["seq"].hashes, prompt.prefix_len
 
 
+def web_key(folder: Path | None, keyer: PrefixKeyer, stored: dict) -> tuple[str | None, int]:
+    model = _from_folder(folder)
+    return keyer.key(count(model, stored).system_ids if model is not None else None)
+
+
 def check_agreement(folder: Path) -> None:
-    keyer = PrefixKeyer(folder, BLOCK, min_tokens=BLOCK)
+    keyer = PrefixKeyer(BLOCK, min_tokens=BLOCK)
     for stored, request in [
         ({"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Review #12"}]},
          GenerationRequest(messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Review #12"}])),
@@ -39,7 +47,7 @@ def check_agreement(folder: Path) -> None:
          GenerationRequest(messages=[{"role": "user", "content": "hi"}], prefix=SYSTEM)),
     ]:
         hashes, prefix_len = engine_hashes(folder, request)
-        key, covered = keyer.key(stored)
+        key, covered = web_key(folder, keyer, stored)
         assert covered == prefix_len // BLOCK * BLOCK and covered > 0
         assert key == format_key(hashes[covered // BLOCK - 1])
 
@@ -56,13 +64,18 @@ def test_default_model_keys_agree():
 
 
 def test_no_system_part_or_short_prefix_gives_no_key(tiny_model):
-    keyer = PrefixKeyer(tiny_model, BLOCK, min_tokens=64)
-    assert keyer.key({"messages": [{"role": "user", "content": SYSTEM}]}) == (None, 0)
-    assert keyer.key({"messages": [{"role": "user", "content": "x"}], "prefix": "Be brief."}) == (None, 0)
-    assert PrefixKeyer(None, BLOCK, 64).key({"messages": [], "prefix": SYSTEM}) == (None, 0)
+    keyer = PrefixKeyer(BLOCK, min_tokens=64)
+    assert web_key(tiny_model, keyer, {"messages": [{"role": "user", "content": SYSTEM}]}) == (None, 0)
+    assert web_key(tiny_model, keyer, {"messages": [{"role": "user", "content": "x"}], "prefix": "Be brief."}) == (None, 0)
+    assert web_key(None, keyer, {"messages": [], "prefix": SYSTEM}) == (None, 0)
 
 
-def test_text_the_tokenizer_refuses_is_simply_not_routed(tiny_model):
-    keyer = PrefixKeyer(tiny_model, BLOCK, min_tokens=BLOCK)
-    request = {"messages": [{"role": "user", "content": "x"}], "prefix": "a lone \ud92d surrogate " * 20}
-    assert keyer.key(request) == (None, 0)  # tokenizers raises on it; the submission must not fail
+def test_a_key_names_the_same_blocks_with_tools_in_the_system_block(tiny_model):
+    """With tools, the template writes them into the system block: the web's render has them too."""
+    tools = [{"type": "function", "function": {"name": "lookup", "description": "Find a record " * 8,
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    request = GenerationRequest(messages=[{"role": "user", "content": "hi"}], prefix=SYSTEM, tools=tools)
+    hashes, prefix_len = engine_hashes(tiny_model, request)
+    key, covered = web_key(tiny_model, PrefixKeyer(BLOCK, min_tokens=BLOCK),
+                           {"messages": [{"role": "user", "content": "hi"}], "prefix": SYSTEM, "tools": tools})
+    assert covered == prefix_len // BLOCK * BLOCK and key == format_key(hashes[covered // BLOCK - 1])

@@ -137,3 +137,15 @@ def test_a_redelivered_message_never_starts_a_second_concurrent_attempt(store):
     record = store.get(job.id)
     assert record.attempt == 1 and record.worker == "w1"
     assert [e.type for e in store.events(job.id)] == ["state"]
+
+
+def test_a_started_attempt_hands_over_the_stored_request(store):
+    """The worker reads the request in the round trip that starts the attempt (no HGETALL after)."""
+    request = {"messages": [{"role": "user", "content": "é 一"}], "sampling": {"max_new_tokens": 3}}
+    job = store.create("generate", "generation", request)
+    started = store.start_attempt(job.id, "w1", 30)
+    assert started.record is not None
+    assert started.record.request == request and started.record.state == RUNNING
+    assert started.record.attempt == started.attempt == 1
+    assert started.record == store.get(job.id)
+    assert store.start_attempt(job.id, "w1", 30).record is None  # already running: nothing to run

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import fakeredis
 import pytest
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
@@ -11,7 +12,9 @@ from tokenizers.pre_tokenizers import Whitespace
 
 from core import keys
 from core.model_source import DEFAULT_MODEL_NAME as DEFAULT_MODEL_FOLDER
-from web.prompt_budget import PER_MESSAGE_TOKENS, TEMPLATE_TOKENS, PromptBudget
+from web.model_texts import ModelTexts
+from web.prompt_budget import PromptBudget
+from web.prompt_text import PER_MESSAGE_TOKENS, TEMPLATE_TOKENS
 
 CONTEXT = 100
 
@@ -35,9 +38,11 @@ def local_model(tmp_path):
 
 
 def test_counts_tokens_with_the_model_tokenizer(local_model):
-    budget = PromptBudget(local_model, max_prompt_chars=10)
-    assert budget.uses_tokenizer and budget.context_length == CONTEXT
-    assert budget.check([_words(20)], 5, "prompt") == 20 + PER_MESSAGE_TOKENS + TEMPLATE_TOKENS
+    budget = PromptBudget(ModelTexts(fakeredis.FakeRedis(decode_responses=True), "tiny-model", local_model),
+                          max_prompt_chars=10)
+    assert budget.model() is not None and budget.context_length() == CONTEXT
+    counted = budget.check({"messages": [{"role": "user", "content": _words(20)}]}, 5, "prompt")
+    assert counted.tokens == 20 + PER_MESSAGE_TOKENS + TEMPLATE_TOKENS and not counted.exact  # no template
 
 
 def test_too_long_prompt_is_422_naming_prompt_and_enqueues_nothing(make_app, local_model, celery, store):

@@ -32,13 +32,22 @@ def hf_tokenizer(tiny_folder):
     return AutoTokenizer.from_pretrained(str(tiny_folder))
 
 
-def test_prompt_tokens_and_back(tclient, hf_tokenizer):
-    body = tclient.post("/tokenize", json={"model": "m", "prompt": "Hello there, 你好"}).get_json()
+def test_prompt_tokens_and_back(tclient, hf_tokenizer, tiny_folder):
+    body = tclient.post("/tokenize", json={"model": tiny_folder.name, "prompt": "Hello there, 你好"}).get_json()
     assert body["tokens"] == hf_tokenizer.encode("Hello there, 你好")
     assert body["count"] == len(body["tokens"]) and body["max_model_len"] == 4096
     assert body["token_strs"] is None
-    back = tclient.post("/detokenize", json={"model": "m", "tokens": body["tokens"]}).get_json()
+    back = tclient.post("/detokenize", json={"tokens": body["tokens"]}).get_json()
     assert back == {"prompt": "Hello there, 你好"}
+
+
+def test_a_model_the_cluster_does_not_know_is_a_404_naming_model(tclient):
+    """``model`` picks whose tokenizer: a name no worker serves is refused, not ignored."""
+    for path, body in (("/tokenize", {"model": "m", "prompt": "x"}), ("/detokenize", {"model": "m", "tokens": [1]})):
+        response = tclient.post(path, json=body)
+        assert response.status_code == 404, response.get_json()
+        assert response.get_json()["error"]["code"] == "model_not_found"
+        assert response.get_json()["error"]["field"] == "model"
 
 
 @pytest.mark.parametrize("tools", [None, [WEATHER]])

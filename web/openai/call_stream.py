@@ -1,18 +1,20 @@
-"""Tool-call deltas while the answer is generated, for grammar-forced calls.
+"""Tool-call deltas while the answer is generated, for grammar-held calls.
 
 With ``tool_choice: required`` or a named function, the grammar (:mod:`core.grammar`) makes
-the answer exactly ``{"name": "NAME", "arguments": ARGS}`` calls, one a line. So the stream
-can be cut as it comes: the first delta of a call carries its index, id, type and name
+the answer exactly ``{"name": "NAME", "arguments": ARGS}`` calls, one a line; with ``auto``
+an answer that opens with such a head (JSON spacing before the name allowed) is held to the
+same from there on. So the stream can be cut as it comes: the first delta of a call carries its index, id, type and name
 (``arguments: ""``), the next ones the argument text piece by piece, as OpenAI streams them;
 the wrapper's closing brace and the newline are not part of the arguments (an argument
 object ends where its brace depth returns to zero, strings and escapes taken into account).
 """
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Any, Iterable
 
-HEAD = '{"name": "'
-ARGS_KEY = '", "arguments": '
+JSON_WS = " \t\r\n"
+HEAD_RE = re.compile(r'\{[ \t\r\n]*"name"[ \t\r\n]*:[ \t\r\n]*"([^"\\]*)", "arguments": ')
 
 
 def call_id(job_id: str, index: int) -> str:
@@ -45,18 +47,13 @@ class CallStreamer:
                 return out
 
     def _read_head(self, out: list[dict[str, Any]]) -> bool:
-        rest = self.text[self.pos:]
-        start = rest.find(HEAD)
-        if start == -1:
-            return False
-        name_at = start + len(HEAD)
-        end = rest.find(ARGS_KEY, name_at)
-        if end == -1:
+        found = HEAD_RE.search(self.text, self.pos)
+        if found is None:
             return False
         self.index += 1
         out.append({"index": self.index, "id": call_id(self.job_id, self.index), "type": "function",
-                    "function": {"name": rest[name_at:end], "arguments": ""}})
-        self.pos += end + len(ARGS_KEY)
+                    "function": {"name": found.group(1), "arguments": ""}})
+        self.pos = found.end()
         self.in_args, self.depth = True, 0
         return True
 
@@ -84,17 +81,39 @@ class CallStreamer:
         return self.text[begin:self.pos]
 
 
+def head_state(text: str, names: Iterable[str]) -> str:
+    """Whether ``text`` (leading blanks stripped) opens a call under the name rule of
+    :func:`core.grammar.call_trigger`: ``"call"`` once ``{"name": "F"`` names a declared
+    ``F``, ``"maybe"`` while it is still a prefix of one, ``"no"`` as soon as it is not."""
+    pos = 0
+    for literal in ("{", '"name"', ":", '"'):
+        while pos < len(text) and literal != "{" and text[pos] in JSON_WS:
+            pos += 1
+        piece = text[pos:pos + len(literal)]
+        if piece != literal[:len(piece)]:
+            return "no"
+        if len(piece) < len(literal):
+            return "maybe"
+        pos += len(literal)
+    rest = text[pos:]
+    quoted = [name + '"' for name in names]
+    if any(rest.startswith(q) for q in quoted):
+        return "call"
+    return "maybe" if any(q.startswith(rest) for q in quoted) else "no"
+
+
 class ToolStream:
     """One streamed answer of a request with tools: which text becomes ``tool_calls`` deltas.
 
-    Forced calls: all of it. ``auto``: decided at the first non-blank character; an answer
-    that opens with ``{`` is a bare-JSON call (the lazy grammar holds it to valid calls from
-    that token on), so it streams as deltas; any other answer is held back to the end, as a
-    call may still start later in it."""
+    Forced calls: all of it. ``auto``: decided on the answer's head: one that opens with a
+    call of a declared tool (:func:`head_state`; the lazy grammar holds it to valid calls
+    from there) streams as deltas; any other answer, JSON answers included, is held back to
+    the end, as a call may still start later in it."""
 
-    def __init__(self, job_id: str, forced: bool) -> None:
+    def __init__(self, job_id: str, forced: bool, names: Iterable[str] = ()) -> None:
         self.calls = CallStreamer(job_id)
         self.mode = "calls" if forced else "undecided"
+        self.names = list(names)
         self._head = ""
 
     @property
@@ -105,9 +124,9 @@ class ToolStream:
     def feed(self, piece: str) -> list[dict[str, Any]]:
         if self.mode == "undecided":
             self._head += piece
-            body = self._head.lstrip()
-            if not body:
+            state = head_state(self._head.lstrip(), self.names)
+            if state == "maybe":
                 return []
-            self.mode = "calls" if body.startswith("{") else "held"
+            self.mode = "calls" if state == "call" else "held"
             piece = self._head
         return self.calls.feed(piece) if self.mode == "calls" else []

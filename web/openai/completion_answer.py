@@ -20,7 +20,6 @@ from web.openai.choices import result_choices
 from web.openai.completion_convert import CompletionJob
 from web.openai.logprobs import token_bytes
 from web.openai.responses import ChunkWriter, extension, usage
-from web.tokenizer import load_tokenizer
 
 
 def completion_id(job_id: str) -> str:
@@ -31,7 +30,7 @@ class LegacyLogprobs:
     """One choice's legacy logprobs; :meth:`add` the engine's entries in order."""
 
     def __init__(self, start: int = 0) -> None:
-        self.tokenizer = load_tokenizer(ctx().budget.folder)
+        self.tokenizer = ctx().budget.tokenizer()
         self.start = start            # where the first added token starts in the choice's text
         # the text so far, decoded as the detokenizer decodes it (invalid bytes: one U+FFFD each run)
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")

@@ -18,7 +18,6 @@ from web.errors import ApiError
 from web.openai.completion_schemas import DEFAULT_MAX_TOKENS, MAX_TOTAL_CHOICES, CompletionRequest
 from web.openai.convert import sampling_fields
 from web.submit import Submission, with_speculative
-from web.tokenizer import load_tokenizer
 
 FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"
 
@@ -42,9 +41,9 @@ def has_fim_tokens(tokenizer: Any) -> bool:
     return tokenizer is not None and all(tokenizer.token_to_id(t) is not None for t in (FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE))
 
 
-def fim_prompt(prompt: str, suffix: str) -> str:
+def fim_prompt(prompt: str, suffix: str, model: str | None = None) -> str:
     """The fill-in-the-middle prompt, when the served model's tokenizer has FIM tokens."""
-    if not has_fim_tokens(load_tokenizer(ctx().budget.folder)):
+    if not has_fim_tokens(ctx().budget.tokenizer(model)):
         raise _bad("suffix", f"not supported by this model: its tokenizer has no {FIM_PREFIX}, {FIM_SUFFIX}, "
                    f"{FIM_MIDDLE} tokens (fill-in-the-middle needs them)")
     return f"{FIM_PREFIX}{prompt}{FIM_SUFFIX}{suffix}{FIM_MIDDLE}"
@@ -55,7 +54,7 @@ def _prompts(body: CompletionRequest) -> list[str]:
     if body.suffix is not None:
         if body.echo:
             raise _bad("echo", "not with suffix (the answer is the middle, not a continuation)")
-        prompts = [fim_prompt(p, body.suffix) for p in prompts]
+        prompts = [fim_prompt(p, body.suffix, body.model or None) for p in prompts]
     for i, text in enumerate(prompts):
         if not text:
             raise _bad("prompt" if isinstance(body.prompt, str) else f"prompt.{i}", "must not be empty")

@@ -105,7 +105,8 @@ def sampling_fields(body: Any, max_tokens: int | None, field_name: str) -> dict[
     return {"max_new_tokens": max_new, "temperature": body.temperature or 0.0,
             "top_p": body.top_p if body.top_p is not None else 1.0, "top_k": body.top_k or 0,
             "repetition_penalty": body.repetition_penalty, "seed": body.seed, "stop": stop,
-            **openai_penalties(body.presence_penalty, body.frequency_penalty, body.logit_bias)}
+            **openai_penalties(body.presence_penalty, body.frequency_penalty, body.logit_bias,
+                                getattr(body, "model", None))}
 
 
 def _tool_set(body: ChatCompletionRequest) -> ToolSet | None:

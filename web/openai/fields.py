@@ -108,7 +108,7 @@ def check_chat_fields(body: Any) -> None:
 
 
 def check_fields(body: dict[str, Any], table: dict[str, FieldRule]) -> None:
-    """:func:`check_chat_fields`'s walk over any endpoint's table (``/v1/completions`` too)."""
+    """:func:`check_chat_fields`'s walk over any endpoint's table (``/v1/completions``, ``/v1/responses``)."""
     for name, value in body.items():
         rule = table.get(name)
         if rule is None:

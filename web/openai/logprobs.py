@@ -11,7 +11,6 @@ import functools
 from typing import Any
 
 from web.context import ctx
-from web.tokenizer import load_tokenizer
 
 
 @functools.lru_cache(maxsize=1)
@@ -44,9 +43,11 @@ def _one(tokenizer: Any, token_id: int, logprob: float) -> dict[str, Any]:
     return {"token": bytes(raw).decode("utf-8", errors="replace"), "logprob": logprob, "bytes": raw}
 
 
-def openai_logprobs(entries: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """``{"content": [{token, logprob, bytes, top_logprobs: [...]}, ...], "refusal": None}``."""
-    tokenizer = load_tokenizer(ctx().budget.folder)
+def openai_logprobs(entries: list[dict[str, Any]] | None, model: str | None = None) -> dict[str, Any]:
+    """``{"content": [{token, logprob, bytes, top_logprobs: [...]}, ...], "refusal": None}``,
+    the tokens spelled by ``model``'s tokenizer (the job's; None: the web's own)."""
+    found = ctx().budget.model(model)
+    tokenizer = found.tokenizer if found is not None else None
     content = [{**_one(tokenizer, e["token_id"], e["logprob"]),
                 "top_logprobs": [_one(tokenizer, i, lp) for i, lp in e.get("top") or []]}
                for e in entries or []]

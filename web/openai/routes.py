@@ -93,7 +93,7 @@ def stream_completion(store: JobStore, celery: Any, job: JobRecord, chat: ChatJo
     client leaves before its end. A token event's ``index`` names its choice (n > 1)."""
     writer = ChunkWriter(job, chat, model)
     buffered = chat.tools is not None
-    calls = {i: ToolStream(job.id, chat.forced_calls) for i in range(chat.n)} if chat.tools is not None else {}
+    calls = {i: ToolStream(job.id, chat.forced_calls, chat.tools.names) for i in range(chat.n)} if chat.tools is not None else {}
 
     def token(data: dict[str, Any]) -> Iterator[str]:
         index = int(data.get("index", 0))

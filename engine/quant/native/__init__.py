@@ -16,13 +16,20 @@ import ctypes
 import fcntl
 import functools
 import hashlib
+import logging
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
 
 import torch  # noqa: F401 - loaded first: its libgomp is the one our library binds to
+
+from core.logs import log_event
+
+logger = logging.getLogger("miniserve.engine.quant.native")
+BUILD_TRIES = 3  # compiler runs before a failed build is an error (see _compile)
 
 SOURCE = Path(__file__).with_name("q8.c")                # the q8 / q5 linear kernels
 SOURCES = (SOURCE, Path(__file__).with_name("decode.c"),  # + the decode step's small operations
@@ -75,13 +82,40 @@ def build(directory: Path | None = None) -> Path:
             return target
         with tempfile.TemporaryDirectory(dir=directory) as tmp:
             out = Path(tmp) / target.name
-            done = subprocess.run([compiler, *FLAGS, "-o", str(out), *map(str, SOURCES), "-lm"],
-                                  capture_output=True, text=True)
-            if done.returncode != 0:
-                names = ", ".join(path.name for path in SOURCES)
-                raise NativeBuildError(f"compiling {names} failed: {done.stderr.strip()[-800:]}")
+            _compile(compiler, out)
             os.replace(out, target)
     return target
+
+
+def _compile(compiler: str, out: Path) -> None:
+    """Run the compiler, again if it fails: a compiler process killed from outside (the OOM
+    killer, an operator's SIGKILL) must not leave the worker without its kernel for good
+    (under ``auto`` it would run full precision at a third of the speed; under ``q8`` every
+    job would fail). A real compile error fails every try and is raised with its message."""
+    for attempt in range(1, BUILD_TRIES + 1):
+        returncode, stderr = _run_compiler([compiler, *FLAGS, "-o", str(out), *map(str, SOURCES), "-lm"])
+        if returncode == 0:
+            return
+        why = f"killed by signal {-returncode}" if returncode < 0 else stderr.strip()[-800:]
+        log_event(logger, "kernel_build_failed", level=logging.WARNING, attempt=attempt, returncode=returncode)
+    names = ", ".join(path.name for path in SOURCES)
+    raise NativeBuildError(f"compiling {names} failed ({BUILD_TRIES} tries): {why}")
+
+
+def _run_compiler(argv: list[str]) -> tuple[int, str]:
+    """(return code, stderr) of one compiler run, in a process group of its own. Waits for the
+    compiler process only, not for its pipes: a killed ``cc`` leaves its ``cc1`` running,
+    which would hold a stderr pipe open until it finished; the group is killed instead."""
+    with tempfile.TemporaryFile() as stderr:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+        returncode = proc.wait()
+        if returncode != 0:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # what the dead compiler left running
+            except (ProcessLookupError, PermissionError):
+                pass
+        stderr.seek(0)
+        return returncode, stderr.read().decode(errors="replace")
 
 
 @functools.lru_cache(maxsize=1)

@@ -1,0 +1,35 @@
+"""Building the C kernels survives a compiler process killed from outside, and a real compile
+error is still an error: a real compiler, a wrapper that SIGKILLs itself on its first run."""
+from __future__ import annotations
+
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+
+from engine.quant import native
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+
+
+def _wrapper(folder: Path, body: str) -> str:
+    path = folder / "cc-wrapper"
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def test_a_compiler_killed_once_is_run_again(tmp_path, monkeypatch):
+    marker = tmp_path / "killed-once"
+    monkeypatch.setenv("CC", _wrapper(tmp_path, f'[ -e {marker} ] || {{ touch {marker}; kill -9 $$; }}\n'
+                                                f'exec cc "$@"'))
+    built = native.build(tmp_path / "kernels")
+    assert marker.exists() and built.is_file() and built.stat().st_size > 0  # killed, then built
+
+
+def test_a_compiler_that_always_fails_is_an_error_naming_the_sources(tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", _wrapper(tmp_path, 'echo "q8.c:1: error: no" >&2; exit 1'))
+    with pytest.raises(native.NativeBuildError, match=r"q8\.c.*3 tries.*error: no"):
+        native.build(tmp_path / "kernels")
+    assert not list((tmp_path / "kernels").glob("*.so"))
