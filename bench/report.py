@@ -536,7 +536,7 @@ SECTIONS: tuple[Section, ...] = (
             ("results/constrained_overhead.png",)),
     Section("evaluate_agent", "Agent evaluation",
             "How often does the agent pick the right tool and reach the right answer on the evaluation cases?",
-            "python -m bench.evaluate_agent", ("results/agent_eval.json",), read_agent, ("results/agent_eval.png",)),
+            "python -m bench.evaluate_agent", ("results/agent_eval.json", TOOL_CHOICE), read_agent, ("results/agent_eval.png",)),
     Section("queue_overhead", "Queue overhead",
             "How much latency do web, Redis and Celery add to a direct engine call?",
             "python -m bench.queue_overhead", ("results/queue_overhead.json", SERVED), read_queue_overhead,
