@@ -284,7 +284,24 @@ def read_queue_overhead(root: Path) -> Figures:
                          f"jobs/s, {burst['lost']} lost, {burst['duplicated']} duplicated.")
     if (root / SERVED).exists():
         served_table(figures, load_json(root, SERVED))
+    if (root / BATCH_API).exists():
+        figures.tables.append(batch_api_table(load_json(root, BATCH_API)))
     return figures
+
+
+BATCH_API = "results/batch_api.json"
+
+
+def batch_api_table(data: dict[str, Any]) -> tuple[str, list[str], list[Row]]:
+    """``--batch-api``: one Batch API batch against the same chats sent as separate /v1 calls."""
+    separate, batch = data["separate"], data["batch"]
+    rows = [["separate /v1 calls", separate["requests"], f"{separate['clients']} clients", num(separate["seconds"], 1),
+             num(separate["requests_per_s"], 2), separate["succeeded"]],
+            ["one batch", batch["requests"], "-", num(batch["seconds"], 1), num(batch["requests_per_s"], 2),
+             batch["succeeded"]]]
+    return (f"The Batch API (`python -m bench.queue_overhead --batch-api`, {data['max_tokens']} tokens per chat): "
+            f"{ratio(data['batch_over_separate'])} the requests/s of separate calls",
+            ["way", "requests", "clients", "seconds", "requests/s", "succeeded"], rows)
 
 
 SERVED = "results/queue_served.json"
@@ -539,7 +556,7 @@ SECTIONS: tuple[Section, ...] = (
             "python -m bench.evaluate_agent", ("results/agent_eval.json", TOOL_CHOICE), read_agent, ("results/agent_eval.png",)),
     Section("queue_overhead", "Queue overhead",
             "How much latency do web, Redis and Celery add to a direct engine call?",
-            "python -m bench.queue_overhead", ("results/queue_overhead.json", SERVED), read_queue_overhead,
+            "python -m bench.queue_overhead", ("results/queue_overhead.json", SERVED, BATCH_API), read_queue_overhead,
             ("results/queue_overhead.png", "results/queue_served.png")),
     Section("load", "Load",
             "Does the service lose, duplicate or fail jobs under 50 clients, and when a worker is killed? Does `/health` stay fast beside thousands of open streams?",

@@ -50,8 +50,10 @@ def stream_group(handles: list[RequestHandle], on_text: IndexedText | None = Non
                     continue
                 moved = True
                 kind, value = item
-                if kind == TEXT and on_text is not None:
-                    on_text(index, value)
+                if kind == TEXT:  # (piece, the run's generated tokens so far), as RequestHandle.stream reads it
+                    piece, handles[index].tokens_streamed = value
+                    if on_text is not None:
+                        on_text(index, piece)
                 elif kind == LOGPROBS and on_logprobs is not None:
                     on_logprobs(index, value)
                 elif kind in (RESULT, ERROR):

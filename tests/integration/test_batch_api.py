@@ -22,7 +22,7 @@ def lines() -> list[str]:
         line = {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
         kind = MALFORMED.get(i)
         if kind == "refused":
-            body["n"] = 2
+            body["store"] = True
         elif kind == "duplicate":
             line["custom_id"] = "r3"
         elif kind == "url":
