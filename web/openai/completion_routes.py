@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterator
 
-from flask import Response, jsonify, stream_with_context
+from flask import jsonify
 from flask_openapi3 import APIBlueprint, Tag
 
 from core.jobs import JobRecord, JobStore
@@ -21,7 +21,7 @@ from web.openai.completion_answer import CompletionChunkWriter, text_completion
 from web.openai.completion_convert import CompletionJob, completion_job
 from web.openai.completion_schemas import Completion, CompletionRequest
 from web.openai.responses import model_id
-from web.openai.routes import ERRORS, _ending, follow_job
+from web.openai.routes import ERRORS, _ending, event_stream, follow_job
 from web.routes_compat import _finished as finished_job
 from web.stream_limit import freed_on_error, limited, take_stream_slot
 from web.submit import submit
@@ -46,9 +46,7 @@ def completions(body: CompletionRequest):
     model = job.request.get("model") or model_id(ctx().settings)
     if cjob.stream:
         events = stream_text(ctx().store, ctx().celery, job, cjob, model)
-        response = Response(stream_with_context(events), mimetype="text/event-stream")
-        response.headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Job-Id": job.id})
-        return limited(response, slot)
+        return limited(event_stream(events, job.id), slot)
     response = jsonify(text_completion(finished_job(job.id), cjob, model))
     response.headers["X-Job-Id"] = job.id
     return response

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from flask import Response, jsonify, stream_with_context
+from flask import Response, jsonify
 from flask_openapi3 import APIBlueprint, Tag
 
 from core.jobs import JobRecord
@@ -26,7 +26,7 @@ from web.openai.responses_convert import response_job
 from web.openai.responses_schemas import ResponseIdPath, ResponseObject, ResponseRequest
 from web.openai.responses_shape import response_object, stored_response
 from web.openai.responses_stream import stream_response
-from web.openai.routes import ERRORS
+from web.openai.routes import ERRORS, event_stream
 from web.routes_compat import _finished as finished_job
 from web.routes_jobs import find_job
 from web.stream_limit import freed_on_error, limited, take_stream_slot
@@ -53,9 +53,7 @@ def create_response(body: ResponseRequest):
     model = job.request.get("model") or model_id(ctx().settings)
     if chat.stream:
         events = stream_response(ctx().store, ctx().celery, job, chat, model)
-        response = Response(stream_with_context(events), mimetype="text/event-stream")
-        response.headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Job-Id": job.id})
-        return limited(response, slot)
+        return limited(event_stream(events, job.id), slot)
     done = ctx().store.get(job.id) if spec.meta["background"] else finished_job(job.id)
     return _answer(done, model)
 

@@ -63,9 +63,7 @@ def chat_completions(body: ChatCompletionRequest):
     model = job.request.get("model") or model_id(ctx().settings)
     if chat.stream:
         events = stream_completion(ctx().store, ctx().celery, job, chat, model)
-        response = Response(stream_with_context(events), mimetype="text/event-stream")
-        response.headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Job-Id": job.id})
-        return limited(response, slot)
+        return limited(event_stream(events, job.id), slot)
     response = jsonify(completion(finished_job(job.id), chat, model))
     response.headers["X-Job-Id"] = job.id
     return response
@@ -105,6 +103,13 @@ def stream_completion(store: JobStore, celery: Any, job: JobRecord, chat: ChatJo
 
     opening = [writer.delta({"role": "assistant", "content": ""}, index=index) for index in range(chat.n)]
     return follow_job(store, celery, job, opening, token, ending, writer.error)
+
+
+def event_stream(events: Any, job_id: str) -> Response:
+    """An SSE response of ``events`` for job ``job_id`` (no caching, no proxy buffering)."""
+    response = Response(stream_with_context(events), mimetype="text/event-stream")
+    response.headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Job-Id": job_id})
+    return response
 
 
 def follow_job(store: JobStore, celery: Any, job: JobRecord, opening: list[str],
