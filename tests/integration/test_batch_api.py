@@ -12,13 +12,16 @@ from tests.harness.stack import wait_until
 from tests.integration.conftest import _started_worker, started_web, wait_for_worker
 
 PROMPTS = ["Name a fruit.", "Name a colour.", "Name a city.", "Name a tool.", "Name a river."]
+# Long enough answers that the batch still runs when the kill comes: with 4 tokens a fast CPU
+# finished all 195 jobs in 1.6 s, before the test could see b2 holding one.
+MAX_TOKENS = 96
 MALFORMED = {17: "not json at all", 60: "refused", 99: "duplicate", 140: "url", 180: "no-id"}
 
 
 def lines() -> list[str]:
     out = []
     for i in range(200):
-        body = {"messages": [{"role": "user", "content": PROMPTS[i % 5]}], "max_tokens": 4}
+        body = {"messages": [{"role": "user", "content": PROMPTS[i % 5]}], "max_tokens": MAX_TOKENS}
         line = {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
         kind = MALFORMED.get(i)
         if kind == "refused":
