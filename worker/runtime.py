@@ -77,11 +77,12 @@ class WorkerRuntime:
                         self.load_error = str(exc)
                         log_event(logger, "model_load_failed", level=logging.ERROR, worker=self.name,
                                   error=type(exc).__name__)
+                        self.beat()  # the monitor shows the error now, not at the next beat
                         raise ModelUnavailable(self.load_error) from exc
                     log_event(logger, "engine_loaded", worker=self.name,
                               load_ms=round((time.perf_counter() - started) * 1000, 1))
                     self._engine = engine
-                    self.publish_text()
+                    self.beat()  # loaded and routable now, not up to a heartbeat later (publishes the text too)
         return self._engine
 
     @property

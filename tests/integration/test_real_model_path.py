@@ -1,4 +1,8 @@
-"""One bounded run of the real default model through the whole path (slow, runs in CI)."""
+"""One bounded run of the real default model through the whole path (slow, runs in CI).
+
+Both sides run unquantized: ``official`` runs the full-precision weights under every setting
+(a q8 worker reloads them for it), so q8 would only add two quantizations of the model (about
+10 s each on a quiet CPU) to what this compares. tests/quant covers q8 on the default model."""
 from __future__ import annotations
 
 import pytest
@@ -20,7 +24,8 @@ def test_greedy_generation_through_queue_equals_direct_engine_call(redis_proc):
 
     _, url = redis_proc
     redis.Redis.from_url(url).flushall()
-    stack = Stack(redis_url=url, env_overrides={"MINISERVE_MODEL": "default", "MINISERVE_THREADS": "2"})
+    stack = Stack(redis_url=url, env_overrides={"MINISERVE_MODEL": "default", "MINISERVE_THREADS": "2",
+                                                "MINISERVE_QUANT": "none"})
     store = JobStore(redis.Redis.from_url(url, decode_responses=True))
     worker = stack.start_worker()
     web, base_url = stack.start_web()
@@ -33,7 +38,7 @@ def test_greedy_generation_through_queue_equals_direct_engine_call(redis_proc):
     finally:
         web.stop()
         worker.stop()
-    engine = Engine(load_settings(model="default", threads=2))
+    engine = Engine(load_settings(model="default", threads=2, quant="none"))
     try:
         direct = engine.generate(GenerationRequest(messages=[{"role": "user", "content": PROMPT}], method="official",
                                                    sampling=SamplingParams(max_new_tokens=12)))

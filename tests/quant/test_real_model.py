@@ -35,10 +35,17 @@ def real():
     engine.close()  # the loop thread would keep the model alive for the rest of the suite
 
 
+@pytest.fixture(scope="module")
+def q8_weights(real):
+    """The default model's q8 weights, quantized once for the tests that read them."""
+    engine, weights, _, _ = real
+    return quantize_weights(weights, "q8", source=engine.loaded.path)
+
+
 @pytest.mark.slow
-def test_q8_default_model_agrees_with_bf16(real):
+def test_q8_default_model_agrees_with_bf16(real, q8_weights):
     engine, weights, requests, reference = real
-    quantized, summary = quantize_weights(weights, "q8", source=engine.loaded.path)
+    quantized, summary = q8_weights
     assert summary.layers == 24 * 4 + 1
     limit = MAX_BYTES if q8.packs_five_bits() else MAX_BYTES_Q8_WITHOUT_FIVE_BITS
     assert summary.quantized_bytes < limit * summary.reference_bytes
@@ -50,14 +57,14 @@ def test_q8_default_model_agrees_with_bf16(real):
 
 
 @pytest.mark.slow
-def test_q8_holds_the_ggufs_q5_0_tensors_exactly_in_five_bits(real):
+def test_q8_holds_the_ggufs_q5_0_tensors_exactly_in_five_bits(real, q8_weights):
     """From the stored float32 values (engine.quant.source) the default model's Q5_0 tensors
     (gate/up, o, the embedding, q/k/v where v is Q5_0 too) come back bit for bit, packed in 5
     bits; down (Q4_K/Q6_K) and lm_head (Q8_0) stay 8-bit."""
     from engine.quant.source import StoredWeights
 
-    engine, weights, _, _ = real
-    quantized, _ = quantize_weights(weights, "q8", source=engine.loaded.path)
+    engine, _, _, _ = real
+    quantized, _ = q8_weights
     modes = {p: {getattr(layer, p).mode for layer in quantized.layers} for p in ("qkv", "o", "gate_up", "down")}
     five = "q5" if q8.packs_five_bits() else "q8"   # 5-bit storage only where it reads faster
     assert modes == {"qkv": {five, "q8"}, "o": {five}, "gate_up": {five}, "down": {"q8"}}
