@@ -32,7 +32,7 @@ test: install compose-tool
 	bash scripts/run_tests.sh
 
 test-fast: install
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow and not integration"
+	MINISERVE_THREADS=$${MINISERVE_THREADS:-1} $(PY) -m pytest -q -n 2 --dist loadfile -m "not slow and not integration"
 
 clean:
 	rm -rf $(VENV) .venv-compose .pytest_cache

@@ -21,6 +21,11 @@ if [[ "${1:-}" == "--as" ]]; then
   shift 2
 fi
 .venv/bin/python -m engine.prepare_default --model all
+# One engine thread per test process (the workers the tests start use one too): two pytest
+# processes with two OpenMP threads each oversubscribe two cores, and a team whose thread is
+# descheduled spins at every barrier (three real-model test files: 108 s at two threads, 39 s
+# at one). Set MINISERVE_THREADS to override.
+export MINISERVE_THREADS="${MINISERVE_THREADS:-1}"
 # Two processes, one per core; a test file stays in one process, so its module-scoped models
 # and servers are built once.
 exec .venv/bin/python -m pytest -q -ra -n 2 --dist loadfile "$@"

@@ -24,7 +24,7 @@ def test_greedy_generation_through_queue_equals_direct_engine_call(redis_proc):
 
     _, url = redis_proc
     redis.Redis.from_url(url).flushall()
-    stack = Stack(redis_url=url, env_overrides={"MINISERVE_MODEL": "default", "MINISERVE_THREADS": "2",
+    stack = Stack(redis_url=url, env_overrides={"MINISERVE_MODEL": "default", "MINISERVE_THREADS": "1",
                                                 "MINISERVE_QUANT": "none"})
     store = JobStore(redis.Redis.from_url(url, decode_responses=True))
     worker = stack.start_worker()
@@ -38,7 +38,7 @@ def test_greedy_generation_through_queue_equals_direct_engine_call(redis_proc):
     finally:
         web.stop()
         worker.stop()
-    engine = Engine(load_settings(model="default", threads=2, quant="none"))
+    engine = Engine(load_settings(model="default", threads=1, quant="none"))
     try:
         direct = engine.generate(GenerationRequest(messages=[{"role": "user", "content": PROMPT}], method="official",
                                                    sampling=SamplingParams(max_new_tokens=12)))

@@ -27,7 +27,7 @@ def web(redis_proc):
     redis.Redis.from_url(url).flushall()
     # float32: under the CPU default (bf16 + q8) the hand-written methods go wrong on this model
     # from the first token (tests/engine/test_smollm2.py holds that case, xfail).
-    stack = Stack(redis_url=url, env_overrides={"MINISERVE_MODEL": "smollm2-135m", "MINISERVE_THREADS": "2",
+    stack = Stack(redis_url=url, env_overrides={"MINISERVE_MODEL": "smollm2-135m", "MINISERVE_THREADS": "1",
                                                 "MINISERVE_DTYPE": "float32", "MINISERVE_JSON_LOGS": "true"})
     worker = stack.start_worker()
     try:
