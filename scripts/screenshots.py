@@ -27,6 +27,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 VIEWPORT = {"width": 1300, "height": 860}
 LONG_S = 600_000  # ms: the default model on a busy CPU is slow; a view waits up to 10 minutes
+COUNTING = "([0-9]+\\n){300}"  # three hundred numbered lines: a job that outlives a few heartbeats
 POOL_PREFIX = ("You are a patient teacher of computer science. Answer with care, in plain words, "
                "and give one small example.")
 
@@ -61,15 +62,22 @@ def compare(page, base: str) -> None:
 
 
 def worker(page, base: str) -> list[str]:
-    """Two long paged jobs with one prefix: their prompt blocks are shared. Returns their ids."""
-    ids = [requests.post(f"{base}/jobs", timeout=30, json={
-        "prefix": POOL_PREFIX, "prompt": prompt, "max_new_tokens": 2000, "stop": ["<never>"],
-        "generation_method": "paged"}).json()["id"] for prompt in ("Explain paging.", "Explain caching.")]
+    """Two long paged jobs with one prefix, the second sent once the first has prefilled: it
+    reuses the first one's committed prefix blocks, so the view shows them shared. Returns
+    their ids."""
+    def submit(prompt: str) -> str:
+        return requests.post(f"{base}/jobs", timeout=30, json={
+            "prefix": POOL_PREFIX, "prompt": prompt, "max_new_tokens": 2000, "generation_method": "paged",
+            "guided_regex": COUNTING}).json()["id"]
+
+    # answers that run long: left free, the model ends a count after a few lines with its end token
+    ids = [submit("Count from 1 to 400, one number per line.")]
     page.goto(base)
     page.click("#tab-worker")
     summary = "document.getElementById('pool-summary').textContent"
     page.wait_for_function(f"/in use [1-9]/.test({summary})", timeout=LONG_S)
-    try:  # the second job reuses the first one's prefix blocks once both run
+    ids.append(submit("Count from 400 down to 1, one number per line."))
+    try:
         page.wait_for_function(f"/shared [1-9]/.test({summary})", timeout=30_000)
     except PlaywrightTimeout:
         print("no shared blocks seen: the view shows the blocks in use")
