@@ -112,16 +112,15 @@ def plot(summary: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def write_results(rows: list[dict], args: argparse.Namespace, dtypes: tuple[str, ...], wall_s: float) -> None:
+def write_results(rows: list[dict], args: argparse.Namespace, dtype: str, wall_s: float) -> None:
+    """One dtype's files, ``compare_generation_<dtype>.*`` (what ``python -m bench report`` reads)."""
     summary = summarize(rows)
-    out = Path(args.out)
-    stem = "compare_generation" if len(dtypes) > 1 else f"compare_generation_{dtypes[0]}"
-    write_csv(out / f"{stem}.csv", rows)
-    write_csv(out / f"{stem}.summary.csv", summary)
-    machine = machine_info() | {"model": args.model, "dtypes": sorted({r["dtype"] for r in rows}),
-                                "repeats": args.repeats, "wall_s_last_dtype": round(wall_s, 1)}
-    write_json(out / f"{stem}.machine.json", machine)
-    plot(summary, out / f"{stem}.png")
+    stem = Path(args.out) / f"compare_generation_{dtype}"
+    write_csv(stem.with_suffix(".csv"), rows)
+    write_csv(stem.with_suffix(".summary.csv"), summary)
+    machine = machine_info() | {"model": args.model, "dtype": dtype, "repeats": args.repeats, "wall_s": round(wall_s, 1)}
+    write_json(stem.with_suffix(".machine.json"), machine)
+    plot(summary, stem.with_suffix(".png"))
     print(f"\nmachine: {machine}")
     print_table(summary, ["dtype", "new_tokens", "method", "runs", "mean_s", "p50_s", "p50_ttft_ms",
                           "p50_decode_tok_s", "decode_vs_official", "pct_of_floor", "generated",
@@ -139,11 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="results")
     args = parser.parse_args(argv)
     dtypes = ("bfloat16", "float32") if args.dtype == "both" else (args.dtype,)
-    rows: list[dict] = []
-    for dtype in dtypes:  # results are written after each dtype, so a long run keeps what it measured
+    for dtype in dtypes:  # each dtype's files are written when it ends: a long run keeps what it measured
         started = time.perf_counter()
-        rows += run_dtype(dtype, args)
-        write_results(rows, args, dtypes, time.perf_counter() - started)
+        write_results(run_dtype(dtype, args), args, dtype, time.perf_counter() - started)
     return 0
 
 
