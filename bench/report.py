@@ -36,6 +36,7 @@ class Figures:
     command: str | None = None  # as recorded in the file; the section's own command otherwise
     notes: list[str] = field(default_factory=list)
     headline: list[str] = field(default_factory=list)  # README bullets (markdown, no link)
+    headline_machine: dict[str, Any] | None = None  # the bullets' run, where it is not the table's
     tables: list[tuple[str, list[str], list[Row]]] = field(default_factory=list)  # extra tables
 
 
@@ -318,7 +319,8 @@ def served_table(figures: Figures, data: dict[str, Any]) -> None:
     args = data["args"]
     figures.tables.append((f"Streaming chats through `/v1` against the in-process batched engine, same requests "
                            f"(`{SERVED_COMMAND}`, model `{Path(args['model']).name}`: {args['rounds']} chats of "
-                           f"{args['new_tokens']} greedy tokens per client, median of {args['repeats']} interleaved runs)",
+                           f"{args['new_tokens']} greedy tokens per client, median of {args['repeats']} interleaved runs; "
+                           f"{machine_kind(data.get('machine') or {})})",
                            ["clients", "path", "tok/s", "x in-process", "TTFT p50 s", "CPU s per 1k tokens"], rows))
     figures.notes.append("`inproc`: client threads submitting to an engine loop in the benchmark's process, as a "
                          "worker's job threads do; `v1`: the same chats as streaming HTTP clients of the whole stack. "
@@ -327,6 +329,7 @@ def served_table(figures: Figures, data: dict[str, Any]) -> None:
                          "llama.cpp's server (`-np 8 --cont-batching`) on the same GGUF, same chats.")
     at8 = next((s for s in data["summary"] if s["clients"] == 8 and s["mode"] == "v1"), None)
     if at8 and at8.get("x_inproc"):
+        figures.headline_machine = data.get("machine")
         figures.headline.append(f"Through `/v1` with 8 streaming clients: {ratio(at8['x_inproc'])} the in-process "
                                 f"engine's tokens/s on the same requests (model `{Path(args['model']).name}`)")
 
@@ -619,7 +622,7 @@ def render_block(root: Path) -> str:
     lines = [START]
     for section, figures in collect(root):
         for text in (figures.headline if figures else []):
-            lines.append(f"- {text} ({machine_kind(figures.machine)}; [details](docs/benchmarks.md#{anchor(section.title)})).")
+            lines.append(f"- {text} ({machine_kind(figures.headline_machine or figures.machine)}; [details](docs/benchmarks.md#{anchor(section.title)})).")
     return "\n".join(lines + [END])
 
 
