@@ -444,6 +444,7 @@ def read_soak(root: Path) -> Figures:
         figures.tables.append(soak_memory(memory))
         figures.notes += official_reload_note(memory.get("official_reload", []))
         after = memory["readings"][1]
+        figures.headline_machine = {**memory.get("machine", {}), "cpu_model": memory.get("cpu")}
         figures.headline.append(f"Worker memory (default model, `{memory['quant']}`): {num(after['VmRSS_mb'], 0)} MB "
                                 f"resident after {memory['jobs']} mixed jobs, {num(after['RssFile_mb'], 0)} MB of "
                                 f"it mapped files")
