@@ -380,6 +380,7 @@ def read_connections(data: dict[str, Any], figures: Figures) -> None:
                          f"{ratio(data['ttft_loaded_over_unloaded'], 1)} unloaded; while loaded the web ran "
                          f"{num(machine['web_cpu_s_per_s'])} CPU-s/s and waited {num(machine.get('web_runqueue_wait_s_per_s'))} "
                          f"s/s runnable for a CPU (load average {num(machine['load_average_1m'], 1)}).")
+    figures.headline_machine = data["machine"]
     figures.headline.append(f"Connections: {load}; `/health` p99 {num(data['health']['loaded']['p99_ms'], 0)} ms, "
                             f"a new job's first token in {ratio(data['ttft_loaded_over_unloaded'], 1)} its unloaded time, "
                             f"{subs['held_lost']} streams lost an event")
