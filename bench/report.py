@@ -36,8 +36,14 @@ class Figures:
     command: str | None = None  # as recorded in the file; the section's own command otherwise
     notes: list[str] = field(default_factory=list)
     headline: list[str] = field(default_factory=list)  # README bullets (markdown, no link)
-    headline_machine: dict[str, Any] | None = None  # the bullets' run, where it is not the table's
+    headline_machines: dict[str, dict[str, Any]] = field(default_factory=dict)  # bullet -> its run's machine, where not the table's
     tables: list[tuple[str, list[str], list[Row]]] = field(default_factory=list)  # extra tables
+
+    def add_headline(self, text: str, machine: dict[str, Any] | None) -> None:
+        """A README bullet measured in a run of its own (its machine, not the section table's)."""
+        self.headline.append(text)
+        if machine:
+            self.headline_machines[text] = machine
 
 
 @dataclass(frozen=True)
@@ -329,9 +335,9 @@ def served_table(figures: Figures, data: dict[str, Any]) -> None:
                          "llama.cpp's server (`-np 8 --cont-batching`) on the same GGUF, same chats.")
     at8 = next((s for s in data["summary"] if s["clients"] == 8 and s["mode"] == "v1"), None)
     if at8 and at8.get("x_inproc"):
-        figures.headline_machine = data.get("machine")
-        figures.headline.append(f"Through `/v1` with 8 streaming clients: {ratio(at8['x_inproc'])} the in-process "
-                                f"engine's tokens/s on the same requests (model `{Path(args['model']).name}`)")
+        figures.add_headline(f"Through `/v1` with 8 streaming clients: {ratio(at8['x_inproc'])} the in-process "
+                             f"engine's tokens/s on the same requests (model `{Path(args['model']).name}`)",
+                             data.get("machine"))
 
 
 KILL_FLAGS = "--workers 2 --max-new-tokens 64 --kill-worker-after 2 --output results/load_kill.csv"
@@ -380,10 +386,9 @@ def read_connections(data: dict[str, Any], figures: Figures) -> None:
                          f"{ratio(data['ttft_loaded_over_unloaded'], 1)} unloaded; while loaded the web ran "
                          f"{num(machine['web_cpu_s_per_s'])} CPU-s/s and waited {num(machine.get('web_runqueue_wait_s_per_s'))} "
                          f"s/s runnable for a CPU (load average {num(machine['load_average_1m'], 1)}).")
-    figures.headline_machine = data["machine"]
-    figures.headline.append(f"Connections: {load}; `/health` p99 {num(data['health']['loaded']['p99_ms'], 0)} ms, "
-                            f"a new job's first token in {ratio(data['ttft_loaded_over_unloaded'], 1)} its unloaded time, "
-                            f"{subs['held_lost']} streams lost an event")
+    figures.add_headline(f"Connections: {load}; `/health` p99 {num(data['health']['loaded']['p99_ms'], 0)} ms, "
+                         f"a new job's first token in {ratio(data['ttft_loaded_over_unloaded'], 1)} its unloaded time, "
+                         f"{subs['held_lost']} streams lost an event", data["machine"])
 
 
 def read_scale(root: Path) -> Figures:
@@ -445,10 +450,9 @@ def read_soak(root: Path) -> Figures:
         figures.tables.append(soak_memory(memory))
         figures.notes += official_reload_note(memory.get("official_reload", []))
         after = memory["readings"][1]
-        figures.headline_machine = {**memory.get("machine", {}), "cpu_model": memory.get("cpu")}
-        figures.headline.append(f"Worker memory (default model, `{memory['quant']}`): {num(after['VmRSS_mb'], 0)} MB "
-                                f"resident after {memory['jobs']} mixed jobs, {num(after['RssFile_mb'], 0)} MB of "
-                                f"it mapped files")
+        figures.add_headline(f"Worker memory (default model, `{memory['quant']}`): {num(after['VmRSS_mb'], 0)} MB "
+                             f"resident after {memory['jobs']} mixed jobs, {num(after['RssFile_mb'], 0)} MB of "
+                             f"it mapped files", {**memory.get("machine", {}), "cpu_model": memory.get("cpu")})
     return figures
 
 
@@ -624,7 +628,7 @@ def render_block(root: Path) -> str:
     lines = [START]
     for section, figures in collect(root):
         for text in (figures.headline if figures else []):
-            lines.append(f"- {text} ({machine_kind(figures.headline_machine or figures.machine)}; [details](docs/benchmarks.md#{anchor(section.title)})).")
+            lines.append(f"- {text} ({machine_kind(figures.headline_machines.get(text, figures.machine))}; [details](docs/benchmarks.md#{anchor(section.title)})).")
     return "\n".join(lines + [END])
 
 
