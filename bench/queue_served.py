@@ -139,7 +139,8 @@ def openai_client(base_url: str, model: str, new_tokens: int, extra: dict[str, A
         started = time.perf_counter()
         ttft, tokens, pieces = float("nan"), 0, 0
         with session.post(f"{base_url}/v1/chat/completions", json=body, stream=True, timeout=600) as response:
-            response.raise_for_status()
+            if response.status_code != 200:  # say which server refused what, not only the status
+                raise RuntimeError(f"{base_url} answered {response.status_code}: {response.text[:300]}")
             for line in response.iter_lines(decode_unicode=True):
                 if not line or not line.startswith("data:") or line == "data: [DONE]":
                     continue
