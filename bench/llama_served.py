@@ -52,9 +52,10 @@ def llama_mode(path: str, threads: int, rounds: int, new_tokens: int) -> Iterato
     base_url = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: _healthy(base_url), 300, what="llama-server")
-        # greedy as ours, with the penalty ours applies by default (the model's 1.1, over the whole context)
+        # greedy as ours, with the penalty ours applies by default (the model's 1.1, over the whole
+        # context: a slot's length; this llama-server refuses -1 with a 400)
         client = openai_client(base_url, "default", new_tokens,
-                               extra={"repeat_penalty": REPETITION_PENALTY, "repeat_last_n": -1})
+                               extra={"repeat_penalty": REPETITION_PENALTY, "repeat_last_n": CONTEXT_PER_SLOT})
         yield Mode("llama", lambda n: run_clients(n, rounds, client), {"llama-server": proc.pid})
     finally:
         proc.terminate()
