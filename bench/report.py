@@ -452,7 +452,7 @@ def read_soak(root: Path) -> Figures:
         after = memory["readings"][1]
         figures.add_headline(f"Worker memory (default model, `{memory['quant']}`): {num(after['VmRSS_mb'], 0)} MB "
                              f"resident after {memory['jobs']} mixed jobs, {num(after['RssFile_mb'], 0)} MB of "
-                             f"it mapped files", {**memory.get("machine", {}), "cpu_model": memory.get("cpu")})
+                             f"it mapped files", memory.get("machine"))
     return figures
 
 
