@@ -21,7 +21,8 @@ from engine.types import GenerationRequest
 def run_official(engine: Any, prompt: Prompt, run: GenerationRun, request: GenerationRequest,
                  penalty: float) -> int:
     model = engine.loaded.model
-    with full_weights(model, keep=engine.settings.official_keep_weights):  # freed again after (restore.py)
+    # read on a loader thread while the loop goes on, freed again after (engine/quant/restore.py)
+    with full_weights(model, keep=engine.settings.official_keep_weights, wait=run.pause):
         generate_official(model, prompt.ids, run, request.sampling, penalty,
                           constraint=run_constraint(engine, run, request.constraint))
     return 0

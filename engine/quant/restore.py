@@ -14,15 +14,23 @@ the process made a worker that ever served one ``official`` job hold both copies
 (about 1 GB more for the default model). Each ``official`` job now reloads them (logged as
 ``full_weights_restored`` with its latency) and the last one running frees them, handing the
 pages back to the OS; ``MINISERVE_OFFICIAL_KEEP_WEIGHTS=true`` keeps them after the first.
+
+Why the files are read on a helper thread: ``official`` runs as a solo task on the engine
+loop's thread, and reading and converting about 1 GB of safetensors took 0.7 s there, a stall
+of every other stream. Given the task's ``pause`` (``full_weights(..., wait=run.pause)``), the
+read runs on a loader thread that touches no engine state (it only builds new tensors) while
+the task hands the loop back each turn; the new tensors are swapped into the modules on the
+loop thread once they are in.
 """
 from __future__ import annotations
 
+import concurrent.futures as futures
 import logging
 import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -33,6 +41,8 @@ logger = logging.getLogger("miniserve.engine.quant")
 _STATE = "miniserve_freed_weights"  # {"names": [...], "source": str, "hook": handle, "lock": Lock}
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
+_LOADER = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="miniserve-weights")
+_POLL_S = 0.002  # how long a waiting task holds the loop per turn: far under a decode step
 
 
 def quantized_modules(model: Any, embed: bool = False) -> dict[str, torch.nn.Module]:
@@ -76,50 +86,79 @@ def _reload_hook(model: Any) -> Any:
 
 
 @contextmanager
-def full_weights(model: Any, keep: bool = False) -> Iterator[None]:
+def full_weights(model: Any, keep: bool = False, wait: Callable[[], None] | None = None) -> Iterator[None]:
     """The full-precision weights for the duration of the block (``official``'s ``generate``);
     freed again when the last block that asked for them ends, unless ``keep``. Blocks may
-    overlap (solo tasks interleave on the loop thread): a count of users decides."""
+    overlap (solo tasks interleave on the loop thread): a count of users decides. ``wait``:
+    see :func:`restore_full_weights`."""
     state = model.__dict__.get(_STATE)
     if state is None:   # nothing was freed (full precision, or not packed): nothing to do
         yield
         return
     state["users"] += 1
     try:
-        restore_full_weights(model)
+        restore_full_weights(model, wait)
         yield
     finally:
         state["users"] -= 1
+        if state["users"] == 0 and not state.get("done"):
+            state.pop("loading", None)  # every asker was cancelled: let an unfinished read go
         if not keep and state["users"] == 0 and state.get("done"):
             freed = free_full_weights(model, state["source"], embed="model.embed_tokens" in state["names"])
             release_freed_memory()
             log_event(logger, "full_weights_freed", reason="official_done", mb=round(freed / 2**20, 1))
 
 
-def restore_full_weights(model: Any) -> None:
-    """Reload the freed weights (once; later calls return at once). Thread-safe."""
+def restore_full_weights(model: Any, wait: Callable[[], None] | None = None) -> None:
+    """Reload the freed weights (once; later calls return at once).
+
+    Without ``wait`` the files are read here, under a lock (thread-safe). With ``wait`` (a solo
+    task's pause, so only ever on the loop thread) they are read on the loader thread, shared
+    by every task that asks meanwhile, and ``wait`` is called until they are in."""
     state = model.__dict__.get(_STATE)
     if state is None or state.get("done"):
         return
+    started = time.perf_counter()
+    if wait is None:
+        with state["lock"]:
+            if not state.get("done"):
+                _install(model, state, _read(model, state), started)
+        return
+    loading = state.get("loading") or state.setdefault("loading", _LOADER.submit(_read, model, state))
+    while not loading.done():
+        wait()  # the loop's other streams go on; we are resumed on a later turn
+        futures.wait([loading], timeout=_POLL_S)
+    if state.get("loading") is loading:
+        del state["loading"]    # a failed read is tried afresh by the next job
+    tensors = loading.result()  # the read's error, if any, fails this job
     with state["lock"]:
-        if state.get("done"):
-            return
-        started = time.perf_counter()
-        modules = quantized_modules(model, embed="model.embed_tokens" in state["names"])
-        dtype, device = model.model.norm.weight.dtype, model.model.norm.weight.device
-        # Plain tensors with requires_grad, as from_pretrained leaves them (grad mode is off
-        # anyway), even when the hook fires inside inference_mode: transformers' generate over
-        # inference-tensor weights, or with requires_grad=False (torch's matmul then does not
-        # fold the sliced [batch, 1, hidden] prefill input for lm_head and multiplies an 8x
-        # expanded copy of the head), ran 3-5x slower on the padded-batch benchmark.
-        with torch.inference_mode(False):
-            tensors = _load(state["source"], [f"{name}.weight" for name in state["names"]], dtype)
-            for name in state["names"]:
-                modules[name].weight = torch.nn.Parameter(tensors[f"{name}.weight"].to(device))
-        state["hook"].remove()
-        state["done"] = True
-        log_event(logger, "full_weights_restored", reason="official", tensors=len(tensors),
-                  mb=round(sum(t.numel() * t.element_size() for t in tensors.values()) / 2**20, 1), latency_ms=int((time.perf_counter() - started) * 1000))
+        if not state.get("done"):
+            _install(model, state, tensors, started)
+
+
+def _read(model: Any, state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The freed weights as new tensors on the model's device; touches nothing of the model."""
+    dtype, device = model.model.norm.weight.dtype, model.model.norm.weight.device
+    with torch.inference_mode(False):  # see _install: plain tensors, as from_pretrained leaves them
+        tensors = _load(state["source"], [f"{name}.weight" for name in state["names"]], dtype)
+        return {key: t.to(device) for key, t in tensors.items()}
+
+
+def _install(model: Any, state: dict[str, Any], tensors: dict[str, torch.Tensor], started: float) -> None:
+    modules = quantized_modules(model, embed="model.embed_tokens" in state["names"])
+    # Plain tensors with requires_grad, as from_pretrained leaves them (grad mode is off
+    # anyway), even when the hook fires inside inference_mode: transformers' generate over
+    # inference-tensor weights, or with requires_grad=False (torch's matmul then does not
+    # fold the sliced [batch, 1, hidden] prefill input for lm_head and multiplies an 8x
+    # expanded copy of the head), ran 3-5x slower on the padded-batch benchmark.
+    with torch.inference_mode(False):
+        for name in state["names"]:
+            modules[name].weight = torch.nn.Parameter(tensors[f"{name}.weight"])
+    state["hook"].remove()
+    state["done"] = True
+    log_event(logger, "full_weights_restored", reason="official", tensors=len(tensors),
+              mb=round(sum(t.numel() * t.element_size() for t in tensors.values()) / 2**20, 1),
+              latency_ms=int((time.perf_counter() - started) * 1000))
 
 
 def _load(source: str, keys: list[str], dtype: torch.dtype) -> dict[str, torch.Tensor]:

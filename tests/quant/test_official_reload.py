@@ -1,0 +1,55 @@
+"""``official`` under q8 reloads the freed full weights on a loader thread: the loop's other
+streams keep decoding meanwhile, and the weights are freed again after."""
+from __future__ import annotations
+
+import threading
+import time
+
+import engine.quant.restore as restore
+from core.settings import load_settings
+from engine.engine import Engine
+from engine.quant.restore import full_weight_bytes
+from engine.types import GenerationRequest, SamplingParams
+
+READ_S = 1.0  # a slow disk: long beside the tiny model's decode step of a few milliseconds
+
+
+def _request(method: str, tokens: int) -> GenerationRequest:
+    return GenerationRequest(messages=[{"role": "user", "content": "Count from one to fifty."}], method=method,
+                             sampling=SamplingParams(max_new_tokens=tokens, temperature=0.0))
+
+
+def test_the_reload_runs_beside_the_batch_not_on_the_loop(quant_model_dir, tmp_path, monkeypatch):
+    engine = Engine(load_settings(model=str(quant_model_dir), device="cpu", dtype="float32", quant="q8",
+                                  cache_dir=tmp_path)).load()
+    reads: list[tuple[int, float, float]] = []  # (thread, start, end) of each read of the files
+    load = restore._load
+
+    def slow_load(*args):
+        start = time.perf_counter()
+        time.sleep(READ_S)
+        out = load(*args)
+        reads.append((threading.get_ident(), start, time.perf_counter()))
+        return out
+    monkeypatch.setattr(restore, "_load", slow_load)
+    try:
+        model = engine.loaded.model
+        assert full_weight_bytes(model) == 0
+        stamps: list[float] = []
+        streaming = engine.loop.submit(_request("paged", 1500))
+        done = threading.Thread(target=lambda: streaming.stream(lambda _t: stamps.append(time.perf_counter())))
+        done.start()
+        while not stamps:
+            time.sleep(0.01)
+        official = engine.generate(_request("official", 4))
+        assert official.usage.completion_tokens == 4
+        assert full_weight_bytes(model) == 0  # freed again once official ended
+        [(thread, start, end)] = reads
+        assert thread != engine.loop.owner
+        # the paged stream went on through the read: a loop held by it would give no token in it
+        during = [t for t in stamps if start + 0.1 < t < end - 0.1]
+        assert len(during) >= 20, (len(during), len(stamps))
+        streaming.cancel()
+        done.join(60)
+    finally:
+        engine.close()
