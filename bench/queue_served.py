@@ -13,7 +13,7 @@ redis-server is read from /proc, so the cost of the path shows per 1,000 tokens,
 the machine's load. Writes results/queue_served.{csv,json,png}.
 
 ``--llama-server PATH`` (or ``MINISERVE_LLAMA_SERVER``) adds ``llama``: llama.cpp's own
-server with continuous batching (``-np 8 --cont-batching``) on the bundled default model's
+server with continuous batching (a slot per client, restarted per concurrency) on the bundled default model's
 GGUF (:mod:`bench.llama_served`), the same chats through its OpenAI route.
 """
 from __future__ import annotations
@@ -22,7 +22,6 @@ import concurrent.futures as futures
 import json
 import os
 import statistics
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -129,16 +128,17 @@ def chat_body(model: str, client: int, round_: int, new_tokens: int) -> dict[str
 
 def openai_client(base_url: str, model: str, new_tokens: int, extra: dict[str, Any] | None = None
                   ) -> Callable[[int, int], Outcome]:
-    """A streaming OpenAI chat client (ours or llama-server's); one session per thread."""
-    local = threading.local()
+    """A streaming OpenAI chat client (ours or llama-server's), a fresh connection per request.
 
+    Not a kept-alive session: llama-server closes a reused connection between a client's rounds
+    (``RemoteDisconnected``), and both servers must be asked the same way; a local TCP connect
+    costs well under a millisecond beside a chat's tenths of a second."""
     def one(client: int, round_: int) -> Outcome:
-        session = getattr(local, "session", None) or requests.Session()
-        local.session = session
         body = {**chat_body(model, client, round_, new_tokens), **(extra or {})}
         started = time.perf_counter()
         ttft, tokens, pieces = float("nan"), 0, 0
-        with session.post(f"{base_url}/v1/chat/completions", json=body, stream=True, timeout=600) as response:
+        with requests.post(f"{base_url}/v1/chat/completions", json=body, stream=True, timeout=600,
+                           headers={"Connection": "close"}) as response:
             if response.status_code != 200:  # say which server refused what, not only the status
                 raise RuntimeError(f"{base_url} answered {response.status_code}: {response.text[:300]}")
             for line in response.iter_lines(decode_unicode=True):
@@ -166,9 +166,12 @@ class Mode:
     name: str
     run: Callable[[int], dict[str, Any]]
     processes: dict[str, int] = field(default_factory=dict)  # label -> root pid
+    prepare: Callable[[int], None] | None = None  # made ready for n clients before it is timed
 
 
 def measure(mode: Mode, n: int) -> dict[str, Any]:
+    if mode.prepare is not None:
+        mode.prepare(n)
     before = {label: tree_cpu_s(pid) for label, pid in mode.processes.items()}
     self_before = time.process_time()
     out = mode.run(n)
@@ -273,6 +276,8 @@ def main(args: ServedArgs) -> None:
             modes.append(stack.enter_context(llama_mode(args.llama_server, args.threads, args.rounds,
                                                         args.new_tokens)))
         for mode in modes:  # warm every path once at the largest concurrency (pool, kernels, caches)
+            if mode.prepare is not None:
+                mode.prepare(biggest)
             mode.run(biggest)
         rows = run_modes(args, modes)
     engine.loop.close()
@@ -301,6 +306,6 @@ def plot(table: list[dict[str, Any]], path: Path) -> None:
     for ax in axes:
         ax.set_xlabel("concurrent streaming clients")
         ax.legend()
-    fig.suptitle("Through /v1 (web -> Redis -> worker) against the in-process batched engine")
+    fig.suptitle("Through /v1 (web -> Redis -> worker), the in-process batched engine, and llama-server where run")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

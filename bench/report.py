@@ -315,6 +315,19 @@ SERVED = "results/queue_served.json"
 SERVED_COMMAND = "python -m bench.queue_overhead --served"
 
 
+def served_command(args: dict[str, Any]) -> str:
+    """The command that made the file: the clients it ran, and llama-server where it took part."""
+    clients = " ".join(str(n) for n in args.get("clients", []))
+    llama = " --llama-server PATH" if args.get("llama_server") else ""
+    return f"{SERVED_COMMAND} --clients {clients}{llama}" if clients else SERVED_COMMAND
+
+
+def llama_lead(summary: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(clients, our /v1 tokens/s over llama-server's) where a run measured both."""
+    by = {(s["clients"], s["mode"]): s["tok_per_s"] for s in summary}
+    return [(n, by[(n, "v1")] / by[(n, "llama")]) for n, mode in by if mode == "llama" and (n, "v1") in by]
+
+
 def served_table(figures: Figures, data: dict[str, Any]) -> None:
     """``--served``: streaming /v1 clients against the in-process engine (and llama-server)."""
     rows = []
@@ -324,7 +337,7 @@ def served_table(figures: Figures, data: dict[str, Any]) -> None:
                      ", ".join(f"{k} {num(v, 2)}" for k, v in cpu.items())])
     args = data["args"]
     figures.tables.append((f"Streaming chats through `/v1` against the in-process batched engine, same requests "
-                           f"(`{SERVED_COMMAND}`, model `{Path(args['model']).name}`: {args['rounds']} chats of "
+                           f"(`{served_command(args)}`, model `{Path(args['model']).name}`: {args['rounds']} chats of "
                            f"{args['new_tokens']} greedy tokens per client, median of {args['repeats']} interleaved runs; "
                            f"{machine_kind(data.get('machine') or {})})",
                            ["clients", "path", "tok/s", "x in-process", "TTFT p50 s", "CPU s per 1k tokens"], rows))
@@ -332,7 +345,14 @@ def served_table(figures: Figures, data: dict[str, Any]) -> None:
                          "worker's job threads do; `v1`: the same chats as streaming HTTP clients of the whole stack. "
                          "CPU time is read from /proc for the web, the worker and redis-server (`engine`: the "
                          "benchmark process). `--llama-server PATH` (or `MINISERVE_LLAMA_SERVER`) adds `llama`: "
-                         "llama.cpp's server (`-np 8 --cont-batching`) on the same GGUF, same chats.")
+                         "llama.cpp's server (`--cont-batching` with one slot per client, started afresh and "
+                         "warmed for each client count: its best at each) on the same GGUF, same chats.")
+    lead = llama_lead(data["summary"])
+    if lead:
+        figures.add_headline("Through `/v1`, against llama.cpp's own `llama-server` on the same GGUF and chats: "
+                             + " / ".join(ratio(x) for _, x in lead) + " its tokens/s at "
+                             + " / ".join(str(n) for n, _ in lead) + " streaming clients",
+                             data.get("machine"))
     at8 = next((s for s in data["summary"] if s["clients"] == 8 and s["mode"] == "v1"), None)
     if at8 and at8.get("x_inproc"):
         figures.add_headline(f"Through `/v1` with 8 streaming clients: {ratio(at8['x_inproc'])} the in-process "
@@ -514,7 +534,10 @@ def read_models(root: Path) -> Figures:
     figures.notes.append(f"llama.cpp: {data.get('llama_cpp', 'not run')}. Its tools build natively from the "
                          "`llama-cpp-python` sdist: `pip download llama-cpp-python==0.3.36 --no-binary :all: --no-deps`, "
                          "unpack, then `cmake -S vendor/llama.cpp -B build -DLLAMA_CURL=OFF && cmake --build build "
-                         "--target llama-bench llama-batched-bench llama-server`; pass `--llama-bin build/bin`.")
+                         "--target llama-bench llama-batched-bench llama-server`; pass `--llama-bin build/bin`. "
+                         "On a virtual machine whose CPU hides some of what its compiler detects (an illegal "
+                         "instruction at start), name the features instead: `-DGGML_NATIVE=OFF -DGGML_AVX2=ON "
+                         "-DGGML_FMA=ON -DGGML_F16C=ON`, and `-DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON` where it has them.")
     for name, met in data.get("checks", {}).items():
         figures.notes.append(f"Target {name}: {'met' if met else 'not met'}.")
     by = {(r["model"], r["setting"]): r for r in data["rows"]}
