@@ -538,6 +538,10 @@ def read_models(root: Path) -> Figures:
                          "On a virtual machine whose CPU hides some of what its compiler detects (an illegal "
                          "instruction at start), name the features instead: `-DGGML_NATIVE=OFF -DGGML_AVX2=ON "
                          "-DGGML_FMA=ON -DGGML_F16C=ON`, and `-DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON` where it has them.")
+    figures.notes.append("The batch-1 ratio between the models depends on the CPU, for llama.cpp as for us: the "
+                         "small model's 30 layers of small matrices carry a fixed cost per layer (the thread team "
+                         "meets at barriers between the pieces of each) that weighs more on some machines; "
+                         "llama.cpp's own ratio on the same files, in its rows, shows the machine's.")
     for name, met in data.get("checks", {}).items():
         figures.notes.append(f"Target {name}: {'met' if met else 'not met'}.")
     by = {(r["model"], r["setting"]): r for r in data["rows"]}
