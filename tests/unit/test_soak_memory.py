@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from bench import report
+from bench import report_service as report
 from bench.soak_memory import KINDS, job_body, read_memory
 from web.schemas import JobSubmit
 
