@@ -21,7 +21,7 @@ def _request(method: str, tokens: int) -> GenerationRequest:
 
 def test_the_reload_runs_beside_the_batch_not_on_the_loop(quant_model_dir, tmp_path, monkeypatch):
     engine = Engine(load_settings(model=str(quant_model_dir), device="cpu", dtype="float32", quant="q8",
-                                  cache_dir=tmp_path)).load()
+                                  cache_dir=tmp_path, threads=1)).load()
     reads: list[tuple[int, float, float]] = []  # (thread, start, end) of each read of the files
     load = restore._load
 
@@ -46,9 +46,10 @@ def test_the_reload_runs_beside_the_batch_not_on_the_loop(quant_model_dir, tmp_p
         assert full_weight_bytes(model) == 0  # freed again once official ended
         [(thread, start, end)] = reads
         assert thread != engine.loop.owner
-        # the paged stream went on through the read: a loop held by it would give no token in it
+        # the paged stream went on through the read: a loop held by it gives no token in it (a
+        # quiet machine gives hundreds; a loaded one running the suite's other process, ~10)
         during = [t for t in stamps if start + 0.1 < t < end - 0.1]
-        assert len(during) >= 20, (len(during), len(stamps))
+        assert len(during) >= 5, (len(during), len(stamps))
         streaming.cancel()
         done.join(60)
     finally:
