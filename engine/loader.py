@@ -119,13 +119,14 @@ def apply_threads(settings: Settings) -> None:
 
 
 def apply_quant(model: Any, setting: str, device: Any, source: str,
-                table_dir: Path | None = None) -> str:
+                cache_dir: Path | None = None) -> str:
     """Quantize per ``MINISERVE_QUANT``; returns what runs, as ``Engine.info`` shows it.
 
     An explicit setting whose kernel this CPU/torch lacks is a start error naming the
     variable and the choices. ``auto`` never fails the start, but a fallback to ``none`` is
-    said loudly: a WARNING log event and ``none (auto: ...)`` on ``/workers``. ``table_dir``:
-    where a quantized embedding table is kept as a mapped file (only rows in use resident)."""
+    said loudly: a WARNING log event and ``none (auto: ...)`` on ``/workers``. ``cache_dir``:
+    ``tables/`` keeps a quantized embedding table as a mapped file (only rows in use resident),
+    ``quantized/`` the quantized weights of an earlier start (engine.quant.weight_cache)."""
     plan = resolve_quant(setting, device.type, getattr(model, "dtype", None))
     if plan == "none":
         label = "none (auto)" if setting == "auto" else "none"
@@ -133,7 +134,8 @@ def apply_quant(model: Any, setting: str, device: Any, source: str,
             return label
         return label + _unpacked_note(model, device)
     try:
-        quantize_model(model, plan, source=source, table_dir=table_dir)
+        quantize_model(model, plan, source=source, table_dir=None if cache_dir is None else cache_dir / "tables",
+                       cache_dir=None if cache_dir is None else cache_dir / "quantized")
     except QuantKernelError as exc:
         if setting != "auto":
             raise ModelLoadError(f"{exc}. MINISERVE_QUANT must be one of {', '.join(QUANT_CHOICES)}; "
@@ -189,7 +191,7 @@ def load_model(settings: Settings) -> LoadedModel:
             f"a .gguf file or a local folder.") from exc
     model.to(device).eval()
     torch.set_grad_enabled(False)
-    quant = apply_quant(model, settings.quant, device, source, Path(settings.cache_dir) / "tables")
+    quant = apply_quant(model, settings.quant, device, source, Path(settings.cache_dir))
     # The load's transient buffers (the stored float32 tensors read to quantize, the bf16 copies
     # freed after) stay in glibc's heap otherwise: the default q8 model measured 2,435 MB
     # resident after load with 462 MB in use, 907 MB once handed back.

@@ -32,6 +32,7 @@ from engine.quant.layer import QuantizedEmbedding, QuantizedLinear, quantize_lin
 from engine.quant.q8 import GROUP
 from engine.quant.plan import CLASSES, PLANS, PROJECTIONS, QUANT_CHOICES, QuantPlan
 from engine.packed import PackedLinear, packing_available, release_freed_memory
+from engine.quant import weight_cache
 from engine.quant.restore import free_full_weights, restore_full_weights
 from engine.quant.source import StoredWeights
 from engine.weights import Linear, Qwen2Weights, fuse_projections
@@ -53,6 +54,7 @@ class QuantSummary:
     formats: dict[str, str] = field(default_factory=dict)  # class -> format
     freed_bytes: int = 0  # full-precision bytes released after quantizing
     seconds: float = 0.0
+    from_cache: bool = False  # read from a quantized file of an earlier start (engine.quant.weight_cache)
 
 
 def as_plan(plan: QuantPlan | str) -> QuantPlan:
@@ -111,13 +113,15 @@ def _quantized_embed(weights: Qwen2Weights, plan: QuantPlan, stored: StoredWeigh
 
 
 def quantize_model(model: Any, mode: QuantPlan | str, free_full: bool = True, source: str | None = None,
-                   table_dir: Path | None = None) -> QuantSummary:
+                   table_dir: Path | None = None, cache_dir: Path | None = None) -> QuantSummary:
     """Quantize ``model``'s forward weights and keep them on it for :func:`forward_weights`.
 
     ``free_full`` releases the full-precision matrices afterwards (``official`` reloads them
     from ``source``, the model folder, on first use). ``table_dir``: a quantized embedding
     is kept in a file there and mapped (:meth:`QuantizedEmbedding.mapped`), so only the rows
-    in use are resident. ``none`` removes the quantized weights.
+    in use are resident. ``cache_dir``: the quantized weights are read from a file there when an
+    earlier start wrote one for the same folder, plan and CPU path, and written there otherwise
+    (:mod:`engine.quant.weight_cache`). ``none`` removes the quantized weights.
     Raises ``ValueError`` for an unknown mode and
     :class:`~engine.quant.kernels.QuantKernelError` when the kernel is missing here."""
     if mode == "none":
@@ -130,7 +134,7 @@ def quantize_model(model: Any, mode: QuantPlan | str, free_full: bool = True, so
     # pack in 5 bits (fewer bytes per decode step). With the step's small operations rounding as
     # the bf16 path does (engine.ops) they agree with bf16 above llama.cpp's 0.932 (bench.quantization,
     # docs/quantization.md); before those, the bf16 weights' q8 had agreed better (0.946 vs 0.896).
-    quantized, summary = quantize_weights(weights, plan, source=source)
+    quantized, summary = _quantized_or_cached(weights, plan, source, cache_dir)
     if table_dir is not None and isinstance(quantized.embed, QuantizedEmbedding):
         quantized = dataclasses.replace(quantized, embed=quantized.embed.mapped(table_dir))
     model.__dict__[ATTR] = quantized  # plain attribute: not a submodule, invisible to transformers
@@ -140,8 +144,25 @@ def quantize_model(model: Any, mode: QuantPlan | str, free_full: bool = True, so
     log_event(logger, "model_quantized", quant=plan.name, group_size=summary.group_size, layers=summary.layers,
               quantized_mb=round(summary.quantized_bytes / 2**20, 1),
               freed_mb=round(summary.freed_bytes / 2**20, 1), latency_ms=int(summary.seconds * 1000),
-              formats=summary.formats)
+              formats=summary.formats, from_cache=summary.from_cache)
     return summary
+
+
+def _quantized_or_cached(weights: Qwen2Weights, plan: QuantPlan, source: str | None,
+                         cache_dir: Path | None) -> tuple[Qwen2Weights, QuantSummary]:
+    path = weight_cache.cache_path(cache_dir, plan, source, weights.dtype)
+    if path is not None:
+        check_kernels(plan.name, weights.device.type)
+        started = time.perf_counter()
+        hit = weight_cache.read(path, weights)
+        if hit is not None:
+            quantized, stored = hit
+            summary = QuantSummary(**{**stored, "seconds": time.perf_counter() - started, "from_cache": True})
+            return quantized, summary
+    quantized, summary = quantize_weights(weights, plan, source=source)
+    if path is not None:
+        weight_cache.write(path, quantized, dataclasses.asdict(summary))
+    return quantized, summary
 
 
 def pack_weights(weights: Qwen2Weights) -> Qwen2Weights:
