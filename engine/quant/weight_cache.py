@@ -93,7 +93,9 @@ def read(path: Path, weights: Qwen2Weights) -> tuple[Qwen2Weights, dict[str, Any
     try:
         with safe_open(str(path), framework="pt") as handle:
             meta = json.loads(handle.metadata()["miniserve"])
-            tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+            # copies in the heap: the file's tensors are views of one mapping of the whole file, whose
+            # read pages would stay resident beside the embedding's own mapped table (engine.quant.mapped)
+            tensors = {key: handle.get_tensor(key).clone() for key in handle.keys()}
         return _rebuild(weights, tensors, meta), meta["summary"]
     except Exception as exc:  # noqa: BLE001 - any unreadable or mismatched file is a miss, not a start error
         log_event(logger, "quantized_cache_ignored", level=logging.WARNING, path=str(path),
