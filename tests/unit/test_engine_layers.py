@@ -41,6 +41,7 @@ LAYER_OF = {
     "engine.quant.layer": 1,
     "engine.quant.model": 1,
     "engine.quant.restore": 1,
+    "engine.quant.weight_cache": 1,    # the quantized weights of an earlier start, on disk
     "engine.quant.source": 1,
     "engine.quant.step": 1,            # the one-call decode step of the whole model
     "engine.weights": 1,
