@@ -77,15 +77,18 @@ def test_a_killed_prefork_child_is_replaced_and_the_next_job_runs(stack, store, 
     worker = stack.start_worker(name="prefork", pool="prefork", concurrency=1)
     try:
         wait_for_worker(store)
-        job = submit(store, celery_client, request_for("paged", 300))
+        # long enough (seconds on the tiny model) that the first attempt is still running when
+        # its process is killed: at 300 tokens a fast machine had ended it before the kill
+        job = submit(store, celery_client, request_for("paged", 4000))
         sleep_until_tokens(store, job.id, 3)
         children = descendants(worker.popen.pid)
         running_in = int(store.get(job.id).worker.rsplit(":", 1)[1])
         assert [c.pid for c in children] == [running_in]  # the one pool process, running the job
+        assert store.get(job.id).state == RUNNING
         for child in children:
             os.kill(child.pid, signal.SIGKILL)
-        record = wait_terminal(store, job.id, 90)
-        assert record.state == SUCCEEDED and record.attempt == 2  # re-delivered to the new child
+        record = wait_terminal(store, job.id, 120)
+        assert (record.state, record.attempt) == (SUCCEEDED, 2)  # re-delivered to the new child
         assert terminal_events(store, job.id) == 1
         assert_next_job_runs_within_a_lease(store, celery_client)
         assert worker.popen.poll() is None and len(descendants(worker.popen.pid)) == 1
