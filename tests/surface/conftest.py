@@ -14,7 +14,11 @@ from tests.integration.conftest import (  # noqa: F401  (fixtures)
 
 @pytest.fixture(scope="package")
 def surface_stack(redis_proc, tiny_model):  # noqa: F811
-    return _clean_stack(redis_proc, tiny_model)
+    stack = _clean_stack(redis_proc, tiny_model)
+    # the pool view's job must outlast the page's sight of a heartbeat (up to 2 s): 2,048
+    # tokens, the default cap, took less than that on a fast CPU
+    stack.env_overrides["MINISERVE_MAX_NEW_TOKENS_CAP"] = "4000"
+    return stack
 
 
 @pytest.fixture(scope="package")

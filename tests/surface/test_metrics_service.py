@@ -1,5 +1,8 @@
 """``/metrics`` of the running service parses with prometheus-client's parser, and its
-counters and histograms move after a job."""
+counters and histograms move after a job.
+
+The package's stack is shared: a job an earlier test left running (a page's chat, say) could
+end between the two scrapes and count twice, so the test starts once no job is unfinished."""
 from __future__ import annotations
 
 import requests
@@ -23,7 +26,12 @@ def value(samples, name: str, **labels) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
+def _no_unfinished_job(store) -> bool:
+    return not [job for job in store.list(limit=1000) if job.state not in TERMINAL_STATES]
+
+
 def test_counters_move_after_a_job(base_url, surface_store):
+    wait_until(lambda: _no_unfinished_job(surface_store), 60, what="the earlier tests' jobs to end")
     before = scrape(base_url)
     assert value(before, "miniserve_workers_online") == 1
     assert value(before, "miniserve_queue_depth", queue="generation") == 0

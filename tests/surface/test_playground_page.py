@@ -196,7 +196,9 @@ def _until_just_before_the_next_heartbeat(store) -> None:
 
 def test_the_kv_pool_fills_while_a_job_runs_and_empties_after(page, base_url, surface_store):
     _until_just_before_the_next_heartbeat(surface_store)
-    response = requests.post(f"{base_url}/jobs", json={"prompt": "Tell me everything", "max_new_tokens": 2000,
+    # near the tiny model's context (4,096; the surface stack raises the cap): the page sees the
+    # beat up to 2 s after the submit (1 s to the beat, then its 1 s poll); a fast CPU had ended 2,000 tokens by then
+    response = requests.post(f"{base_url}/jobs", json={"prompt": "Tell me everything", "max_new_tokens": 4000,
                                                        "stop": ["<never>"], "repetition_penalty": 1.0,
                                                        "generation_method": "paged"}, timeout=10)
     job_id = response.json()["id"]
