@@ -5,11 +5,10 @@ between two tokens of a ``paged`` job each running job of ``official``, ``no_cac
 ``custom_cache`` and ``prefix_cache`` makes at most one token. On a loop that runs a solo
 request to completion, the paged stream waits for all of that job's 128 tokens.
 
-The test reads the order in which the loop thread accepts tokens (every method hands each
-token to :meth:`GenerationRun.accept`), not clocks: that order is what the loop's turn
-decides, and it is the same on a quiet machine and a busy one. An earlier form compared CPU
-time between streamed pieces, whose spread on two shared cores (a sibling process slowing
-one turn) failed a correct loop. ``python -m bench.fairness`` reports wall-clock gaps on the
+The test reads the order in which the loop thread accepts tokens (:mod:`tests.accepted_tokens`),
+not clocks: that order is what the loop's turn decides, and it is the same on a quiet machine
+and a busy one, where the time of a single turn also measures the neighbours (a process on
+the sibling core slows it). ``python -m bench.fairness`` reports wall-clock gaps on the
 default model.
 """
 from __future__ import annotations
@@ -21,8 +20,8 @@ import pytest
 from core.grammar import regex
 from core.settings import load_settings
 from engine.engine import Engine
-from engine.run import GenerationRun
 from engine.types import GenerationRequest, SamplingParams
+from tests.accepted_tokens import record_accepted
 
 SOLO_METHODS = ("official", "no_cache", "custom_cache", "prefix_cache")
 SOLO_TOKENS = 128
@@ -46,20 +45,6 @@ def engine(tiny_model_dir):
     eng.close()
 
 
-@pytest.fixture
-def accepted(monkeypatch) -> list[str]:
-    """The method of every token the loop accepts, in the order it accepts them."""
-    order: list[str] = []
-    original = GenerationRun.accept
-
-    def recording(run: GenerationRun, token_id: int) -> bool:
-        order.append(run.method)
-        return original(run, token_id)
-
-    monkeypatch.setattr(GenerationRun, "accept", recording)
-    return order
-
-
 def _solo_tokens_between_paged_tokens(order: list[str]) -> list[Counter]:
     """For each gap between two paged tokens, how many tokens each other method made in it."""
     gaps: list[Counter] = []
@@ -74,7 +59,8 @@ def _solo_tokens_between_paged_tokens(order: list[str]) -> list[Counter]:
     return gaps
 
 
-def test_a_paged_stream_keeps_its_pace_while_every_other_method_runs(engine, accepted):
+def test_a_paged_stream_keeps_its_pace_while_every_other_method_runs(engine, monkeypatch):
+    tokens = record_accepted(monkeypatch)
     paged = engine.loop.submit(_req("paged", PAGED_TOKENS, ASCII_WORDS))
     solos = [engine.loop.submit(_req(method, SOLO_TOKENS, temperature=0.8, seed=7)) for method in SOLO_METHODS]
     pieces: list[str] = []
@@ -83,6 +69,7 @@ def test_a_paged_stream_keeps_its_pace_while_every_other_method_runs(engine, acc
         assert handle.result(timeout=30).usage.completion_tokens == SOLO_TOKENS
 
     assert result.finish_reason == "length" and len(pieces) == PAGED_TOKENS  # one piece per token
+    accepted = [token.method for token in tokens]
     gaps = _solo_tokens_between_paged_tokens(accepted)
     assert len(gaps) == PAGED_TOKENS - 1
     worst = max(max(gap.values(), default=0) for gap in gaps)

@@ -1,11 +1,10 @@
 """``official`` under q8 reloads the freed full weights on a loader thread: the loop's other
 streams keep decoding meanwhile, and the weights are freed again after.
 
-The paged stream's progress is read where the loop makes it: the time of each token the loop
-accepts for it (:meth:`GenerationRun.accept`, on the loop thread), not the time a consumer
-thread takes its text (a token whose text is held back, or a consumer thread not scheduled,
-shows as no progress). The test heap is frozen out of the garbage collector meanwhile: late in
-a full run a collection over hundreds of tests' objects stops every thread of the process.
+The paged stream's progress is read where the loop makes it, on the loop thread
+(:mod:`tests.accepted_tokens`), not where a consumer thread takes its text. The test heap is
+frozen out of the garbage collector meanwhile: late in a full run a collection over hundreds
+of tests' objects stops every thread of the process.
 """
 from __future__ import annotations
 
@@ -17,8 +16,8 @@ import engine.quant.restore as restore
 from core.settings import load_settings
 from engine.engine import Engine
 from engine.quant.restore import full_weight_bytes
-from engine.run import GenerationRun
 from engine.types import GenerationRequest, SamplingParams
+from tests.accepted_tokens import record_accepted
 
 READ_S = 1.0  # a slow disk: long beside the tiny model's decode step of a few milliseconds
 
@@ -26,19 +25,6 @@ READ_S = 1.0  # a slow disk: long beside the tiny model's decode step of a few m
 def _request(method: str, tokens: int) -> GenerationRequest:
     return GenerationRequest(messages=[{"role": "user", "content": "Count from one to fifty."}], method=method,
                              sampling=SamplingParams(max_new_tokens=tokens, temperature=0.0))
-
-
-def _record_paged_tokens(monkeypatch) -> list[float]:
-    """perf_counter() at each token the loop accepts for a ``paged`` run."""
-    stamps: list[float] = []
-    accept = GenerationRun.accept
-
-    def recording(run: GenerationRun, token_id: int) -> bool:
-        if run.method == "paged":
-            stamps.append(time.perf_counter())
-        return accept(run, token_id)
-    monkeypatch.setattr(GenerationRun, "accept", recording)
-    return stamps
 
 
 def test_the_reload_runs_beside_the_batch_not_on_the_loop(quant_model_dir, tmp_path, monkeypatch):
@@ -54,19 +40,20 @@ def test_the_reload_runs_beside_the_batch_not_on_the_loop(quant_model_dir, tmp_p
         reads.append((threading.get_ident(), start, time.perf_counter()))
         return out
     monkeypatch.setattr(restore, "_load", slow_load)
-    stamps = _record_paged_tokens(monkeypatch)
+    accepted = record_accepted(monkeypatch)
     gc.collect()
     gc.freeze()
     try:
         model = engine.loaded.model
         assert full_weight_bytes(model) == 0
         streaming = engine.loop.submit(_request("paged", 1500))
-        while not stamps:
+        while not accepted:
             time.sleep(0.01)
         official = engine.generate(_request("official", 4))
         assert official.usage.completion_tokens == 4
         assert full_weight_bytes(model) == 0  # freed again once official ended
         [(thread, start, end)] = reads
+        stamps = [token.at for token in accepted if token.method == "paged"]
         assert thread != engine.loop.owner
         # the paged stream went on through the read: a loop held by it gives no token in it (a
         # quiet machine gives hundreds; a loaded one running the suite's other process, ~10)
