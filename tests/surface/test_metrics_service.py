@@ -27,7 +27,7 @@ def value(samples, name: str, **labels) -> float:
 
 
 def _no_unfinished_job(store) -> bool:
-    return not [job for job in store.list(limit=1000) if job.state not in TERMINAL_STATES]
+    return all(job.is_terminal for job in store.list(limit=1000))
 
 
 def test_counters_move_after_a_job(base_url, surface_store):
