@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Iterator
 
+import redis
 from flask import Response, jsonify, stream_with_context
 from flask_openapi3 import APIBlueprint, Tag
 
@@ -141,6 +142,15 @@ def follow_job(store: JobStore, celery: Any, job: JobRecord, opening: list[str],
         if not ended:
             abandon(store, celery, job.id)
         raise
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        # Redis went away mid-stream: the job goes on (its worker retries its writes), but
+        # this stream cannot; it ends with an error chunk rather than a cut connection.
+        log_event(logger, "chat_stream_store_lost", level=logging.WARNING, job_id=job.id, exc_type=type(exc).__name__)
+        yield error("server_error", f"the job store is unreachable; job {job.id} goes on: read it at "
+                    f"/jobs/{job.id} when the service is back", "store_unavailable")
+    except Exception as exc:  # noqa: BLE001 - any other failure still ends the stream in OpenAI's shape
+        log_event(logger, "chat_stream_failed", level=logging.ERROR, job_id=job.id, exc_type=type(exc).__name__)
+        yield error("server_error", f"the stream of job {job.id} failed on the server", "stream_failed")
 
 
 def _full_payload(store: JobStore, job_id: str, event: Event) -> dict[str, Any]:
