@@ -68,6 +68,9 @@ class Settings(BaseSettings):
     # idle limit between two requests on one connection).
     header_timeout_s: PositiveInt = 5
     api_keys: Annotated[list[str], NoDecode] = []
+    # Keys that also see operators' details on /workers (hosts, pids, paths, other keys' job
+    # ids); each is a valid key too. With no api_keys at all, everyone is the admin.
+    admin_api_keys: Annotated[list[str], NoDecode] = []
     rate_limit_per_minute: int = Field(default=0, ge=0)  # 0 = unlimited
     max_queue_depth: int = Field(default=1000, ge=0)  # 0 = unbounded
     max_body_bytes: PositiveInt = 1_000_000
@@ -148,7 +151,7 @@ class Settings(BaseSettings):
     def _lower_choice(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
 
-    @field_validator("api_keys", mode="before")
+    @field_validator("api_keys", "admin_api_keys", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:
         if isinstance(value, str):
