@@ -75,6 +75,9 @@ class Settings(BaseSettings):
     max_queue_depth: int = Field(default=1000, ge=0)  # 0 = unbounded
     max_body_bytes: PositiveInt = 1_000_000
     max_file_bytes: PositiveInt = 20_000_000  # a /v1/files upload (batch input), stored in Redis
+    # Per key, what /v1/files may hold at once (files expire with the job TTL or DELETE).
+    max_files_per_key: PositiveInt = 100
+    max_file_store_bytes_per_key: PositiveInt = 100_000_000
     body_timeout_s: PositiveInt = 10  # a request body that stops arriving this long is refused (400)
     body_deadline_s: PositiveInt = 30  # a whole body must arrive within this, however it drips (400)
     # Open SSE streams per client, counted across web processes in Redis: per API key, and
