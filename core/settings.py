@@ -143,6 +143,9 @@ class Settings(BaseSettings):
     route_min_prefix_tokens: PositiveInt = 64  # shorter shared prefixes are not worth routing
     route_ttl_s: PositiveInt = 300  # a worker's claim to hold a prefix lasts this long
     route_max_waiting: PositiveInt = 4  # jobs waiting in a worker's own queue before it counts as full
+    # Prefix-cache scope: by default each API key's cached prompt blocks serve only that key
+    # (its blocks are salted with the key's owner id); true shares them across keys.
+    share_prefix_cache_across_keys: bool = False
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -184,8 +184,8 @@ class Scheduler:
                 budget -= count
         while self.waiting and budget > 0 and len(self.running) < self.max_batch:  # 3. admit
             seq = self.waiting[0]
-            if not self.blocks.can_allocate(seq.tokens, reserve=len(self.running)):
-                if not self.running and not self.blocks.can_allocate(seq.tokens):
+            if not self.blocks.can_allocate(seq.tokens, reserve=len(self.running), root=seq.cache_root):
+                if not self.running and not self.blocks.can_allocate(seq.tokens, root=seq.cache_root):
                     self.waiting.popleft()
                     self._finish(seq, error=KVPoolExhausted(
                         f"{len(seq.tokens)} tokens need {self.blocks.blocks_needed(len(seq.tokens))}"
@@ -193,7 +193,7 @@ class Scheduler:
                     continue
                 break
             self.waiting.popleft()
-            cached = self.blocks.allocate(seq.seq_id, seq.tokens)
+            cached = self.blocks.allocate(seq.seq_id, seq.tokens, root=seq.cache_root)
             if seq.cached_tokens is None:
                 seq.cached_tokens = cached
             seq.num_computed, seq.status = cached, RUNNING

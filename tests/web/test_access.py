@@ -131,3 +131,16 @@ def test_workers_hide_hosts_paths_and_jobs_from_keys_that_are_not_admin(make_app
     # one key for everybody (no keys configured) is everybody's admin, as before
     open_client = make_app().test_client()
     assert open_client.get("/workers").get_json()["workers"][0]["info"]["host"] == "secret-host"
+
+
+def test_each_key_s_jobs_carry_its_own_cache_scope_unless_the_cache_is_shared(make_app, store):
+    """The prefix-cache salt a worker hashes prompt blocks with (core/prefix_hash.py)."""
+    client = make_app(api_keys=[KEY_A, KEY_B]).test_client()
+    scopes = [store.get(client.post("/jobs", json={"prompt": "hi"}, headers=h).get_json()["id"]).request.get("cache_scope")
+              for h in (A, B, A)]
+    assert scopes[0] == scopes[2] == owner_id(KEY_A) and scopes[1] == owner_id(KEY_B)
+    shared = make_app(api_keys=[KEY_A, KEY_B], share_prefix_cache_across_keys=True).test_client()
+    job_id = shared.post("/jobs", json={"prompt": "hi"}, headers=A).get_json()["id"]
+    assert "cache_scope" not in store.get(job_id).request
+    open_id = make_app().test_client().post("/jobs", json={"prompt": "hi"}).get_json()["id"]
+    assert "cache_scope" not in store.get(open_id).request   # no keys: everyone is one key
