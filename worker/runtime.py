@@ -27,7 +27,7 @@ from core.settings import Settings, get_settings
 from core import model_text as model_texts
 from core.workers import write_heartbeat
 from worker.cancel_watch import CancelWatch
-from worker.model_text import model_text
+from worker.model_text import model_text, pool_tokens
 
 logger = logging.getLogger("miniserve.worker")
 HEARTBEAT_S = 5.0
@@ -154,7 +154,7 @@ class WorkerRuntime:
         if self._engine is None or self._text_published:
             return
         try:
-            text = model_text(self._engine.loaded)
+            text = model_text(self._engine.loaded, pool_tokens(self.settings, self._engine.loaded))
             written = text is not None and model_texts.publish(self.store.client, self.model_id, text)
             self._text_published = True
             log_event(logger, "model_text_published", worker=self.name, written=written,
