@@ -44,6 +44,7 @@ from typing import Any, Callable
 import torch
 
 from core.logs import log_event
+from core.methods import BATCHED_METHOD
 from core.prefix_hash import salted_root
 from engine.batching.service import PagedService
 from engine.constrained import token_constraint
@@ -57,7 +58,6 @@ from engine.solo import SoloTask
 from engine.types import CancelCheck, GenerationRequest, GenerationResult, LogprobsCallback, TextCallback
 
 logger = logging.getLogger("miniserve.engine.loop")
-BATCHED_METHOD = "paged"
 TEXT, LOGPROBS, RESULT, ERROR = "text", "logprobs", "result", "error"
 IDLE_WAIT_S = 1.0
 
