@@ -50,6 +50,16 @@ def pick_model(requested: str | None, kind: str = CHAT) -> tuple[str, Served]:
                        "retry later", field="model", retry_after=MODEL_RETRY_AFTER_S) from None
 
 
+def model_of(requested: str | None) -> str | None:
+    """The id a request's ``model`` resolves to, for checks made before the job is submitted
+    (a tokenizer's FIM tokens, ``logit_bias`` ids); ``None`` (the web's own) when it does not
+    resolve: the submission then answers the 404 / 503 itself."""
+    try:
+        return cluster_models().resolve(requested, own_model_is_explicit())
+    except (UnknownModel, ModelUnavailable):
+        return None
+
+
 def model_cards() -> list[dict[str, Any]]:
     """``/v1/models``: every model a request may name now, in OpenAI's card shape plus the
     other names it answers to (``aliases``)."""
