@@ -36,7 +36,7 @@ from core.workers import list_workers
 
 KNOWN_FOR_S = 24 * 3600  # a model unseen this long is forgotten: its id becomes unknown (404)
 SHARED_QUEUES = {"generation": "generation", "agent": "agent"}  # job kind -> shared queue
-CHAT = "chat"  # the model kind of a worker whose heartbeat names none (``model_kind``)
+CHAT = "chat"  # the kind of model of a worker whose heartbeat names none (``model_kind``)
 DEFAULT_NAME = "default"  # a request's name for the cluster's default model
 LATEST_TAG = ":latest"  # Ollama's default tag: ``name:latest`` is ``name``
 
@@ -57,7 +57,12 @@ class Served:
     live: dict[str, list[str]]  # model id -> names of live workers serving it
     seen: set[str]  # models a worker served within KNOWN_FOR_S
     aliases: dict[str, list[str]] = field(default_factory=dict)  # model id -> its other names
-    kinds: dict[str, str] = field(default_factory=dict)  # model id -> kind; absent: CHAT
+    kinds: dict[str, str] = field(default_factory=dict)  # model id -> "chat" | "embedding" (live workers)
+    own_kind: str = CHAT  # the kind of the web's own model
+
+    def kind(self, model: str) -> str:
+        """A model's kind, as its live workers say (the web's own model: from its source)."""
+        return self.kinds.get(model) or (self.own_kind if model == self.own else CHAT)
 
     def available(self, kind: str | None = None) -> list[str]:
         """Ids a request may name now: served by a live worker, or the web's own model while
@@ -65,7 +70,7 @@ class Served:
         ids = set(self.live)
         if self.own not in self.seen:
             ids.add(self.own)
-        return sorted(model for model in ids if kind is None or self.kinds.get(model, CHAT) == kind)
+        return sorted(model for model in ids if kind is None or self.kind(model) == kind)
 
     def names(self, model: str) -> list[str]:
         """A model's aliases, as its workers (or the web, for its own model) declare them."""
@@ -75,14 +80,15 @@ class Served:
         """The id of the model a request's ``model`` names, when a job for it can be queued now.
 
         ``None``, ``""`` and ``default`` (unless a model has that alias) -> :meth:`default`;
-        an id or alias, bare or tagged ``:latest``, case aside -> its model; any other name ->
-        the only model of ``kind`` on offer, else :class:`UnknownModel`. The id found is then
-        checked (:meth:`check`: :class:`ModelUnavailable` when its workers are gone)."""
+        an id or alias of any model, bare or tagged ``:latest``, case aside -> that model (its
+        kind is the caller's to check); any other name -> the only model of ``kind`` on
+        offer, else :class:`UnknownModel`. The id found is then checked (:meth:`check`:
+        :class:`ModelUnavailable` when its workers are gone)."""
         if not requested:
-            return self.check(self.default(own_is_explicit))
-        found = self._lookup(requested, kind)
+            return self.check(self.default(own_is_explicit, kind))
+        found = self._lookup(requested)
         if found is None and requested.lower() in (DEFAULT_NAME, DEFAULT_NAME + LATEST_TAG):
-            found = self.default(own_is_explicit)
+            found = self.default(own_is_explicit, kind)
         if found is None:
             offered = self.available(kind)
             if len(offered) != 1:
@@ -90,26 +96,27 @@ class Served:
             found = offered[0]
         return self.check(found)
 
-    def _lookup(self, requested: str, kind: str) -> str | None:
-        """The model whose id or alias ``requested`` is (``:latest`` dropped), among models
-        of ``kind`` live now, the web's own, and (ids only) models seen lately."""
+    def _lookup(self, requested: str) -> str | None:
+        """The model whose id or alias ``requested`` is (``:latest`` dropped), among the models
+        live now, the web's own, and (ids only: aliases come with heartbeats) models seen lately."""
         wanted = {requested.lower()}
         if requested.lower().endswith(LATEST_TAG):
             wanted.add(requested.lower().removesuffix(LATEST_TAG))
         candidates = sorted(set(self.live) | {self.own} | self.seen)
         for model in candidates:
-            if self.kinds.get(model, CHAT) == kind and model.lower() in wanted:
+            if model.lower() in wanted:
                 return model
         for model in candidates:
-            if self.kinds.get(model, CHAT) == kind and wanted & {name.lower() for name in self.names(model)}:
+            if wanted & {name.lower() for name in self.names(model)}:
                 return model
         return None
 
-    def default(self, own_is_explicit: bool) -> str:
+    def default(self, own_is_explicit: bool, kind: str = CHAT) -> str:
         """The model of a request that names none: the web's ``MINISERVE_MODEL`` when set,
-        else the only model served, else the bundled default (the web's own)."""
-        if not own_is_explicit and len(self.live) == 1:
-            return next(iter(self.live))
+        else the only model of ``kind`` served, else the bundled default (the web's own)."""
+        live = [model for model in self.live if self.kind(model) == kind]
+        if not own_is_explicit and len(live) == 1:
+            return live[0]
         return self.own
 
     def check(self, model: str) -> str:
@@ -126,7 +133,7 @@ class Served:
 
 
 def served(client: redis.Redis, own: str, alive_s: float, listed_s: float | None = None,
-           now: float | None = None, own_aliases: list[str] | None = None) -> Served:
+           now: float | None = None, own_aliases: list[str] | None = None, own_kind: str = CHAT) -> Served:
     """Live workers by model (heartbeats younger than ``alive_s``) and the models seen lately,
     with the aliases and kinds live workers declare (``own_aliases``: the web's own model's).
     ``listed_s`` (default ``alive_s``) is the age beyond which ``list_workers`` prunes index
@@ -143,9 +150,8 @@ def served(client: redis.Redis, own: str, alive_s: float, listed_s: float | None
             live.setdefault(model, []).append(worker["name"])
             names = aliases.setdefault(model, [])
             names.extend(n for n in info.get("model_aliases") or [] if isinstance(n, str) and n not in names)
-            if isinstance(info.get("model_kind"), str):
-                kinds[model] = info["model_kind"]
-    return Served(own, live, seen_models(client, now), aliases, kinds)
+            kinds[model] = str(info.get("model_kind") or CHAT)
+    return Served(own, live, seen_models(client, now), aliases, kinds, own_kind)
 
 
 def seen_models(client: redis.Redis, now: float | None = None) -> set[str]:

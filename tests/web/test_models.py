@@ -176,11 +176,13 @@ def test_a_model_whose_workers_are_gone_is_still_503_by_its_id_not_another_model
     assert post_job(client, model="gpt-4o").status_code == 202
 
 
-def test_resolve_takes_only_models_of_the_asked_kind(redis_client):
+def test_a_name_finds_its_model_of_any_kind_and_any_other_name_the_only_one_of_the_kind(redis_client):
     write_heartbeat(redis_client, "e@h:1", {"model_id": "embedder", "model_kind": "embedding",
                                             "model_aliases": ["mini"], "queue": "q"})
     view = served(redis_client, DEFAULT_MODEL_NAME, alive_s=15)
     assert view.available("chat") == [DEFAULT_MODEL_NAME] and view.available("embedding") == ["embedder"]
     assert view.resolve("mini", False, "embedding") == "embedder"
     assert view.resolve("text-embedding-3-small", False, "embedding") == "embedder"  # the only one of its kind
-    assert view.resolve("mini", False) == DEFAULT_MODEL_NAME  # the only chat model
+    assert view.resolve("gpt-4o-mini", False) == DEFAULT_MODEL_NAME  # the only chat model
+    assert view.resolve("mini", False) == "embedder"  # named: found; its kind is the caller's to refuse
+    assert view.resolve(None, False, "embedding") == "embedder" and view.kind("embedder") == "embedding"

@@ -25,7 +25,7 @@ from web.ollama.shape import created_at
 from web.openai.completion_convert import has_fim_tokens
 
 api = APIBlueprint("ollama_catalog", __name__, url_prefix="/api",
-                   abp_tags=[Tag(name="ollama", description="The Ollama API (through the queue)")])
+                   abp_tags=[Tag(name="ollama", description="Ollama-compatible API")])
 # The Ollama release whose API this one follows (clients check it before using newer fields).
 OLLAMA_API_VERSION = "0.12.0"
 

@@ -33,7 +33,7 @@ from web.submit import Submission, submit
 
 logger = logging.getLogger("miniserve.web.ollama")
 api = APIBlueprint("ollama", __name__, url_prefix="/api",
-                   abp_tags=[Tag(name="ollama", description="The Ollama API (through the queue)")])
+                   abp_tags=[Tag(name="ollama", description="Ollama-compatible API")])
 ERRORS: dict[int, Any] = {code: OllamaError for code in (400, 401, 404, 409, 413, 415, 429, 500, 503, 504)}
 NDJSON = "application/x-ndjson"
 GENERATE_RENAMES = {"messages": "prompt"}  # generate's prompt is the chat job's user turn
