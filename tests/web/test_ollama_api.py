@@ -103,7 +103,7 @@ def test_format_is_held_by_the_grammar_as_response_format_is(client, store, cele
 
 @pytest.mark.parametrize("body, field", [
     ({"options": {"mirostat": 1}}, "options.mirostat"),
-    ({"options": {"num_ctx": 8192}}, "options.num_ctx"),
+    ({"options": {"num_gpu": 1}}, "options.num_gpu"),
     ({"options": {"temperature": 5.0}}, "options.temperature"),
     ({"options": {"num_predict": 10**9}}, "options.num_predict"),
     ({"options": {"top_p": 0}}, "options.top_p"),
@@ -207,3 +207,16 @@ def test_tags_show_ps_and_version_in_the_clients_types(client, redis_client):
     missing = client.post("/api/show", json={"model": "nope:1b"})
     assert missing.status_code == 404 and "nope:1b" in missing.get_json()["error"]
     assert client.get("/api/version").get_json()["version"]
+
+
+def test_num_ctx_is_checked_against_the_prompt_and_num_predict(make_app, store, celery, fim_folder):
+    client = make_app(model=str(fim_folder)).test_client()
+    worker_says(store, celery, ["x"])
+    fits = chat(client, stream=False, options={"num_ctx": 4096, "num_predict": 8})
+    assert fits.status_code == 200, fits.get_json()
+    tight = chat(client, options={"num_ctx": 40, "num_predict": 30})
+    assert tight.status_code == 400 and tight.get_json()["error"].startswith("options.num_ctx: "), tight.get_json()
+    raw = client.post("/api/generate", json={"model": "m", "prompt": "x " * 50, "raw": True,
+                                             "options": {"num_ctx": 20, "num_predict": 1}})
+    assert raw.status_code == 400 and raw.get_json()["error"].startswith("options.num_ctx: ")
+    assert len(celery.sent) == 1

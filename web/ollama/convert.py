@@ -68,7 +68,7 @@ def _common(body: GenerationBase) -> dict[str, Any]:
     if body.top_logprobs is not None:
         raise _refuse("top_logprobs", "not supported on /api; use /v1/chat/completions")
     out: dict[str, Any] = {"model": body.model, "stream": body.stream}
-    options = body.options.model_dump(exclude_none=True) if body.options else {}
+    options = body.options.model_dump(exclude_none=True, exclude={"num_ctx"}) if body.options else {}
     for name, value in options.items():
         out[OPTIONS[name]] = value
     if out.get("max_tokens") == -1:  # Ollama's "until a stop": as long as the server allows

@@ -21,6 +21,7 @@ from web.models import pick_model
 from web.ollama.convert import (
     chat_request, generate_chat_request, generate_completion_request, ollama_fields, uses_completion,
 )
+from web.ollama.context import check_num_ctx
 from web.ollama.schemas import ChatRequest, ChatResponse, GenerateRequest, GenerateResponse, OllamaError
 from web.ollama.shape import Lines, chat_reply, generate_reply, ready
 from web.openai.choices import result_choices
@@ -46,6 +47,7 @@ def chat(body: ChatRequest):
         return jsonify(ready(pick_model(body.model or None)[0], chat=True))
     with ollama_fields():
         job_spec = chat_job(chat_request(body))
+    _check_context(body, job_spec.submission)
     return _run(job_spec.submission, body.stream, job_spec)
 
 
@@ -56,9 +58,17 @@ def generate(body: GenerateRequest):
         return jsonify(ready(pick_model(body.model or None)[0], chat=False))
     with ollama_fields(GENERATE_RENAMES):
         if uses_completion(body):
-            return _run(completion_job(generate_completion_request(body)).submission, body.stream, None)
+            submission = completion_job(generate_completion_request(body)).submission
+            _check_context(body, submission)
+            return _run(submission, body.stream, None)
         job_spec = chat_job(generate_chat_request(body))
+        _check_context(body, job_spec.submission)
         return _run(job_spec.submission, body.stream, job_spec, as_generate=True)
+
+
+def _check_context(body: ChatRequest | GenerateRequest, submission: Submission) -> None:
+    if body.options is not None and body.options.num_ctx is not None:
+        check_num_ctx(body.options.num_ctx, submission.request, body.model or None)
 
 
 def _run(submission: Submission, stream: bool, chat: ChatJob | None, as_generate: bool = False) -> Response:

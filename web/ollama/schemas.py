@@ -24,7 +24,8 @@ class Forbid(BaseModel):
 
 
 class Options(Forbid):
-    """Sampling options; any other Ollama option (``num_ctx``, ``mirostat``, ...) is a 400 naming it."""
+    """Sampling options and ``num_ctx`` (checked: web/ollama/context.py); any other Ollama option
+    (``mirostat``, ``num_gpu``, ...) is a 400 naming it."""
 
     temperature: float | None = Field(default=None, description="omitted = 0 (greedy), as everywhere in MiniServe")
     top_p: float | None = None
@@ -36,14 +37,17 @@ class Options(Forbid):
     repeat_penalty: float | None = Field(default=None, description="null = the model's default")
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    num_ctx: json_int() | None = Field(default=None, description="the prompt plus num_predict must fit in it "
+                                       "(else a 400 naming it); the prompt is never cut")
 
     @model_validator(mode="before")
     @classmethod
     def _known(cls, data: Any) -> Any:
         if isinstance(data, dict):
             for name in data:
-                if name not in OPTIONS:
-                    raise ValueError(f"options.{name}: not supported (MiniServe takes {', '.join(OPTIONS)})")
+                if name not in OPTIONS and name != "num_ctx":
+                    raise ValueError(f"options.{name}: not supported (MiniServe takes {', '.join(OPTIONS)}, "
+                                     "num_ctx)")
         return data
 
 
