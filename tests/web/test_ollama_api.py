@@ -220,3 +220,13 @@ def test_num_ctx_is_checked_against_the_prompt_and_num_predict(make_app, store, 
                                              "options": {"num_ctx": 20, "num_predict": 1}})
     assert raw.status_code == 400 and raw.get_json()["error"].startswith("options.num_ctx: ")
     assert len(celery.sent) == 1
+
+
+def test_the_models_context_check_names_the_ollama_fields(make_app, celery, fim_folder):
+    client = make_app(model=str(fim_folder), max_new_tokens_cap=100_000).test_client()
+    over = chat(client, options={"num_predict": 4090})
+    assert over.status_code == 400 and over.get_json()["error"].startswith("options.num_predict: "), over.get_json()
+    long = client.post("/api/generate", json={"model": "m", "prompt": "word " * 5000})
+    assert long.status_code == 400 and long.get_json()["error"].startswith("prompt: "), long.get_json()
+    assert client.post("/api/show", json={"model": "m", "verbose": True}).get_json()["error"].startswith("verbose:")
+    assert celery.sent == []

@@ -24,7 +24,8 @@ from web.openai.schemas import ChatCompletionRequest
 
 FORMAT_NAME = "format"  # json_schema's name for an Ollama format schema
 RENAMES = {openai: f"options.{name}" for name, openai in OPTIONS.items()} | {
-    "response_format.json_schema.schema": "format", "response_format": "format"}
+    "response_format.json_schema.schema": "format", "response_format": "format",
+    "max_new_tokens": "options.num_predict"}  # the context check's name for the token budget
 
 
 def _renamed(field_name: str | None, extra: dict[str, str] | None = None) -> str | None:
