@@ -18,7 +18,6 @@ from flask_openapi3 import APIBlueprint, Tag
 from core.models import Served
 from core.workers import list_workers
 from web.context import ctx
-from web.errors import ApiError
 from web.models import STARTED_AT, cluster_models, pick_model
 from web.ollama.routes import ERRORS
 from web.ollama.schemas import PsResponse, ShowRequest, ShowResponse, TagsResponse, VersionResponse
@@ -77,9 +76,6 @@ def ps():
 @api.post("/show", summary="One model's details and capabilities (Ollama API)",
           responses={200: ShowResponse, **ERRORS})
 def show(body: ShowRequest):
-    if body.verbose:
-        raise ApiError(400, "validation_error", "verbose: not supported: every detail known here is always shown",
-                       field="verbose")
     model, models = pick_model(body.model or body.name or None)
     info = _heartbeats().get(model, {})
     details = _details(info)

@@ -110,7 +110,7 @@ class GenerateRequest(GenerationBase):
 class ShowRequest(Forbid):
     model: str = Field(default="", max_length=200)
     name: str | None = Field(default=None, max_length=200, description="older clients' spelling of model")
-    verbose: bool | None = Field(default=None, description="only false: every detail known is always shown")
+    verbose: Literal[False] | None = Field(default=None, description="only false: every detail known is always shown")
 
 
 # ---- responses ------------------------------------------------------------------------------
