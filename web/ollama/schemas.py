@@ -7,9 +7,9 @@ option is honoured or a 400, never dropped.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
 from web.schemas import json_int
 
@@ -107,10 +107,19 @@ class GenerateRequest(GenerationBase):
     images: list[str] | None = Field(default=None, description="refused: text only")
 
 
+def _false(value: bool) -> bool:
+    if value:
+        raise ValueError("only false")
+    return value
+
+
+OnlyFalse = Annotated[bool, AfterValidator(_false), WithJsonSchema({"type": "boolean", "const": False})]
+
+
 class ShowRequest(Forbid):
     model: str = Field(default="", max_length=200)
     name: str | None = Field(default=None, max_length=200, description="older clients' spelling of model")
-    verbose: Literal[False] | None = Field(default=None, description="only false: every detail known is always shown")
+    verbose: OnlyFalse | None = Field(default=None, description="only false: every detail known is always shown")
 
 
 # ---- responses ------------------------------------------------------------------------------
