@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 
+from core.methods import CUSTOM_CACHE, NO_CACHE, PREFIX_CACHE
 from engine.constrained import run_constraint
 from engine.forward import Qwen2Forward
 from engine.kv_cache import ContiguousKVCache, NoCache
@@ -50,7 +51,8 @@ def prefix_store(engine: Any) -> PrefixCache:
 def _sampler(engine: Any, forward: Qwen2Forward, request: GenerationRequest, penalty: float,
              prompt: Prompt, run: GenerationRun) -> Sampler:
     return Sampler(request.sampling, penalty, forward.config.vocab_size, prompt.ids, forward.weights.device,
-                   constraint=run_constraint(engine, run, request.constraint), record=run.logprobs)
+                   constraint=run_constraint(engine, run, request.constraint), record=run.logprobs,
+                   eos_ids=run.eos_ids)
 
 
 def decode_loop(forward: Qwen2Forward, cache: Any, logits: torch.Tensor, sampler: Sampler,
@@ -148,4 +150,4 @@ def run_prefix_cache(engine: Any, prompt: Prompt, run: GenerationRun, request: G
 
 
 def handwritten_methods() -> dict[str, Callable[..., int]]:
-    return {"no_cache": run_no_cache, "custom_cache": run_custom_cache, "prefix_cache": run_prefix_cache}
+    return {NO_CACHE: run_no_cache, CUSTOM_CACHE: run_custom_cache, PREFIX_CACHE: run_prefix_cache}

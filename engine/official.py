@@ -9,11 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers import StoppingCriteria, StoppingCriteriaList
 
-from engine.constrained.processor import GrammarLogitsProcessor
 from engine.logprobs import LogprobRecorder
-from engine.official_processors import NEUTRAL_WARPERS, LogprobProcessor, OpenAIPenaltyProcessor, warpers
+from engine.official_processors import NEUTRAL_WARPERS, processors
 from engine.run import GenerationRun
 from engine.sampling import safe_penalty
 from engine.types import SamplingParams
@@ -48,21 +47,6 @@ def generate_kwargs(sampling: SamplingParams, repetition_penalty: float, eos_ids
     return kwargs
 
 
-def processors(sampling: SamplingParams, prompt_len: int, vocab_size: int, constraint: Any,
-               recorder: LogprobRecorder | None) -> LogitsProcessorList:
-    """Everything after ``generate``'s repetition penalty, in the hand-written sampler's order."""
-    out: list[Any] = []
-    if sampling.presence_penalty or sampling.frequency_penalty or sampling.logit_bias:
-        out.append(OpenAIPenaltyProcessor(sampling, prompt_len, vocab_size))
-    if recorder is not None:
-        out.append(LogprobProcessor(recorder))
-    if constraint is not None:
-        out.append(GrammarLogitsProcessor(constraint, prompt_len))
-    if not sampling.greedy:
-        out.extend(warpers(sampling))
-    return LogitsProcessorList(out)
-
-
 def generate_official(model: Any, prompt_ids: list[int], run: GenerationRun, sampling: SamplingParams,
                       repetition_penalty: float, constraint: Any = None) -> None:
     """Run ``generate`` and feed every token to ``run`` (which records text, timings, reason)."""
@@ -74,7 +58,8 @@ def generate_official(model: Any, prompt_ids: list[int], run: GenerationRun, sam
     if not sampling.greedy and sampling.seed is not None:
         torch.manual_seed(sampling.seed)  # generate samples from the global generator
     recorder = LogprobRecorder(run.logprobs, sampling.top_logprobs) if run.logprobs is not None else None
-    kwargs["logits_processor"] = processors(sampling, len(prompt_ids), model.config.vocab_size, constraint, recorder)
+    kwargs["logits_processor"] = processors(sampling, len(prompt_ids), model.config.vocab_size, constraint, recorder,
+                                            sorted(run.eos_ids))
     with torch.inference_mode():
         model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
                        stopping_criteria=StoppingCriteriaList([_RunCriteria(run, recorder)]), **kwargs)
