@@ -41,7 +41,7 @@ def test_chat_runs_the_same_chat_job_and_answers_in_ollamas_shape(client, store,
     worker_says(store, celery, ["Sunny", " today"])
     reply = chat(client, stream=False, keep_alive="5m", think=False,
                  options={"temperature": 0.5, "top_p": 0.9, "top_k": 7, "num_predict": 12, "seed": 3,
-                          "stop": ["\n\n"], "repeat_penalty": 1.2})
+                          "stop": ["\n\n"], "repeat_penalty": 1.2, "min_p": 0.05})
     assert reply.status_code == 200, reply.get_json()
     body = ChatResponse(**reply.get_json())  # the client's own type
     assert body.message.role == "assistant" and body.message.content == "Sunny today"
@@ -53,7 +53,7 @@ def test_chat_runs_the_same_chat_job_and_answers_in_ollamas_shape(client, store,
     assert job.type == "chat" and job.request["messages"] == USER and job.request["model"] == DEFAULT_MODEL_NAME
     assert job.request["sampling"] | {} == {**job.request["sampling"], "max_new_tokens": 12, "temperature": 0.5,
                                             "top_p": 0.9, "top_k": 7, "seed": 3, "stop": ["\n\n"],
-                                            "repetition_penalty": 1.2}
+                                            "repetition_penalty": 1.2, "min_p": 0.05}
 
 
 def test_chat_streams_ndjson_by_default(client, store, celery):

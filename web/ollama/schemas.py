@@ -1,6 +1,6 @@
 """Request models of the Ollama API (``/api``), so ``/openapi.json`` is exact.
 
-Types only: the ranges are the OpenAI routes' (``web.openai.schemas``), checked when the
+Types only: the ranges are the OpenAI routes' (``web.sampling_base``), checked when the
 request is translated (``web.ollama.convert``), and their errors name the Ollama field.
 Every level forbids unknown fields, and ``options`` names the one it does not take: an
 option is honoured or a 400, never dropped.
@@ -16,7 +16,7 @@ from web.schemas import json_int
 # options -> the OpenAI chat/completion field that honours it
 OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "num_predict": "max_tokens",
            "seed": "seed", "stop": "stop", "repeat_penalty": "repetition_penalty",
-           "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty"}
+           "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty", "min_p": "min_p"}
 
 
 class Forbid(BaseModel):
@@ -37,6 +37,7 @@ class Options(Forbid):
     repeat_penalty: float | None = Field(default=None, description="null = the model's default")
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    min_p: float | None = None
     num_ctx: json_int() | None = Field(default=None, description="the prompt plus num_predict must fit in it "
                                        "(else a 400 naming it); the prompt is never cut")
 
