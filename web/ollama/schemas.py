@@ -1,7 +1,8 @@
 """Request models of the Ollama API (``/api``), so ``/openapi.json`` is exact.
 
-Types only: the ranges are the OpenAI routes' (``web.sampling_base``), checked when the
-request is translated (``web.ollama.convert``), and their errors name the Ollama field.
+The options that are sampling knobs carry the shared fields' types and bounds
+(``web.sampling_base``); the OpenAI request each body becomes checks them again with the rest
+(``web.ollama.convert``), and its errors name the Ollama field.
 Every level forbids unknown fields, and ``options`` names the one it does not take: an
 option is honoured or a 400, never dropped.
 """
@@ -9,9 +10,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, create_model, model_validator
 
-from web.schemas import json_int
+from web.sampling_base import MAX_STOP_STRINGS, SamplingBase, StopString, json_int
 
 # options -> the OpenAI chat/completion field that honours it
 OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "num_predict": "max_tokens",
@@ -23,23 +24,15 @@ class Forbid(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class Options(Forbid):
+class _OptionsBase(Forbid):
     """Sampling options and ``num_ctx`` (checked: web/ollama/context.py); any other Ollama option
     (``mirostat``, ``num_gpu``, ...) is a 400 naming it."""
 
-    temperature: float | None = Field(default=None, description="omitted = 0 (greedy), as everywhere in MiniServe")
-    top_p: float | None = None
-    top_k: json_int() | None = None
-    num_predict: json_int() | None = Field(default=None, description="tokens to generate; -1 = up to "
-                                           "MINISERVE_MAX_NEW_TOKENS_CAP; omitted = MINISERVE_DEFAULT_MAX_NEW_TOKENS")
-    seed: json_int() | None = None
-    stop: list[str] | None = None
-    repeat_penalty: float | None = Field(default=None, description="null = the model's default")
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    min_p: float | None = None
-    num_ctx: json_int() | None = Field(default=None, description="the prompt plus num_predict must fit in it "
-                                       "(else a 400 naming it); the prompt is never cut")
+    num_predict: json_int(ge=-1) | None = Field(default=None, description="tokens to generate; -1 = up to "
+                                                "MINISERVE_MAX_NEW_TOKENS_CAP; omitted = MINISERVE_DEFAULT_MAX_NEW_TOKENS")
+    stop: Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    num_ctx: json_int(ge=1) | None = Field(default=None, description="the prompt plus num_predict must fit in it "
+                                           "(else a 400 naming it); the prompt is never cut")
 
     @model_validator(mode="before")
     @classmethod
@@ -50,6 +43,16 @@ class Options(Forbid):
                     raise ValueError(f"options.{name}: not supported (MiniServe takes {', '.join(OPTIONS)}, "
                                      "num_ctx)")
         return data
+
+
+# The options that are shared sampling knobs take the knob's type, bounds and doc
+# (web.sampling_base, declared once in core/sampling_fields.py), under Ollama's name.
+Options: type[BaseModel] = create_model(  # type: ignore[call-overload]
+    "Options", __base__=_OptionsBase, __module__=__name__,
+    **{name: (SamplingBase.model_fields[knob].annotation,
+              Field(default=None, description=SamplingBase.model_fields[knob].description))
+       for name, knob in OPTIONS.items() if knob in SamplingBase.model_fields and knob != "stop"},
+)
 
 
 class CallFunction(Forbid):
