@@ -47,6 +47,8 @@ class Settings(BaseSettings):
     # redis://host:6379/0, or sentinel://h1:26379;sentinel://h2:26379 (see core/redis_conn.py)
     redis_url: str = "redis://127.0.0.1:6379/0"
     model: str = DEFAULT_MODEL
+    # More names the model answers to in a request's ``model`` (vLLM's --served-model-name).
+    model_aliases: Annotated[list[str], NoDecode] = []
     cache_dir: Path = Path.home() / ".cache" / "miniserve"
 
     # How the model runs.
@@ -158,7 +160,7 @@ class Settings(BaseSettings):
     def _lower_choice(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
 
-    @field_validator("api_keys", "admin_api_keys", mode="before")
+    @field_validator("api_keys", "admin_api_keys", "model_aliases", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:
         if isinstance(value, str):

@@ -20,7 +20,7 @@ from redis.retry import Retry
 from core import keys
 from core.jobs import JobStore
 from core.logs import configure_logging, log_event
-from core.model_source import model_id
+from core.model_source import model_aliases, model_id
 from core.redis_conn import redis_client
 from core.routing import register_queue
 from core.settings import Settings, get_settings
@@ -117,7 +117,7 @@ class WorkerRuntime:
             "host": socket.gethostname(), "node": self.node, "queue": keys.worker_queue(self.node),
             "pid": os.getpid(), "pool": self.pool, "concurrency": self.concurrency,
             "current_jobs": sorted(self.current_jobs), "model": self.settings.model,
-            "model_id": self.model_id,
+            "model_id": self.model_id, "model_aliases": model_aliases(self.settings),
             "token_events": self.token_events,
             "engine_loaded": self._engine is not None,
         }

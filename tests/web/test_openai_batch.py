@@ -8,6 +8,7 @@ import json
 import pytest
 
 from core.events import FAILED
+from core.workers import write_heartbeat
 from tests.web.conftest import run_job
 
 
@@ -160,7 +161,8 @@ def test_a_line_the_limits_refuse_at_finalizing_still_gets_its_answer(make_app, 
     assert item["response"]["body"]["choices"][0]["message"]["content"] == "Hello wörld"
 
 
-def test_a_line_naming_an_unknown_model_is_a_404_error_line(client, store, celery):
+def test_a_line_naming_an_unknown_model_is_a_404_error_line(client, store, celery, redis_client):
+    write_heartbeat(redis_client, "b@h:1", {"model_id": "other-model", "queue": "q"})  # two models: names matter
     batch = start(client, "\n".join([line("known"), line("other", model="no-such-model")])).get_json()
     run_job(store, celery.sent[0]["task_id"])
     done = client.get(f"/v1/batches/{batch['id']}").get_json()

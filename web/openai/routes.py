@@ -27,12 +27,11 @@ from core.jobs import JobRecord, JobStore
 from core.logs import log_event
 from web.cancel import cancel_job
 from web.context import ctx
-from web.models import model_cards
+from web.models import model_card, model_cards
 from web.openai.call_stream import ToolStream
 from web.openai.convert import ChatJob, chat_job
 from web.openai.logprobs import openai_logprobs
 from web.openai.responses import ChunkWriter, completion, model_id
-from web.errors import ApiError
 from web.openai.schemas import (
     ChatCompletion, ChatCompletionRequest, ModelCard, ModelList, ModelPath, OpenAIError,
 )
@@ -79,12 +78,7 @@ def list_models():
 @api.get("/models/<path:model>", summary="One model (OpenAI-compatible); unknown id: 404 model_not_found",
          responses={200: ModelCard, 404: OpenAIError, **ERRORS})
 def retrieve_model(path: ModelPath):
-    cards = model_cards()
-    card = next((card for card in cards if card["id"] == path.model), None)
-    if card is None:
-        raise ApiError(404, "model_not_found", f"The model '{path.model}' does not exist; this cluster "
-                       f"serves {', '.join(repr(c['id']) for c in cards) or 'no model yet'}", field="model")
-    return jsonify(card)
+    return jsonify(model_card(path.model))
 
 
 def stream_completion(store: JobStore, celery: Any, job: JobRecord, chat: ChatJob, model: str) -> Iterator[str]:
