@@ -5,9 +5,9 @@ each row is ``in_features / block_elems`` blocks of the tensor's own type (Q4_K,
 ``row_bytes`` bytes a row, usually a view of the memory-mapped file. :func:`block_matmul` is
 ``x @ W.T`` over those bytes without ever building a full-precision ``W``.
 
-This module holds the contract and a reference (dequantize a bounded slab of rows with
-gguf-py, multiply in float32). The C kernels replace the reference behind the same function;
-tests compare them with it.
+This module holds the contract, the reference (dequantize a bounded slab of rows with gguf-py,
+multiply in float32) and the dispatch to the C kernels (:mod:`engine.quant.gguf_native`), which
+tests compare with the reference.
 """
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
+from engine.quant import gguf_native
+
 # The block formats a quantized GGUF of the files people run brings (Q4_K_M, Q5_K_M, Q8_0,
 # Q4_0, SmolLM2's Q4_1, the default model's Q5_0 fallbacks).
 BLOCK_TYPES: frozenset[GGMLQuantizationType] = frozenset({
@@ -25,7 +27,10 @@ BLOCK_TYPES: frozenset[GGMLQuantizationType] = frozenset({
     GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0,
     GGMLQuantizationType.Q8_0,
 })
-_SLAB_ROWS = 1024  # rows dequantized at a time by the reference: bounds its float32 peak
+_SLAB_ROWS = 1024  # rows dequantized at a time (reference and prefill): bounds the float32 peak
+# Calls of at least this many rows dequantize slabs and run torch's GEMM instead of the integer
+# kernels (measured by python -m bench.gguf_kernels: results/gguf_kernels.json).
+DEQUANT_MIN_ROWS = 64
 
 
 @dataclass(eq=False)
@@ -78,7 +83,25 @@ def reference_matmul(x2d: torch.Tensor, weight: BlockWeight) -> torch.Tensor:
 
 
 def block_matmul(x2d: torch.Tensor, weight: BlockWeight) -> torch.Tensor:
-    """``x2d [m, in_features] @ W.T`` -> float32 ``[m, out_features]``, W in its block format."""
+    """``x2d [m, in_features] @ W.T`` -> float32 ``[m, out_features]``, W in its block format.
+
+    Up to :data:`DEQUANT_MIN_ROWS` rows: the C block kernels (activations quantized per block
+    to int8, :mod:`engine.quant.gguf_native`). More rows (prefill): a slab of rows at a time
+    dequantized by the C library and multiplied by torch's float32 GEMM, which is compute-bound
+    there and faster than the integer kernels (``python -m bench.gguf_kernels``)."""
     if x2d.dim() != 2 or x2d.shape[1] != weight.in_features:
         raise ValueError(f"x is {tuple(x2d.shape)}, expected [m, {weight.in_features}]")
-    return reference_matmul(x2d, weight)
+    if x2d.shape[0] >= DEQUANT_MIN_ROWS:
+        return slab_matmul(x2d, weight)
+    return gguf_native.matmul(x2d, weight.ggml_type, weight.data, weight.in_features)
+
+
+def slab_matmul(x2d: torch.Tensor, weight: BlockWeight) -> torch.Tensor:
+    """``x2d @ W.T`` in float32, W dequantized natively a slab of rows at a time (bounded peak)."""
+    x = x2d.to(torch.float32)
+    out = torch.empty(x.shape[0], weight.out_features, dtype=torch.float32)
+    for start in range(0, weight.out_features, _SLAB_ROWS):
+        stop = min(start + _SLAB_ROWS, weight.out_features)
+        rows = gguf_native.dequantize(weight.ggml_type, weight.data[start:stop], weight.in_features)
+        torch.matmul(x, rows.T, out=out[:, start:stop])
+    return out

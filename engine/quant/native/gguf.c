@@ -1,0 +1,672 @@
+/* GGUF's block formats run as they are stored: x [M, K] @ W.T with W's rows in Q4_K, Q5_K,
+ * Q6_K, Q4_0, Q4_1, Q5_0 or Q8_0 blocks (ggml's layouts, byte for byte), never unpacked to a
+ * full-precision copy.
+ *
+ * Why: at batch 1 a decode step is bound by reading the weights; the file's own 4.5-6.6 bits a
+ * weight read faster than any 8-bit copy, and running them in place needs no copy in memory.
+ *
+ * Activations are quantized once per call, per block, to int8: amax / 127 per block of 256
+ * inputs (with 16-input and 32-input sums of the codes, for the K formats' minimums and
+ * offsets) or per block of 32 (with the codes' sum times the scale, for the 32-input formats).
+ * Rounding: xi = nearest-even(x * (127 / amax)), d = amax / 127, both in float32. Then one
+ * weight block against one activation block is an integer dot product of unsigned weight codes
+ * (0..15, 0..31, 0..63; Q8_0 as |w| against sign(w) * x) with signed activation bytes, the
+ * per-sub-block scales applied in integers, and one float multiply-add per block.
+ *
+ * Paths (compile time, -march=native): AVX512-VNNI (vpdpbusd / vpdpwssd on 256-bit vectors,
+ * AVX512VL), AVX2 (vpmaddubsw + vpmaddwd: the same integers; no pair sum can saturate since
+ * every unsigned code is below 64 or Q8_0's |w| <= 128 meets |x| <= 127), portable C.
+ *
+ * Several activation rows (up to ROWS at a time) run against each weight block while its codes
+ * are unpacked in registers; the output rows are shared by the OpenMP team in tiles of TILE rows,
+ * so each weight block is read from memory once per call. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+
+#if defined(__AVX512F__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#define G_VNNI 1
+#else
+#define G_VNNI 0
+#endif
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define G_SIMD 1
+#include <immintrin.h>
+#else
+#define G_SIMD 0
+#endif
+
+/* ggml's type ids (GGMLQuantizationType). */
+enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
+#define QK 32     /* inputs per block of the 32-input formats */
+#define QKK 256   /* inputs per super-block of the K formats */
+#define ROWS 4    /* activation rows per pass over a weight block */
+#define TILE 16   /* weight rows per unit of work shared among the threads */
+
+int ms_gguf_simd(void) { return G_VNNI ? 2 : (G_SIMD ? 1 : 0); }
+
+static inline float h2f(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#if G_SIMD
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, u;
+    if (exp == 0) {
+        if (mant == 0) {
+            u = sign;
+        } else {
+            exp = 127 - 15 + 1;
+            while (!(mant & 0x400u)) { mant <<= 1; exp--; }
+            u = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (mant << 13);
+    } else {
+        u = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
+static int block_elems(int type) { return (type == T_Q4_K || type == T_Q5_K || type == T_Q6_K) ? QKK : QK; }
+
+static int block_bytes(int type) {
+    switch (type) {
+    case T_Q4_0: return 18;
+    case T_Q4_1: return 20;
+    case T_Q5_0: return 22;
+    case T_Q8_0: return 34;
+    case T_Q4_K: return 144;
+    case T_Q5_K: return 176;
+    case T_Q6_K: return 210;
+    default: return 0;
+    }
+}
+
+int64_t ms_gguf_row_bytes(int type, int64_t K) {
+    int e = block_elems(type), b = block_bytes(type);
+    return (b == 0 || K % e) ? -1 : K / e * b;
+}
+
+/* ---------------------------------------------------------------- activations */
+
+/* One call's activations: per row, the int8 codes in input order and per block the scale;
+ * per 16 inputs (K formats) the codes' sums; per 32 inputs the sum (K formats: int16) or the
+ * sum times the scale (32-input formats: float). */
+typedef struct {
+    int8_t *q;      /* [M, K] */
+    float *d;       /* [M, K / block] */
+    int16_t *s16;   /* [M, K / 16] */
+    int16_t *s32;   /* [M, K / 32] */
+    float *sx;      /* [M, K / 32] */
+    int64_t K, nb;
+} acts;
+
+static inline float x_at(const void *x, int bf16, int64_t i) {
+    if (bf16) {
+        uint32_t u = (uint32_t)((const uint16_t *)x)[i] << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    return ((const float *)x)[i];
+}
+
+/* n (a multiple of 16) inputs -> codes; returns the block's scale. */
+static float quantize_block(const void *x, int bf16, int64_t at, int n, int8_t *q) {
+    float v[QKK];
+    for (int i = 0; i < n; i++) v[i] = x_at(x, bf16, at + i);
+    float amax = 0.0f;
+    for (int i = 0; i < n; i++) {
+        float a = fabsf(v[i]);
+        amax = a > amax ? a : amax;
+    }
+    if (amax == 0.0f) {
+        memset(q, 0, (size_t)n);
+        return 0.0f;
+    }
+    const float inv = 127.0f / amax;
+#if G_SIMD
+    const __m256 vi = _mm256_set1_ps(inv), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+    for (int i = 0; i < n; i += 16) {
+        __m256 a = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i), vi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256 b = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i + 8), vi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        a = _mm256_min_ps(_mm256_max_ps(a, lo), hi);
+        b = _mm256_min_ps(_mm256_max_ps(b, lo), hi);
+        __m256i w = _mm256_packs_epi32(_mm256_cvtps_epi32(a), _mm256_cvtps_epi32(b)); /* lanes: a0-3 b0-3 a4-7 b4-7 */
+        w = _mm256_permute4x64_epi64(w, 0xd8);
+        __m128i bytes = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+        _mm_storeu_si128((__m128i *)(q + i), bytes);
+    }
+#else
+    for (int i = 0; i < n; i++) {
+        float r = nearbyintf(v[i] * inv);
+        r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
+        q[i] = (int8_t)r;
+    }
+#endif
+    return amax / 127.0f;
+}
+
+static void quantize_row(const void *x, int bf16, int64_t row, int64_t K, int eb, const acts *a) {
+    const int64_t at = row * K;
+    int8_t *q = a->q + at;
+    for (int64_t b = 0; b < a->nb; b++) a->d[row * a->nb + b] = quantize_block(x, bf16, at + b * eb, eb, q + b * eb);
+    for (int64_t g = 0; g < K / 16; g++) {
+        int s = 0;
+        for (int i = 0; i < 16; i++) s += q[g * 16 + i];
+        a->s16[row * (K / 16) + g] = (int16_t)s;
+    }
+    for (int64_t g = 0; g < K / 32; g++) {
+        int s = a->s16[row * (K / 16) + 2 * g] + a->s16[row * (K / 16) + 2 * g + 1];
+        a->s32[row * (K / 32) + g] = (int16_t)s;
+        a->sx[row * (K / 32) + g] = (float)s * a->d[row * a->nb + g * QK / eb];
+    }
+}
+
+/* ---------------------------------------------------------------- block helpers */
+
+/* Q4_K / Q5_K: the 8 six-bit scales and 8 minimums of a super-block (ggml's packing). */
+static inline void k_scales(const uint8_t *packed, uint32_t out[4]) {
+    uint32_t u[3];
+    memcpy(u, packed, 12);
+    out[0] = u[0] & 0x3f3f3f3fu;                                          /* scales 0-3 */
+    out[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);   /* scales 4-7 */
+    out[2] = u[1] & 0x3f3f3f3fu;                                          /* mins 0-3 */
+    out[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4); /* mins 4-7 */
+}
+
+#if G_SIMD
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline int hsum4i(__m128i v) {
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0x4e));
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0xb1));
+    return _mm_cvtsi128_si32(v);
+}
+
+static inline int hsum8i(__m256i v) {
+    return hsum4i(_mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
+}
+
+/* acc + sums of 4 products u8 * s8 per 32-bit lane. */
+static inline __m256i dot_us(__m256i acc, __m256i u, __m256i s) {
+#if G_VNNI
+    return _mm256_dpbusd_epi32(acc, u, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+
+/* acc + (pair sums of u8 * s8) * scale16, per 32-bit lane. */
+static inline __m256i dot_us_scaled(__m256i acc, __m256i u, __m256i s, __m256i scale) {
+    __m256i p = _mm256_maddubs_epi16(u, s);
+#if G_VNNI
+    return _mm256_dpwssd_epi32(acc, p, scale);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, scale));
+#endif
+}
+
+static inline __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* 16 bytes of nibbles -> 32 bytes: the low nibbles, then the high ones. */
+static inline __m256i nibbles32(const uint8_t *p) {
+    __m128i raw = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0f));
+}
+
+/* 32 bits -> 32 bytes, 0x10 where the bit is set. */
+static inline __m256i bits32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)v), spread);
+    b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(0x10));
+}
+
+/* 16-bit word w (0..7) of each 128-bit half of v, broadcast over that half. */
+static inline __m256i pick16(__m256i v, int lo_word, int hi_word) {
+    const __m256i m = _mm256_set_m128i(_mm_set1_epi16((short)((2 * hi_word + 1) << 8 | (2 * hi_word))),
+                                       _mm_set1_epi16((short)((2 * lo_word + 1) << 8 | (2 * lo_word))));
+    return _mm256_shuffle_epi8(v, m);
+}
+#endif
+
+/* ---------------------------------------------------------------- dot products
+ * Each dot_<type>(w, nb, a, i0, NR, out) computes out[r] = row w . activation row i0 + r for
+ * r < NR (NR a constant at every call, so the loops over r unroll into registers). */
+
+#define ROW_Q(a, i) ((a)->q + (int64_t)(i) * (a)->K)
+#define ROW_D(a, i) ((a)->d + (int64_t)(i) * (a)->nb)
+#define ROW_S16(a, i) ((a)->s16 + (int64_t)(i) * ((a)->K / 16))
+#define ROW_S32(a, i) ((a)->s32 + (int64_t)(i) * ((a)->K / 32))
+#define ROW_SX(a, i) ((a)->sx + (int64_t)(i) * ((a)->K / 32))
+#define INLINE static inline __attribute__((always_inline))
+
+#if G_SIMD
+/* The 32-input formats share one loop: UNPACK(blk) gives the 32 unsigned codes (or |w| for
+ * Q8_0, whose activations take w's sign); per block sum d_w * d_x * dot, plus d_w * OFF * sx
+ * (the codes' offset, folded through the activation sums) or m * sx (Q4_1's minimum). */
+#define DOT32(NAME, BYTES, UNPACK, SIGNED, OFF, HAS_MIN)                                          \
+INLINE void NAME(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out) { \
+    __m256 acc[ROWS];                                                                             \
+    float side[ROWS];                                                                             \
+    for (int r = 0; r < NR; r++) { acc[r] = _mm256_setzero_ps(); side[r] = 0.0f; }               \
+    for (int64_t b = 0; b < nb; b++) {                                                            \
+        const uint8_t *blk = w + b * (BYTES);                                                     \
+        const float dw = h2f(blk);                                                                \
+        const float extra = HAS_MIN ? h2f(blk + 2) : dw * (float)(OFF);                           \
+        __m256i u, wv;                                                                            \
+        UNPACK;                                                                                   \
+        for (int r = 0; r < NR; r++) {                                                            \
+            __m256i xv = load32(ROW_Q(a, i0 + r) + b * QK);                                       \
+            if (SIGNED) xv = _mm256_sign_epi8(xv, wv);                                            \
+            __m256i p = dot_us(_mm256_setzero_si256(), u, xv);                                    \
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * ROW_D(a, i0 + r)[b]), acc[r]); \
+            side[r] += extra * ROW_SX(a, i0 + r)[b];                                              \
+        }                                                                                         \
+    }                                                                                             \
+    for (int r = 0; r < NR; r++) out[r] = hsum8(acc[r]) + side[r];                                \
+}
+
+DOT32(dot_q4_0, 18, (u = nibbles32(blk + 2), wv = u), 0, -8, 0)
+DOT32(dot_q4_1, 20, (u = nibbles32(blk + 4), wv = u), 0, 0, 1)
+DOT32(dot_q5_0, 22, (u = _mm256_or_si256(nibbles32(blk + 6), bits32(blk + 2)), wv = u), 0, -16, 0)
+DOT32(dot_q8_0, 34, (wv = load32(blk + 2), u = _mm256_abs_epi8(wv)), 1, 0, 0)
+
+INLINE void dot_q4_k(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out) {
+    __m256 acc[ROWS];
+    float side[ROWS];
+    for (int r = 0; r < NR; r++) { acc[r] = _mm256_setzero_ps(); side[r] = 0.0f; }
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * 144;
+        const float dw = h2f(blk), dmin = h2f(blk + 2);
+        uint32_t sm[4];
+        k_scales(blk + 4, sm);
+        const __m256i s16 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sm)); /* scales | mins */
+        const __m256i scales = _mm256_permute2x128_si256(s16, s16, 0x00);
+        const __m128i mins = _mm256_extracti128_si256(s16, 1);
+        __m256i ia[ROWS];
+        for (int r = 0; r < NR; r++) ia[r] = _mm256_setzero_si256();
+        const uint8_t *qs = blk + 16;
+        for (int c = 0; c < 4; c++) {
+            const __m256i raw = load32(qs + 32 * c);
+            const __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+            const __m256i sa = pick16(scales, 2 * c, 2 * c), sb = pick16(scales, 2 * c + 1, 2 * c + 1);
+            for (int r = 0; r < NR; r++) {
+                const int8_t *xq = ROW_Q(a, i0 + r) + b * QKK + 64 * c;
+                ia[r] = dot_us_scaled(ia[r], lo, load32(xq), sa);
+                ia[r] = dot_us_scaled(ia[r], hi, load32(xq + 32), sb);
+            }
+        }
+        for (int r = 0; r < NR; r++) {
+            const float dx = ROW_D(a, i0 + r)[b];
+            const __m128i bs = _mm_loadu_si128((const __m128i *)(ROW_S32(a, i0 + r) + b * 8));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r]), _mm256_set1_ps(dw * dx), acc[r]);
+            side[r] += dmin * dx * (float)hsum4i(_mm_madd_epi16(mins, bs));
+        }
+    }
+    for (int r = 0; r < NR; r++) out[r] = hsum8(acc[r]) - side[r];
+}
+
+INLINE void dot_q5_k(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out) {
+    __m256 acc[ROWS];
+    float side[ROWS];
+    for (int r = 0; r < NR; r++) { acc[r] = _mm256_setzero_ps(); side[r] = 0.0f; }
+    const __m256i low4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * 176;
+        const float dw = h2f(blk), dmin = h2f(blk + 2);
+        uint32_t sm[4];
+        k_scales(blk + 4, sm);
+        const __m256i s16 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sm));
+        const __m256i scales = _mm256_permute2x128_si256(s16, s16, 0x00);
+        const __m128i mins = _mm256_extracti128_si256(s16, 1);
+        const __m256i qh = load32(blk + 16);
+        __m256i ia[ROWS];
+        for (int r = 0; r < NR; r++) ia[r] = _mm256_setzero_si256();
+        const uint8_t *qs = blk + 48;
+        for (int c = 0; c < 4; c++) {
+            const __m256i raw = load32(qs + 32 * c);
+            const __m256i hl = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4);
+            const __m256i hh = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4);
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(raw, low4), hl);
+            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low4), hh);
+            const __m256i sa = pick16(scales, 2 * c, 2 * c), sb = pick16(scales, 2 * c + 1, 2 * c + 1);
+            for (int r = 0; r < NR; r++) {
+                const int8_t *xq = ROW_Q(a, i0 + r) + b * QKK + 64 * c;
+                ia[r] = dot_us_scaled(ia[r], lo, load32(xq), sa);
+                ia[r] = dot_us_scaled(ia[r], hi, load32(xq + 32), sb);
+            }
+        }
+        for (int r = 0; r < NR; r++) {
+            const float dx = ROW_D(a, i0 + r)[b];
+            const __m128i bs = _mm_loadu_si128((const __m128i *)(ROW_S32(a, i0 + r) + b * 8));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r]), _mm256_set1_ps(dw * dx), acc[r]);
+            side[r] += dmin * dx * (float)hsum4i(_mm_madd_epi16(mins, bs));
+        }
+    }
+    for (int r = 0; r < NR; r++) out[r] = hsum8(acc[r]) - side[r];
+}
+
+INLINE void dot_q6_k(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out) {
+    __m256 acc[ROWS];
+    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * 210;
+        const float dw = h2f(blk + 208);
+        const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+        const __m256i halves[2] = {_mm256_permute2x128_si256(s16, s16, 0x00), _mm256_permute2x128_si256(s16, s16, 0x11)};
+        __m256i ia[ROWS];
+        for (int r = 0; r < NR; r++) {  /* the codes' offset 32: -32 * sum_j scale_j * sum16_j */
+            const __m256i bs = load32(ROW_S16(a, i0 + r) + b * 16);
+            ia[r] = _mm256_mullo_epi32(_mm256_madd_epi16(s16, bs), _mm256_set1_epi32(-32));
+        }
+        for (int h = 0; h < 2; h++) {
+            const __m256i ql0 = load32(blk + 64 * h), ql1 = load32(blk + 64 * h + 32), qh = load32(blk + 128 + 32 * h);
+            __m256i u[4];
+            u[0] = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, three), 4));
+            u[1] = _mm256_or_si256(_mm256_and_si256(ql1, low4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), three), 4));
+            u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), three), 4));
+            u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4));
+            for (int t = 0; t < 4; t++) {
+                const __m256i sc = pick16(halves[h], 2 * t, 2 * t + 1);
+                for (int r = 0; r < NR; r++)
+                    ia[r] = dot_us_scaled(ia[r], u[t], load32(ROW_Q(a, i0 + r) + b * QKK + 128 * h + 32 * t), sc);
+            }
+        }
+        for (int r = 0; r < NR; r++)
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r]), _mm256_set1_ps(dw * ROW_D(a, i0 + r)[b]), acc[r]);
+    }
+    for (int r = 0; r < NR; r++) out[r] = hsum8(acc[r]);
+}
+
+#else /* portable C: the same integers, one element at a time */
+
+/* The unsigned code of element e (0..block-1) of a block, and the block's integer offset. */
+static inline int code_q4_0(const uint8_t *blk, int e) { return (blk[2 + (e & 15)] >> (e < 16 ? 0 : 4)) & 15; }
+static inline int code_q4_1(const uint8_t *blk, int e) { return (blk[4 + (e & 15)] >> (e < 16 ? 0 : 4)) & 15; }
+static inline int code_q5_0(const uint8_t *blk, int e) {
+    uint32_t qh;
+    memcpy(&qh, blk + 2, 4);
+    return (int)(((blk[6 + (e & 15)] >> (e < 16 ? 0 : 4)) & 15) | (((qh >> e) & 1) << 4));
+}
+
+#define DOT32(NAME, BYTES, CODE, OFF, HAS_MIN)                                                    \
+INLINE void NAME(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out) { \
+    for (int r = 0; r < NR; r++) {                                                                \
+        const int8_t *xq = ROW_Q(a, i0 + r);                                                      \
+        float sum = 0.0f;                                                                         \
+        for (int64_t b = 0; b < nb; b++) {                                                        \
+            const uint8_t *blk = w + b * (BYTES);                                                 \
+            int s = 0;                                                                            \
+            for (int e = 0; e < QK; e++) s += CODE * xq[b * QK + e];                              \
+            const float dw = h2f(blk);                                                            \
+            const float extra = HAS_MIN ? h2f(blk + 2) : dw * (float)(OFF);                       \
+            sum += dw * ROW_D(a, i0 + r)[b] * (float)s + extra * ROW_SX(a, i0 + r)[b];           \
+        }                                                                                         \
+        out[r] = sum;                                                                             \
+    }                                                                                             \
+}
+
+DOT32(dot_q4_0, 18, code_q4_0(blk, e), -8, 0)
+DOT32(dot_q4_1, 20, code_q4_1(blk, e), 0, 1)
+DOT32(dot_q5_0, 22, code_q5_0(blk, e), -16, 0)
+DOT32(dot_q8_0, 34, (int)(int8_t)blk[2 + e], 0, 0)
+
+INLINE void dot_q45_k(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out, int five) {
+    const int bytes = five ? 176 : 144;
+    for (int r = 0; r < NR; r++) {
+        const int8_t *xq = ROW_Q(a, i0 + r);
+        float sum = 0.0f;
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = w + b * bytes, *qh = blk + 16, *qs = blk + (five ? 48 : 16);
+            uint32_t sm[4];
+            k_scales(blk + 4, sm);
+            const uint8_t *sc = (const uint8_t *)sm, *mn = sc + 8;
+            int isum = 0, imin = 0;
+            for (int s = 0; s < 8; s++) {
+                int part = 0;
+                for (int l = 0; l < 32; l++) {
+                    int u = (qs[32 * (s / 2) + l] >> (4 * (s & 1))) & 15;
+                    if (five) u |= ((qh[l] >> s) & 1) << 4;
+                    part += u * xq[b * QKK + 32 * s + l];
+                }
+                isum += sc[s] * part;
+                imin += mn[s] * ROW_S32(a, i0 + r)[b * 8 + s];
+            }
+            const float dx = ROW_D(a, i0 + r)[b];
+            sum += h2f(blk) * dx * (float)isum - h2f(blk + 2) * dx * (float)imin;
+        }
+        out[r] = sum;
+    }
+}
+
+INLINE void dot_q4_k(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out) {
+    dot_q45_k(w, nb, a, i0, NR, out, 0);
+}
+
+INLINE void dot_q5_k(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out) {
+    dot_q45_k(w, nb, a, i0, NR, out, 1);
+}
+
+INLINE void dot_q6_k(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out) {
+    for (int r = 0; r < NR; r++) {
+        const int8_t *xq = ROW_Q(a, i0 + r);
+        float sum = 0.0f;
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = w + b * 210, *ql = blk, *qh = blk + 128;
+            const int8_t *sc = (const int8_t *)(blk + 192);
+            int isum = 0;
+            for (int j = 0; j < 16; j++) {
+                int part = 0;
+                for (int i = 0; i < 16; i++) {
+                    const int e = 16 * j + i, h = e / 128, t = (e % 128) / 32, l = e % 32;
+                    const int low = (ql[64 * h + 32 * (t & 1) + l] >> (4 * (t >> 1))) & 15;
+                    const int high = (qh[32 * h + l] >> (2 * t)) & 3;
+                    part += ((low | (high << 4)) - 32) * xq[b * QKK + e];
+                }
+                isum += sc[j] * part;
+            }
+            sum += h2f(blk + 208) * ROW_D(a, i0 + r)[b] * (float)isum;
+        }
+        out[r] = sum;
+    }
+}
+#endif
+
+/* ---------------------------------------------------------------- rows of output */
+
+typedef void (*rows_fn)(const uint8_t *w, int64_t w_stride, int64_t n0, int64_t n1, const acts *a, int64_t M,
+                        float *y, int64_t y_stride);
+
+/* Output columns n0..n1 (weight rows) for every activation row: ROWS activation rows at a time
+ * against each weight row of the tile, so a tile's blocks are read from memory once. */
+#define ROWS_FN(NAME, DOT)                                                                        \
+static void NAME(const uint8_t *w, int64_t w_stride, int64_t n0, int64_t n1, const acts *a, int64_t M, \
+                 float *y, int64_t y_stride) {                                                    \
+    float out[ROWS];                                                                              \
+    int64_t i = 0;                                                                                \
+    for (; i + ROWS <= M; i += ROWS)                                                              \
+        for (int64_t n = n0; n < n1; n++) {                                                       \
+            DOT(w + n * w_stride, a->nb, a, i, ROWS, out);                                        \
+            for (int r = 0; r < ROWS; r++) y[(i + r) * y_stride + n] = out[r];                    \
+        }                                                                                         \
+    const int rest = (int)(M - i);                                                                \
+    for (int64_t n = n0; n < n1 && rest; n++) {                                                   \
+        switch (rest) {                                                                           \
+        case 1: DOT(w + n * w_stride, a->nb, a, i, 1, out); break;                                \
+        case 2: DOT(w + n * w_stride, a->nb, a, i, 2, out); break;                                \
+        default: DOT(w + n * w_stride, a->nb, a, i, 3, out); break;                               \
+        }                                                                                         \
+        for (int r = 0; r < rest; r++) y[(i + r) * y_stride + n] = out[r];                        \
+    }                                                                                             \
+}
+
+ROWS_FN(rows_q4_0, dot_q4_0)
+ROWS_FN(rows_q4_1, dot_q4_1)
+ROWS_FN(rows_q5_0, dot_q5_0)
+ROWS_FN(rows_q8_0, dot_q8_0)
+ROWS_FN(rows_q4_k, dot_q4_k)
+ROWS_FN(rows_q5_k, dot_q5_k)
+ROWS_FN(rows_q6_k, dot_q6_k)
+
+static rows_fn rows_for(int type) {
+    switch (type) {
+    case T_Q4_0: return rows_q4_0;
+    case T_Q4_1: return rows_q4_1;
+    case T_Q5_0: return rows_q5_0;
+    case T_Q8_0: return rows_q8_0;
+    case T_Q4_K: return rows_q4_k;
+    case T_Q5_K: return rows_q5_k;
+    case T_Q6_K: return rows_q6_k;
+    default: return NULL;
+    }
+}
+
+/* y[M, N] (row stride y_stride floats) = x[M, K] (float32 or bf16, contiguous) @ W.T, W's row n
+ * at w + n * w_stride. Returns 0, 1 for an unknown type or a K that is not whole blocks, 2 when
+ * out of memory. */
+int ms_gguf_matmul(int type, const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *w, int64_t w_stride,
+                   int64_t N, float *y, int64_t y_stride, int threads) {
+    rows_fn rows = rows_for(type);
+    const int eb = block_elems(type);
+    if (rows == NULL || K % eb || K % QK) return 1;
+    if (M <= 0 || N <= 0) return 0;
+    acts a = {.K = K, .nb = K / eb};
+    a.q = malloc((size_t)(M * K));
+    a.d = malloc(sizeof(float) * (size_t)(M * a.nb));
+    a.s16 = malloc(sizeof(int16_t) * (size_t)(M * (K / 16) + 16));
+    a.s32 = malloc(sizeof(int16_t) * (size_t)(M * (K / 32) + 16));
+    a.sx = malloc(sizeof(float) * (size_t)(M * (K / 32)));
+    int status = 0;
+    if (!a.q || !a.d || !a.s16 || !a.s32 || !a.sx) {
+        status = 2;
+    } else {
+        const int64_t tiles = (N + TILE - 1) / TILE;
+        #pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads())
+        {
+            #pragma omp for schedule(static)
+            for (int64_t i = 0; i < M; i++) quantize_row(x, x_bf16, i, K, eb, &a);
+            #pragma omp for schedule(static)
+            for (int64_t t = 0; t < tiles; t++) {
+                const int64_t n0 = t * TILE, n1 = n0 + TILE < N ? n0 + TILE : N;
+                rows(w, w_stride, n0, n1, &a, M, y, y_stride);
+            }
+        }
+    }
+    free(a.q); free(a.d); free(a.s16); free(a.s32); free(a.sx);
+    return status;
+}
+
+/* ---------------------------------------------------------------- dequantization */
+
+static void dequant_block(int type, const uint8_t *blk, float *y) {
+    switch (type) {
+    case T_Q4_0: case T_Q4_1: {
+        const int min = type == T_Q4_1;
+        const float d = h2f(blk), m = min ? h2f(blk + 2) : 0.0f;
+        const uint8_t *qs = blk + (min ? 4 : 2);
+        for (int j = 0; j < 16; j++) {
+            const int lo = qs[j] & 15, hi = qs[j] >> 4;
+            y[j] = min ? d * (float)lo + m : d * (float)(lo - 8);
+            y[j + 16] = min ? d * (float)hi + m : d * (float)(hi - 8);
+        }
+        break;
+    }
+    case T_Q5_0: {
+        const float d = h2f(blk);
+        uint32_t qh;
+        memcpy(&qh, blk + 2, 4);
+        for (int j = 0; j < 16; j++) {
+            y[j] = d * (float)((int)((blk[6 + j] & 15) | (((qh >> j) & 1) << 4)) - 16);
+            y[j + 16] = d * (float)((int)((blk[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
+        }
+        break;
+    }
+    case T_Q8_0: {
+        const float d = h2f(blk);
+        for (int j = 0; j < 32; j++) y[j] = d * (float)(int8_t)blk[2 + j];
+        break;
+    }
+    case T_Q4_K: case T_Q5_K: {
+        const int five = type == T_Q5_K;
+        const float d = h2f(blk), dmin = h2f(blk + 2);
+        uint32_t sm[4];
+        k_scales(blk + 4, sm);
+        const uint8_t *sc = (const uint8_t *)sm, *mn = sc + 8, *qh = blk + 16, *qs = blk + (five ? 48 : 16);
+        for (int s = 0; s < 8; s++) {
+            const float ds = d * (float)sc[s], ms = dmin * (float)mn[s];
+            for (int l = 0; l < 32; l++) {
+                int u = (qs[32 * (s / 2) + l] >> (4 * (s & 1))) & 15;
+                if (five) u |= ((qh[l] >> s) & 1) << 4;
+                y[32 * s + l] = ds * (float)u - ms;
+            }
+        }
+        break;
+    }
+    case T_Q6_K: {
+        const float d = h2f(blk + 208);
+        const int8_t *sc = (const int8_t *)(blk + 192);
+        for (int e = 0; e < QKK; e++) {
+            const int h = e / 128, t = (e % 128) / 32, l = e % 32;
+            const int low = (blk[64 * h + 32 * (t & 1) + l] >> (4 * (t >> 1))) & 15;
+            const int high = (blk[128 + 32 * h + l] >> (2 * t)) & 3;
+            y[e] = d * (float)sc[e / 16] * (float)((low | (high << 4)) - 32);
+        }
+        break;
+    }
+    }
+}
+
+static inline uint16_t f2bf(float f) {  /* round to nearest even (NaN stays NaN) */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+/* Rows of W as float32 or bf16 into out [n, K] (row stride out_stride elements): rows ids[i]
+ * (ids NULL: rows 0..n-1). Returns 1 for an unknown type / bad K, 3 for an id out of range
+ * (checked against rows; nothing is written then). */
+int ms_gguf_dequant(int type, const uint8_t *w, int64_t w_stride, int64_t rows, int64_t K, const int64_t *ids,
+                    int64_t n, void *out, int64_t out_stride, int out_bf16, int threads) {
+    const int eb = block_elems(type), bb = block_bytes(type);
+    if (bb == 0 || K % eb) return 1;
+    if (ids)
+        for (int64_t i = 0; i < n; i++)
+            if (ids[i] < 0 || ids[i] >= rows) return 3;
+    const int64_t nb = K / eb;
+    #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : omp_get_max_threads()) if (n * K > 65536)
+    for (int64_t i = 0; i < n; i++) {
+        const uint8_t *row = w + (ids ? ids[i] : i) * w_stride;
+        float buf[QKK];
+        for (int64_t b = 0; b < nb; b++) {
+            dequant_block(type, row + b * bb, buf);
+            if (out_bf16) {
+                uint16_t *o = (uint16_t *)out + i * out_stride + b * eb;
+                for (int e = 0; e < eb; e++) o[e] = f2bf(buf[e]);
+            } else {
+                memcpy((float *)out + i * out_stride + b * eb, buf, sizeof(float) * (size_t)eb);
+            }
+        }
+    }
+    return 0;
+}
