@@ -226,14 +226,18 @@ static inline __m256i nibbles32(const uint8_t *p) {
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0f));
 }
 
-/* 32 bits -> 32 bytes, 0x10 where the bit is set. */
-static inline __m256i bits32(const uint8_t *p) {
+/* u | 0x10 in the bytes whose bit is set in the 32 bits at p (Q5_0's fifth bits). */
+static inline __m256i with_bits32(__m256i u, const uint8_t *p) {
     uint32_t v;
     memcpy(&v, p, 4);
+#if G_VNNI
+    return _mm256_mask_add_epi8(u, (__mmask32)v, u, _mm256_set1_epi8(0x10));
+#else
     const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
     __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)v), spread);
     b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
-    return _mm256_and_si256(_mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(0x10));
+    return _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(0x10)));
+#endif
 }
 
 /* 16-bit word w (0..7) of each 128-bit half of v, broadcast over that half. */
@@ -256,112 +260,122 @@ static inline __m256i pick16(__m256i v, int lo_word, int hi_word) {
 #define INLINE static inline __attribute__((always_inline))
 
 #if G_SIMD
+/* Q4_K / Q5_K: the scales and minimums of a super-block as bytes sc0..7, m0..7 (k_scales in
+ * vector registers; reads 16 bytes, the last 4 belong to the block's next field). */
+static inline __m128i k_scales_vec(const uint8_t *p) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)p);
+    const __m128i low = _mm_and_si128(v, _mm_set1_epi8(0x3f));                                   /* sc0-3, m0-3 */
+    const __m128i top = _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(v, 6), _mm_set1_epi8(3)), 4);
+    const __m128i u2 = _mm_shuffle_epi32(v, 0xaa);
+    const __m128i nib = _mm_and_si128(_mm_srlv_epi32(u2, _mm_set_epi32(0, 0, 4, 0)), _mm_set1_epi8(0x0f));
+    return _mm_unpacklo_epi32(low, _mm_or_si128(nib, top));
+}
+
 /* The 32-input formats share one loop: UNPACK(blk) gives the 32 unsigned codes (or |w| for
- * Q8_0, whose activations take w's sign); per block sum d_w * d_x * dot, plus d_w * OFF * sx
- * (the codes' offset, folded through the activation sums) or m * sx (Q4_1's minimum). */
+ * Q8_0, whose activations take w's sign); per block d_w * d_x * (dot + OFF * sum(x codes))
+ * (the codes' offset seeds the integer sum), plus m * d_x * sum(x codes) for Q4_1's minimum.
+ * Two blocks a step into two accumulators: the float adds do not wait on each other. */
 #define DOT32(NAME, BYTES, UNPACK, SIGNED, OFF, HAS_MIN)                                          \
-INLINE void NAME(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out) { \
-    __m256 acc[ROWS];                                                                             \
-    float side[ROWS];                                                                             \
-    for (int r = 0; r < NR; r++) { acc[r] = _mm256_setzero_ps(); side[r] = 0.0f; }               \
-    for (int64_t b = 0; b < nb; b++) {                                                            \
-        const uint8_t *blk = w + b * (BYTES);                                                     \
-        const float dw = h2f(blk);                                                                \
-        const float extra = HAS_MIN ? h2f(blk + 2) : dw * (float)(OFF);                           \
-        __m256i u, wv;                                                                            \
-        UNPACK;                                                                                   \
-        for (int r = 0; r < NR; r++) {                                                            \
-            __m256i xv = load32(ROW_Q(a, i0 + r) + b * QK);                                       \
-            if (SIGNED) xv = _mm256_sign_epi8(xv, wv);                                            \
-            __m256i p = dot_us(_mm256_setzero_si256(), u, xv);                                    \
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * ROW_D(a, i0 + r)[b]), acc[r]); \
-            side[r] += extra * ROW_SX(a, i0 + r)[b];                                              \
-        }                                                                                         \
+INLINE void NAME##_step(const uint8_t *w, int64_t b, const acts *a, int64_t i0, const int NR,     \
+                        __m256 *acc, float *side) {                                               \
+    const uint8_t *blk = w + b * (BYTES);                                                         \
+    const float dw = h2f(blk);                                                                    \
+    __m256i u, wv;                                                                                \
+    UNPACK;                                                                                       \
+    (void)wv;                                                                                     \
+    for (int r = 0; r < NR; r++) {                                                                \
+        __m256i xv = load32(ROW_Q(a, i0 + r) + b * QK);                                           \
+        if (SIGNED) xv = _mm256_sign_epi8(xv, wv);                                                \
+        const __m256i seed = (OFF) ? _mm256_castsi128_si256(_mm_cvtsi32_si128((OFF) * ROW_S32(a, i0 + r)[b])) \
+                                   : _mm256_setzero_si256();                                      \
+        const __m256i p = dot_us(seed, u, xv);                                                    \
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * ROW_D(a, i0 + r)[b]), acc[r]); \
+        if (HAS_MIN) side[r] += h2f(blk + 2) * ROW_SX(a, i0 + r)[b];                              \
     }                                                                                             \
-    for (int r = 0; r < NR; r++) out[r] = hsum8(acc[r]) + side[r];                                \
+}                                                                                                 \
+INLINE void NAME(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out) { \
+    __m256 acc0[ROWS], acc1[ROWS];                                                                \
+    float side[ROWS];                                                                             \
+    for (int r = 0; r < NR; r++) { acc0[r] = acc1[r] = _mm256_setzero_ps(); side[r] = 0.0f; }     \
+    int64_t b = 0;                                                                                \
+    for (; b + 2 <= nb; b += 2) {                                                                 \
+        NAME##_step(w, b, a, i0, NR, acc0, side);                                                 \
+        NAME##_step(w, b + 1, a, i0, NR, acc1, side);                                             \
+    }                                                                                             \
+    if (b < nb) NAME##_step(w, b, a, i0, NR, acc0, side);                                         \
+    for (int r = 0; r < NR; r++) out[r] = hsum8(_mm256_add_ps(acc0[r], acc1[r])) + side[r];       \
 }
 
 DOT32(dot_q4_0, 18, (u = nibbles32(blk + 2), wv = u), 0, -8, 0)
 DOT32(dot_q4_1, 20, (u = nibbles32(blk + 4), wv = u), 0, 0, 1)
-DOT32(dot_q5_0, 22, (u = _mm256_or_si256(nibbles32(blk + 6), bits32(blk + 2)), wv = u), 0, -16, 0)
+DOT32(dot_q5_0, 22, (u = with_bits32(nibbles32(blk + 6), blk + 2), wv = u), 0, -16, 0)
 DOT32(dot_q8_0, 34, (wv = load32(blk + 2), u = _mm256_abs_epi8(wv)), 1, 0, 0)
 
-INLINE void dot_q4_k(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out) {
+static inline float hsum4(__m128 s) {
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Q4_K and Q5_K (FIVE: the fifth bits from qh): per 64 inputs, low nibbles = sub-block 2c,
+ * high nibbles = 2c + 1; the scales applied by vpmaddwd / vpdpwssd on the pair sums, the
+ * minimums through the activation codes' 32-input sums. */
+INLINE void dot_q45_k(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out,
+                      const int FIVE) {
+    const int bytes = FIVE ? 176 : 144;
     __m256 acc[ROWS];
-    float side[ROWS];
-    for (int r = 0; r < NR; r++) { acc[r] = _mm256_setzero_ps(); side[r] = 0.0f; }
-    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    __m128 accm[ROWS];
+    for (int r = 0; r < NR; r++) { acc[r] = _mm256_setzero_ps(); accm[r] = _mm_setzero_ps(); }
+    const __m256i low4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = w + b * 144;
-        const float dw = h2f(blk), dmin = h2f(blk + 2);
-        uint32_t sm[4];
-        k_scales(blk + 4, sm);
-        const __m256i s16 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sm)); /* scales | mins */
+        const uint8_t *blk = w + b * bytes;
+        int32_t halves16;
+        memcpy(&halves16, blk, 4);
+        const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(halves16)); /* d, dmin */
+        const __m256i s16 = _mm256_cvtepu8_epi16(k_scales_vec(blk + 4));
         const __m256i scales = _mm256_permute2x128_si256(s16, s16, 0x00);
         const __m128i mins = _mm256_extracti128_si256(s16, 1);
-        __m256i ia[ROWS];
-        for (int r = 0; r < NR; r++) ia[r] = _mm256_setzero_si256();
-        const uint8_t *qs = blk + 16;
+        const __m256i qh = FIVE ? load32(blk + 16) : _mm256_setzero_si256();
+        __m256i lo_sum[ROWS], hi_sum[ROWS];
+        for (int r = 0; r < NR; r++) lo_sum[r] = hi_sum[r] = _mm256_setzero_si256();
+        const uint8_t *qs = blk + (FIVE ? 48 : 16);
         for (int c = 0; c < 4; c++) {
             const __m256i raw = load32(qs + 32 * c);
-            const __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+            __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+            if (FIVE) {
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
+            }
             const __m256i sa = pick16(scales, 2 * c, 2 * c), sb = pick16(scales, 2 * c + 1, 2 * c + 1);
             for (int r = 0; r < NR; r++) {
                 const int8_t *xq = ROW_Q(a, i0 + r) + b * QKK + 64 * c;
-                ia[r] = dot_us_scaled(ia[r], lo, load32(xq), sa);
-                ia[r] = dot_us_scaled(ia[r], hi, load32(xq + 32), sb);
+                lo_sum[r] = dot_us_scaled(lo_sum[r], lo, load32(xq), sa);
+                hi_sum[r] = dot_us_scaled(hi_sum[r], hi, load32(xq + 32), sb);
             }
         }
         for (int r = 0; r < NR; r++) {
-            const float dx = ROW_D(a, i0 + r)[b];
+            const __m128 scale = _mm_mul_ps(dd, _mm_set1_ps(ROW_D(a, i0 + r)[b]));  /* d dx, dmin dx */
             const __m128i bs = _mm_loadu_si128((const __m128i *)(ROW_S32(a, i0 + r) + b * 8));
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r]), _mm256_set1_ps(dw * dx), acc[r]);
-            side[r] += dmin * dx * (float)hsum4i(_mm_madd_epi16(mins, bs));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(lo_sum[r], hi_sum[r])),
+                                     _mm256_broadcastss_ps(scale), acc[r]);
+            accm[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mins, bs)), _mm_shuffle_ps(scale, scale, 0x55),
+                                   accm[r]);
         }
     }
-    for (int r = 0; r < NR; r++) out[r] = hsum8(acc[r]) - side[r];
+    for (int r = 0; r < NR; r++) out[r] = hsum8(acc[r]) - hsum4(accm[r]);
+}
+
+INLINE void dot_q4_k(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out) {
+    dot_q45_k(w, nb, a, i0, NR, out, 0);
 }
 
 INLINE void dot_q5_k(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out) {
-    __m256 acc[ROWS];
-    float side[ROWS];
-    for (int r = 0; r < NR; r++) { acc[r] = _mm256_setzero_ps(); side[r] = 0.0f; }
-    const __m256i low4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = w + b * 176;
-        const float dw = h2f(blk), dmin = h2f(blk + 2);
-        uint32_t sm[4];
-        k_scales(blk + 4, sm);
-        const __m256i s16 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sm));
-        const __m256i scales = _mm256_permute2x128_si256(s16, s16, 0x00);
-        const __m128i mins = _mm256_extracti128_si256(s16, 1);
-        const __m256i qh = load32(blk + 16);
-        __m256i ia[ROWS];
-        for (int r = 0; r < NR; r++) ia[r] = _mm256_setzero_si256();
-        const uint8_t *qs = blk + 48;
-        for (int c = 0; c < 4; c++) {
-            const __m256i raw = load32(qs + 32 * c);
-            const __m256i hl = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4);
-            const __m256i hh = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4);
-            const __m256i lo = _mm256_or_si256(_mm256_and_si256(raw, low4), hl);
-            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low4), hh);
-            const __m256i sa = pick16(scales, 2 * c, 2 * c), sb = pick16(scales, 2 * c + 1, 2 * c + 1);
-            for (int r = 0; r < NR; r++) {
-                const int8_t *xq = ROW_Q(a, i0 + r) + b * QKK + 64 * c;
-                ia[r] = dot_us_scaled(ia[r], lo, load32(xq), sa);
-                ia[r] = dot_us_scaled(ia[r], hi, load32(xq + 32), sb);
-            }
-        }
-        for (int r = 0; r < NR; r++) {
-            const float dx = ROW_D(a, i0 + r)[b];
-            const __m128i bs = _mm_loadu_si128((const __m128i *)(ROW_S32(a, i0 + r) + b * 8));
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r]), _mm256_set1_ps(dw * dx), acc[r]);
-            side[r] += dmin * dx * (float)hsum4i(_mm_madd_epi16(mins, bs));
-        }
-    }
-    for (int r = 0; r < NR; r++) out[r] = hsum8(acc[r]) - side[r];
+    dot_q45_k(w, nb, a, i0, NR, out, 1);
 }
 
+/* Q6_K: per 128 inputs, ql's low nibbles hold inputs 0-63, its high nibbles 64-127, qh two bits
+ * each; codes 0..63 with offset 32 (seeded through the 16-input activation sums); one int8
+ * scale per 16 inputs (each 32-input vector takes two: its halves' pair sums). */
 INLINE void dot_q6_k(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out) {
     __m256 acc[ROWS];
     for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
@@ -371,10 +385,11 @@ INLINE void dot_q6_k(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, co
         const float dw = h2f(blk + 208);
         const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
         const __m256i halves[2] = {_mm256_permute2x128_si256(s16, s16, 0x00), _mm256_permute2x128_si256(s16, s16, 0x11)};
-        __m256i ia[ROWS];
-        for (int r = 0; r < NR; r++) {  /* the codes' offset 32: -32 * sum_j scale_j * sum16_j */
+        __m256i even[ROWS], odd[ROWS];
+        for (int r = 0; r < NR; r++) {  /* the codes' offset: -32 * sum_j scale_j * sum16_j */
             const __m256i bs = load32(ROW_S16(a, i0 + r) + b * 16);
-            ia[r] = _mm256_mullo_epi32(_mm256_madd_epi16(s16, bs), _mm256_set1_epi32(-32));
+            even[r] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(s16, bs), 5));
+            odd[r] = _mm256_setzero_si256();
         }
         for (int h = 0; h < 2; h++) {
             const __m256i ql0 = load32(blk + 64 * h), ql1 = load32(blk + 64 * h + 32), qh = load32(blk + 128 + 32 * h);
@@ -388,12 +403,16 @@ INLINE void dot_q6_k(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, co
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4));
             for (int t = 0; t < 4; t++) {
                 const __m256i sc = pick16(halves[h], 2 * t, 2 * t + 1);
-                for (int r = 0; r < NR; r++)
-                    ia[r] = dot_us_scaled(ia[r], u[t], load32(ROW_Q(a, i0 + r) + b * QKK + 128 * h + 32 * t), sc);
+                for (int r = 0; r < NR; r++) {
+                    const __m256i xv = load32(ROW_Q(a, i0 + r) + b * QKK + 128 * h + 32 * t);
+                    if (t & 1) odd[r] = dot_us_scaled(odd[r], u[t], xv, sc);
+                    else even[r] = dot_us_scaled(even[r], u[t], xv, sc);
+                }
             }
         }
         for (int r = 0; r < NR; r++)
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r]), _mm256_set1_ps(dw * ROW_D(a, i0 + r)[b]), acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(even[r], odd[r])),
+                                     _mm256_set1_ps(dw * ROW_D(a, i0 + r)[b]), acc[r]);
     }
     for (int r = 0; r < NR; r++) out[r] = hsum8(acc[r]);
 }
