@@ -26,7 +26,7 @@
 #include <string.h>
 #include <omp.h>
 
-#if defined(__AVX512F__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
 #define G_VNNI 1
 #else
 #define G_VNNI 0
@@ -105,7 +105,12 @@ typedef struct {
     int16_t *s32;   /* [M, K / 32] */
     float *sx;      /* [M, K / 32] */
     int64_t K, nb;
+    int k_perm;     /* Q4_K / Q5_K on AVX-512: each 256 block's 32-input parts in the order KPERM */
 } acts;
+
+/* The order of the 32-input parts of a 256 block that the AVX-512 Q4_K / Q5_K loop reads: one
+ * 64-byte load of codes holds parts 0 and 2 in its low nibbles, 1 and 3 in its high ones. */
+static const int KPERM[8] = {0, 2, 1, 3, 4, 6, 5, 7};
 
 static inline float x_at(const void *x, int bf16, int64_t i) {
     if (bf16) {
@@ -167,6 +172,12 @@ static void quantize_row(const void *x, int bf16, int64_t row, int64_t K, int eb
         a->s32[row * (K / 32) + g] = (int16_t)s;
         a->sx[row * (K / 32) + g] = (float)s * a->d[row * a->nb + g * QK / eb];
     }
+    if (a->k_perm)
+        for (int64_t b = 0; b < K / QKK; b++) {
+            int8_t natural[QKK];
+            memcpy(natural, q + b * QKK, QKK);
+            for (int part = 0; part < 8; part++) memcpy(q + b * QKK + 32 * part, natural + 32 * KPERM[part], 32);
+        }
 }
 
 /* ---------------------------------------------------------------- block helpers */
@@ -184,6 +195,12 @@ static inline void k_scales(const uint8_t *packed, uint32_t out[4]) {
 #if G_SIMD
 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float hsum4(__m128 s) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
@@ -311,11 +328,92 @@ DOT32(dot_q4_1, 20, (u = nibbles32(blk + 4), wv = u), 0, 0, 1)
 DOT32(dot_q5_0, 22, (u = with_bits32(nibbles32(blk + 6), blk + 2), wv = u), 0, -16, 0)
 DOT32(dot_q8_0, 34, (wv = load32(blk + 2), u = _mm256_abs_epi8(wv)), 1, 0, 0)
 
-static inline float hsum4(__m128 s) {
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+#if G_VNNI
+/* AVX-512: two blocks a step (64 inputs, one vpdpbusd): lanes 0-7 block b, 8-15 block b + 1.
+ * The offset / minimum terms go through the activation sums as floats (side); a last odd
+ * block runs the 256-bit step. UNPACK2(A, B) sets u (and, for Q8_0, neg: w's negative bytes). */
+static inline __m512i nibbles64(const uint8_t *qa, const uint8_t *qb) {
+    const __m128i a = _mm_loadu_si128((const __m128i *)qa), b = _mm_loadu_si128((const __m128i *)qb);
+    __m512i t = _mm512_inserti32x4(_mm512_castsi128_si512(a), a, 1);
+    t = _mm512_inserti32x4(_mm512_inserti32x4(t, b, 2), b, 3);
+    const __m512i shift = _mm512_set_epi32(0x00040004, 0x00040004, 0x00040004, 0x00040004, 0, 0, 0, 0,
+                                           0x00040004, 0x00040004, 0x00040004, 0x00040004, 0, 0, 0, 0);
+    return _mm512_and_si512(_mm512_srlv_epi16(t, shift), _mm512_set1_epi8(0x0f));
 }
+
+static inline __m128 two_halves(const uint8_t *pa, const uint8_t *pb) {
+    uint16_t ha, hb;
+    memcpy(&ha, pa, 2);
+    memcpy(&hb, pb, 2);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)ha | (uint32_t)hb << 16)));
+}
+
+static inline __m128 two_floats(const float *p) { return _mm_castpd_ps(_mm_load_sd((const double *)p)); }
+
+#define DOT32_512(NAME, BYTES, UNPACK2, SIGNED, OFF, HAS_MIN)                                     \
+INLINE void NAME##_pair(const uint8_t *w, int64_t b, const acts *a, int64_t i0, const int NR,     \
+                        __m512 *acc, __m128 *side) {                                              \
+    const uint8_t *A = w + b * (BYTES), *B = A + (BYTES);                                         \
+    __m512i u;                                                                                    \
+    __mmask64 neg = 0;                                                                            \
+    UNPACK2;                                                                                      \
+    (void)neg;                                                                                    \
+    const __m128 dw = two_halves(A, B);                                                           \
+    const __m128 extra = HAS_MIN ? two_halves(A + 2, B + 2) : dw;                                 \
+    const __m512i spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);      \
+    for (int r = 0; r < NR; r++) {                                                                \
+        __m512i xv = _mm512_loadu_si512(ROW_Q(a, i0 + r) + b * QK);                               \
+        if (SIGNED) xv = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);               \
+        const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, xv);                     \
+        const __m128 scale = _mm_mul_ps(dw, two_floats(ROW_D(a, i0 + r) + b));                    \
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),                                           \
+                                 _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(scale)), acc[r]); \
+        if ((OFF) || HAS_MIN) side[r] = _mm_fmadd_ps(extra, two_floats(ROW_SX(a, i0 + r) + b), side[r]); \
+    }                                                                                             \
+}                                                                                                 \
+INLINE void NAME##_512(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out) { \
+    __m512 acc0[ROWS], acc1[ROWS];                                                                \
+    __m128 side[ROWS];                                                                            \
+    for (int r = 0; r < NR; r++) { acc0[r] = acc1[r] = _mm512_setzero_ps(); side[r] = _mm_setzero_ps(); } \
+    int64_t b = 0;                                                                                \
+    for (; b + 4 <= nb; b += 4) {                                                                 \
+        NAME##_pair(w, b, a, i0, NR, acc0, side);                                                 \
+        NAME##_pair(w, b + 2, a, i0, NR, acc1, side);                                             \
+    }                                                                                             \
+    if (b + 2 <= nb) { NAME##_pair(w, b, a, i0, NR, acc0, side); b += 2; }                        \
+    float tail[ROWS] = {0};                                                                       \
+    if (b < nb) {                                                                                 \
+        __m256 acc256[ROWS];                                                                      \
+        float tail_side[ROWS];                                                                    \
+        for (int r = 0; r < NR; r++) { acc256[r] = _mm256_setzero_ps(); tail_side[r] = 0.0f; }   \
+        NAME##_step(w, b, a, i0, NR, acc256, tail_side);                                          \
+        for (int r = 0; r < NR; r++) tail[r] = hsum8(acc256[r]) + tail_side[r];                   \
+    }                                                                                             \
+    for (int r = 0; r < NR; r++)                                                                  \
+        out[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r], acc1[r])) +                          \
+                 (HAS_MIN ? 1.0f : (float)(OFF)) * hsum4(side[r]) + tail[r];                      \
+}
+
+DOT32_512(dot_q4_0, 18, u = nibbles64(A + 2, B + 2), 0, -8, 0)
+DOT32_512(dot_q4_1, 20, u = nibbles64(A + 4, B + 4), 0, 0, 1)
+DOT32_512(dot_q5_0, 22, {
+    uint32_t ha;
+    uint32_t hb;
+    memcpy(&ha, A + 2, 4);
+    memcpy(&hb, B + 2, 4);
+    u = nibbles64(A + 6, B + 6);
+    u = _mm512_mask_add_epi8(u, _cvtu64_mask64((uint64_t)ha | (uint64_t)hb << 32), u, _mm512_set1_epi8(0x10));
+}, 0, -16, 0)
+DOT32_512(dot_q8_0, 34, {
+    const __m512i wv = _mm512_inserti64x4(_mm512_castsi256_si512(load32(A + 2)), load32(B + 2), 1);
+    u = _mm512_abs_epi8(wv);
+    neg = _mm512_movepi8_mask(wv);
+}, 1, 0, 0)
+#define DOT_Q4_0 dot_q4_0_512
+#define DOT_Q4_1 dot_q4_1_512
+#define DOT_Q5_0 dot_q5_0_512
+#define DOT_Q8_0 dot_q8_0_512
+#endif
 
 /* Q4_K and Q5_K (FIVE: the fifth bits from qh): per 64 inputs, low nibbles = sub-block 2c,
  * high nibbles = 2c + 1; the scales applied by vpmaddwd / vpdpwssd on the pair sums, the
@@ -416,6 +514,127 @@ INLINE void dot_q6_k(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, co
     }
     for (int r = 0; r < NR; r++) out[r] = hsum8(acc[r]);
 }
+
+
+#if G_VNNI
+/* AVX-512: 128 inputs per step. Q4_K / Q5_K: one 64-byte load of codes holds parts (2c, 2c + 2)
+ * in its low nibbles and (2c + 1, 2c + 3) in its high ones (the activations are stored in that
+ * order, KPERM); each 256-bit half takes its part's scale. */
+INLINE void dot_q45_k_512(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out,
+                          const int FIVE) {
+    const int bytes = FIVE ? 176 : 144;
+    __m512 acc[ROWS];
+    __m128 accm[ROWS];
+    for (int r = 0; r < NR; r++) { acc[r] = _mm512_setzero_ps(); accm[r] = _mm_setzero_ps(); }
+    const __m512i low4 = _mm512_set1_epi8(0x0f), one = _mm512_set1_epi8(1);
+    /* per step p: the words (scale indices) each 128-bit lane broadcasts, low / high nibbles */
+    const __m512i pick[2][2] = {
+        {_mm512_set_epi32(0x05040504, 0x05040504, 0x05040504, 0x05040504, 0x05040504, 0x05040504, 0x05040504, 0x05040504,
+                          0x01000100, 0x01000100, 0x01000100, 0x01000100, 0x01000100, 0x01000100, 0x01000100, 0x01000100),
+         _mm512_set_epi32(0x07060706, 0x07060706, 0x07060706, 0x07060706, 0x07060706, 0x07060706, 0x07060706, 0x07060706,
+                          0x03020302, 0x03020302, 0x03020302, 0x03020302, 0x03020302, 0x03020302, 0x03020302, 0x03020302)},
+        {_mm512_set_epi32(0x0d0c0d0c, 0x0d0c0d0c, 0x0d0c0d0c, 0x0d0c0d0c, 0x0d0c0d0c, 0x0d0c0d0c, 0x0d0c0d0c, 0x0d0c0d0c,
+                          0x09080908, 0x09080908, 0x09080908, 0x09080908, 0x09080908, 0x09080908, 0x09080908, 0x09080908),
+         _mm512_set_epi32(0x0f0e0f0e, 0x0f0e0f0e, 0x0f0e0f0e, 0x0f0e0f0e, 0x0f0e0f0e, 0x0f0e0f0e, 0x0f0e0f0e, 0x0f0e0f0e,
+                          0x0b0a0b0a, 0x0b0a0b0a, 0x0b0a0b0a, 0x0b0a0b0a, 0x0b0a0b0a, 0x0b0a0b0a, 0x0b0a0b0a, 0x0b0a0b0a)}};
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * bytes;
+        int32_t halves16;
+        memcpy(&halves16, blk, 4);
+        const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(halves16)); /* d, dmin */
+        const __m256i s16 = _mm256_cvtepu8_epi16(k_scales_vec(blk + 4));
+        const __m512i scales = _mm512_broadcast_i32x4(_mm256_castsi256_si128(s16));
+        const __m128i mins = _mm256_extracti128_si256(s16, 1);
+        __m512i qh = _mm512_setzero_si512();
+        if (FIVE) {
+            const __m256i h = load32(blk + 16);
+            qh = _mm512_inserti64x4(_mm512_castsi256_si512(h), h, 1);
+        }
+        __m512i lo_sum[ROWS], hi_sum[ROWS];
+        for (int r = 0; r < NR; r++) lo_sum[r] = hi_sum[r] = _mm512_setzero_si512();
+        const uint8_t *qs = blk + (FIVE ? 48 : 16);
+        for (int p = 0; p < 2; p++) {
+            const __m512i raw = _mm512_loadu_si512(qs + 64 * p);
+            __m512i lo = _mm512_and_si512(raw, low4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+            if (FIVE) {  /* part j's fifth bit is bit j of qh */
+                const __m512i shift_lo = _mm512_inserti64x4(_mm512_set1_epi16((short)(4 * p)), _mm256_set1_epi16((short)(4 * p + 2)), 1);
+                const __m512i shift_hi = _mm512_add_epi16(shift_lo, _mm512_set1_epi16(1));
+                lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift_lo), one), 4));
+                hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift_hi), one), 4));
+            }
+            const __m512i sa = _mm512_shuffle_epi8(scales, pick[p][0]), sb = _mm512_shuffle_epi8(scales, pick[p][1]);
+            for (int r = 0; r < NR; r++) {
+                const int8_t *xq = ROW_Q(a, i0 + r) + b * QKK + 128 * p;
+                lo_sum[r] = _mm512_dpwssd_epi32(lo_sum[r], _mm512_maddubs_epi16(lo, _mm512_loadu_si512(xq)), sa);
+                hi_sum[r] = _mm512_dpwssd_epi32(hi_sum[r], _mm512_maddubs_epi16(hi, _mm512_loadu_si512(xq + 64)), sb);
+            }
+        }
+        for (int r = 0; r < NR; r++) {
+            const __m128 scale = _mm_mul_ps(dd, _mm_set1_ps(ROW_D(a, i0 + r)[b]));  /* d dx, dmin dx */
+            const __m128i bs = _mm_loadu_si128((const __m128i *)(ROW_S32(a, i0 + r) + b * 8));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(lo_sum[r], hi_sum[r])),
+                                     _mm512_broadcastss_ps(scale), acc[r]);
+            accm[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mins, bs)), _mm_shuffle_ps(scale, scale, 0x55),
+                                   accm[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) out[r] = _mm512_reduce_add_ps(acc[r]) - hsum4(accm[r]);
+}
+
+/* Q6_K on AVX-512: 64 bytes of ql hold inputs 0-63 (low nibbles) and 64-127 (high) of a half;
+ * each 128-bit lane is 16 inputs with one scale (vpermw spreads them). */
+INLINE void dot_q6_k_512(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out) {
+    __m512 acc[ROWS];
+    for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
+    const __m512i low4 = _mm512_set1_epi8(0x0f), three = _mm512_set1_epi8(3);
+    const __m512i shift_lo = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    const __m512i shift_hi = _mm512_add_epi16(shift_lo, _mm512_set1_epi16(4));
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * 210;
+        const float dw = h2f(blk + 208);
+        const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+        const __m512i s512 = _mm512_castsi256_si512(s16);
+        __m512i even[ROWS], odd[ROWS];
+        for (int r = 0; r < NR; r++) {  /* the codes' offset: -32 * sum_j scale_j * sum16_j */
+            const __m256i bs = load32(ROW_S16(a, i0 + r) + b * 16);
+            even[r] = _mm512_castsi256_si512(
+                _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(s16, bs), 5)));
+            odd[r] = _mm512_setzero_si512();
+        }
+        for (int h = 0; h < 2; h++) {
+            const __m512i ql = _mm512_loadu_si512(blk + 64 * h);
+            const __m256i qh256 = load32(blk + 128 + 32 * h);
+            const __m512i qh = _mm512_inserti64x4(_mm512_castsi256_si512(qh256), qh256, 1);
+            const __m512i lo = _mm512_or_si512(_mm512_and_si512(ql, low4),
+                _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift_lo), three), 4));
+            const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4),
+                _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift_hi), three), 4));
+            const __m512i idx_lo = _mm512_set_epi64(0x0003000300030003LL + 0x0008000800080008LL * h, 0x0003000300030003LL + 0x0008000800080008LL * h,
+                                                    0x0002000200020002LL + 0x0008000800080008LL * h, 0x0002000200020002LL + 0x0008000800080008LL * h,
+                                                    0x0001000100010001LL + 0x0008000800080008LL * h, 0x0001000100010001LL + 0x0008000800080008LL * h,
+                                                    0x0000000000000000LL + 0x0008000800080008LL * h, 0x0000000000000000LL + 0x0008000800080008LL * h);
+            const __m512i idx_hi = _mm512_add_epi16(idx_lo, _mm512_set1_epi16(4));
+            const __m512i sa = _mm512_permutexvar_epi16(idx_lo, s512), sb = _mm512_permutexvar_epi16(idx_hi, s512);
+            for (int r = 0; r < NR; r++) {
+                const int8_t *xq = ROW_Q(a, i0 + r) + b * QKK + 128 * h;
+                even[r] = _mm512_dpwssd_epi32(even[r], _mm512_maddubs_epi16(lo, _mm512_loadu_si512(xq)), sa);
+                odd[r] = _mm512_dpwssd_epi32(odd[r], _mm512_maddubs_epi16(hi, _mm512_loadu_si512(xq + 64)), sb);
+            }
+        }
+        for (int r = 0; r < NR; r++)
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(even[r], odd[r])),
+                                     _mm512_set1_ps(dw * ROW_D(a, i0 + r)[b]), acc[r]);
+    }
+    for (int r = 0; r < NR; r++) out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+#define DOT_Q4_K(w, nb, a, i0, NR, out) dot_q45_k_512(w, nb, a, i0, NR, out, 0)
+#define DOT_Q5_K(w, nb, a, i0, NR, out) dot_q45_k_512(w, nb, a, i0, NR, out, 1)
+#define DOT_Q6_K dot_q6_k_512
+#else
+#define DOT_Q4_K dot_q4_k
+#define DOT_Q5_K dot_q5_k
+#define DOT_Q6_K dot_q6_k
+#endif
 
 #else /* portable C: the same integers, one element at a time */
 
@@ -539,13 +758,24 @@ static void NAME(const uint8_t *w, int64_t w_stride, int64_t n0, int64_t n1, con
     }                                                                                             \
 }
 
-ROWS_FN(rows_q4_0, dot_q4_0)
-ROWS_FN(rows_q4_1, dot_q4_1)
-ROWS_FN(rows_q5_0, dot_q5_0)
-ROWS_FN(rows_q8_0, dot_q8_0)
-ROWS_FN(rows_q4_k, dot_q4_k)
-ROWS_FN(rows_q5_k, dot_q5_k)
-ROWS_FN(rows_q6_k, dot_q6_k)
+#ifndef DOT_Q4_0
+#define DOT_Q4_0 dot_q4_0
+#define DOT_Q4_1 dot_q4_1
+#define DOT_Q5_0 dot_q5_0
+#define DOT_Q8_0 dot_q8_0
+#endif
+ROWS_FN(rows_q4_0, DOT_Q4_0)
+ROWS_FN(rows_q4_1, DOT_Q4_1)
+ROWS_FN(rows_q5_0, DOT_Q5_0)
+ROWS_FN(rows_q8_0, DOT_Q8_0)
+#ifndef DOT_Q4_K
+#define DOT_Q4_K dot_q4_k
+#define DOT_Q5_K dot_q5_k
+#define DOT_Q6_K dot_q6_k
+#endif
+ROWS_FN(rows_q4_k, DOT_Q4_K)
+ROWS_FN(rows_q5_k, DOT_Q5_K)
+ROWS_FN(rows_q6_k, DOT_Q6_K)
 
 static rows_fn rows_for(int type) {
     switch (type) {
@@ -569,14 +799,21 @@ int ms_gguf_matmul(int type, const void *x, int x_bf16, int64_t M, int64_t K, co
     const int eb = block_elems(type);
     if (rows == NULL || K % eb || K % QK) return 1;
     if (M <= 0 || N <= 0) return 0;
-    acts a = {.K = K, .nb = K / eb};
-    a.q = malloc((size_t)(M * K));
-    a.d = malloc(sizeof(float) * (size_t)(M * a.nb));
-    a.s16 = malloc(sizeof(int16_t) * (size_t)(M * (K / 16) + 16));
-    a.s32 = malloc(sizeof(int16_t) * (size_t)(M * (K / 32) + 16));
-    a.sx = malloc(sizeof(float) * (size_t)(M * (K / 32)));
+    acts a = {.K = K, .nb = K / eb, .k_perm = G_VNNI && (type == T_Q4_K || type == T_Q5_K)};
+    /* one allocation: codes, then scales and sums (each part 64-byte aligned) */
+    const size_t nq = (size_t)(M * K + 63) / 64 * 64, nd = (size_t)(M * a.nb * 4 + 63) / 64 * 64,
+                 n16 = (size_t)(M * (K / 16) * 2 + 32 + 63) / 64 * 64, n32 = (size_t)(M * (K / 32) * 2 + 32 + 63) / 64 * 64,
+                 nx = (size_t)(M * (K / 32) * 4 + 63) / 64 * 64;
+    uint8_t *scratch = aligned_alloc(64, nq + nd + n16 + n32 + nx);
+    if (scratch) {
+        a.q = (int8_t *)scratch;
+        a.d = (float *)(scratch + nq);
+        a.s16 = (int16_t *)(scratch + nq + nd);
+        a.s32 = (int16_t *)(scratch + nq + nd + n16);
+        a.sx = (float *)(scratch + nq + nd + n16 + n32);
+    }
     int status = 0;
-    if (!a.q || !a.d || !a.s16 || !a.s32 || !a.sx) {
+    if (!scratch) {
         status = 2;
     } else {
         const int64_t tiles = (N + TILE - 1) / TILE;
@@ -591,7 +828,7 @@ int ms_gguf_matmul(int type, const void *x, int x_bf16, int64_t M, int64_t K, co
             }
         }
     }
-    free(a.q); free(a.d); free(a.s16); free(a.s32); free(a.sx);
+    free(scratch);
     return status;
 }
 
