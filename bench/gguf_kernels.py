@@ -14,6 +14,7 @@ weights stream from memory as in a decode step. Writes ``results/gguf_kernels.js
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -50,17 +51,27 @@ def head_shape(ggml_type: T) -> tuple[int, int]:
     return (HEAD_ROWS, 896) if GGML_QUANT_SIZES[ggml_type][0] == 32 else (HEAD_ROWS, 1536)
 
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+_clock = time.perf_counter
+
+
 def p50_pass(fns: list, x: torch.Tensor, repeats: int) -> float:
     """Median seconds of one call, over passes that call every copy once (after one warm pass)."""
     for fn in fns:
         fn(x)
     times = []
     for _ in range(repeats):
-        started = time.perf_counter()
+        started = _clock()
         for fn in fns:
             fn(x)
-        times.append((time.perf_counter() - started) / len(fns))
+        times.append((_clock() - started) / len(fns))
     return percentile(times, 50)
+
+
+def cpu_read_bandwidth_gbs(mb: int = 512, repeats: int = 7) -> float:
+    """One thread's read bandwidth by its own CPU time (a ``sum`` over ``mb`` MB of float32)."""
+    data = torch.ones(mb * 2**20 // 4)
+    return data.numel() * 4 / p50_pass([lambda x: data.sum()], data, repeats) / 1e9
 
 
 def copies_for(nbytes: int) -> int:
@@ -125,11 +136,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--formats", default=",".join(f.name for f in FORMATS))
     parser.add_argument("--no-prefill", action="store_true")
+    parser.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
+                        help="cpu: the calling thread's CPU time (one thread only): the kernels' own speed "
+                             "on a machine shared with other work, where wall time counts descheduled time")
     parser.add_argument("--out", default="results/gguf_kernels.json")
     args = parser.parse_args(argv)
+    if args.clock == "cpu" and args.threads != 1:
+        parser.error("--clock cpu times one thread: use --threads 1")
+    global _clock
+    _clock = CLOCKS[args.clock]
     torch.set_num_threads(args.threads)
     formats = [T[name] for name in args.formats.split(",")]
-    bandwidth = read_bandwidth_gbs()
+    bandwidth = cpu_read_bandwidth_gbs() if args.clock == "cpu" else read_bandwidth_gbs()
     print(f"read bandwidth ({args.threads} threads): {bandwidth:.1f} GB/s; gguf path {gguf_native.vector_path()}")
     rng = np.random.default_rng(0)
     decode, prefill, q8_cache = [], [], {}
@@ -145,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print_table(prefill)
     crossings = {f.name: crossover([r for r in prefill if r["format"] == f.name]) for f in formats} if prefill else {}
-    write_json(Path(args.out), {**machine_info(), "threads": args.threads, "read_bandwidth_gbs": round(bandwidth, 2),
+    write_json(Path(args.out), {**machine_info(), "threads": args.threads, "clock": args.clock,
+                                "load_average": list(os.getloadavg()), "read_bandwidth_gbs": round(bandwidth, 2),
                                 "gguf_vector_path": gguf_native.vector_path(), "decode": decode, "prefill": prefill,
                                 "dequant_gemm_from_rows": crossings})
     print(f"\nwrote {args.out}")

@@ -19,7 +19,7 @@ import ctypes
 import functools
 
 import torch
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from engine.quant import native
 
@@ -49,11 +49,15 @@ def vector_path() -> str:
     return _PATHS[_lib().ms_gguf_simd()]
 
 
-def _check(data: torch.Tensor, ggml_type: GGMLQuantizationType) -> None:
+def _check(data: torch.Tensor, ggml_type: GGMLQuantizationType, in_features: int) -> None:
+    """Refuse what the C code would read out of bounds: a wrong row size, strided bytes."""
     if ggml_type not in _TYPES:
         raise ValueError(f"no block kernel for {ggml_type.name}")
     if data.dtype != torch.uint8 or data.dim() != 2 or (data.shape[0] > 1 and data.stride(1) != 1):
         raise ValueError("block weight data must be uint8 [rows, row_bytes] with contiguous rows")
+    elems, nbytes = GGML_QUANT_SIZES[ggml_type]
+    if in_features % elems or data.shape[1] != in_features // elems * nbytes:
+        raise ValueError(f"{ggml_type.name} rows of {data.shape[1]} bytes do not hold {in_features} inputs")
     if data.device.type != "cpu":
         raise ValueError("block weights live on the CPU")
 
@@ -68,7 +72,9 @@ def matmul(x2d: torch.Tensor, ggml_type: GGMLQuantizationType, data: torch.Tenso
     """``x2d [m, in_features] @ W.T`` -> float32 ``[m, rows]`` with W = ``data``'s rows of
     ``ggml_type`` blocks (activations quantized per block, module docstring). ``threads`` 0:
     torch's intra-op thread count."""
-    _check(data, ggml_type)
+    _check(data, ggml_type, in_features)
+    if x2d.dim() != 2 or x2d.shape[1] != in_features:
+        raise ValueError(f"x is {tuple(x2d.shape)}, expected [m, {in_features}]")
     x = x2d if x2d.dtype in (torch.float32, torch.bfloat16) else x2d.float()
     x = x.contiguous()
     m, n = x.shape[0], data.shape[0]
@@ -86,7 +92,7 @@ def dequantize(ggml_type: GGMLQuantizationType, data: torch.Tensor, in_features:
                ids: torch.Tensor | None = None, dtype: torch.dtype = torch.float32, threads: int = 0) -> torch.Tensor:
     """Rows of W in ``dtype`` (float32 or bf16): all of ``data``'s rows, or rows ``ids`` (any
     shape: the result is ``[*ids.shape, in_features]``, an embedding lookup)."""
-    _check(data, ggml_type)
+    _check(data, ggml_type, in_features)
     if dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"dequantize gives float32 or bf16, not {dtype}")
     flat = None if ids is None else ids.reshape(-1).to(torch.int64).contiguous()

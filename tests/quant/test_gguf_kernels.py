@@ -138,10 +138,14 @@ def test_dequantize_refuses_ids_out_of_range() -> None:
         gguf_native.dequantize(weight.ggml_type, weight.data, weight.in_features, ids=torch.tensor([4]))
 
 
-def test_unsupported_type_is_refused() -> None:
+def test_unsupported_type_and_wrong_sizes_are_refused() -> None:
     data = torch.zeros(2, 64, dtype=torch.uint8)
     with pytest.raises(ValueError, match="no block kernel"):
         gguf_native.matmul(torch.zeros(1, 32), T.Q2_K, data, 32)
+    with pytest.raises(ValueError, match="do not hold"):   # 64 bytes are not one Q8_0 block
+        gguf_native.matmul(torch.zeros(1, 32), T.Q8_0, data, 32)
+    with pytest.raises(ValueError, match="expected"):
+        gguf_native.matmul(torch.zeros(1, 64), T.Q8_0, data[:, :34], 32)
 
 
 @pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q8_0], ids=lambda t: t.name)

@@ -881,12 +881,16 @@ static void dequant_block(int type, const uint8_t *blk, float *y) {
     case T_Q6_K: {
         const float d = h2f(blk + 208);
         const int8_t *sc = (const int8_t *)(blk + 192);
-        for (int e = 0; e < QKK; e++) {
-            const int h = e / 128, t = (e % 128) / 32, l = e % 32;
-            const int low = (blk[64 * h + 32 * (t & 1) + l] >> (4 * (t >> 1))) & 15;
-            const int high = (blk[128 + 32 * h + l] >> (2 * t)) & 3;
-            y[e] = d * (float)sc[e / 16] * (float)((low | (high << 4)) - 32);
-        }
+        for (int h = 0; h < 2; h++)
+            for (int t = 0; t < 4; t++) {
+                const uint8_t *ql = blk + 64 * h + 32 * (t & 1), *qh = blk + 128 + 32 * h;
+                const float s0 = d * (float)sc[8 * h + 2 * t], s1 = d * (float)sc[8 * h + 2 * t + 1];
+                float *out = y + 128 * h + 32 * t;
+                for (int l = 0; l < 32; l++) {
+                    const int code = (((ql[l] >> (4 * (t >> 1))) & 15) | (((qh[l] >> (2 * t)) & 3) << 4)) - 32;
+                    out[l] = (l < 16 ? s0 : s1) * (float)code;
+                }
+            }
         break;
     }
     }
