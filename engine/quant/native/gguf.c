@@ -122,8 +122,47 @@ static inline float x_at(const void *x, int bf16, int64_t i) {
     return ((const float *)x)[i];
 }
 
-/* n (a multiple of 16) inputs -> codes; returns the block's scale. */
-static float quantize_block(const void *x, int bf16, int64_t at, int n, int8_t *q) {
+/* n (a multiple of 16) inputs -> codes and their sums per 16; returns the block's scale. */
+#if G_SIMD
+static inline float hsum8(__m256 v);
+
+static inline __m256 load8f(const void *x, int bf16, int64_t at) {
+    if (bf16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)x + at))), 16));
+    return _mm256_loadu_ps((const float *)x + at);
+}
+
+static float quantize_block(const void *x, int bf16, int64_t at, int n, int8_t *q, int16_t *sums) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_and_ps(load8f(x, bf16, at + i), magnitude));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    if (amax == 0.0f) {
+        memset(q, 0, (size_t)n);
+        memset(sums, 0, sizeof(int16_t) * (size_t)(n / 16));
+        return 0.0f;
+    }
+    const float inv = 127.0f / amax;
+    const __m256 vi = _mm256_set1_ps(inv), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+    for (int i = 0; i < n; i += 16) {
+        __m256 a = _mm256_round_ps(_mm256_mul_ps(load8f(x, bf16, at + i), vi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256 b = _mm256_round_ps(_mm256_mul_ps(load8f(x, bf16, at + i + 8), vi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        a = _mm256_min_ps(_mm256_max_ps(a, lo), hi);
+        b = _mm256_min_ps(_mm256_max_ps(b, lo), hi);
+        sums[i / 16] = (int16_t)hsum8(_mm256_add_ps(a, b));  /* whole numbers: exact */
+        __m256i w = _mm256_packs_epi32(_mm256_cvtps_epi32(a), _mm256_cvtps_epi32(b)); /* lanes: a0-3 b0-3 a4-7 b4-7 */
+        w = _mm256_permute4x64_epi64(w, 0xd8);
+        __m128i bytes = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+        _mm_storeu_si128((__m128i *)(q + i), bytes);
+    }
+    return amax / 127.0f;
+}
+#else
+static float quantize_block(const void *x, int bf16, int64_t at, int n, int8_t *q, int16_t *sums) {
     float v[QKK];
     for (int i = 0; i < n; i++) v[i] = x_at(x, bf16, at + i);
     float amax = 0.0f;
@@ -133,40 +172,29 @@ static float quantize_block(const void *x, int bf16, int64_t at, int n, int8_t *
     }
     if (amax == 0.0f) {
         memset(q, 0, (size_t)n);
+        memset(sums, 0, sizeof(int16_t) * (size_t)(n / 16));
         return 0.0f;
     }
     const float inv = 127.0f / amax;
-#if G_SIMD
-    const __m256 vi = _mm256_set1_ps(inv), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
-    for (int i = 0; i < n; i += 16) {
-        __m256 a = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i), vi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        __m256 b = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i + 8), vi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        a = _mm256_min_ps(_mm256_max_ps(a, lo), hi);
-        b = _mm256_min_ps(_mm256_max_ps(b, lo), hi);
-        __m256i w = _mm256_packs_epi32(_mm256_cvtps_epi32(a), _mm256_cvtps_epi32(b)); /* lanes: a0-3 b0-3 a4-7 b4-7 */
-        w = _mm256_permute4x64_epi64(w, 0xd8);
-        __m128i bytes = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
-        _mm_storeu_si128((__m128i *)(q + i), bytes);
-    }
-#else
     for (int i = 0; i < n; i++) {
         float r = nearbyintf(v[i] * inv);
         r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
         q[i] = (int8_t)r;
     }
-#endif
+    for (int g = 0; g < n / 16; g++) {
+        int s = 0;
+        for (int i = 0; i < 16; i++) s += q[16 * g + i];
+        sums[g] = (int16_t)s;
+    }
     return amax / 127.0f;
 }
+#endif
 
 static void quantize_row(const void *x, int bf16, int64_t row, int64_t K, int eb, const acts *a) {
     const int64_t at = row * K;
     int8_t *q = a->q + at;
-    for (int64_t b = 0; b < a->nb; b++) a->d[row * a->nb + b] = quantize_block(x, bf16, at + b * eb, eb, q + b * eb);
-    for (int64_t g = 0; g < K / 16; g++) {
-        int s = 0;
-        for (int i = 0; i < 16; i++) s += q[g * 16 + i];
-        a->s16[row * (K / 16) + g] = (int16_t)s;
-    }
+    for (int64_t b = 0; b < a->nb; b++)
+        a->d[row * a->nb + b] = quantize_block(x, bf16, at + b * eb, eb, q + b * eb, a->s16 + row * (K / 16) + b * eb / 16);
     for (int64_t g = 0; g < K / 32; g++) {
         int s = a->s16[row * (K / 16) + 2 * g] + a->s16[row * (K / 16) + 2 * g + 1];
         a->s32[row * (K / 32) + g] = (int16_t)s;
