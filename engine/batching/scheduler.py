@@ -272,11 +272,14 @@ class Scheduler:
         """Who gives back its blocks under pressure: a sequence that has streamed nothing yet,
         the one holding the most blocks (a long prompt mid-prefill), before any streaming
         one; among streaming ones, the most recently admitted. So a hog waits; the sequences
-        already answering keep going."""
-        quiet = [seq for seq in self.running if not seq.run.produced]
+        already answering keep going. That rule applies within the lowest priority class
+        present (largest ``priority`` number): a batch sequence yields before an interactive one."""
+        lowest = max(seq.priority for seq in self.running)
+        pool = [seq for seq in self.running if seq.priority == lowest]
+        quiet = [seq for seq in pool if not seq.run.produced]
         if quiet:
             return max(quiet, key=lambda seq: (self.blocks.num_tokens(seq.seq_id), self.running.index(seq)))
-        return self.running[-1]
+        return pool[-1]
 
     def _unblock(self) -> None:
         """Nothing could run: every running sequence is a prompt waiting for blocks that the

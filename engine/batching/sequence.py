@@ -37,6 +37,7 @@ class Sequence:
     spec: SpecState | None = None      # speculative decoding (None: one token per step)
     drafts: list[int] = field(default_factory=list)  # this step's drafts (slots reserved)
     cache_root: int = ROOT_HASH        # its salt's chain root: shares blocks only with the same salt
+    priority: int = 1                  # class number: 0 interactive, 1 default, 2 batch (higher yields first)
 
     def __post_init__(self) -> None:
         if not self.tokens:
