@@ -9,7 +9,7 @@ Each :meth:`Scheduler.step`
 3. continues prompts that are being prefilled in chunks, each taking blocks for its next
    chunk only, and never the blocks the decoding sequences may still need up to their max
    tokens: a prompt that finds none waits for them (a long prompt never evicts a stream);
-4. admits waiting sequences first-come first-served while the batch has room
+4. admits waiting sequences by priority class, first-come first-served within a class, while the batch has room
    (``max_batch``), the step's token budget lasts (``max_batched_tokens``: the most prompt
    tokens one step spends, so every running sequence gets its token each step, whatever
    arrives) and the pool has blocks for the prompt's cached prefix and first chunk (plus one
@@ -71,9 +71,13 @@ class Scheduler:
 
     # ------------------------------------------------------------------ queue
     def submit(self, seq: Sequence) -> None:
-        """The sequence joins the waiting queue (owner thread only)."""
+        """The sequence joins the waiting queue (owner thread only): behind every waiting
+        sequence of its class or a higher one, ahead of lower classes, so admission goes
+        by class and first-come first-served within a class."""
         seq.status = WAITING
-        self.waiting.append(seq)
+        at = next((i for i, other in enumerate(self.waiting) if other.priority > seq.priority),
+                  len(self.waiting))
+        self.waiting.insert(at, seq)
 
     @property
     def has_work(self) -> bool:
@@ -300,7 +304,9 @@ class Scheduler:
         seq.num_computed, seq.status = 0, WAITING
         seq.preemptions += 1
         self.stats.preemptions += 1
-        self.waiting.appendleft(seq)
+        at = next((i for i, other in enumerate(self.waiting) if other.priority >= seq.priority),
+                  len(self.waiting))
+        self.waiting.insert(at, seq)   # first of its class: it resumes before later arrivals
         log_event(logger, "sequence_preempted", seq_id=seq.seq_id, tokens=len(seq.tokens))
 
     # ------------------------------------------------------------------ endings

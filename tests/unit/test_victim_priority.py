@@ -41,3 +41,12 @@ def test_single_class_unchanged() -> None:
     a = _seq(1, 1, produced=True, tokens=50)
     b = _seq(2, 1, produced=True, tokens=30)
     assert _victim([a, b]) is b
+
+
+def test_waiting_queue_admits_by_class_then_arrival() -> None:
+    from collections import deque
+    fake = SimpleNamespace(waiting=deque())
+    order = [(1, 2), (2, 1), (3, 2), (4, 0), (5, 1), (6, 0)]
+    for sid, prio in order:
+        Scheduler.submit(fake, SimpleNamespace(seq_id=sid, priority=prio, status=None))
+    assert [s.seq_id for s in fake.waiting] == [4, 6, 2, 5, 1, 3]
