@@ -53,6 +53,7 @@ class GenerationRun:
         self.finish_reason: str | None = None
         self.draft_tokens = self.accepted_draft_tokens = 0
         self.pause: Callable[[], None] | None = None  # set by the loop for a solo task
+        self.prefill_allowance: Callable[[int], int] | None = None  # set by the loop: this turn's prompt budget
         self.constraint: Any = None  # the request's grammar state, compiled once by the loop at submit
 
     @property
