@@ -3,9 +3,9 @@ size, content type, completeness, JSON syntax, nesting depth and text (:mod:`web
 routes only ever see a parsed JSON object that nothing downstream can overflow the stack
 on or fail to encode.
 
-Public without a key: ``/healthz``, ``/health`` and the documentation (``/``, ``/docs``,
-``/openapi.json``, Swagger UI assets under ``/swagger``): they describe the API and hold
-no job data.
+A key comes as ``Authorization: Bearer <key>`` or as ``x-api-key: <key>``. Public without a
+key: ``/healthz``, ``/health`` and the documentation (``/``, ``/docs``, ``/openapi.json``,
+Swagger UI assets under ``/swagger``): they describe the API and hold no job data.
 """
 from __future__ import annotations
 
@@ -49,14 +49,20 @@ def _authenticate() -> None:
     g.rate_id = f"ip:{request.remote_addr or '-'}"
     if not api_keys:
         return
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token or not any(
-            hmac.compare_digest(token.encode(), key.encode()) for key in api_keys):
-        raise ApiError(401, "unauthorized", "a valid 'Authorization: Bearer <key>' header is required",
-                       headers={"WWW-Authenticate": "Bearer"})
+    token = _presented_key()
+    if not token or not any(hmac.compare_digest(token.encode(), key.encode()) for key in api_keys):
+        raise ApiError(401, "unauthorized", "a valid 'Authorization: Bearer <key>' (or 'x-api-key: <key>') "
+                       "header is required", headers={"WWW-Authenticate": "Bearer"})
     g.owner = g.rate_id = owner_id(token)
+
+
+def _presented_key() -> str:
+    """The key of ``Authorization: Bearer <key>``, else of ``x-api-key`` (Anthropic's clients
+    send that one): the same key either way, so the same owner and rate limit."""
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return request.headers.get("X-Api-Key", "").strip()
 
 
 def _rate_limit() -> None:
