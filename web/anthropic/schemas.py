@@ -3,7 +3,9 @@
 
 The top level is checked against :data:`web.anthropic.fields.MESSAGE_FIELDS` first. Nested
 objects are strict: a content block of another type (image, document, thinking ...), a tool
-of another type (server tools) or a key a block does not have is a 400 naming it.
+of another type (server tools) or a key a block does not have is a 400 naming it. Texts have
+no length limit of their own: the body's size limit (``MINISERVE_MAX_BODY_BYTES``) and the
+model's context hold them.
 ``cache_control`` is accepted wherever Anthropic allows it, and changes nothing (the prefix
 cache is automatic).
 """
@@ -19,7 +21,6 @@ from web.openai.schemas import FUNCTION_NAME_PATTERN, GenerationMethod
 from web.schemas import MAX_STOP_STRINGS, SSE_EVENT_SCHEMA, StopString, Strict, json_int
 
 BLOCK_TYPES = ("text", "tool_use", "tool_result")
-MAX_TEXT = 1_000_000
 
 
 def _str_or_list(value: Any) -> str:
@@ -29,8 +30,8 @@ def _str_or_list(value: Any) -> str:
 def text_or(blocks: Any) -> Any:
     """A string or a list of ``blocks``: an error names what is wrong in the one that was sent
     (a list's bad block, not "should be a valid string")."""
-    return Annotated[Annotated[Annotated[str, Field(max_length=MAX_TEXT)], Tag("str")]
-                     | Annotated[list[blocks], Field(max_length=1024), Tag("list")], Discriminator(_str_or_list)]
+    return Annotated[Annotated[str, Tag("str")] | Annotated[list[blocks], Field(max_length=1024), Tag("list")],
+                     Discriminator(_str_or_list)]
 
 
 class CacheControl(Strict):
@@ -40,7 +41,7 @@ class CacheControl(Strict):
 
 class TextBlock(Strict):
     type: Literal["text"]
-    text: str = Field(max_length=MAX_TEXT)
+    text: str
     cache_control: CacheControl | None = Field(default=None, description="accepted; no effect")
     citations: None = Field(default=None, description="only null")
 
@@ -185,7 +186,7 @@ class CountTokensRequest(PromptFields):
 
 
 # ---- answers ---------------------------------------------------------------------------------
-class ErrorDetail(BaseModel):
+class AnthropicErrorDetail(BaseModel):
     type: str
     message: str
 
@@ -194,10 +195,10 @@ class AnthropicError(BaseModel):
     """Anthropic's error shape, used by both routes."""
 
     type: Literal["error"]
-    error: ErrorDetail
+    error: AnthropicErrorDetail
 
 
-class Usage(BaseModel):
+class MessageUsage(BaseModel):
     input_tokens: int = Field(description="prompt tokens not read from the prefix cache")
     output_tokens: int
     cache_read_input_tokens: int = Field(description="prompt tokens read from the prefix cache")
@@ -217,7 +218,7 @@ class MessageObject(BaseModel):
     content: list[dict[str, Any]] = Field(description="text and tool_use blocks")
     stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"] | None
     stop_sequence: str | None
-    usage: Usage
+    usage: MessageUsage
 
 
 class TokenCount(BaseModel):
