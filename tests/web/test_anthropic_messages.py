@@ -7,7 +7,9 @@ refused with a 400 naming them, errors in Anthropic's shape, ``x-api-key``, and
 from __future__ import annotations
 
 import json
+import re
 import typing
+from pathlib import Path
 
 import pytest
 from anthropic.lib.streaming._messages import accumulate_event
@@ -367,3 +369,11 @@ def test_the_routes_are_in_the_openapi_document(client):
 
 def test_block_types_are_the_ones_documented():
     assert BLOCK_TYPES == ("text", "tool_use", "tool_result")
+
+
+def test_docs_api_table_is_the_code_table():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
+    section = text[text.index("### `POST /v1/messages`: every request field"):]
+    section = section[:section.index("\n### ", 1)]
+    rows = dict(re.findall(r"^\| `([a-z_]+)` \| (honoured|no_effect|refused) \|", section, re.MULTILINE))
+    assert rows == {name: rule.kind for name, rule in MESSAGE_FIELDS.items()}
