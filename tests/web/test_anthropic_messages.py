@@ -282,6 +282,7 @@ def test_a_refused_field_is_a_400_naming_it(client, celery, name):
      "messages.0.content.0.extra"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]},
      "messages.0"),
+    ({"messages": ASK + [{"role": "assistant", "content": "It is"}]}, "messages"),
     ({"system": [{"type": "document", "source": {}}]}, "system.0.type"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools.0.type"),
     ({"tools": [{**WEATHER, "defer_loading": True}]}, "tools.0.defer_loading"),

@@ -150,6 +150,16 @@ class PromptFields(Strict):
     tool_choice: ToolChoice | None = None
     cache_control: CacheControl | None = Field(default=None, description="accepted; no effect")
 
+    @model_validator(mode="after")
+    def _ends_with_the_user(self) -> "PromptFields":
+        """A last assistant turn asks Anthropic to continue it (prefill); the chat template
+        here would open a new turn after it instead, so it is refused rather than answered
+        differently."""
+        if self.messages[-1].role == "assistant":
+            raise ValueError("messages: the last turn is the assistant's (a prefill to continue): not supported; "
+                             "end with a user turn")
+        return self
+
 
 class MessagesRequest(PromptFields):
     """``POST /v1/messages``. ``temperature`` omitted = 0 (greedy), as everywhere in MiniServe.
