@@ -91,7 +91,8 @@ def test_a_message_is_the_chat_job_and_answers_a_message(client, store, celery):
     says(store, celery, "It is sunny.", cached=12)
     response = create(client, system=[{"type": "text", "text": "Be brief."}, {"type": "text", "text": " Really."}],
                       max_tokens=20, temperature=0.5, top_p=0.9, top_k=3, stop_sequences=["\n\n"],
-                      metadata={"user_id": "u-1"}, seed=4, generation_method="custom_cache")
+                      metadata={"user_id": "u-1"}, seed=4, generation_method="custom_cache", stop="###",
+                      presence_penalty=0.5)
     answer = message_of(response)
     job = store.get(response.headers["X-Job-Id"])
     assert answer.content[0].type == "text" and answer.content[0].text == "It is sunny." and len(answer.content) == 1
@@ -103,7 +104,8 @@ def test_a_message_is_the_chat_job_and_answers_a_message(client, store, celery):
     assert job.request["messages"] == [{"role": "system", "content": "Be brief. Really."},
                                        {"role": "user", "content": "What is the weather in Paris?"}]
     assert job.request["sampling"] | {"max_new_tokens": 20, "temperature": 0.5, "top_p": 0.9, "top_k": 3,
-                                      "seed": 4, "stop": ["\n\n"]} == job.request["sampling"]
+                                      "seed": 4, "stop": ["\n\n", "###"], "presence_penalty": 0.5
+                                      } == job.request["sampling"]
 
 
 def test_omitted_temperature_is_greedy_as_everywhere_here(client, store, celery):
@@ -271,7 +273,7 @@ def test_a_refused_field_is_a_400_naming_it(client, celery, name):
     ({"max_tokens": None}, "max_tokens"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"max_tokens": 10**6}, "max_tokens"),
-    ({"temperature": 1.5}, "temperature"),
+    ({"temperature": 2.5}, "temperature"),
     ({"stop_sequences": [""]}, "stop_sequences.0"),
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),

@@ -8,8 +8,9 @@ The Messages body is rewritten as a chat body and goes through the chat path
 - a turn's text blocks -> its text; an assistant's ``tool_use`` blocks -> ``tool_calls``
   (``input`` as the arguments); a user's ``tool_result`` blocks -> ``tool`` messages
   (``is_error``: the text is prefixed ``Error: ``), before the turn's own text;
-- ``max_tokens`` -> ``max_tokens``, ``stop_sequences`` -> ``stop``, ``temperature``,
-  ``top_p``, ``top_k`` as they are (omitted temperature: greedy);
+- ``max_tokens`` -> ``max_tokens``, ``stop_sequences`` (and the extension ``stop``) ->
+  ``stop``; the shared sampling fields (``temperature``, ``top_p``, ``top_k`` and the
+  extensions) as they are (omitted temperature: greedy);
 - ``tools`` -> function tools (``input_schema`` as ``parameters``); ``tool_choice``
   ``auto`` / ``any`` / ``tool`` / ``none`` -> ``auto`` / ``required`` / the named function /
   ``none``; ``disable_parallel_tool_use`` -> ``parallel_tool_calls: false``.
@@ -24,6 +25,7 @@ from typing import Any
 
 from web.anthropic.schemas import MessageParam, MessagesRequest, PromptFields, TextBlock, ToolResultBlock
 from web.openai.convert import ChatJob, chat_job_of
+from web.sampling_base import SHARED_FIELDS, stop_list
 
 ERROR_PREFIX = "Error: "
 RENAMES = (("stop", "stop_sequences"),)
@@ -79,10 +81,9 @@ def chat_body(body: PromptFields) -> dict[str, Any]:
     fields: dict[str, Any] = {"messages": chat_messages(body), "model": body.model, "tools": tools,
                               "tool_choice": choice, "parallel_tool_calls": parallel}
     if isinstance(body, MessagesRequest):
-        fields.update(max_tokens=body.max_tokens, stop=body.stop_sequences, temperature=body.temperature,
-                      top_p=body.top_p, top_k=body.top_k, stream=bool(body.stream),
-                      generation_method=body.generation_method, seed=body.seed,
-                      repetition_penalty=body.repetition_penalty)
+        fields.update({name: getattr(body, name) for name in SHARED_FIELDS})  # the shared base, as it is
+        stops = list(body.stop_sequences or []) + stop_list(body)
+        fields.update(max_tokens=body.max_tokens, stop=stops or None, stream=bool(body.stream))
     return {k: v for k, v in fields.items() if v is not None}
 
 

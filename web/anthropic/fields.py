@@ -5,26 +5,26 @@ here) or ``refused`` (any value but null is a 400 naming the field). A field in 
 400 too. The table drives the request model's first check, the test that walks the client's
 own list of fields (``tests/web/test_anthropic_messages.py``) and the table in docs/api.md.
 
-``temperature``, ``top_p`` and ``top_k`` are Anthropic's sampling fields (the newest client
-sends them through ``extra_body``); ``generation_method``, ``seed`` and
-``repetition_penalty`` are MiniServe's extensions, as on ``/v1/chat/completions``.
+The sampling fields every surface shares (``web.sampling_base``) are all honoured:
+``temperature``, ``top_p`` and ``top_k`` are Anthropic's own (the newest client sends them
+through ``extra_body``), the others (``seed``, ``repetition_penalty``, the penalties,
+``logit_bias``, ``stop`` beside ``stop_sequences``, ``generation_method``, ``speculative``)
+MiniServe's extensions, as on the OpenAI routes.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from web.openai.fields import FieldRule, check_fields, honoured, no_effect, refused
+from web.openai.fields import FieldRule, check_fields, honoured, no_effect, refused, sampling_rules
 
 MESSAGE_FIELDS: dict[str, FieldRule] = {
+    **sampling_rules(frozenset({"temperature", "top_p", "top_k"})),  # Anthropic's own sampling fields
     "model": honoured("an id from GET /v1/models picks the model; unknown: 404"),
     "messages": honoured("user and assistant turns: string content, or text, tool_use (assistant) and "
                          "tool_result (user) blocks; other block types: 400"),
     "system": honoured("a string or text blocks: the first system message"),
     "max_tokens": honoured("required; the job's max_new_tokens (1 up to MINISERVE_MAX_NEW_TOKENS_CAP)"),
     "stop_sequences": honoured("up to 8 stop strings; the one that ended the answer is stop_sequence"),
-    "temperature": honoured("omitted = 0 (greedy), unlike Anthropic's 1"),
-    "top_p": honoured("nucleus sampling"),
-    "top_k": honoured("0 = off"),
     "stream": honoured("Anthropic's events, message_start ... message_stop"),
     "tools": honoured("custom tools (name, description, input_schema), rendered by the chat template; "
                       "server tools: 400"),
@@ -45,9 +45,6 @@ MESSAGE_FIELDS: dict[str, FieldRule] = {
     "inference_geo": refused("one place here"),
     "user_profile_id": refused("no user profiles"),
     "workspace_id": refused("no workspaces"),
-    "generation_method": honoured("official | no_cache | custom_cache | prefix_cache | paged", extension=True),
-    "seed": honoured("seeds the sampler", extension=True),
-    "repetition_penalty": honoured("null = the model's default", extension=True),
 }
 COUNT_FIELDS: dict[str, FieldRule] = {name: MESSAGE_FIELDS[name] for name in (
     "model", "messages", "system", "tools", "tool_choice", "cache_control", "thinking", "output_config",

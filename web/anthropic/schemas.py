@@ -17,8 +17,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Fiel
 from pydantic_core import PydanticCustomError
 
 from web.anthropic.fields import check_count_fields, check_message_fields
-from web.openai.schemas import FUNCTION_NAME_PATTERN, GenerationMethod
-from web.schemas import MAX_STOP_STRINGS, SSE_EVENT_SCHEMA, StopString, Strict, json_int
+from web.openai.schemas import FUNCTION_NAME_PATTERN
+from web.sampling_base import MAX_STOP_STRINGS, SamplingBase, StopString, json_int
+from web.schemas import SSE_EVENT_SCHEMA, Strict
 
 BLOCK_TYPES = ("text", "tool_use", "tool_result")
 
@@ -161,21 +162,15 @@ class PromptFields(Strict):
         return self
 
 
-class MessagesRequest(PromptFields):
+class MessagesRequest(PromptFields, SamplingBase):  # type: ignore[misc, valid-type]
     """``POST /v1/messages``. ``temperature`` omitted = 0 (greedy), as everywhere in MiniServe.
-    MiniServe extensions: ``generation_method``, ``seed``, ``repetition_penalty``."""
+    The sampling fields every surface shares come from ``SamplingBase`` (Anthropic's own:
+    ``temperature``, ``top_p``, ``top_k``; the rest MiniServe extensions)."""
 
     max_tokens: json_int(ge=1) = Field(description="required; capped by MINISERVE_MAX_NEW_TOKENS_CAP")
     stop_sequences: list[StopString] | None = Field(default=None, max_length=MAX_STOP_STRINGS)
-    temperature: float | None = Field(default=None, ge=0.0, le=1.0, description="null/omitted = 0 (greedy)")
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: json_int(ge=0, le=1000) | None = Field(default=None, description="0 = off")
     stream: bool | None = False
     metadata: Metadata | None = Field(default=None, description="accepted; not stored")
-    generation_method: GenerationMethod | None = Field(default=None, description="MiniServe extension")
-    seed: json_int(ge=0, le=2**63 - 1) | None = Field(default=None, description="MiniServe extension")
-    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0, description="MiniServe extension; "
-                                             "null = the model's default")
 
     @model_validator(mode="before")
     @classmethod
