@@ -97,12 +97,13 @@ def create_app(settings: Settings | None = None, store: JobStore | None = None,
 
 
 def _security(settings: Settings) -> dict[str, Any]:
-    """With API keys configured, the document says every operation needs a bearer key
-    (``/healthz`` opts out)."""
+    """With API keys configured, the document says every operation needs a key, as a bearer
+    token or in ``x-api-key`` (Anthropic's clients; ``/healthz`` opts out)."""
     if not settings.api_keys:
         return {}
-    return {"security_schemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "openapi_extensions": {"security": [{"bearer": []}]}}
+    return {"security_schemes": {"bearer": {"type": "http", "scheme": "bearer"},
+                                 "x_api_key": {"type": "apiKey", "in": "header", "name": "x-api-key"}},
+            "openapi_extensions": {"security": [{"bearer": []}, {"x_api_key": []}]}}
 
 
 def _swagger_page() -> str:

@@ -57,12 +57,15 @@ def _authenticate() -> None:
 
 
 def _presented_key() -> str:
-    """The key of ``Authorization: Bearer <key>``, else of ``x-api-key`` (Anthropic's clients
-    send that one): the same key either way, so the same owner and rate limit."""
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and token.strip():
-        return token.strip()
-    return request.headers.get("X-Api-Key", "").strip()
+    """The key of ``Authorization: Bearer <key>`` or, when there is no ``Authorization``
+    header, of ``x-api-key`` (Anthropic's clients send that one): the same key either way, so
+    the same owner and rate limit. An ``Authorization`` header decides alone: a bad one is
+    not rescued by another header."""
+    header = request.headers.get("Authorization")
+    if header is None:
+        return request.headers.get("X-Api-Key", "").strip()
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
 
 
 def _rate_limit() -> None:

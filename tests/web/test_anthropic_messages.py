@@ -328,6 +328,7 @@ def test_x_api_key_is_a_key_as_a_bearer_header_is(make_app, store, celery):
     owners = {store.get(r.headers["X-Job-Id"]).owner for r in (keyed, bearer)}
     assert len(owners) == 1 and None not in owners
     assert client.get("/jobs", headers={"x-api-key": "k-1"}).status_code == 200
+    assert error_of(create(client, headers={"x-api-key": "k-1", "Authorization": "Basic eA=="}), 401)  # it decides
 
 
 # ---- count_tokens and the document --------------------------------------------------------------
