@@ -103,6 +103,15 @@ class BatchStore:
         return StoredFile(file_id, raw["purpose"], raw.get("filename", ""), int(raw["created_at"]),
                           raw.get("owner", ""), raw.get("content", ""))
 
+    def delete_file(self, file_id: str, owner: str | None = None) -> None:
+        """Remove a file (its owner's quota frees with it: the quota counts existing files)."""
+        stored = self.get_file(file_id, owner)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.delete(keys.file_key(stored.id))
+        pipe.zrem(keys.FILES_INDEX, stored.id)
+        pipe.hdel(keys.file_owner_key(stored.owner), stored.id)
+        pipe.execute()
+
     # ---- batches ---------------------------------------------------------------------
     def create_batch(self, record: BatchRecord) -> None:
         key = keys.batch_key(record.id)

@@ -147,7 +147,15 @@ def _checked(text: object, shape: re.Pattern[str], kind: str) -> str:
 
 def file_key(file_id: str) -> str:
     """Hash: an uploaded (or a batch's output) file's metadata and its text."""
-    return f"file:{_checked(file_id, _FILE_ID_SHAPE, 'file')}"
+    return f"{FILE_KEY_PREFIX}{_checked(file_id, _FILE_ID_SHAPE, 'file')}"
+
+
+FILE_KEY_PREFIX = "file:"  # the quota script checks which of an owner's files still exist
+
+
+def file_owner_key(owner: str) -> str:
+    """Hash: an owner's uploaded file ids -> "bytes:created_at" (their per-key quota)."""
+    return f"files:owner:{owner or '-'}"
 
 
 def batch_key(batch_id: str) -> str:

@@ -19,6 +19,12 @@ DEFAULT_MODEL_NAME = "qwen2.5-coder-0.5b-instruct"
 SMOLLM2_MODEL = "smollm2-135m"
 # MINISERVE_MODEL value -> the name clients see and the prepared folder's name.
 BUNDLED_MODELS = {DEFAULT_MODEL: DEFAULT_MODEL_NAME, SMOLLM2_MODEL: "smollm2-135m-instruct"}
+# Other names a bundled model answers to: its MINISERVE_MODEL value, Ollama's library name for
+# the same weights, and its GGUF file's stem (engine/prepare_default.py names the files).
+BUNDLED_ALIASES = {
+    DEFAULT_MODEL: (DEFAULT_MODEL, "qwen2.5-coder:0.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m"),
+    SMOLLM2_MODEL: (SMOLLM2_MODEL, "smollm2:135m", "SmolLM2-135M-Instruct.Q4_1"),
+}
 
 
 def bundled_model_dir(cache_dir: Path | str, model: str) -> Path:
@@ -69,6 +75,15 @@ def model_id(model: str) -> str:
     if path.is_dir() or model.startswith((".", "/", "~")):
         return path.name or path.resolve().name  # "." names the current folder
     return model
+
+
+def model_aliases(settings: Settings) -> list[str]:
+    """Every other name this process's model answers to (core/models.py resolves them): the
+    bundled model's names (:data:`BUNDLED_ALIASES`), then ``MINISERVE_MODEL_ALIASES`` (as
+    vLLM's ``--served-model-name``), without repeats or the id itself."""
+    own = model_id(settings.model)
+    names = [*BUNDLED_ALIASES.get(settings.model, ()), *settings.model_aliases]
+    return [name for i, name in enumerate(names) if name != own and name not in names[:i]]
 
 
 def served_model_name(settings: Settings) -> str:

@@ -47,6 +47,8 @@ class Settings(BaseSettings):
     # redis://host:6379/0, or sentinel://h1:26379;sentinel://h2:26379 (see core/redis_conn.py)
     redis_url: str = "redis://127.0.0.1:6379/0"
     model: str = DEFAULT_MODEL
+    # More names the model answers to in a request's ``model`` (vLLM's --served-model-name).
+    model_aliases: Annotated[list[str], NoDecode] = []
     cache_dir: Path = Path.home() / ".cache" / "miniserve"
 
     # How the model runs.
@@ -69,10 +71,16 @@ class Settings(BaseSettings):
     # idle limit between two requests on one connection).
     header_timeout_s: PositiveInt = 5
     api_keys: Annotated[list[str], NoDecode] = []
+    # Keys that also see operators' details on /workers (hosts, pids, paths, other keys' job
+    # ids); each is a valid key too. With no api_keys at all, everyone is the admin.
+    admin_api_keys: Annotated[list[str], NoDecode] = []
     rate_limit_per_minute: int = Field(default=0, ge=0)  # 0 = unlimited
     max_queue_depth: int = Field(default=1000, ge=0)  # 0 = unbounded
     max_body_bytes: PositiveInt = 1_000_000
     max_file_bytes: PositiveInt = 20_000_000  # a /v1/files upload (batch input), stored in Redis
+    # Per key, what /v1/files may hold at once (files expire with the job TTL or DELETE).
+    max_files_per_key: PositiveInt = 100
+    max_file_store_bytes_per_key: PositiveInt = 100_000_000
     body_timeout_s: PositiveInt = 10  # a request body that stops arriving this long is refused (400)
     body_deadline_s: PositiveInt = 30  # a whole body must arrive within this, however it drips (400)
     # Open SSE streams per client, counted across web processes in Redis: per API key, and
@@ -138,6 +146,9 @@ class Settings(BaseSettings):
     route_min_prefix_tokens: PositiveInt = 64  # shorter shared prefixes are not worth routing
     route_ttl_s: PositiveInt = 300  # a worker's claim to hold a prefix lasts this long
     route_max_waiting: PositiveInt = 4  # jobs waiting in a worker's own queue before it counts as full
+    # Prefix-cache scope: by default each API key's cached prompt blocks serve only that key
+    # (its blocks are salted with the key's owner id); true shares them across keys.
+    share_prefix_cache_across_keys: bool = False
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -149,7 +160,7 @@ class Settings(BaseSettings):
     def _lower_choice(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
 
-    @field_validator("api_keys", mode="before")
+    @field_validator("api_keys", "admin_api_keys", "model_aliases", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:
         if isinstance(value, str):

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch
 
 from core.methods import CUSTOM_CACHE, NO_CACHE, PREFIX_CACHE
+from core.prefix_hash import salted_root
 from engine.constrained import run_constraint
 from engine.forward import Qwen2Forward
 from engine.kv_cache import ContiguousKVCache, NoCache
@@ -122,20 +123,22 @@ def run_custom_cache(engine: Any, prompt: Prompt, run: GenerationRun, request: G
 
 
 def prefill_with_prefix(forward: Qwen2Forward, store: PrefixCache, prompt: Prompt,
-                        cache: ContiguousKVCache) -> tuple[torch.Tensor, int]:
+                        cache: ContiguousKVCache, salt: str = "") -> tuple[torch.Tensor, int]:
     """Fill ``cache`` with the prompt, reusing or storing its system block.
 
     Miss: the whole prompt in one pass (exactly what ``custom_cache`` does), then a compact copy
     of the prefix positions goes into the store. Hit: the stored prefix is copied in and only
-    the rest of the prompt is computed. Returns (last-position logits, cached tokens).
+    the rest of the prompt is computed. Returns (last-position logits, cached tokens). A
+    ``salt`` (the request's cache scope) is part of the key: other scopes never hit it.
     """
     device = forward.weights.device
     prefix = prompt.prefix_ids
-    entry = store.get(prefix) if prefix else None
+    key = (salted_root(salt), *prefix) if salt and prefix else prefix
+    entry = store.get(key) if prefix else None
     if entry is None:
         logits, _ = prefill_all(forward, prompt, cache)
         if prefix:
-            store.put(prefix, *cache.snapshot(len(prefix)))
+            store.put(key, *cache.snapshot(len(prefix)))
         return logits, 0
     cache.load(entry.keys, entry.values)
     rest = torch.tensor(prompt.ids[len(prefix):], dtype=torch.long, device=device)
@@ -146,7 +149,8 @@ def run_prefix_cache(engine: Any, prompt: Prompt, run: GenerationRun, request: G
                      penalty: float) -> int:
     store = prefix_store(engine)
     return _run_cached(engine, prompt, run, request, penalty,
-                       lambda forward, prompt_, cache: prefill_with_prefix(forward, store, prompt_, cache))
+                       lambda forward, prompt_, cache: prefill_with_prefix(forward, store, prompt_, cache,
+                                                                           request.cache_salt))
 
 
 def handwritten_methods() -> dict[str, Callable[..., int]]:

@@ -45,6 +45,7 @@ import torch
 
 from core.logs import log_event
 from core.methods import BATCHED_METHOD
+from core.prefix_hash import salted_root
 from engine.batching.service import PagedService
 from engine.constrained import token_constraint
 from engine.handwritten import forward_for
@@ -385,7 +386,8 @@ class EngineLoop:
             job.seq = service.new_sequence(job.prompt.ids, job.run, job.handle.request.sampling,
                                            job.penalty, on_finish=lambda s, job=job: self._finish_seq(job, s),
                                            speculative=job.handle.request.speculative,
-                                           constraint=job.constraint)
+                                           constraint=job.constraint,
+                                           cache_root=salted_root(job.handle.request.cache_salt))
         except Exception as exc:  # noqa: BLE001 - e.g. the pool cannot be built: fail this one
             job.handle.resolve(None, exc)
             return

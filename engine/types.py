@@ -44,6 +44,7 @@ class GenerationRequest:
     speculative: bool | None = None  # None: MINISERVE_SPECULATIVE decides
     constraint: Constraint | None = None  # structured output: a grammar the answer must follow
     raw_prompt: str | None = None  # a text completion: this text as is, no chat template (messages unused)
+    cache_salt: str = ""  # prefix-cache scope (the web's: the key's owner id, or a request's salt)
 
 
 @dataclass

@@ -8,8 +8,11 @@ if [ -z "${MINISERVE_REDIS_URL:-}" ]; then
   port="${MINISERVE_LOCAL_REDIS_PORT:-6379}"
   if ! redis-cli -p "$port" ping >/dev/null 2>&1; then
     # appendonly: queued jobs survive a Redis restart (see README, Reliability).
+    # noeviction under a memory cap: a full Redis refuses writes (the web answers 503
+    # store_full) instead of evicting jobs, files or queue messages; per-key quotas keep one
+    # client from filling it (docs/deployment.md, "Redis memory").
     redis-server --port "$port" --bind 127.0.0.1 --dir var/redis --appendonly yes --daemonize yes \
-      --logfile redis.log
+      --maxmemory "${MINISERVE_LOCAL_REDIS_MAXMEMORY:-2gb}" --maxmemory-policy noeviction --logfile redis.log
   fi
   export MINISERVE_REDIS_URL="redis://127.0.0.1:${port}/0"
 fi

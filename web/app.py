@@ -36,8 +36,8 @@ API_MODULES = ("web.routes_jobs", "web.routes_compat", "web.routes_bench", "web.
 # Modules exposing ``register(app: OpenAPI) -> None`` (``app.register_api(api)`` for an
 # APIBlueprint, ``app.register_blueprint(bp)`` for a plain one). Add yours here, e.g.
 # "web.openai_api", "web.monitor", "web.metrics".
-EXTENSION_MODULES: tuple[str, ...] = ("web.openai", "web.anthropic", "web.metrics", "web.monitor", "web.routing",
-                                     "web.playground")
+EXTENSION_MODULES: tuple[str, ...] = ("web.openai", "web.anthropic", "web.ollama", "web.metrics", "web.monitor",
+                                     "web.routing", "web.playground")
 
 
 def make_store(settings: Settings) -> JobStore:

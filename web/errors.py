@@ -111,6 +111,14 @@ def _redis_down(exc: Exception) -> Response:
                           retry_after=REDIS_RETRY_AFTER_S)
 
 
+def _redis_full(exc: Exception) -> Response:
+    """Redis at its ``maxmemory`` with ``noeviction`` refuses writes: the service is full, not
+    broken; nothing stored is evicted, and the client retries later."""
+    log_event(logger, "redis_full", level=logging.WARNING, exc_type=type(exc).__name__)
+    return error_response(503, "store_full", "the job store (Redis) is full; retry later",
+                          retry_after=REDIS_RETRY_AFTER_S)
+
+
 def _not_a_job_id(exc: InvalidJobId) -> Response:
     """A backstop: routes turn ids of the wrong shape into 404s themselves (``find_job``)."""
     return error_response(404, "job_not_found", "no such job")
@@ -128,5 +136,6 @@ def install_error_handlers(app: Flask) -> None:
     app.register_error_handler(InvalidJobId, _not_a_job_id)
     app.register_error_handler(redis.ConnectionError, _redis_down)
     app.register_error_handler(redis.TimeoutError, _redis_down)
+    app.register_error_handler(redis.exceptions.OutOfMemoryError, _redis_full)
     app.register_error_handler(BrokerError, _redis_down)  # kombu's wrapper for a lost broker
     app.register_error_handler(Exception, _unexpected)

@@ -44,16 +44,29 @@ def add_public_prefix(app: Flask, prefix: str) -> None:
 
 
 def _authenticate() -> None:
-    api_keys = ctx().settings.api_keys
+    settings = ctx().settings
+    api_keys = settings.api_keys + settings.admin_api_keys
     g.owner = None
+    g.admin = not api_keys  # no keys configured: everyone is one key, and sees everything
     g.rate_id = f"ip:{request.remote_addr or '-'}"
     if not api_keys:
         return
     token = _presented_key()
-    if not token or not any(hmac.compare_digest(token.encode(), key.encode()) for key in api_keys):
+    if not token or not _one_of(token, api_keys):
         raise ApiError(401, "unauthorized", "a valid 'Authorization: Bearer <key>' (or 'x-api-key: <key>') "
                        "header is required", headers={"WWW-Authenticate": "Bearer"})
     g.owner = g.rate_id = owner_id(token)
+    g.admin = _one_of(token, settings.admin_api_keys)
+
+
+def _one_of(token: str, keys: list[str]) -> bool:
+    """Constant-time membership (every key compared, whatever matches)."""
+    return any([hmac.compare_digest(token.encode(), key.encode()) for key in keys])
+
+
+def is_admin() -> bool:
+    """Whether this request's key may see operators' details (hosts, paths, other keys' jobs)."""
+    return bool(g.get("admin", False))
 
 
 def _presented_key() -> str:
@@ -106,6 +119,7 @@ def install_guards(app: Flask, max_body_bytes: int) -> None:
     @app.before_request
     def _guard() -> None:
         g.owner = None
+        g.admin = False
         if is_public(request.path):
             return
         _authenticate()

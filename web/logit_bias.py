@@ -11,10 +11,11 @@ from typing import Any
 
 from web.context import ctx
 from web.errors import ApiError
+from web.models import model_of
 
 
 def vocab_size(model: str | None = None) -> int | None:
-    found = ctx().budget.model(model)
+    found = ctx().budget.model(model_of(model))
     return found.vocab_size if found is not None else None
 
 

@@ -18,8 +18,9 @@ from core import routing
 from core.jobs import JobRecord
 from core.workers import list_workers
 from web.context import ctx, request_owner
-from web.guards import add_public_prefix
+from web.guards import add_public_prefix, is_admin
 from web.routes_jobs import GUARD_ERRORS, job_view
+from web.worker_view import public_worker, routed_view
 from web.schemas import ErrorResponse, JobListQuery, WorkerView
 
 page = Blueprint("monitor", __name__, static_folder="static/monitor", static_url_path="/monitor/static",
@@ -79,8 +80,11 @@ def overview(query: JobListQuery):
     counts: dict[str, int] = {}
     for row in rows:
         counts[row["state"]] = counts.get(row["state"], 0) + 1
-    return jsonify({"workers": cluster_workers(store.client), "queues": store.queue_depths(),
-                    "routing": {"decisions": routing.counts(store.client), "routed_to": routing.routed_to(store.client)},
+    workers, routed_to = cluster_workers(store.client), routing.routed_to(store.client)
+    if not is_admin():  # hosts, pids, paths and other keys' job ids are for admin keys only
+        workers, routed_to = [public_worker(w) for w in workers], routed_view(routed_to)
+    return jsonify({"workers": workers, "queues": store.queue_depths(),
+                    "routing": {"decisions": routing.counts(store.client), "routed_to": routed_to},
                     "jobs": rows, "counts": counts})
 
 

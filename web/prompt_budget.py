@@ -1,5 +1,10 @@
 """Prompt length against the request's model's context, checked before a job is enqueued.
 
+The limit is the smaller of the model's context and the workers' paged KV pool (what their
+heartbeat-published text says, or ``kv_num_blocks x kv_block_size`` from the shared
+settings), so every request the web accepts fits the pool alone and none fails later with an
+exhausted pool.
+
 The web holds no model: each model's tokenizer, chat template and context length come from
 web/model_texts.py (what its workers published, or the web's own prepared folder). The
 prompt is rendered and encoded once (web/prompt_text.py): that count is checked here, and the
@@ -31,11 +36,13 @@ class PromptBudget:
 
     texts: ModelTexts
     max_prompt_chars: int
+    pool_tokens: int | None = None  # the workers' KV pool, when the settings fix it (no kv_memory_mb)
 
     @classmethod
     def from_settings(cls, settings: Settings, client: Any) -> "PromptBudget":
         texts = ModelTexts(client, model_id(settings.model), local_model_dir(settings))
-        return cls(texts, settings.max_prompt_chars)
+        pool = settings.kv_num_blocks * settings.kv_block_size if settings.kv_memory_mb == 0 else None
+        return cls(texts, settings.max_prompt_chars, pool)
 
     def model(self, model: str | None = None) -> TextModel | None:
         """The text side of ``model`` (None: the web's own model), when one is known here."""
@@ -79,13 +86,15 @@ class PromptBudget:
         except (TypeError, ValueError):  # text the tokenizer refuses (web.guards stops lone surrogates first)
             raise ApiError(422, "validation_error", f"{field_name}: text the model's tokenizer cannot read",
                            field=field_name) from None
-        tokens, context = counted.tokens, found.context_length
+        tokens, context, holder = counted.tokens, found.context_length, "the model's context"
+        if self.pool_tokens is not None and self.pool_tokens < context:
+            context, holder = self.pool_tokens, "the workers' KV pool (MINISERVE_KV_NUM_BLOCKS x MINISERVE_KV_BLOCK_SIZE)"
         about = "" if counted.exact else "about "
         if tokens >= context:
-            raise ApiError(422, "prompt_too_long", f"{field_name}: {about}{tokens} tokens, the model's "
-                           f"context holds {context}", field=field_name)
+            raise ApiError(422, "prompt_too_long", f"{field_name}: {about}{tokens} tokens, {holder} "
+                           f"holds {context}", field=field_name)
         if tokens + max_new_tokens > context:
             raise ApiError(422, "context_exceeded", f"max_new_tokens: {about}{tokens} prompt tokens + "
-                           f"{max_new_tokens} new tokens exceed the context of {context}; "
+                           f"{max_new_tokens} new tokens exceed the {context} tokens {holder} holds; "
                            f"ask for at most {context - tokens}", field="max_new_tokens")
         return counted

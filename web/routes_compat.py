@@ -61,7 +61,7 @@ def _finished(job_id: str) -> JobRecord:
     if job.state == TIMEOUT:
         raise ApiError(504, "job_timeout", message, job_id=job_id)
     code = str(error.get("code") or "job_failed")
-    if code == "grammar_error":  # the request's grammar failed to compile in the worker
+    if code in ("grammar_error", "context_exceeded"):  # the request's grammar, or a pool it cannot fit
         raise ApiError(422, code, message, job_id=job_id)
     if job.type == "agent" and code in AGENT_INPUT_ERRORS:
         raise ApiError(422, code, message, job_id=job_id, extra={"trace": error.get("trace") or []})

@@ -7,6 +7,8 @@ from flask_openapi3 import APIBlueprint, Tag
 
 from core.workers import list_workers
 from web.context import ctx
+from web.guards import is_admin
+from web.worker_view import public_worker
 from web.routes_jobs import GUARD_ERRORS
 from web.schemas import HealthResponse, QueueDepths, WorkerList
 
@@ -32,7 +34,11 @@ def healthz():
 @api.get("/workers", summary="Workers seen recently, with their info and cache statistics",
          responses={200: WorkerList, **GUARD_ERRORS})
 def workers():
-    return jsonify({"workers": list_workers(ctx().store.client, ctx().settings.worker_max_age_s)})
+    """An admin key (or a stack without keys) sees each worker's whole heartbeat; any other key
+    sees what it needs to use the service (models, load, cache statistics), with no host, pid,
+    path or other keys' job ids: a shared service tells one client nothing about another."""
+    seen = list_workers(ctx().store.client, ctx().settings.worker_max_age_s)
+    return jsonify({"workers": seen if is_admin() else [public_worker(w) for w in seen]})
 
 
 @api.get("/queues", summary="Messages waiting in each Celery queue",

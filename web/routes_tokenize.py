@@ -15,6 +15,7 @@ from flask import jsonify
 from flask_openapi3 import APIBlueprint, Tag
 from pydantic import BaseModel, Field, model_validator
 
+from core.models import ModelUnavailable, UnknownModel
 from web.chat_template import TemplateError
 from web.context import ctx
 from web.errors import ApiError
@@ -96,13 +97,16 @@ def detokenize(body: DetokenizeRequest):
 def _model(requested: str | None) -> TextModel:
     """The named model's text side (default: the cluster's default model)."""
     models = cluster_models()
-    name = requested or models.default(own_model_is_explicit())
+    try:
+        name = models.resolve(requested, own_model_is_explicit())
+    except ModelUnavailable as exc:
+        name = exc.args[0]  # a known model: its published tokenizer still counts
+    except UnknownModel:
+        raise ApiError(404, "model_not_found", f"The model '{requested}' does not exist; this cluster serves "
+                       f"{', '.join(repr(m) for m in models.available()) or 'no model yet'}", field="model") from None
     found = ctx().budget.model(name)
     if found is not None:
         return found
-    if name not in models.available() and name not in models.seen:
-        raise ApiError(404, "model_not_found", f"The model '{name}' does not exist; this cluster serves "
-                       f"{', '.join(repr(m) for m in models.available()) or 'no model yet'}", field="model")
     raise ApiError(503, "tokenizer_unavailable", f"the tokenizer of '{name}' is not here yet (its worker "
                    "publishes it once its model has loaded)", retry_after=5)
 

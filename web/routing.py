@@ -19,7 +19,7 @@ from flask import current_app
 from flask_openapi3 import OpenAPI
 
 from core import routing
-from core.prefix_hash import block_hashes
+from core.prefix_hash import block_hashes, salted_root
 from core.settings import Settings
 from web.context import EXTENSION_KEY, ctx
 from web.prompt_text import PromptCount
@@ -38,11 +38,12 @@ class PrefixKeyer:
     def from_settings(cls, settings: Settings) -> "PrefixKeyer":
         return cls(settings.kv_block_size, settings.route_min_prefix_tokens)
 
-    def key(self, system_ids: list[int] | None) -> tuple[str | None, int]:
-        """(prefix key, tokens it covers); (None, 0) when the prompt has no routable prefix."""
+    def key(self, system_ids: list[int] | None, salt: str = "") -> tuple[str | None, int]:
+        """(prefix key, tokens it covers); (None, 0) when the prompt has no routable prefix.
+        ``salt``: the job's cache scope, so the key is the one its worker's blocks carry."""
         if not system_ids:
             return None, 0
-        hashes = block_hashes(system_ids, self.block_size)
+        hashes = block_hashes(system_ids, self.block_size, root=salted_root(salt))
         covered = len(hashes) * self.block_size
         if not hashes or covered < self.min_tokens:
             return None, 0
@@ -66,7 +67,8 @@ def route_job(request: dict[str, Any], queue: str, model: str | None = None,
     if not settings.route_by_prefix:
         decision, key, covered = routing.Decision(queue, routing.OFF), None, 0
     else:
-        key, covered = current_app.extensions[ROUTER_KEY].key(counted.system_ids if counted else None)
+        key, covered = current_app.extensions[ROUTER_KEY].key(counted.system_ids if counted else None,
+                                                              str(request.get("cache_scope") or ""))
         limits = routing.Limits(ttl_s=settings.route_ttl_s, max_waiting=settings.route_max_waiting)
         decision = routing.choose(client, key, limits, model=model, home=queue)
     if key:

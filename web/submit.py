@@ -28,6 +28,7 @@ from core.events import FAILED
 from core.jobs import JobRecord
 from core.logs import log_event
 from core.models import SHARED_QUEUES
+from core.prefix_hash import cache_scope
 from web import constraints
 from web.context import ctx, note_job, request_owner
 from web.errors import ApiError
@@ -192,6 +193,9 @@ def submit(sub: Submission, idempotency_key: str | None = None) -> Submitted:
     if idempotency_key and (earlier := store.idempotent_job(idempotency_key, owner)) is not None:
         return _replayed(earlier)
     _check_queue_depth(queue)
+    scope = cache_scope(owner, settings.share_prefix_cache_across_keys)
+    if scope:  # the prefix cache's salt: this key's blocks serve only this key (core/prefix_hash.py)
+        sub.request["cache_scope"] = scope
     target = route_job(sub.request, queue, model, counted)  # cache-aware routing (web/routing.py)
     if idempotency_key:
         job, replayed = store.create_idempotent(sub.job_type, queue, sub.request, idempotency_key=idempotency_key,

@@ -19,6 +19,7 @@ from core.coalesce import TextCoalescer
 from core.events import CANCELLED, FAILED, SUCCEEDED, TIMEOUT, TOKEN
 from core.jobs import JobRecord, JobStore
 from core.logs import log_event
+from engine.paged.pool import KVPoolExhausted
 from worker.choice_stream import ChoiceStreams
 from worker.runtime import ModelUnavailable, WorkerRuntime
 
@@ -218,6 +219,8 @@ def _outcome(ctx: JobContext, body: JobBody) -> tuple[str, dict[str, Any]]:
         return FAILED, exc.payload
     except ModelUnavailable as exc:   # the worker's model failed to load: say why, once per job
         return FAILED, {"code": "model_unavailable", "message": str(exc)}
+    except KVPoolExhausted as exc:   # the web checks the pool first: only a web/worker settings mismatch
+        return FAILED, {"code": "context_exceeded", "message": f"the worker's KV pool cannot hold this request: {exc}"}
     except Exception as exc:  # noqa: BLE001 - every failure must end the job, never leave it running
         if ctx.stopped_reason in ("cancelled", "timeout"):  # the body gave up because we asked it to
             return _stopped(ctx, None)

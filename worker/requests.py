@@ -64,6 +64,7 @@ def generation_request_from(stored: dict[str, Any], default_max_new_tokens: int,
         tools=stored.get("tools"),
         speculative=_flag(stored.get("speculative")),
         constraint=Constraint.from_dict(stored["constraint"]) if stored.get("constraint") else None,
+        cache_salt=str(stored.get("cache_scope") or ""),
     )
 
 

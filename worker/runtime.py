@@ -20,14 +20,14 @@ from redis.retry import Retry
 from core import keys
 from core.jobs import JobStore
 from core.logs import configure_logging, log_event
-from core.model_source import model_id
+from core.model_source import model_aliases, model_id
 from core.redis_conn import redis_client
 from core.routing import register_queue
 from core.settings import Settings, get_settings
 from core import model_text as model_texts
 from core.workers import write_heartbeat
 from worker.cancel_watch import CancelWatch
-from worker.model_text import model_text
+from worker.model_text import model_text, pool_tokens
 
 logger = logging.getLogger("miniserve.worker")
 HEARTBEAT_S = 5.0
@@ -117,7 +117,7 @@ class WorkerRuntime:
             "host": socket.gethostname(), "node": self.node, "queue": keys.worker_queue(self.node),
             "pid": os.getpid(), "pool": self.pool, "concurrency": self.concurrency,
             "current_jobs": sorted(self.current_jobs), "model": self.settings.model,
-            "model_id": self.model_id,
+            "model_id": self.model_id, "model_aliases": model_aliases(self.settings),
             "token_events": self.token_events,
             "engine_loaded": self._engine is not None,
         }
@@ -154,7 +154,7 @@ class WorkerRuntime:
         if self._engine is None or self._text_published:
             return
         try:
-            text = model_text(self._engine.loaded)
+            text = model_text(self._engine.loaded, pool_tokens(self.settings, self._engine.loaded))
             written = text is not None and model_texts.publish(self.store.client, self.model_id, text)
             self._text_published = True
             log_event(logger, "model_text_published", worker=self.name, written=written,

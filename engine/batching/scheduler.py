@@ -3,13 +3,17 @@
 Each :meth:`Scheduler.step`
 1. drops cancelled sequences;
 2. gives every running sequence past its prompt one decode token (taking a new block only
-   when its last is full; when none is left it *preempts* the most recently admitted
-   sequence: frees its blocks and puts it back at the head of the queue, to be recomputed);
-3. continues prompts that are being prefilled in chunks;
+   when its last is full; when none is left it *preempts* a sequence: one that has streamed
+   nothing yet and holds the most blocks, else the most recently admitted; it frees its
+   blocks and goes back to the head of the queue, to be recomputed);
+3. continues prompts that are being prefilled in chunks, each taking blocks for its next
+   chunk only, and never the blocks the decoding sequences may still need up to their max
+   tokens: a prompt that finds none waits for them (a long prompt never evicts a stream);
 4. admits waiting sequences first-come first-served while the batch has room
-   (``max_batch``), the step's token budget lasts (``max_batched_tokens``; longer prompts
-   are prefilled in chunks) and the pool has blocks for the whole prompt (plus one spare
-   block per running sequence, so admissions do not immediately force preemptions);
+   (``max_batch``), the step's token budget lasts (``max_batched_tokens``: the most prompt
+   tokens one step spends, so every running sequence gets its token each step, whatever
+   arrives) and the pool has blocks for the prompt's cached prefix and first chunk (plus one
+   spare block per running sequence);
 5. runs ONE forward over all scheduled tokens (decodes, chunks and fresh prompts packed
    together), samples a token for each sequence that reached its end, and feeds it to the
    sequence's run (streaming text, stop strings, max tokens, cancellation).
@@ -164,6 +168,13 @@ class Scheduler:
 
     # ------------------------------------------------------------------ scheduling
     def _schedule(self) -> list[tuple[Sequence, int]]:
+        plan = self._plan()
+        while not plan and self.running:  # every running prompt is blocked on blocks
+            self._unblock()
+            plan = self._plan()
+        return plan
+
+    def _plan(self) -> list[tuple[Sequence, int]]:
         budget = self.max_batched_tokens
         plan: list[tuple[Sequence, int]] = []
         for seq in list(self.running):                      # 1. decodes
@@ -175,47 +186,110 @@ class Scheduler:
         if plan:                                            # their speculative drafts
             budget -= reserve_drafts([seq for seq, _ in plan], self.blocks, budget, spare=len(self.running))
             plan = [(seq, 1 + len(seq.drafts)) for seq, _ in plan]
+        spare = sum(self._still_needs(seq) for seq, _ in plan)  # prompts never take a stream's blocks
         for seq in self.running:                            # 2. prompts mid-prefill
             if budget == 0:
                 break
             if not seq.is_decoding and all(seq is not p for p, _ in plan):
-                count = min(seq.num_pending, budget)
-                plan.append((seq, count))
-                budget -= count
+                count = self._grow(seq, min(seq.num_pending, budget), spare)
+                if count:
+                    plan.append((seq, count))
+                    budget -= count
         while self.waiting and budget > 0 and len(self.running) < self.max_batch:  # 3. admit
             seq = self.waiting[0]
-            if not self.blocks.can_allocate(seq.tokens, reserve=len(self.running)):
-                if not self.running and not self.blocks.can_allocate(seq.tokens):
-                    self.waiting.popleft()
-                    self._finish(seq, error=KVPoolExhausted(
-                        f"{len(seq.tokens)} tokens need {self.blocks.blocks_needed(len(seq.tokens))}"
-                        f" blocks; the pool has {self.blocks.num_blocks}"))
-                    continue
+            count = self._admit(seq, budget)
+            if count is None:
                 break
-            self.waiting.popleft()
-            cached = self.blocks.allocate(seq.seq_id, seq.tokens)
-            if seq.cached_tokens is None:
-                seq.cached_tokens = cached
-            seq.num_computed, seq.status = cached, RUNNING
-            self.running.append(seq)
-            count = min(seq.num_pending, budget)
-            plan.append((seq, count))
-            budget -= count
+            if count:
+                plan.append((seq, count))
+                budget -= count
         return plan
 
+    def _admit(self, seq: Sequence, budget: int) -> int | None:
+        """Admit the head of the queue with blocks for its cached prefix and its first chunk
+        only (a long prompt takes its blocks chunk by chunk, as it computes them); the tokens
+        it runs this step, 0 when it failed (it can never fit), or None when it must wait."""
+        hits = self.blocks.cached_prefix_tokens(seq.tokens, root=seq.cache_root)
+        upto = hits + min(len(seq.tokens) - hits, budget)
+        if not self.blocks.can_allocate(seq.tokens[:upto], reserve=len(self.running), root=seq.cache_root):
+            if not self.running and not self._fits_alone(seq):
+                self.waiting.popleft()
+                self._finish(seq, error=KVPoolExhausted(
+                    f"{len(seq.tokens)} tokens need {self.blocks.blocks_needed(len(seq.tokens))}"
+                    f" blocks; the pool has {self.blocks.num_blocks}"))
+                return 0
+            return None
+        self.waiting.popleft()
+        cached = self.blocks.allocate(seq.seq_id, seq.tokens[:upto], root=seq.cache_root)
+        if seq.cached_tokens is None:
+            seq.cached_tokens = cached
+        seq.num_computed, seq.status = cached, RUNNING
+        self.running.append(seq)
+        return upto - cached
+
+    def _still_needs(self, seq: Sequence) -> int:
+        """Blocks a streaming sequence may still take before it ends (at its max tokens)."""
+        final = len(seq.prompt_ids) + seq.run.max_new_tokens
+        return max(0, self.blocks.blocks_needed(final) - self.blocks.blocks_needed(self.blocks.num_tokens(seq.seq_id)))
+
+    def _fits_alone(self, seq: Sequence) -> bool:
+        return self.blocks.blocks_needed(len(seq.tokens)) <= self.blocks.num_blocks
+
+    def _grow(self, seq: Sequence, count: int, spare: int) -> int:
+        """Blocks for a prompt's next ``count`` tokens, keeping ``spare`` blocks free: what the
+        streaming sequences may still need up to their max tokens. Fewer tokens when fewer
+        fit, 0 when it must wait (a prompt waits for blocks rather than take a stream's)."""
+        held = self.blocks.num_tokens(seq.seq_id)
+        end = seq.num_computed + count
+        if end <= held:
+            return count
+        room = (self.blocks.num_available - spare) * self.blocks.block_size + self._slack(seq)
+        end = min(end, held + max(0, room))
+        if end > held:
+            self.blocks.append(seq.seq_id, seq.tokens[held:end])
+        return max(0, end - seq.num_computed)
+
+    def _slack(self, seq: Sequence) -> int:
+        """Free slots in the sequence's last block."""
+        held = self.blocks.num_tokens(seq.seq_id)
+        return self.blocks.blocks_needed(held) * self.blocks.block_size - held
+
     def _reserve_slot(self, seq: Sequence) -> bool:
-        """Give ``seq`` a slot for its newest token, preempting later sequences if needed.
-        False when ``seq`` itself had to be preempted."""
+        """Give ``seq`` a slot for its newest token, preempting others if needed (see
+        :meth:`_victim`). False when ``seq`` itself had to be preempted."""
         missing = len(seq.tokens) - self.blocks.num_tokens(seq.seq_id)
         if missing <= 0:
             return True
         while self.blocks.append_cost(seq.seq_id, missing) > self.blocks.num_available:
-            victim = self.running[-1]
+            victim = self._victim()
             self._preempt(victim)
             if victim is seq:
                 return False
         self.blocks.append(seq.seq_id, seq.tokens[-missing:])
         return True
+
+    def _victim(self) -> Sequence:
+        """Who gives back its blocks under pressure: a sequence that has streamed nothing yet,
+        the one holding the most blocks (a long prompt mid-prefill), before any streaming
+        one; among streaming ones, the most recently admitted. So a hog waits; the sequences
+        already answering keep going."""
+        quiet = [seq for seq in self.running if not seq.run.produced]
+        if quiet:
+            return max(quiet, key=lambda seq: (self.blocks.num_tokens(seq.seq_id), self.running.index(seq)))
+        return self.running[-1]
+
+    def _unblock(self) -> None:
+        """Nothing could run: every running sequence is a prompt waiting for blocks that the
+        others hold. The most recently admitted gives its blocks back (the oldest then fits:
+        the web only accepts what fits the pool alone); a lone sequence that can never fit
+        fails instead."""
+        seq = self.running[-1]
+        if len(self.running) == 1 and not self._fits_alone(seq):
+            self._finish(seq, error=KVPoolExhausted(
+                f"{len(seq.tokens)} tokens need {self.blocks.blocks_needed(len(seq.tokens))}"
+                f" blocks; the pool has {self.blocks.num_blocks}"))
+            return
+        self._preempt(seq)
 
     def _preempt(self, seq: Sequence) -> None:
         self.blocks.free(seq.seq_id)

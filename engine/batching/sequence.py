@@ -6,6 +6,7 @@ from typing import Callable
 
 import torch
 
+from core.prefix_hash import ROOT_HASH
 from engine.run import GenerationRun
 from engine.sampling import Sampler
 from engine.speculative.policy import SpecState
@@ -35,6 +36,7 @@ class Sequence:
     error: BaseException | None = None
     spec: SpecState | None = None      # speculative decoding (None: one token per step)
     drafts: list[int] = field(default_factory=list)  # this step's drafts (slots reserved)
+    cache_root: int = ROOT_HASH        # its salt's chain root: shares blocks only with the same salt
 
     def __post_init__(self) -> None:
         if not self.tokens:

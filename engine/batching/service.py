@@ -11,6 +11,7 @@ import logging
 from typing import Any, Callable
 
 from core.logs import log_event
+from core.prefix_hash import ROOT_HASH
 from core.settings import Settings
 from engine.batching.scheduler import Scheduler
 from engine.batching.sequence import Sequence
@@ -52,17 +53,19 @@ class PagedService:
 
     def new_sequence(self, prompt_ids: list[int], run: GenerationRun, sampling: SamplingParams,
                      penalty: float, on_finish: Callable[[Sequence], None] | None = None,
-                     speculative: bool | None = None, constraint: Any = None) -> Sequence:
+                     speculative: bool | None = None, constraint: Any = None,
+                     cache_root: int = ROOT_HASH) -> Sequence:
         """``speculative``: the request's flag (None: ``MINISERVE_SPECULATIVE`` decides).
         ``constraint``: this sequence's own grammar state (its mask applies to its row only);
-        a constrained sequence does not draft (drafts are not checked against the grammar)."""
+        a constrained sequence does not draft (drafts are not checked against the grammar).
+        ``cache_root``: its cache salt's chain root (it shares prefix blocks only within it)."""
         sampler = Sampler(sampling, penalty, self.runner.vocab_size, prompt_ids, self.pool.device,
                           constraint=constraint, record=run.logprobs, eos_ids=run.eos_ids)
         forward = self.runner.forward_model
         spec = spec_config(self.settings, speculative, forward.weights) if constraint is None else None
         return Sequence(seq_id=next(self._ids), prompt_ids=list(prompt_ids), run=run,
                         sampling=sampling, sampler=sampler, on_finish=on_finish,
-                        spec=SpecState.start(spec, prompt_ids) if spec else None)
+                        spec=SpecState.start(spec, prompt_ids) if spec else None, cache_root=cache_root)
 
     def add(self, seq: Sequence) -> None:
         self.scheduler.submit(seq)

@@ -47,6 +47,7 @@ class _Seq:
     token_ids: list[int] = field(default_factory=list)
     num_committed: int = 0     # tokens whose K/V is written in the pool
     hashes: list[int] = field(default_factory=list)  # chained hashes of committed full blocks
+    root: int = ROOT_HASH      # the salted start of its chain (core.prefix_hash.salted_root)
 
 
 @dataclass
@@ -139,12 +140,13 @@ class BlockManager:
         return self.blocks_needed(len(seq.token_ids) + num_new) - len(seq.block_ids)
 
     # ----------------------------------------------------------------- prefix lookup
-    def _match_prefix(self, token_ids: Sequence[int]) -> list[tuple[int, int]]:
+    def _match_prefix(self, token_ids: Sequence[int], root: int = ROOT_HASH) -> list[tuple[int, int]]:
         """Cached blocks for the longest block-aligned prefix, leaving at least one token to
-        compute (the forward needs it for logits). Returns ``(block_id, hash)`` pairs."""
+        compute (the forward needs it for logits). Returns ``(block_id, hash)`` pairs. ``root``:
+        the chain's salted start (``core.prefix_hash.salted_root``): other salts never match."""
         if not self.prefix_sharing:
             return []
-        bs, found, prev = self.block_size, [], ROOT_HASH
+        bs, found, prev = self.block_size, [], root
         for index in range((len(token_ids) - 1) // bs):
             tokens = tuple(token_ids[index * bs:(index + 1) * bs])
             h = self._hash_fn(prev, tokens)
@@ -158,13 +160,13 @@ class BlockManager:
             prev = h
         return found
 
-    def cached_prefix_tokens(self, token_ids: Sequence[int]) -> int:
+    def cached_prefix_tokens(self, token_ids: Sequence[int], root: int = ROOT_HASH) -> int:
         """How many leading tokens :meth:`allocate` would find cached (no side effects)."""
-        return len(self._match_prefix(token_ids)) * self.block_size
+        return len(self._match_prefix(token_ids, root)) * self.block_size
 
-    def can_allocate(self, token_ids: Sequence[int], reserve: int = 0) -> bool:
+    def can_allocate(self, token_ids: Sequence[int], reserve: int = 0, root: int = ROOT_HASH) -> bool:
         """Whether :meth:`allocate` would succeed with ``reserve`` blocks left over."""
-        hits = self._match_prefix(token_ids)
+        hits = self._match_prefix(token_ids, root)
         return self._new_blocks_ok(len(token_ids), hits, reserve)
 
     def _new_blocks_ok(self, n_tokens: int, hits: list[tuple[int, int]], reserve: int) -> bool:
@@ -173,19 +175,19 @@ class BlockManager:
         return fresh + reserve <= self.num_available - revived
 
     # ----------------------------------------------------------------- mutation
-    def allocate(self, seq_id: Hashable, token_ids: Sequence[int]) -> int:
+    def allocate(self, seq_id: Hashable, token_ids: Sequence[int], root: int = ROOT_HASH) -> int:
         """Give a new sequence blocks for all of ``token_ids``; returns the number of leading
-        tokens whose K/V is already in the pool (prefix hit, block-aligned)."""
+        tokens whose K/V is already in the pool (prefix hit, block-aligned, same ``root``)."""
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id!r} already has blocks")
         if not token_ids:
             raise ValueError("a sequence needs at least one token")
-        hits = self._match_prefix(token_ids)
+        hits = self._match_prefix(token_ids, root)
         if not self._new_blocks_ok(len(token_ids), hits, 0):
             raise KVPoolExhausted(
                 f"need {self.blocks_needed(len(token_ids)) - len(hits)} blocks, "
                 f"{self.num_available} available of {self.num_blocks}")
-        seq = _Seq(token_ids=list(token_ids))
+        seq = _Seq(token_ids=list(token_ids), root=root)
         for block_id, h in hits:
             self._take(block_id)
             seq.block_ids.append(block_id)
@@ -223,7 +225,7 @@ class BlockManager:
         while len(seq.hashes) < seq.num_committed // bs:
             index = len(seq.hashes)
             tokens = tuple(seq.token_ids[index * bs:(index + 1) * bs])
-            prev = seq.hashes[-1] if seq.hashes else ROOT_HASH
+            prev = seq.hashes[-1] if seq.hashes else seq.root
             h = self._hash_fn(prev, tokens)
             seq.hashes.append(h)
             block = self._blocks[seq.block_ids[index]]

@@ -62,3 +62,19 @@ def test_engine_prefix_cache_hit_never_mutates_the_entry_and_budget_applies(tiny
     stats = engine.stats()["prefix_cache"]
     assert stats["entries"] == 2 and stats["evictions"] == 1 and key not in store
     assert stats["misses"] == 3 and stats["hits"] == 2 + 1  # +1: the get() above
+
+
+def test_a_cache_salt_keeps_one_scope_s_prefix_from_another_in_both_caching_methods(tiny_engine):
+    """The same system prompt under two salts (two API keys) is computed twice: the second
+    scope's ``cached_tokens`` is 0, as if the first had never sent it; within one scope it hits."""
+    system = "You are a very careful assistant who always answers in full sentences. " * 8
+
+    def run(method, salt, question="q"):
+        return tiny_engine.generate(GenerationRequest(
+            messages=[{"role": "user", "content": question}], prefix=system, method=method, cache_salt=salt, sampling=SamplingParams(max_new_tokens=4)))
+
+    for method in ("prefix_cache", "paged"):
+        assert run(method, f"{method}-key-a").usage.cached_tokens == 0
+        assert run(method, f"{method}-key-b").usage.cached_tokens == 0
+        again = run(method, f"{method}-key-a", "another question")
+        assert again.usage.cached_tokens > 0, method

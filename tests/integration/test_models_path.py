@@ -43,12 +43,14 @@ def test_two_models_each_request_reaches_its_model(stack, store, tiny_model, sec
     wa = _started_worker(stack, store, name="wa")
     # wb also consumes the shared queues (the harness's default -Q): jobs for the first model
     # it takes are forwarded, never answered with its own model (worker/model_guard.py).
-    wb = _started_worker(stack, store, name="wb", MINISERVE_MODEL=str(second_model))
+    wb = _started_worker(stack, store, name="wb", MINISERVE_MODEL=str(second_model),
+                         MINISERVE_MODEL_ALIASES="beta-chat,beta:1b")
     wait_for_worker(store, count=2)
     web_proc, base = started_web(stack)
     try:
         listed = requests.get(f"{base}/v1/models", timeout=10).json()["data"]
         assert sorted(m["id"] for m in listed) == sorted([first, second])
+        assert next(m for m in listed if m["id"] == second)["aliases"] == ["beta-chat", "beta:1b"]
 
         for i, model in enumerate([second, first, None, second, None, first, second]):
             job = ask(base, store, model, i)
@@ -65,6 +67,9 @@ def test_two_models_each_request_reaches_its_model(stack, store, tiny_model, sec
         unknown = requests.post(f"{base}/v1/chat/completions", timeout=10, json={
             "model": "no-such-model", "messages": [{"role": "user", "content": "hello"}]})
         assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+        assert repr(first) in unknown.json()["error"]["message"] and repr(second) in unknown.json()["error"]["message"]
+        for alias in ("beta-chat", "BETA:1b", f"{second}:latest"):  # an alias or Ollama-style name reaches its model
+            assert ask(base, store, alias, 50).result["model"] == second
 
         check_each_model_has_its_own_tokenizer(base, tiny_model, second_model)
         check_a_misdelivered_job_is_forwarded(store, celery_client, first, wb)

@@ -94,8 +94,14 @@ def test_errors_come_in_anthropics_shape(client, served_model):
                                thinking={"type": "enabled", "budget_tokens": 1024})
     assert refused.value.body["error"]["type"] == "invalid_request_error"
     assert refused.value.body["error"]["message"].startswith("thinking: not supported")
-    with pytest.raises(anthropic.NotFoundError):
-        client.messages.create(model="claude-not-served", max_tokens=6, messages=ASK)
+    with pytest.raises(anthropic.BadRequestError) as unknown:
+        client.messages.create(model=served_model, max_tokens=6, messages=ASK, extra_body={"top_logprobs": 2})
+    assert unknown.value.body["error"]["message"].startswith("top_logprobs: unknown field")
+
+
+def test_a_claude_name_is_the_one_model_served(client, served_model):
+    answer = created(client, model="claude-sonnet-4-5", max_tokens=4, messages=ASK)
+    assert answer.model == served_model and answer.usage.output_tokens > 0
 
 
 @pytest.fixture(scope="module")

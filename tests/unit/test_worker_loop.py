@@ -111,3 +111,16 @@ def test_a_model_that_cannot_load_is_on_the_heartbeat_and_fails_jobs_clearly(sto
     assert "phi3" in worker["info"]["load_error"] and worker["info"]["engine_loaded"] is False
     state, error = _outcome(_context(store, 30), lambda ctx: rt.engine)   # no reload: the same error
     assert state == "failed" and error["code"] == "model_unavailable" and "phi3" in error["message"]
+
+
+def test_an_exhausted_pool_is_a_context_error_naming_the_pool_not_an_internal_error(store):
+    """The web refuses what the pool cannot hold; a worker whose pool is smaller than the web
+    believes (settings that disagree) still answers with the limit, never a 500."""
+    from engine.paged.pool import KVPoolExhausted
+    from worker.job_runner import _outcome
+
+    def body(ctx):
+        raise KVPoolExhausted("120 tokens need 30 blocks; the pool has 16")
+
+    state, error = _outcome(_context(store, 30), body)
+    assert state == "failed" and error["code"] == "context_exceeded" and "the pool has 16" in error["message"]

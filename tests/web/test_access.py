@@ -112,3 +112,37 @@ def test_extensions_can_open_a_path_prefix_without_a_key(make_app):
     client = app.test_client()
     assert client.get("/monitor-assets/app.js").status_code == 404  # reached routing, not 401
     assert client.get("/not-opened").status_code == 401
+
+
+def test_workers_hide_hosts_paths_and_jobs_from_keys_that_are_not_admin(make_app, redis_client):
+    from core.workers import write_heartbeat
+    admin = "admin-key-secret"
+    client = make_app(api_keys=[KEY_A], admin_api_keys=[admin]).test_client()
+    write_heartbeat(redis_client, "celery@secret-host", {
+        "host": "secret-host", "pid": 4242, "node": "celery@secret-host", "queue": "worker.celery@secret-host",
+        "model": "/srv/models/private.gguf", "path": "/srv/models/prepared", "model_id": "private",
+        "current_jobs": ["job-of-another-key"], "concurrency": 8, "engine_loaded": True})
+    for path in ("/workers", "/overview"):
+        seen = client.get(path, headers=A).get_json()["workers"]
+        text = str(seen)
+        assert "secret-host" not in text and "/srv/models" not in text and "4242" not in text
+        assert "job-of-another-key" not in text
+        assert seen[0]["info"]["running_jobs"] == 1 and seen[0]["info"]["model_id"] == "private"
+        full = client.get(path, headers={"Authorization": f"Bearer {admin}"}).get_json()["workers"]
+        assert full[0]["name"] == "celery@secret-host" and full[0]["info"]["pid"] == 4242
+    # one key for everybody (no keys configured) is everybody's admin, as before
+    open_client = make_app().test_client()
+    assert open_client.get("/workers").get_json()["workers"][0]["info"]["host"] == "secret-host"
+
+
+def test_each_key_s_jobs_carry_its_own_cache_scope_unless_the_cache_is_shared(make_app, store):
+    """The prefix-cache salt a worker hashes prompt blocks with (core/prefix_hash.py)."""
+    client = make_app(api_keys=[KEY_A, KEY_B]).test_client()
+    scopes = [store.get(client.post("/jobs", json={"prompt": "hi"}, headers=h).get_json()["id"]).request.get("cache_scope")
+              for h in (A, B, A)]
+    assert scopes[0] == scopes[2] == owner_id(KEY_A) and scopes[1] == owner_id(KEY_B)
+    shared = make_app(api_keys=[KEY_A, KEY_B], share_prefix_cache_across_keys=True).test_client()
+    job_id = shared.post("/jobs", json={"prompt": "hi"}, headers=A).get_json()["id"]
+    assert "cache_scope" not in store.get(job_id).request
+    open_id = make_app().test_client().post("/jobs", json={"prompt": "hi"}).get_json()["id"]
+    assert "cache_scope" not in store.get(open_id).request   # no keys: everyone is one key

@@ -301,10 +301,16 @@ def test_bad_input_is_a_400_naming_the_field(client, celery, body, field):
     assert not celery.sent
 
 
-def test_an_unknown_model_is_a_not_found_error(client):
-    assert "does not exist" in error_of(create(client, model="claude-opus-4"), 404)
-    assert client.post("/v1/messages/count_tokens", json={"model": "claude-opus-4", "messages": ASK}
-                       ).get_json()["error"]["type"] == "not_found_error"
+def test_a_claude_name_on_a_one_model_cluster_is_that_model(make_app, store, celery, tiny_folder):
+    """Model names resolve as on every surface (``core.models``): with one model served, any
+    name answers with it, and the answer names the model that answered."""
+    client = make_app(model=str(tiny_folder)).test_client()
+    says(store, celery, "ok")
+    answer = message_of(create(client, model="claude-sonnet-4-5"))
+    assert answer.model == tiny_folder.name
+    counts = [client.post("/v1/messages/count_tokens", json={"model": name, "messages": ASK}).get_json()
+              for name in ("claude-sonnet-4-5", tiny_folder.name)]
+    assert counts[0] == counts[1] and counts[0]["input_tokens"] > 5
 
 
 def test_wrong_paths_and_methods_answer_in_anthropics_shape(client):

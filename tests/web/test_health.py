@@ -21,6 +21,14 @@ def test_not_ready_while_the_model_loads(client, redis_client):
     assert body["reason"] == "model_not_loaded" and body["workers"] == 1 and body["ready_workers"] == 0
 
 
+def test_a_model_that_failed_to_load_is_its_own_reason(client, redis_client):
+    write_heartbeat(redis_client, "w1@host", {"engine_loaded": False, "model": "m", "load_error": "no such file: m.gguf"})
+    body = client.get("/health").get_json()
+    assert body["reason"] == "model_failed" and body["load_errors"] == [{"model": "m", "error": "no such file: m.gguf"}]
+    write_heartbeat(redis_client, "w2@host", {"engine_loaded": False, "model": "m"})  # another still loading
+    assert client.get("/health").get_json()["reason"] == "model_not_loaded"
+
+
 def test_ready_with_one_loaded_worker(client, redis_client):
     write_heartbeat(redis_client, "w1@host", {"pid": 12, "engine_loaded": False, "model": "m"})
     write_heartbeat(redis_client, "w2@host", {"pid": 13, "engine_loaded": True, "model": "m"})

@@ -51,8 +51,10 @@ def test_a_named_model_goes_to_its_own_queue_and_the_default_to_the_shared_one(c
 
 def test_an_unknown_model_is_a_404_naming_the_field(client, redis_client, celery):
     beat(redis_client, "a@h:1", DEFAULT_MODEL_NAME)
+    beat(redis_client, "b@h:1", OTHER)  # two models: a name neither answers to is unknown
     reply = post_job(client, model="gpt-4o")
     assert reply.status_code == 404
+    assert f"'{DEFAULT_MODEL_NAME}', '{OTHER}'" in reply.get_json()["error"]["message"]
     assert reply.get_json()["error"]["code"] == "model_not_found"
     assert reply.get_json()["error"]["field"] == "model"
     chat = client.post("/v1/chat/completions", json={"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]})
@@ -113,3 +115,74 @@ def test_a_worker_silent_for_three_beats_no_longer_serves_but_is_still_listed(cl
     beat(redis_client, "b@h:1", OTHER, now=time.time() - 20)  # ALIVE_S is 15; /workers shows 30 s
     assert post_job(client, model=OTHER).status_code == 503
     assert [w["name"] for w in client.get("/workers").get_json()["workers"]] == ["b@h:1"]
+
+
+def chat(client, model=None):
+    return client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
+                                                     **({"model": model} if model is not None else {})})
+
+
+@pytest.mark.parametrize("name", [None, "", "default", "gpt-4o-mini", "gpt-3.5-turbo", "anything:latest"])
+def test_a_one_model_cluster_answers_any_name_with_its_model(client, redis_client, celery, store, name):
+    beat(redis_client, "a@h:1", DEFAULT_MODEL_NAME)
+    reply = chat(client, name) if name is not None else post_job(client)
+    job_id = reply.headers.get("X-Job-Id") or reply.get_json()["id"]
+    assert store.get(job_id).request["model"] == DEFAULT_MODEL_NAME
+    assert celery.sent[-1]["queue"] == "generation"
+
+
+def beat_with_aliases(redis_client, name: str, model: str, aliases: list[str]) -> None:
+    write_heartbeat(redis_client, name, {"model_id": model, "model_aliases": aliases,
+                                         "queue": keys.worker_queue(name)})
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("default", DEFAULT_MODEL_NAME), ("qwen2.5-coder:0.5b", DEFAULT_MODEL_NAME),
+    ("qwen2.5-coder-0.5b-instruct-q4_k_m", DEFAULT_MODEL_NAME), (f"{DEFAULT_MODEL_NAME}:latest", DEFAULT_MODEL_NAME),
+    ("SMOL-135M", OTHER), ("tiny-chat", OTHER), ("tiny-chat:latest", OTHER), ("smollm2:135m", OTHER),
+])
+def test_with_two_models_a_name_routes_by_id_alias_or_ollama_tag(client, redis_client, celery, store, name, expected):
+    beat(redis_client, "a@h:1", DEFAULT_MODEL_NAME)  # the client's web runs the bundled default: its aliases
+    beat_with_aliases(redis_client, "b@h:1", OTHER, ["tiny-chat", "smollm2:135m"])
+    job = store.get(post_job(client, model=name).get_json()["id"])
+    assert job.request["model"] == expected
+    assert celery.sent[-1]["queue"] == ("generation" if expected == DEFAULT_MODEL_NAME else f"generation.{OTHER}")
+    for wrong in ("gpt-4o-mini", "tiny-chat:0.5b", "smol"):
+        assert post_job(client, model=wrong).status_code == 404
+
+
+def test_models_and_a_models_card_show_the_aliases(client, redis_client):
+    beat(redis_client, "a@h:1", DEFAULT_MODEL_NAME)
+    beat_with_aliases(redis_client, "b@h:1", OTHER, ["tiny-chat"])
+    cards = {m["id"]: m for m in client.get("/v1/models").get_json()["data"]}
+    assert cards[OTHER]["aliases"] == ["tiny-chat"]
+    assert cards[DEFAULT_MODEL_NAME]["aliases"] == ["default", "qwen2.5-coder:0.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m"]
+    assert client.get("/v1/models/tiny-chat").get_json()["id"] == OTHER
+    assert client.get("/v1/models/gpt-4o").status_code == 404
+
+
+def test_the_aliases_setting_names_the_webs_own_model(make_app, redis_client, celery, store):
+    app = make_app(model_aliases="team-model, ,coder")
+    beat(redis_client, "b@h:1", OTHER)
+    client = app.test_client()
+    job = store.get(post_job(client, model="Coder").get_json()["id"])
+    assert job.request["model"] == DEFAULT_MODEL_NAME and celery.sent[-1]["queue"] == "generation"
+
+
+def test_a_model_whose_workers_are_gone_is_still_503_by_its_id_not_another_model(client, redis_client):
+    beat(redis_client, "b@h:1", OTHER)
+    remove_worker(redis_client, "b@h:1")  # the web's own model is the only one on offer now
+    assert post_job(client, model=f"{OTHER}:latest").status_code == 503
+    assert post_job(client, model="gpt-4o").status_code == 202
+
+
+def test_a_name_finds_its_model_of_any_kind_and_any_other_name_the_only_one_of_the_kind(redis_client):
+    write_heartbeat(redis_client, "e@h:1", {"model_id": "embedder", "model_kind": "embedding",
+                                            "model_aliases": ["mini"], "queue": "q"})
+    view = served(redis_client, DEFAULT_MODEL_NAME, alive_s=15)
+    assert view.available("chat") == [DEFAULT_MODEL_NAME] and view.available("embedding") == ["embedder"]
+    assert view.resolve("mini", False, "embedding") == "embedder"
+    assert view.resolve("text-embedding-3-small", False, "embedding") == "embedder"  # the only one of its kind
+    assert view.resolve("gpt-4o-mini", False) == DEFAULT_MODEL_NAME  # the only chat model
+    assert view.resolve("mini", False) == "embedder"  # named: found; its kind is the caller's to refuse
+    assert view.resolve(None, False, "embedding") == "embedder" and view.kind("embedder") == "embedding"

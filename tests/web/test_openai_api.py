@@ -6,6 +6,7 @@ import json
 import time
 
 import pytest
+import redis
 
 from core import tasks
 from core.events import CANCELLED, FAILED
@@ -216,6 +217,26 @@ def test_a_failed_job_mid_stream_ends_with_an_error_chunk(client, store, celery)
     lines = data_lines(chat(client, stream=True).data)
     assert json.loads(lines[-2])["error"] == {"message": "broke", "type": "server_error", "param": None, "code": "boom"}
     assert lines[-1] == "[DONE]"
+
+
+def test_redis_lost_mid_stream_ends_the_stream_with_an_error_chunk(client, store, celery, monkeypatch):
+    """The job store going away while a ``/v1`` stream follows a running job: the client gets
+    an error chunk in OpenAI's shape, not a cut connection (the job itself is left to run)."""
+    def start_and_stream(job_id: str) -> None:
+        started = store.start_attempt(job_id, "fake-worker", lease_s=30)
+        store.append_event(job_id, started.attempt, "token", {"text": "partial"})
+
+    def redis_down(*_args, **_kwargs):
+        raise redis.ConnectionError("Connection refused")
+
+    celery.runner = start_and_stream
+    monkeypatch.setattr(store, "wait_events", redis_down)
+    response = chat(client, stream=True)
+    lines, job_id = data_lines(response.data), response.headers["X-Job-Id"]
+    assert json.loads(lines[1])["choices"][0]["delta"] == {"content": "partial"}
+    error = json.loads(lines[-1])["error"]
+    assert error["code"] == "store_unavailable" and error["type"] == "server_error" and job_id in error["message"]
+    assert not store.cancel_requested(job_id)  # the client did not leave: the job goes on
 
 
 def _open_stream(client, **body):

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from core.events import FAILED
+from core.workers import write_heartbeat
 from tests.web.conftest import run_job
 
 
@@ -160,10 +161,35 @@ def test_a_line_the_limits_refuse_at_finalizing_still_gets_its_answer(make_app, 
     assert item["response"]["body"]["choices"][0]["message"]["content"] == "Hello wörld"
 
 
-def test_a_line_naming_an_unknown_model_is_a_404_error_line(client, store, celery):
+def test_a_line_naming_an_unknown_model_is_a_404_error_line(client, store, celery, redis_client):
+    write_heartbeat(redis_client, "b@h:1", {"model_id": "other-model", "queue": "q"})  # two models: names matter
     batch = start(client, "\n".join([line("known"), line("other", model="no-such-model")])).get_json()
     run_job(store, celery.sent[0]["task_id"])
     done = client.get(f"/v1/batches/{batch['id']}").get_json()
     [error] = content(client, done["error_file_id"])
     assert error["custom_id"] == "other" and error["response"]["status_code"] == 404
     assert error["response"]["body"]["error"]["code"] == "model_not_found"
+
+
+def test_file_quotas_per_key_give_a_429_and_delete_frees_them(make_app):
+    client = make_app(api_keys=["key-a", "key-b"], max_files_per_key=2, max_file_store_bytes_per_key=1000).test_client()
+    a, b = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}
+
+    def up(headers, size=10):
+        return client.post("/v1/files", headers=headers, content_type="multipart/form-data",
+                           data={"purpose": "batch", "file": (io.BytesIO(b"x" * size), "in.jsonl")})
+
+    first, second = up(a).get_json()["id"], up(a).get_json()["id"]
+    over = up(a)
+    assert over.status_code == 429 and over.get_json()["error"]["code"] == "file_quota_exceeded"
+    assert "MINISERVE_MAX_FILES_PER_KEY" in over.get_json()["error"]["message"] and over.headers["Retry-After"]
+    assert up(b).status_code == 200  # another key's quota is its own
+    assert client.delete(f"/v1/files/{first}", headers=b).status_code == 404  # not b's to delete
+    deleted = client.delete(f"/v1/files/{first}", headers=a)
+    assert deleted.status_code == 200 and deleted.get_json() == {"id": first, "object": "file", "deleted": True}
+    assert client.get(f"/v1/files/{first}", headers=a).status_code == 404
+    assert client.delete(f"/v1/files/{first}", headers=a).status_code == 404
+    assert up(a).status_code == 200  # the deleted file's place is free again
+    assert client.delete(f"/v1/files/{second}", headers=a).status_code == 200
+    too_big = up(a, size=995)  # 10 held + 995 > 1000 bytes
+    assert too_big.status_code == 429 and "BYTES_PER_KEY" in too_big.get_json()["error"]["message"]

@@ -108,3 +108,18 @@ def test_agent_character_limit_is_a_validated_setting():
 
     with pytest.raises(SettingsError, match="MINISERVE_AGENT_MAX_PROMPT_CHARS"):
         load_settings(agent_max_prompt_chars=0)
+
+
+def test_the_kv_pool_caps_what_the_web_accepts_and_the_answer_names_it(make_app, local_model, celery):
+    """A pool smaller than the model's context (here 20 blocks of 4 = 80 tokens < 100) is the
+    limit: a request that could never fit the pool is refused up front, naming the pool."""
+    prompt = _words(20)                                       # 20 + PER_MESSAGE + TEMPLATE = 76 tokens
+    client = make_app(model=str(local_model), kv_num_blocks=20, kv_block_size=4).test_client()
+    over = client.post("/jobs", json={"prompt": prompt, "max_new_tokens": 10})
+    error = over.get_json()["error"]
+    assert over.status_code == 422 and error["code"] == "context_exceeded" and "KV pool" in error["message"]
+    assert "at most 4" in error["message"] and celery.sent == []
+    fits = client.post("/jobs", json={"prompt": prompt, "max_new_tokens": 4})
+    assert fits.status_code == 202, fits.get_json()
+    sized_by_memory = make_app(model=str(local_model), kv_num_blocks=20, kv_block_size=4, kv_memory_mb=1)
+    assert sized_by_memory.test_client().post("/jobs", json={"prompt": prompt, "max_new_tokens": 10}).status_code == 202

@@ -117,3 +117,16 @@ def test_server_options_bind_localhost_with_gevent_workers_and_no_debug(client):
     assert issubclass(load_class(options["worker_class"]), GeventWorker)
     assert options["worker_connections"] == 1234 and options["keepalive"] == 7 and "threads" not in options
     assert client.application.debug is False
+
+
+def test_a_full_redis_is_a_503_store_full_not_a_500(client, store, monkeypatch):
+    """``noeviction`` at maxmemory refuses writes with an OOM error: the web says full, retry later."""
+    import redis as redis_lib
+
+    def full(*_args, **_kwargs):
+        raise redis_lib.exceptions.OutOfMemoryError("OOM command not allowed when used memory > 'maxmemory'.")
+
+    monkeypatch.setattr(store, "create", full)
+    response = client.post("/jobs", json={"prompt": "hi"})
+    assert response.status_code == 503 and response.get_json()["error"]["code"] == "store_full"
+    assert int(response.headers["Retry-After"]) > 0

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from core.workers import write_heartbeat
 from engine.prompt import build_prompt
 from engine.types import GenerationRequest
 from tests.tiny_model import make_tiny_model_dir
@@ -41,8 +42,10 @@ def test_prompt_tokens_and_back(tclient, hf_tokenizer, tiny_folder):
     assert back == {"prompt": "Hello there, 你好"}
 
 
-def test_a_model_the_cluster_does_not_know_is_a_404_naming_model(tclient):
-    """``model`` picks whose tokenizer: a name no worker serves is refused, not ignored."""
+def test_a_model_the_cluster_does_not_know_is_a_404_naming_model(tclient, redis_client):
+    """``model`` picks whose tokenizer: with two models, a name neither answers to is refused,
+    not ignored (one model answers any name: core/models.py)."""
+    write_heartbeat(redis_client, "b@h:1", {"model_id": "other-model", "queue": "q"})
     for path, body in (("/tokenize", {"model": "m", "prompt": "x"}), ("/detokenize", {"model": "m", "tokens": [1]})):
         response = tclient.post(path, json=body)
         assert response.status_code == 404, response.get_json()
@@ -100,11 +103,13 @@ def test_without_a_tokenizer_it_is_a_503(make_app, tmp_path):
     assert response.status_code == 503 and response.get_json()["error"]["code"] == "tokenizer_unavailable"
 
 
-def test_retrieve_the_served_model_and_404_for_others(client):
+def test_retrieve_the_served_model_and_404_for_others(client, redis_client):
     served = client.get("/v1/models").get_json()["data"][0]
     assert client.get(f"/v1/models/{served['id']}").get_json() == served
+    assert client.get("/v1/models/gpt-4o").get_json() == served  # the only model answers any name
+    write_heartbeat(redis_client, "b@h:1", {"model_id": "zz-other", "queue": "q"})
     missing = client.get("/v1/models/gpt-4o")
     assert missing.status_code == 404
     assert missing.get_json() == {"error": {"message": f"The model 'gpt-4o' does not exist; this cluster serves "
-                                                       f"'{served['id']}'", "type": "not_found_error",
+                                                       f"'{served['id']}', 'zz-other'", "type": "not_found_error",
                                             "param": "model", "code": "model_not_found"}}

@@ -19,7 +19,7 @@ from web.openai.fields import FieldRule, check_fields, honoured, no_effect, refu
 
 MESSAGE_FIELDS: dict[str, FieldRule] = {
     **sampling_rules(frozenset({"temperature", "top_p", "top_k"})),  # Anthropic's own sampling fields
-    "model": honoured("an id from GET /v1/models picks the model; unknown: 404"),
+    "model": honoured("id, alias or name:tag; one model: any name (a Claude name too); several: unknown 404"),
     "messages": honoured("user and assistant turns: string content, or text, tool_use (assistant) and "
                          "tool_result (user) blocks; other block types: 400"),
     "system": honoured("a string or text blocks: the first system message"),

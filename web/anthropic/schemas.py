@@ -144,7 +144,8 @@ class Metadata(Strict):
 class PromptFields(Strict):
     """What ``/v1/messages`` and ``/v1/messages/count_tokens`` share: the prompt."""
 
-    model: str = Field(max_length=200, description="an id from /v1/models (unknown: 404)")
+    model: str = Field(max_length=200, description="an id, alias or name:tag (GET /v1/models); a cluster of one "
+                       "model answers any name with it; of several, an unknown name is a 404")
     messages: list[MessageParam] = Field(min_length=1, max_length=256)
     system: text_or(TextBlock) | None = None
     tools: list[ToolParam] | None = Field(default=None, max_length=128)

@@ -3,7 +3,9 @@
 A batch's lines become ordinary ``chat`` jobs (:mod:`web.openai.batch_lines`), so they
 spread over every worker and get prefix routing; its progress and output are read from
 those jobs (:mod:`web.openai.batch_flow`). Files hold UTF-8 JSONL, at most
-``MINISERVE_MAX_FILE_BYTES`` (a 413 beyond).
+``MINISERVE_MAX_FILE_BYTES`` (a 413 beyond); a key holds at most ``MINISERVE_MAX_FILES_PER_KEY``
+files and ``MINISERVE_MAX_FILE_STORE_BYTES_PER_KEY`` bytes at once (a 429 beyond), and
+``DELETE /v1/files/{id}`` frees them before the job TTL does.
 """
 from __future__ import annotations
 
@@ -12,12 +14,14 @@ from typing import Any
 from flask import Response, jsonify
 from flask_openapi3 import APIBlueprint, FileStorage, Tag
 
-from core.batches import NotFound, StoredFile
+from core.batches import NotFound, StoredFile, new_file_id
+from core.file_quota import FileQuota, QuotaExceeded
 from web.context import ctx, request_owner
 from web.errors import ApiError
 from web.openai import batch_flow
 from web.openai.batch_schemas import (
-    BatchCreate, BatchList, BatchListQuery, BatchObject, BatchPath, FileContent, FileObject, FilePath, FileUpload,
+    BatchCreate, BatchList, BatchListQuery, BatchObject, BatchPath, FileContent, FileDeleted, FileObject, FilePath,
+    FileUpload,
 )
 from web.openai.schemas import OpenAIError
 
@@ -60,8 +64,33 @@ def _text(upload: FileStorage) -> str:
           responses={200: FileObject, **ERRORS})
 def create_file(form: FileUpload):
     text = _text(form.file)
-    stored = batch_flow.batch_store().put_file(form.purpose, form.file.filename or "upload.jsonl", text, _owner())
+    file_id = new_file_id()
+    _reserve(file_id, len(text.encode("utf-8")))
+    stored = batch_flow.batch_store().put_file(form.purpose, form.file.filename or "upload.jsonl", text, _owner(),
+                                               file_id=file_id)
     return jsonify(stored.openai_object(ctx().settings.job_ttl_s))
+
+
+def _reserve(file_id: str, size: int) -> None:
+    """Count the upload against its key's quota, or answer 429 naming the limit."""
+    settings = ctx().settings
+    quota = FileQuota(ctx().store.client, settings.max_files_per_key, settings.max_file_store_bytes_per_key,
+                      settings.job_ttl_s)
+    try:
+        quota.reserve(_owner(), file_id, size)
+    except QuotaExceeded as exc:
+        setting = "MINISERVE_MAX_FILES_PER_KEY" if exc.what == "files" else "MINISERVE_MAX_FILE_STORE_BYTES_PER_KEY"
+        raise ApiError(429, "file_quota_exceeded", f"file: this key already holds {exc.held} {exc.what} of "
+                       f"{exc.limit} ({setting}); delete files with DELETE /v1/files/{{id}}", field="file",
+                       retry_after=60) from None
+
+
+@api.delete("/files/<file_id>", summary="Delete a file (frees its bytes from the key's quota)",
+            responses={200: FileDeleted, **ERRORS})
+def delete_file(path: FilePath):
+    stored = _file(path.file_id)
+    batch_flow.batch_store().delete_file(stored.id, owner=request_owner())
+    return jsonify({"id": stored.id, "object": "file", "deleted": True})
 
 
 @api.get("/files/<file_id>", summary="A file's metadata", responses={200: FileObject, **ERRORS})

@@ -44,6 +44,12 @@ class BatchListQuery(BaseModel):
     limit: int = Field(default=20, ge=1, le=100)
 
 
+class FileDeleted(BaseModel):
+    id: str
+    object: Literal["file"]
+    deleted: bool
+
+
 class FileObject(BaseModel):
     id: str
     object: Literal["file"]

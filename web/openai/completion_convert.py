@@ -15,6 +15,7 @@ from typing import Any
 
 from web.context import ctx
 from web.errors import ApiError
+from web.models import model_of
 from web.openai.completion_schemas import DEFAULT_MAX_TOKENS, MAX_TOTAL_CHOICES, CompletionRequest
 from web.submit import Submission, job_method, job_sampling, with_speculative
 
@@ -42,7 +43,7 @@ def has_fim_tokens(tokenizer: Any) -> bool:
 
 def fim_prompt(prompt: str, suffix: str, model: str | None = None) -> str:
     """The fill-in-the-middle prompt, when the served model's tokenizer has FIM tokens."""
-    if not has_fim_tokens(ctx().budget.tokenizer(model)):
+    if not has_fim_tokens(ctx().budget.tokenizer(model_of(model))):
         raise _bad("suffix", f"not supported by this model: its tokenizer has no {FIM_PREFIX}, {FIM_SUFFIX}, "
                    f"{FIM_MIDDLE} tokens (fill-in-the-middle needs them)")
     return f"{FIM_PREFIX}{prompt}{FIM_SUFFIX}{suffix}{FIM_MIDDLE}"

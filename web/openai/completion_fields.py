@@ -14,7 +14,7 @@ from web.openai.fields import OPENAI_SAMPLING, FieldRule, check_fields, honoured
 COMPLETION_FIELDS: dict[str, FieldRule] = {
     **sampling_rules(OPENAI_SAMPLING),
     "prompt": honoured("a string, or a list of strings (one choice per prompt, n each); token ids: 400"),
-    "model": honoured("an id from GET /v1/models picks the model; empty = the cluster's default; unknown: 404"),
+    "model": honoured("id, alias or name:tag; empty = the cluster's default; one model: any name; several: unknown 404"),
     "max_tokens": honoured("the job's max_new_tokens; omitted = 16, as OpenAI"),
     "stream": honoured("text_completion chunks, data: [DONE] last"),
     "stream_options": honoured("include_usage"),

@@ -63,7 +63,7 @@ OPENAI_SAMPLING = frozenset({"temperature", "top_p", "seed", "stop", "presence_p
 CHAT_FIELDS: dict[str, FieldRule] = {
     **sampling_rules(OPENAI_SAMPLING),
     "messages": honoured("system, developer (as system), user, assistant (with tool_calls), tool; text only"),
-    "model": honoured("an id from GET /v1/models picks the model; empty = the cluster's default; unknown: 404"),
+    "model": honoured("id, alias or name:tag; empty = the cluster's default; one model: any name; several: unknown 404"),
     "max_completion_tokens": honoured("the job's max_new_tokens (wins over max_tokens)"),
     "max_tokens": honoured("the job's max_new_tokens"),
     "stream": honoured("OpenAI chunks, data: [DONE] last"),

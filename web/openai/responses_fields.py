@@ -17,7 +17,7 @@ RESPONSE_FIELDS: dict[str, FieldRule] = {
                       "input_text/output_text parts), function_call and function_call_output"),
     "instructions": honoured("a system message before everything else; not carried over by "
                              "previous_response_id (as OpenAI)"),
-    "model": honoured("an id from GET /v1/models picks the model; empty = the cluster's default; unknown: 404"),
+    "model": honoured("id, alias or name:tag; empty = the cluster's default; one model: any name; several: unknown 404"),
     "max_output_tokens": honoured("the job's max_new_tokens; reaching it: status incomplete"),
     "stream": honoured("Responses events, response.created ... response.completed, each with sequence_number"),
     "tools": honoured("function tools, rendered by the chat template; other tool types: 400"),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Iterator
 
+import redis
 from flask import Response, jsonify, stream_with_context
 from flask_openapi3 import APIBlueprint, Tag
 
@@ -26,12 +27,11 @@ from core.jobs import JobRecord, JobStore
 from core.logs import log_event
 from web.cancel import cancel_job
 from web.context import ctx
-from web.models import model_cards
+from web.models import model_card, model_cards
 from web.openai.call_stream import ToolStream
 from web.openai.convert import ChatJob, chat_job
 from web.openai.logprobs import openai_logprobs
 from web.openai.responses import ChunkWriter, completion, model_id
-from web.errors import ApiError
 from web.openai.schemas import (
     ChatCompletion, ChatCompletionRequest, ModelCard, ModelList, ModelPath, OpenAIError,
 )
@@ -78,12 +78,7 @@ def list_models():
 @api.get("/models/<path:model>", summary="One model (OpenAI-compatible); unknown id: 404 model_not_found",
          responses={200: ModelCard, 404: OpenAIError, **ERRORS})
 def retrieve_model(path: ModelPath):
-    cards = model_cards()
-    card = next((card for card in cards if card["id"] == path.model), None)
-    if card is None:
-        raise ApiError(404, "model_not_found", f"The model '{path.model}' does not exist; this cluster "
-                       f"serves {', '.join(repr(c['id']) for c in cards) or 'no model yet'}", field="model")
-    return jsonify(card)
+    return jsonify(model_card(path.model))
 
 
 def stream_completion(store: JobStore, celery: Any, job: JobRecord, chat: ChatJob, model: str) -> Iterator[str]:
@@ -141,6 +136,15 @@ def follow_job(store: JobStore, celery: Any, job: JobRecord, opening: list[str],
         if not ended:
             abandon(store, celery, job.id)
         raise
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        # Redis went away mid-stream: the job goes on (its worker retries its writes), but
+        # this stream cannot; it ends with an error chunk rather than a cut connection.
+        log_event(logger, "chat_stream_store_lost", level=logging.WARNING, job_id=job.id, exc_type=type(exc).__name__)
+        yield error("server_error", f"the job store is unreachable; job {job.id} goes on: read it at "
+                    f"/jobs/{job.id} when the service is back", "store_unavailable")
+    except Exception as exc:  # noqa: BLE001 - any other failure still ends the stream in OpenAI's shape
+        log_event(logger, "chat_stream_failed", level=logging.ERROR, job_id=job.id, exc_type=type(exc).__name__)
+        yield error("server_error", f"the stream of job {job.id} failed on the server", "stream_failed")
 
 
 def _full_payload(store: JobStore, job_id: str, event: Event) -> dict[str, Any]:

@@ -206,6 +206,7 @@ class ModelCard(BaseModel):
     object: Literal["model"]
     created: int
     owned_by: str
+    aliases: list[str] = Field(default=[], description="MiniServe: other names a request's model may use")
 
 
 class ModelPath(BaseModel):

@@ -1,0 +1,107 @@
+"""A long prompt shares the engine without starving anyone: each step spends at most the
+prefill budget, every streaming sequence gets its token every step while the long prompt
+prefills, a prompt that finds no blocks waits instead of evicting a streaming sequence, and
+prompts that together need more than the pool never deadlock. Order and counts, no clock."""
+from __future__ import annotations
+
+from core.settings import load_settings
+from engine.batching import PagedService
+from engine.run import GenerationRun
+from engine.types import SamplingParams
+from tests.batching.test_batching import _forward, _solo
+
+BLOCK, BLOCKS, BUDGET = 4, 40, 12          # a pool of 160 tokens, 12 tokens a step
+
+
+def _service(engine, blocks: int = BLOCKS) -> PagedService:
+    return PagedService(_forward(engine), load_settings(kv_block_size=BLOCK, kv_num_blocks=blocks, max_batch=8,
+                                                        max_batched_tokens=BUDGET), prefix_sharing=False)
+
+
+def _add(engine, service, ids, max_new, log, name):
+    run = GenerationRun(engine.loaded.tokenizer, method="paged", max_new_tokens=max_new, eos_ids=[])
+    accept = run.accept
+
+    def recording_accept(token: int) -> bool:
+        log.append(name)
+        return accept(token)
+
+    run.accept = recording_accept
+    seq = service.new_sequence(list(ids), run, SamplingParams(max_new_tokens=max_new), 1.0)
+    service.add(seq)
+    return seq
+
+
+def test_streams_get_a_token_every_step_while_a_long_prompt_prefills_and_it_never_evicts_them(paged_engine):
+    service = _service(paged_engine)
+    log: list[str] = []
+    short = [_add(paged_engine, service, [7 + i, 9, 11, 13], 40, log, f"s{i}") for i in range(3)]
+    while not all(seq.is_decoding for seq in short):   # the three are streaming
+        service.step()
+    long_ids = [(17 * i) % 200 + 3 for i in range(100)]  # 100 tokens + 4 new: 26 of the 40 blocks
+    hog = _add(paged_engine, service, long_ids, 4, log, "hog")
+    steps = []
+    while service.scheduler.has_work:
+        before = len(log)
+        computed = service.step()
+        steps.append((computed, log[before:]))
+    assert all(computed <= BUDGET for computed, _ in steps)          # the prefill budget bounds a step
+    assert steps[0][0] == BUDGET and steps[0][1] == ["s0", "s1", "s2"]  # 3 decodes + 9 of the hog's prompt
+    for computed, names in steps[:20]:                                # while the hog prefills...
+        assert names == ["s0", "s1", "s2"], names                    # ...each stream gets one token a step
+    assert [seq.preemptions for seq in short] == [0, 0, 0]          # and no stream was preempted for it
+    assert hog.run.produced == 4 and all(seq.run.produced == 40 for seq in short)
+    assert hog.run.token_ids == _solo(paged_engine, long_ids, 4).token_ids  # chunked prefill: same tokens
+
+
+def test_a_prompt_without_blocks_waits_and_the_streams_keep_their_blocks(paged_engine):
+    """The pool is nearly full of streams: the long prompt waits for blocks (it gets them as
+    streams finish) rather than taking their next block; nothing is preempted."""
+    service = _service(paged_engine, blocks=30)                    # 120 tokens
+    log: list[str] = []
+    short = [_add(paged_engine, service, [5 + i, 8, 6, 2], 36, log, f"s{i}") for i in range(2)]  # 2 x 40 tokens
+    while not all(seq.is_decoding for seq in short):
+        service.step()
+    hog = _add(paged_engine, service, [(13 * i) % 150 + 3 for i in range(96)], 4, log, "hog")  # 100 > what is left
+    while service.scheduler.has_work:
+        service.step()
+    assert [seq.preemptions for seq in short] == [0, 0] and service.scheduler.stats.preemptions == 0
+    assert all(seq.run.produced == 36 for seq in short) and hog.run.produced == 4
+    assert log.index("hog") > max(i for i, name in enumerate(log) if name != "hog")  # it waited for them
+    assert service.blocks.stats().blocks_used == 0
+
+
+def test_two_prompts_that_together_overfill_the_pool_both_finish(paged_engine):
+    """Each fits the pool alone, not both at once: the newer gives its blocks back when both
+    are stuck, the older finishes, then the newer runs (no deadlock, same tokens as alone)."""
+    service = _service(paged_engine, blocks=30)                    # 120 tokens
+    log: list[str] = []
+    prompts = [[(11 * i + k) % 180 + 3 for i in range(90)] for k in range(2)]  # 2 x (90 + 6) > 120
+    seqs = [_add(paged_engine, service, ids, 6, log, f"p{k}") for k, ids in enumerate(prompts)]
+    steps = 0
+    while service.scheduler.has_work:
+        service.step()
+        steps += 1
+        assert steps < 500, "the scheduler made no progress"
+    for ids, seq in zip(prompts, seqs):
+        assert seq.error is None and seq.run.token_ids == _solo(paged_engine, ids, 6).token_ids
+    assert service.blocks.stats().blocks_used == 0
+
+
+def test_streams_that_arrive_while_a_long_prompt_prefills_are_never_preempted_for_it(paged_engine):
+    """The long prompt came first and is mid-prefill when three short chats arrive: they are
+    admitted, stream a token every step, and when the pool runs short it is the long prompt
+    (nothing streamed yet, most blocks held) that waits or gives blocks back, never them."""
+    service = _service(paged_engine)
+    log: list[str] = []
+    long_ids = [(19 * i) % 200 + 3 for i in range(120)]                # 120 + 4 tokens: 31 of 40 blocks
+    hog = _add(paged_engine, service, long_ids, 4, log, "hog")
+    for _ in range(3):
+        service.step()                                                  # 36 of its tokens computed
+    short = [_add(paged_engine, service, [7 + i, 9, 11, 13], 40, log, f"s{i}") for i in range(3)]
+    while service.scheduler.has_work:
+        service.step()
+    assert [seq.preemptions for seq in short] == [0, 0, 0]
+    assert all(seq.run.produced == 40 for seq in short) and hog.run.produced == 4
+    assert hog.run.token_ids == _solo(paged_engine, long_ids, 4).token_ids
+    assert service.blocks.stats().blocks_used == 0
