@@ -117,6 +117,10 @@ class Settings(BaseSettings):
     kv_memory_mb: int = Field(default=0, ge=0)  # >0: size the paged pool from this budget
     max_batch: PositiveInt = 8
     max_batched_tokens: PositiveInt = 512
+    # Prompt tokens a step may add while sequences are decoding: each step's cost is what every
+    # stream waits between two tokens, so a long prompt beside streams goes this slowly (and at
+    # max_batched_tokens once nobody streams). Chosen by bench.fairness --long-prompt.
+    prefill_tokens_while_decoding: PositiveInt = 16
 
     # Speculative decoding (docs/speculative.md): prompt-lookup drafts, verified in one forward.
     speculative: Literal["off", "ngram"] = "off"
