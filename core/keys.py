@@ -153,3 +153,22 @@ def file_key(file_id: str) -> str:
 def batch_key(batch_id: str) -> str:
     """Hash: a batch's OpenAI object, its owner and its lines (custom id -> job or error)."""
     return f"batch:{_checked(batch_id, _BATCH_ID_SHAPE, 'batch')}"
+
+
+# Deadlines (core/jobs.py): queued jobs the sweep ends ``expired`` once their deadline passed.
+DEADLINES = "jobs:deadlines"  # sorted set: job id -> its deadline (unix seconds), until it ends
+
+# Webhooks (core/webhooks.py). A job with a ``webhook_url`` enters the outbox in the same Lua
+# step that ends it; the outbox score is when its next delivery try is due.
+WEBHOOK_OUTBOX = "webhooks:outbox"  # sorted set: job id -> when its next try is due
+WEBHOOKS_DEAD = "webhooks:dead"  # sorted set: job id -> when its last try failed (dead letters)
+
+
+def webhook_key(job_id: str) -> str:
+    """Hash: one job's webhook delivery (url, tries so far, last answer, state)."""
+    return f"webhook:{JobId(job_id)}"
+
+
+def webhook_try_key(job_id: str, try_id: str) -> str:
+    """Marker (SET NX) that one delivery try has been made: never twice per try id."""
+    return f"webhook:{JobId(job_id)}:try:{try_id}"

@@ -147,7 +147,22 @@ class SamplingFields(Strict, GuidedFields, ModelField):
         return 0.0 if value < MIN_TEMPERATURE else value
 
 
-class JobSubmit(SamplingFields):
+class JobOptions(BaseModel):
+    """When a job must be done by, and whom to tell when it is (docs/scheduling.md); checked
+    against the clock and the webhook rules in :func:`web.submit.job_options`."""
+
+    deadline: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, description="unix seconds (as created_at): still queued then, the job ends `expired` "
+        "unrun; still running, it ends `timeout` with its partial result. Not with timeout_s")
+    timeout_s: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, description="the deadline as seconds from now")
+    webhook_url: str | None = Field(
+        default=None, min_length=1, max_length=2048, description="http(s) URL POSTed the job's record (as "
+        "GET /jobs/{id} shows it) once it ends, signed per Standard Webhooks; private and loopback "
+        "addresses are refused (MINISERVE_WEBHOOK_ALLOW_HOSTS)")
+
+
+class JobSubmit(SamplingFields, JobOptions):
     """``POST /jobs``: exactly one of ``prompt`` and ``messages``."""
 
     type: SubmitType = "generate"
@@ -179,7 +194,7 @@ class GenerateBody(SamplingFields):
     stream: bool = False
 
 
-class AgentBody(Strict, ModelField):
+class AgentBody(Strict, ModelField, JobOptions):
     """``POST /agent/run``, as in the original MiniServe."""
 
     prompt: str = Field(min_length=1)
@@ -277,6 +292,8 @@ class JobView(BaseModel):
     request: dict[str, Any]
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
+    deadline: float | None = Field(default=None, description="unix seconds; see JobOptions")
+    webhook_url: str | None = None
     usage: dict[str, Any] | None = None
     timings: dict[str, Any]
     links: JobLinks

@@ -5,8 +5,8 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const TERMINAL_EVENTS = ["done", "error", "cancelled", "timeout"];
-const TERMINAL_STATES = ["succeeded", "failed", "cancelled", "timeout"];
+const TERMINAL_EVENTS = ["done", "error", "cancelled", "timeout", "expired"];
+const TERMINAL_STATES = ["succeeded", "failed", "cancelled", "timeout", "expired"];
 const RECONNECT_MS = 1000;
 const keyInput = $("api-key");
 keyInput.value = localStorage.getItem("miniserve-key") || "";
