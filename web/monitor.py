@@ -19,7 +19,9 @@ from core.jobs import JobRecord
 from core.workers import list_workers
 from web.context import ctx, request_owner
 from web.guards import add_public_prefix
+from core.webhooks import webhook_store
 from web.routes_jobs import GUARD_ERRORS, job_view
+from web.routes_webhooks import DeadLetter
 from web.schemas import ErrorResponse, JobListQuery, WorkerView
 
 page = Blueprint("monitor", __name__, static_folder="static/monitor", static_url_path="/monitor/static",
@@ -53,6 +55,8 @@ class Overview(BaseModel):
     routing: dict[str, dict[str, int]] = Field(description="`decisions` counted by the web, `routed_to` per worker")
     jobs: list[JobRow]
     counts: dict[str, int] = Field(description="listed jobs by state")
+    webhooks_dead: list[DeadLetter] = Field(description="webhook deliveries that ran out of tries "
+                                            "(the caller's own; GET /webhooks/dead)")
 
 
 def job_row(job: JobRecord) -> dict[str, Any]:
@@ -81,7 +85,8 @@ def overview(query: JobListQuery):
         counts[row["state"]] = counts.get(row["state"], 0) + 1
     return jsonify({"workers": cluster_workers(store.client), "queues": store.queue_depths(),
                     "routing": {"decisions": routing.counts(store.client), "routed_to": routing.routed_to(store.client)},
-                    "jobs": rows, "counts": counts})
+                    "jobs": rows, "counts": counts,
+                    "webhooks_dead": webhook_store(store.client, ctx().settings).dead(owner=request_owner(), limit=20)})
 
 
 def cluster_workers(client) -> list[dict[str, Any]]:

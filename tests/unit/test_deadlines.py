@@ -80,3 +80,21 @@ def test_idempotent_create_keeps_the_deadline(store):
     assert not replayed and replayed_again and again.id == job.id
     assert store.client.zscore(keys.DEADLINES, job.id) == pytest.approx(job.deadline)
     assert store.get(job.id).webhook_url == "https://example.com/h"
+
+
+def test_the_jobs_deadline_caps_the_attempts_limit_and_does_not_pause(store):
+    """The per-attempt limit pauses while a request waits for the engine loop; the job's own
+    deadline does not: reached while waiting, the job stops ``timeout`` all the same."""
+    from worker.job_runner import JobContext, monotonic_deadline
+
+    job = store.create("generate", "generation", {}, deadline=time.time() + 30)
+    started = store.start_attempt(job.id, "w1", lease_s=30)
+    ctx = JobContext(store, store.get(job.id), started.attempt, deadline=time.monotonic() + 600,
+                     job_deadline=monotonic_deadline(store.get(job.id).deadline))
+    assert 29 < ctx.time_left() <= 30 and not ctx.should_cancel()
+    ctx.pause_clock()
+    ctx.job_deadline = time.monotonic() - 0.001  # the deadline passes while the request waits
+    assert ctx.should_cancel() and ctx.stopped_reason == "timeout" and ctx.time_left() == 0
+    plain = JobContext(store, store.get(job.id), started.attempt, deadline=time.monotonic() + 600)
+    plain.pause_clock()
+    assert not plain.should_cancel() and plain.time_left() > 599

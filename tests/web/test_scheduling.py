@@ -134,3 +134,12 @@ def test_batch_lines_get_the_window_as_deadline_and_the_batch_webhook(make_app, 
     assert all(j.deadline == batch["expires_at"] and j.webhook_url == HOOK for j in jobs)
     refused = start(make_app(webhook_secret=SECRET).test_client(), line("a") + "\n", webhook_url=HOOK)
     assert refused.status_code == 400 and refused.get_json()["error"]["param"] == "webhook_url"
+
+
+def test_the_monitor_overview_shows_the_callers_dead_letters(make_app, store):
+    client = make_app(api_keys=f"{KEY_A},{KEY_B}", webhook_secret=SECRET, webhook_allow_hosts="127.0.0.1").test_client()
+    a, b = ({"Authorization": f"Bearer {k}"} for k in (KEY_A, KEY_B))
+    job_id = client.post("/jobs", json=job_body(webhook_url=HOOK), headers=a).get_json()["id"]
+    dead_letter(store, job_id)
+    assert [d["job_id"] for d in client.get("/overview", headers=a).get_json()["webhooks_dead"]] == [job_id]
+    assert client.get("/overview", headers=b).get_json()["webhooks_dead"] == []
