@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.stats import machine_info, print_table, pyplot, write_csv, write_json
+from core.methods import BATCHED_METHOD, SOLO_METHODS
 from core.settings import load_settings
 
-SOLO_METHODS = ("official", "no_cache", "custom_cache", "prefix_cache")
 TARGET_RATIO = 3.0
 PREFIX = "You are MiniServe's assistant. Answer in plain sentences."
 QUESTION = ("Write a long, detailed essay of at least 400 words on how a web service can stream the "
@@ -40,9 +40,9 @@ def _mix(engine: Any, tokens: int) -> tuple[list[float], dict[str, Any]]:
     """Run the paged job and one job per solo method together; (paged arrivals, results)."""
     arrivals: list[float] = []
     # the paged job is longer so that it streams through the whole of the others' runs
-    paged = engine.loop.submit(_request("paged", tokens + tokens // 4))
+    paged = engine.loop.submit(_request(BATCHED_METHOD, tokens + tokens // 4))
     solos = {m: engine.loop.submit(_request(m, tokens)) for m in SOLO_METHODS}
-    results = {"paged": paged.stream(lambda _piece: arrivals.append(time.monotonic()))}
+    results = {BATCHED_METHOD: paged.stream(lambda _piece: arrivals.append(time.monotonic()))}
     results.update({m: h.result() for m, h in solos.items()})
     return arrivals, results
 
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
 
     engine = Engine(load_settings(model=args.model, dtype=args.dtype, threads=args.threads))
     engine.load()
-    for method in ("paged", *SOLO_METHODS):  # first-use costs (forward, pool, generate) out of the mix
+    for method in (BATCHED_METHOD, *SOLO_METHODS):  # first-use costs (forward, pool, generate) out of the mix
         engine.generate(_request(method, 4))
     started = time.perf_counter()
     arrivals, results = _mix(engine, args.new_tokens)

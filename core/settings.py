@@ -12,8 +12,9 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from core.methods import BATCHED_METHOD, GENERATION_METHODS
+
 PositiveInt = Annotated[int, Field(gt=0)]
-GENERATION_METHODS = ("official", "no_cache", "custom_cache", "prefix_cache", "paged")
 DEFAULT_MODEL = "default"
 
 
@@ -90,7 +91,7 @@ class Settings(BaseSettings):
     default_max_new_tokens: PositiveInt = 128
     # The method a job runs with unless its body names one: ``paged`` joins the worker's
     # shared batches (greedy-identical to ``official``; see docs/architecture.md).
-    default_generation_method: Literal[GENERATION_METHODS] = "paged"  # type: ignore[valid-type]
+    default_generation_method: Literal[GENERATION_METHODS] = BATCHED_METHOD  # type: ignore[valid-type]
     max_new_tokens_cap: PositiveInt = 2048
     max_prompt_chars: PositiveInt = 100_000
     # Text chunks produced within this many ms of the last token event join the next one

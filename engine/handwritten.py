@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 
+from core.methods import CUSTOM_CACHE, NO_CACHE, PREFIX_CACHE
 from engine.constrained import run_constraint
 from engine.forward import Qwen2Forward
 from engine.kv_cache import ContiguousKVCache, NoCache
@@ -148,4 +149,4 @@ def run_prefix_cache(engine: Any, prompt: Prompt, run: GenerationRun, request: G
 
 
 def handwritten_methods() -> dict[str, Callable[..., int]]:
-    return {"no_cache": run_no_cache, "custom_cache": run_custom_cache, "prefix_cache": run_prefix_cache}
+    return {NO_CACHE: run_no_cache, CUSTOM_CACHE: run_custom_cache, PREFIX_CACHE: run_prefix_cache}

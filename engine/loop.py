@@ -44,6 +44,7 @@ from typing import Any, Callable
 import torch
 
 from core.logs import log_event
+from core.methods import BATCHED_METHOD
 from engine.batching.service import PagedService
 from engine.constrained import token_constraint
 from engine.handwritten import forward_for
@@ -56,7 +57,6 @@ from engine.solo import SoloTask
 from engine.types import CancelCheck, GenerationRequest, GenerationResult, LogprobsCallback, TextCallback
 
 logger = logging.getLogger("miniserve.engine.loop")
-BATCHED_METHOD = "paged"
 TEXT, LOGPROBS, RESULT, ERROR = "text", "logprobs", "result", "error"
 IDLE_WAIT_S = 1.0
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from core.methods import OFFICIAL
 from engine.constrained import run_constraint
 from engine.handwritten import handwritten_methods
 from engine.official import generate_official
@@ -29,4 +30,4 @@ def run_official(engine: Any, prompt: Prompt, run: GenerationRun, request: Gener
 
 
 def builtin_methods() -> dict[str, Any]:
-    return {"official": run_official, **handwritten_methods()}
+    return {OFFICIAL: run_official, **handwritten_methods()}

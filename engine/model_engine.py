@@ -16,7 +16,8 @@ import time
 from typing import Any, Callable
 
 from core.logs import log_event
-from core.settings import GENERATION_METHODS, Settings
+from core.methods import BATCHED_METHOD, GENERATION_METHODS
+from core.settings import Settings
 from engine.loader import LoadedModel, load_model
 from engine.methods import builtin_methods
 from engine.openmp import release_thread_team
@@ -25,7 +26,6 @@ from engine.run import GenerationRun
 from engine.types import CancelCheck, GenerationRequest, GenerationResult, LogprobsCallback, TextCallback
 
 logger = logging.getLogger("miniserve.engine")
-BATCHED_METHOD = "paged"
 
 # A method runner fills ``run`` with tokens and returns how many prompt tokens came from a cache.
 MethodRunner = Callable[["ModelEngine", Prompt, GenerationRun, GenerationRequest, float], int]

@@ -9,11 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers import StoppingCriteria, StoppingCriteriaList
 
-from engine.constrained.processor import GrammarLogitsProcessor
 from engine.logprobs import LogprobRecorder
-from engine.official_processors import NEUTRAL_WARPERS, LogprobProcessor, OpenAIPenaltyProcessor, warpers
+from engine.official_processors import NEUTRAL_WARPERS, processors
 from engine.run import GenerationRun
 from engine.sampling import safe_penalty
 from engine.types import SamplingParams
@@ -46,21 +45,6 @@ def generate_kwargs(sampling: SamplingParams, repetition_penalty: float, eos_ids
     else:
         kwargs.update(do_sample=True, **NEUTRAL_WARPERS)  # ours come last (official_processors)
     return kwargs
-
-
-def processors(sampling: SamplingParams, prompt_len: int, vocab_size: int, constraint: Any,
-               recorder: LogprobRecorder | None) -> LogitsProcessorList:
-    """Everything after ``generate``'s repetition penalty, in the hand-written sampler's order."""
-    out: list[Any] = []
-    if sampling.presence_penalty or sampling.frequency_penalty or sampling.logit_bias:
-        out.append(OpenAIPenaltyProcessor(sampling, prompt_len, vocab_size))
-    if recorder is not None:
-        out.append(LogprobProcessor(recorder))
-    if constraint is not None:
-        out.append(GrammarLogitsProcessor(constraint, prompt_len))
-    if not sampling.greedy:
-        out.extend(warpers(sampling))
-    return LogitsProcessorList(out)
 
 
 def generate_official(model: Any, prompt_ids: list[int], run: GenerationRun, sampling: SamplingParams,

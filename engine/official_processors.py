@@ -1,5 +1,6 @@
 """The ``official`` method's own logits processors: OpenAI's penalties and bias, the
-log-probability recorder, and the sampling warpers placed after them.
+log-probability recorder, and the sampling warpers placed after them; :func:`processors`
+builds the list ``generate`` gets.
 
 ``generate`` appends caller-supplied processors *after* its own, which include
 temperature, top-k and top-p; so when sampling, those warpers are built here and put
@@ -12,9 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import (LogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper,
+from transformers import (LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
                           TopPLogitsWarper)
 
+from engine.constrained.processor import GrammarLogitsProcessor
 from engine.logprobs import LogprobRecorder
 from engine.penalties import check_bias, penalize_counts
 from engine.sampling import safe_temperature
@@ -65,3 +67,18 @@ def warpers(sampling: SamplingParams) -> list[Any]:
     if sampling.top_p < 1.0:
         out.append(TopPLogitsWarper(sampling.top_p))
     return out
+
+
+def processors(sampling: SamplingParams, prompt_len: int, vocab_size: int, constraint: Any,
+               recorder: LogprobRecorder | None) -> LogitsProcessorList:
+    """Everything after ``generate``'s repetition penalty, in the hand-written sampler's order."""
+    out: list[Any] = []
+    if sampling.presence_penalty or sampling.frequency_penalty or sampling.logit_bias:
+        out.append(OpenAIPenaltyProcessor(sampling, prompt_len, vocab_size))
+    if recorder is not None:
+        out.append(LogprobProcessor(recorder))
+    if constraint is not None:
+        out.append(GrammarLogitsProcessor(constraint, prompt_len))
+    if not sampling.greedy:
+        out.extend(warpers(sampling))
+    return LogitsProcessorList(out)

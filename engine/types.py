@@ -5,25 +5,20 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Protocol
 
 from core.grammar import Constraint
+from core.sampling_fields import SamplingKnobs
 
 # Finish reasons.
 STOP, LENGTH, CANCELLED = "stop", "length", "cancelled"
 
 
 @dataclass(frozen=True)
-class SamplingParams:
-    """How to pick tokens. ``temperature == 0`` means greedy; ``repetition_penalty=None``
-    means the model's own default (as ``generate`` would apply it)."""
+class SamplingParams(SamplingKnobs):
+    """How to pick tokens: the knobs every surface shares (:class:`core.sampling_fields.SamplingKnobs`,
+    declared there once) and what only the engine sees. ``temperature == 0`` means greedy;
+    ``repetition_penalty=None`` means the model's own default (as ``generate`` would apply it)."""
 
     max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    repetition_penalty: float | None = None
-    seed: int | None = None
     stop: tuple[str, ...] = ()
-    presence_penalty: float = 0.0       # OpenAI's, over the generated tokens (engine.penalties)
-    frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, -100..100) added to the logits
     logprobs: bool = False              # record per-token log-probabilities (engine.logprobs)
     top_logprobs: int = 0               # and this many alternatives per token (0..20)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from flask import Blueprint, render_template
 from flask_openapi3 import OpenAPI
 
-from core.settings import GENERATION_METHODS
+from core.methods import GENERATION_METHODS
 from web.context import ctx
 from web.guards import add_public_prefix
 

@@ -8,33 +8,21 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from core.events import ALL_STATES
 from core.jobs import JOB_TYPES
-from core.settings import GENERATION_METHODS
+from web.sampling_base import (  # noqa: F401 - the shared field types, re-exported for the surfaces
+    MAX_LOGIT_BIAS, MAX_STOP_STRINGS, GenerationMethod, SamplingBase, StopString, json_int,
+)
 
-GenerationMethod = Literal[GENERATION_METHODS]  # type: ignore[valid-type]
 JobState = Literal[ALL_STATES]  # type: ignore[valid-type]
 JobType = Literal[JOB_TYPES]  # type: ignore[valid-type]
 SubmitType = Literal["generate", "agent"]
 Role = Literal["system", "user", "assistant", "tool"]
-MAX_STOP_STRINGS = 8
-MAX_LOGIT_BIAS = 1024  # logit_bias entries (OpenAI's own limit is lower)
 MAX_AGENT_STEPS = 20
-StopString = Annotated[str, Field(min_length=1)]
-# Below these, float32 scores overflow (inf/NaN); the engine clamps too (engine/sampling.py).
-MIN_TEMPERATURE = MIN_REPETITION_PENALTY = 0.01
 
 
-def _integral_float_to_int(value: Any) -> Any:
-    """JSON Schema counts 2.0 as an integer; strict pydantic would not."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
-
-
-def json_int(**constraints: Any) -> Any:
-    """An int (constraints first, so they reach the JSON Schema) that also takes 2.0."""
-    return Annotated[int, Field(**constraints), BeforeValidator(_integral_float_to_int)]
 # One Server-Sent Event as OpenAPI 3.1 describes a text/event-stream item: `data` is the
 # event's JSON ({"seq", "type", "attempt", "ts", "data"}); `id` is its seq; `event` its type.
 SSE_EVENT_SCHEMA: dict[str, Any] = {
@@ -112,39 +100,13 @@ class ModelField(BaseModel):
     model: ModelName | None = Field(default=None, description=MODEL_DESCRIPTION)
 
 
-class SamplingFields(Strict, GuidedFields, ModelField):
-    """Sampling knobs shared by every generation body (``None`` = the service default)."""
+class SamplingFields(Strict, GuidedFields, ModelField, SamplingBase):  # type: ignore[misc, valid-type]
+    """The generation bodies' fields: the shared sampling base (``web.sampling_base``) plus
+    the token cap and token ids, as ``/jobs`` and ``/generate`` spell them."""
 
     max_new_tokens: json_int(ge=1) | None = Field(
         default=None, description="capped by MINISERVE_MAX_NEW_TOKENS_CAP")
-    temperature: float = Field(default=0.0, ge=0.0, le=2.0,
-                               description=f"0 = greedy; below {MIN_TEMPERATURE} also greedy")
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: json_int(ge=0, le=1000) = Field(default=0, description="0 = off")
-    repetition_penalty: Annotated[float, Field(ge=MIN_REPETITION_PENALTY, le=10.0)] | None = Field(
-        default=None, description="null = the model's default")
-    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0,
-                                    description="OpenAI's: subtracted once from every token already generated")
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0,
-                                     description="OpenAI's: times how often the token was generated, subtracted")
-    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = Field(
-        default=None, max_length=MAX_LOGIT_BIAS, description="token id (as a string) -> -100..100 added to its "
-        "logit; -100 bans it")
-    seed: json_int(ge=0, le=2**63 - 1) | None = None
-    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = Field(
-        default=None, description=f"a stop string or up to {MAX_STOP_STRINGS} of them")
-    generation_method: GenerationMethod | None = Field(
-        default=None, description="null = the service default, MINISERVE_DEFAULT_GENERATION_METHOD (paged)")
     return_token_ids: bool = Field(default=False, description="keep the generated token ids in the result")
-    speculative: bool | None = Field(
-        default=None, description="true/false: force prompt-lookup speculative decoding on/off for this request; null = MINISERVE_SPECULATIVE")
-
-    @field_validator("temperature")
-    @classmethod
-    def _temperature_range(cls, value: float) -> float:
-        """Temperatures this small would overflow the scaled scores; they mean greedy anyway,
-        and the schema (0..2) cannot express a gap, so they are stored as 0."""
-        return 0.0 if value < MIN_TEMPERATURE else value
 
 
 class JobOptions(BaseModel):

@@ -36,6 +36,7 @@ from web.logit_bias import bias_pairs
 from web.models import pick_model
 from web.prompt_text import PromptCount
 from web.routing import route_job
+from web.sampling_base import SamplingBase, stop_list, stored_knobs
 from web.schemas import AgentBody, GenerateBody, JobSubmit, SamplingFields
 
 logger = logging.getLogger("miniserve.web.submit")
@@ -100,35 +101,31 @@ class Submitted:
     replayed: bool  # True: an Idempotency-Key matched an earlier submission
 
 
-def _sampling(body: SamplingFields | AgentBody) -> dict[str, Any]:
-    settings = ctx().settings
-    max_new = body.max_new_tokens or settings.default_max_new_tokens
-    if max_new > settings.max_new_tokens_cap:
-        raise ApiError(422, "validation_error", f"max_new_tokens: at most {settings.max_new_tokens_cap}",
-                       field="max_new_tokens")
-    if isinstance(body, AgentBody):
-        return {"max_new_tokens": max_new, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
-                "repetition_penalty": None, "seed": None, "stop": []}
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    out = {"max_new_tokens": max_new, "temperature": body.temperature, "top_p": body.top_p,
-           "top_k": body.top_k, "repetition_penalty": body.repetition_penalty, "seed": body.seed,
-           "stop": stop}
-    return {**out, **openai_penalties(body.presence_penalty, body.frequency_penalty, body.logit_bias,
-                                      getattr(body, "model", None))}
-
-
-def openai_penalties(presence: float | None, frequency: float | None,
-                     logit_bias: dict[str, float] | None, model: str | None = None) -> dict[str, Any]:
-    """OpenAI's penalties and bias for the stored sampling, only when set (a plain job's
-    stored request stays as it was)."""
-    out: dict[str, Any] = {}
-    if presence:
-        out["presence_penalty"] = presence
-    if frequency:
-        out["frequency_penalty"] = frequency
-    if logit_bias:
-        out["logit_bias"] = bias_pairs(logit_bias, model)  # ids of the named model's vocabulary
+def job_sampling(body: SamplingBase, max_tokens: int | None, cap_field: str,
+                 model: str | None = None) -> dict[str, Any]:
+    """The stored sampling of any surface's body (its one conversion function calls this):
+    the token cap checked (a 422 naming ``cap_field``, the surface's own name for it), the
+    shared knobs (``web.sampling_base.stored_knobs``), stop strings and the bias as token ids
+    of ``model``'s vocabulary."""
+    out = {"max_new_tokens": _max_new(max_tokens, cap_field), **stored_knobs(body), "stop": stop_list(body)}
+    if body.logit_bias:
+        out["logit_bias"] = bias_pairs(body.logit_bias, model or None)  # ids of the named model's vocabulary
     return out
+
+
+def _max_new(max_tokens: int | None, cap_field: str) -> int:
+    settings = ctx().settings
+    max_new = max_tokens or settings.default_max_new_tokens
+    if max_new > settings.max_new_tokens_cap:
+        raise ApiError(422, "validation_error", f"{cap_field}: at most {settings.max_new_tokens_cap}",
+                       field=cap_field)
+    return max_new
+
+
+def _agent_sampling(body: AgentBody) -> dict[str, Any]:
+    """Agent runs are greedy, with the model's repetition penalty."""
+    return {"max_new_tokens": _max_new(body.max_new_tokens, "max_new_tokens"), "temperature": 0.0, "top_p": 1.0,
+            "top_k": 0, "repetition_penalty": None, "seed": None, "stop": []}
 
 
 def _request(messages: list[dict[str, str]], prefix: str | None, sampling: dict[str, Any],
@@ -156,7 +153,8 @@ def _constraint(body: SamplingFields) -> dict[str, Any] | None:
     return found.to_dict() if found is not None else None
 
 
-def _method(body: SamplingFields) -> str:
+def job_method(body: SamplingBase) -> str:
+    """The body's generation method, or the service default."""
     return body.generation_method or ctx().settings.default_generation_method
 
 
@@ -173,7 +171,8 @@ def from_job_body(body: JobSubmit) -> Submission:
     constraint = _constraint(body)
     if constraint is not None and body.type == "agent":
         raise ApiError(422, "validation_error", "response_format: not for agent jobs", field="response_format")
-    request = _request(messages, body.prefix, _sampling(body), _method(body), max_steps, body.return_token_ids,
+    request = _request(messages, body.prefix, job_sampling(body, body.max_new_tokens, "max_new_tokens", body.model),
+                       job_method(body), max_steps, body.return_token_ids,
                        body.speculative, constraint)
     return Submission(body.type, request, field_name, body.model,
                       job_options(body.deadline, body.timeout_s, body.webhook_url))
@@ -181,7 +180,8 @@ def from_job_body(body: JobSubmit) -> Submission:
 
 def from_generate_body(body: GenerateBody) -> Submission:
     messages = [{"role": "user", "content": body.prompt}]
-    request = _request(messages, body.prefix, _sampling(body), _method(body), None, body.return_token_ids,
+    request = _request(messages, body.prefix, job_sampling(body, body.max_new_tokens, "max_new_tokens", body.model),
+                       job_method(body), None, body.return_token_ids,
                        body.speculative, _constraint(body))
     return Submission("generate", request, "prompt", body.model)
 
@@ -189,7 +189,7 @@ def from_generate_body(body: GenerateBody) -> Submission:
 def from_agent_body(body: AgentBody) -> Submission:
     messages = [{"role": "user", "content": body.prompt}]
     method = ctx().settings.default_generation_method
-    return Submission("agent", _request(messages, None, _sampling(body), method, body.max_steps), "prompt",
+    return Submission("agent", _request(messages, None, _agent_sampling(body), method, body.max_steps), "prompt",
                       body.model, job_options(body.deadline, body.timeout_s, body.webhook_url))
 
 

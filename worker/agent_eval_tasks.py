@@ -22,6 +22,7 @@ from celery import chord, group
 from celery.result import GroupResult
 
 from agent.evaluation import Case, load_cases, run_case, summarize
+from core.methods import BATCHED_METHOD, CUSTOM_CACHE
 from worker.app import app
 from worker.tasks import WorkerGenerator
 from worker.runtime import runtime
@@ -45,7 +46,7 @@ def evaluate_case(case: dict[str, Any], max_steps: int = 3, max_new_tokens: int 
     from agent.model import EngineChatModel
 
     rt = runtime()
-    method = "paged" if rt.batching else "custom_cache"
+    method = BATCHED_METHOD if rt.batching else CUSTOM_CACHE
     model = EngineChatModel(WorkerGenerator(rt), method=method)
     return run_case(model, _registry(), Case.from_dict(case), max_steps, max_new_tokens)
 

@@ -8,12 +8,13 @@ from typing import Any
 from celery import Task
 
 from core import tasks as names
+from core.methods import BATCHED_METHOD, CUSTOM_CACHE
 from worker.app import app
 from worker.celery_state import TASK_THROWS
 from worker.job_runner import BadJobRequest, JobContext
 from worker.requests import generation_request_from
 from worker.runtime import runtime
-from worker.tasks import BATCHED_METHOD, WorkerGenerator, run_task
+from worker.tasks import WorkerGenerator, run_task
 
 PROGRESS = "progress"
 
@@ -51,7 +52,7 @@ def agent_eval(ctx: JobContext) -> dict[str, Any]:
     rt = runtime()
     stored = ctx.record.request
     cases = load_cases(categories=stored.get("categories") or None, limit=stored.get("limit"))
-    method = BATCHED_METHOD if rt.batching else "custom_cache"
+    method = BATCHED_METHOD if rt.batching else CUSTOM_CACHE
     model = EngineChatModel(WorkerGenerator(rt, ctx), method=method, should_cancel=ctx.should_cancel)
     records = []
     for index, case in enumerate(cases):

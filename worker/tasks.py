@@ -11,6 +11,7 @@ from celery import Task
 
 from core import tasks as names
 from core.events import TOOL_STEP, WAITING
+from core.methods import BATCHED_METHOD
 from core.routing import note_prefix
 from engine.constrained.compiler import GrammarError
 from engine.group import IndexedLogprobs, IndexedText, stream_group
@@ -23,7 +24,6 @@ from worker.model_guard import forwarded
 from worker.requests import group_from
 from worker.runtime import WorkerRuntime, runtime
 
-BATCHED_METHOD = "paged"
 WAITING_AFTER_S = 0.1  # a request not started by then gets a ``waiting`` event
 
 

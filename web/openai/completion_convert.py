@@ -16,8 +16,7 @@ from typing import Any
 from web.context import ctx
 from web.errors import ApiError
 from web.openai.completion_schemas import DEFAULT_MAX_TOKENS, MAX_TOTAL_CHOICES, CompletionRequest
-from web.openai.convert import sampling_fields
-from web.submit import Submission, with_speculative
+from web.submit import Submission, job_method, job_sampling, with_speculative
 
 FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"
 
@@ -62,7 +61,7 @@ def _prompts(body: CompletionRequest) -> list[str]:
 
 
 def _sampling(body: CompletionRequest) -> dict[str, Any]:
-    out = sampling_fields(body, body.max_tokens or DEFAULT_MAX_TOKENS, "max_tokens")
+    out = job_sampling(body, body.max_tokens or DEFAULT_MAX_TOKENS, "max_tokens", body.model)
     if body.logprobs is not None:
         out.update(logprobs=True, top_logprobs=body.logprobs)
         if body.echo:
@@ -80,7 +79,7 @@ def completion_job(body: CompletionRequest) -> CompletionJob:
         raise _bad("n", f"{len(body.prompts)} prompts x n = {n} is more than {MAX_TOTAL_CHOICES} choices")
     request: dict[str, Any] = {"messages": [], "prompts": _prompts(body), "prefix": None,
                                "sampling": _sampling(body),
-                               "method": body.generation_method or ctx().settings.default_generation_method,
+                               "method": job_method(body),
                                "tools": None, "max_steps": None}
     if n > 1:
         request["n"] = n

@@ -9,16 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from web.openai.fields import FieldRule, check_fields, honoured, no_effect, refused
+from web.openai.fields import OPENAI_SAMPLING, FieldRule, check_fields, honoured, no_effect, refused, sampling_rules
 
 COMPLETION_FIELDS: dict[str, FieldRule] = {
+    **sampling_rules(OPENAI_SAMPLING),
     "prompt": honoured("a string, or a list of strings (one choice per prompt, n each); token ids: 400"),
     "model": honoured("an id from GET /v1/models picks the model; empty = the cluster's default; unknown: 404"),
     "max_tokens": honoured("the job's max_new_tokens; omitted = 16, as OpenAI"),
-    "temperature": honoured("omitted = 0 (greedy), unlike OpenAI's 1"),
-    "top_p": honoured("nucleus sampling"),
-    "seed": honoured("seeds the sampler; choice i of a prompt: seed + i"),
-    "stop": honoured("a string or up to 8"),
     "stream": honoured("text_completion chunks, data: [DONE] last"),
     "stream_options": honoured("include_usage"),
     "n": honoured("1..16 choices per prompt, in one job; paged: they share the prompt's KV blocks"),
@@ -26,14 +23,7 @@ COMPLETION_FIELDS: dict[str, FieldRule] = {
     "echo": honoured("the prompt before the answer (and its tokens' logprobs, the first null)"),
     "logprobs": honoured("0..20: tokens, token_logprobs, top_logprobs, text_offset"),
     "suffix": honoured("fill-in-the-middle with the tokenizer's FIM tokens; none: 400"),
-    "presence_penalty": honoured("-2..2, over the generated tokens; on top of repetition_penalty"),
-    "frequency_penalty": honoured("-2..2, over the generated tokens; on top of repetition_penalty"),
-    "logit_bias": honoured("token id -> -100..100 added to the logits (-100 bans)"),
     "user": no_effect("an end-user id; not logged", str),
-    "generation_method": honoured("official | no_cache | custom_cache | prefix_cache | paged", extension=True),
-    "top_k": honoured("0 = off", extension=True),
-    "repetition_penalty": honoured("null = the model's default", extension=True),
-    "speculative": honoured("prompt-lookup speculative decoding on/off", extension=True),
 }
 
 

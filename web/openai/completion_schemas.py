@@ -9,9 +9,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from web.openai.completion_fields import check_completion_fields
-from web.openai.schemas import (MAX_CHOICES, MAX_TOP_LOGPROBS, CompletionUsage, GenerationMethod, Lenient,
-                                StreamOptions)
-from web.schemas import MAX_LOGIT_BIAS, MAX_STOP_STRINGS, SSE_EVENT_SCHEMA, StopString, json_int
+from web.openai.schemas import MAX_CHOICES, MAX_TOP_LOGPROBS, CompletionUsage, Lenient, StreamOptions
+from web.sampling_base import SamplingBase, json_int
+from web.schemas import SSE_EVENT_SCHEMA
 
 MAX_PROMPTS = 64          # prompts in one request
 MAX_TOTAL_CHOICES = 64    # prompts x n
@@ -24,9 +24,10 @@ def _no_token_ids(data: Any) -> None:
         raise ValueError("prompt: token id prompts are not supported; send the text (a string or a list of strings)")
 
 
-class CompletionRequest(Lenient):
+class CompletionRequest(Lenient, SamplingBase):  # type: ignore[misc, valid-type]
     """``POST /v1/completions``: the prompt as is (no chat template). ``temperature``
-    omitted = 0 (greedy), as everywhere in MiniServe; ``max_tokens`` omitted = 16, as OpenAI."""
+    omitted = 0 (greedy), as everywhere in MiniServe; ``max_tokens`` omitted = 16, as OpenAI.
+    The sampling fields are the shared base's (``web.sampling_base``)."""
 
     model: str = Field(default="", max_length=200, description="an id from /v1/models; empty = the default model")
     prompt: str | Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)] = Field(
@@ -37,23 +38,11 @@ class CompletionRequest(Lenient):
         default=None, description=f"0..{MAX_TOP_LOGPROBS}: per-token log-probabilities and that many alternatives")
     max_tokens: json_int(ge=1) | None = Field(default=None, description="omitted = 16; capped by "
                                               "MINISERVE_MAX_NEW_TOKENS_CAP")
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0, description="null/omitted = 0 (greedy)")
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    seed: json_int(ge=0, le=2**63 - 1) | None = None
-    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     n: json_int(ge=1, le=MAX_CHOICES) | None = Field(default=None, description=f"1..{MAX_CHOICES} choices per prompt")
     best_of: json_int(ge=1) | None = Field(default=None, description="only null, 1 or n")
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = Field(
-        default=None, max_length=MAX_LOGIT_BIAS, description="token id (as a string) -> -100..100")
     user: str | None = None
-    generation_method: GenerationMethod | None = Field(default=None, description="MiniServe extension")
-    top_k: json_int(ge=0, le=1000) | None = Field(default=None, description="MiniServe extension; 0 = off")
-    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0, description="MiniServe extension")
-    speculative: bool | None = Field(default=None, description="MiniServe extension")
 
     @model_validator(mode="before")
     @classmethod

@@ -17,12 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from web import constraints
-from web.context import ctx
 from web.errors import ApiError
 from web.json_depth import InvalidText, JsonTooDeep, parse_json
 from web.openai.schemas import ChatCompletionRequest, ChatMessage
 from web.openai.tool_calls import ToolSet, compile_tools
-from web.submit import Submission, openai_penalties, with_speculative
+from web.submit import Submission, job_method, job_sampling, with_speculative
 
 REQUIRED_HINT = "Answer with a call to one of the functions you were given."
 NAMED_HINT = "Answer with a call to the function `{name}`."
@@ -86,27 +85,10 @@ def stored_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 
 def _sampling(body: ChatCompletionRequest) -> dict[str, Any]:
     field_name = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
-    out = sampling_fields(body, body.max_completion_tokens or body.max_tokens, field_name)
+    out = job_sampling(body, body.max_completion_tokens or body.max_tokens, field_name, body.model)
     if body.logprobs:
         out.update(logprobs=True, top_logprobs=body.top_logprobs or 0)
     return out
-
-
-def sampling_fields(body: Any, max_tokens: int | None, field_name: str) -> dict[str, Any]:
-    """The stored sampling of a ``/v1`` body (chat or completion): the token cap checked
-    (a 422 naming ``field_name``), greedy when ``temperature`` is omitted, penalties and
-    bias only when set (a plain job stays as it was)."""
-    settings = ctx().settings
-    max_new = max_tokens or settings.default_max_new_tokens
-    if max_new > settings.max_new_tokens_cap:
-        raise ApiError(422, "validation_error", f"{field_name}: at most {settings.max_new_tokens_cap}",
-                       field=field_name)
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    return {"max_new_tokens": max_new, "temperature": body.temperature or 0.0,
-            "top_p": body.top_p if body.top_p is not None else 1.0, "top_k": body.top_k or 0,
-            "repetition_penalty": body.repetition_penalty, "seed": body.seed, "stop": stop,
-            **openai_penalties(body.presence_penalty, body.frequency_penalty, body.logit_bias,
-                                getattr(body, "model", None))}
 
 
 def _tool_set(body: ChatCompletionRequest) -> ToolSet | None:
@@ -157,7 +139,7 @@ def chat_job(body: ChatCompletionRequest) -> ChatJob:
     if hint:
         messages.append({"role": "system", "content": hint})
     request = {"messages": messages, "prefix": None, "sampling": _sampling(body),
-               "method": body.generation_method or ctx().settings.default_generation_method,
+               "method": job_method(body),
                "tools": [t.model_dump(exclude_none=True) for t in body.tools] if tools else None,
                "max_steps": None}
     with_speculative(request, body.speculative)

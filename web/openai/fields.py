@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
+from web.sampling_base import SAMPLING_NOTES
+
 Kind = Literal["honoured", "no_effect", "refused"]
 
 
@@ -50,15 +52,20 @@ def refused(note: str, accepts: Callable[[Any], bool] = _null) -> FieldRule:
     return FieldRule("refused", note, accepts=accepts)
 
 
+def sampling_rules(openai: frozenset[str]) -> dict[str, FieldRule]:
+    """The rows of the sampling fields every surface shares (``web.sampling_base``): all
+    honoured, each a MiniServe extension unless ``openai`` (this endpoint's OpenAI fields) has it."""
+    return {name: honoured(note, extension=name not in openai) for name, note in SAMPLING_NOTES.items()}
+
+
+OPENAI_SAMPLING = frozenset({"temperature", "top_p", "seed", "stop", "presence_penalty", "frequency_penalty",
+                             "logit_bias"})  # chat's and completions' own; the rest are extensions
 CHAT_FIELDS: dict[str, FieldRule] = {
+    **sampling_rules(OPENAI_SAMPLING),
     "messages": honoured("system, developer (as system), user, assistant (with tool_calls), tool; text only"),
     "model": honoured("an id from GET /v1/models picks the model; empty = the cluster's default; unknown: 404"),
     "max_completion_tokens": honoured("the job's max_new_tokens (wins over max_tokens)"),
     "max_tokens": honoured("the job's max_new_tokens"),
-    "temperature": honoured("omitted = 0 (greedy), unlike OpenAI's 1"),
-    "top_p": honoured("nucleus sampling"),
-    "seed": honoured("seeds the sampler"),
-    "stop": honoured("a string or up to 8"),
     "stream": honoured("OpenAI chunks, data: [DONE] last"),
     "stream_options": honoured("include_usage"),
     "tools": honoured("function tools, rendered by the chat template"),
@@ -68,9 +75,6 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "n": honoured("1..16 choices in one job (seed + i each); paged: they share the prompt's KV blocks"),
     "logprobs": honoured("after penalties and logit_bias, before the grammar mask and temperature/top-k/top-p"),
     "top_logprobs": honoured("0..20 alternatives per token; needs logprobs: true"),
-    "presence_penalty": honoured("-2..2, over the generated tokens; on top of repetition_penalty"),
-    "frequency_penalty": honoured("-2..2, over the generated tokens; on top of repetition_penalty"),
-    "logit_bias": honoured("token id -> -100..100 added to the logits (-100 bans)"),
     "store": refused("completions are not stored; only false", _is(False)),
     "modalities": refused("text only; only [\"text\"]", _is(["text"])),
     "audio": refused("no audio output"),
@@ -88,10 +92,6 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "prompt_cache_key": no_effect("prompt caching is automatic (prefix routing)", str),
     "prompt_cache_retention": no_effect("prompt caching is automatic", str),
     "prompt_cache_options": no_effect("prompt caching is automatic", dict),
-    "generation_method": honoured("official | no_cache | custom_cache | prefix_cache | paged", extension=True),
-    "top_k": honoured("0 = off", extension=True),
-    "repetition_penalty": honoured("null = the model's default", extension=True),
-    "speculative": honoured("prompt-lookup speculative decoding on/off", extension=True),
     "guided_choice": honoured("the answer is one of the strings", extension=True),
     "guided_regex": honoured("the answer matches the regex", extension=True),
 }

@@ -26,6 +26,7 @@ from web.openai.responses_schemas import (
 )
 from web.openai.responses_shape import RESPONSE_PREFIX, assistant_turn, stored_response
 from web.openai.schemas import ChatCompletionRequest
+from web.sampling_base import SHARED_FIELDS
 
 RENAMES = (("max_completion_tokens", "max_output_tokens"), ("response_format.json_schema", "text.format"),
            ("response_format", "text.format"))
@@ -108,11 +109,9 @@ def chat_body(body: ResponseRequest, messages: list[dict[str, Any]]) -> dict[str
     tools = [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
              for t in body.tools] if body.tools is not None else None
     fields = {"messages": messages, "model": body.model, "stream": bool(body.stream),
-              "max_completion_tokens": body.max_output_tokens, "temperature": body.temperature,
-              "top_p": body.top_p, "tools": tools, "tool_choice": _tool_choice(body),
+              "max_completion_tokens": body.max_output_tokens, "tools": tools, "tool_choice": _tool_choice(body),
               "parallel_tool_calls": body.parallel_tool_calls, "response_format": _format(body),
-              "generation_method": body.generation_method, "top_k": body.top_k,
-              "repetition_penalty": body.repetition_penalty, "seed": body.seed}
+              **{name: getattr(body, name) for name in SHARED_FIELDS}}  # the shared base, as it is
     return {k: v for k, v in fields.items() if v is not None}
 
 

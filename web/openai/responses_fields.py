@@ -9,17 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from web.openai.fields import FieldRule, _is, check_fields, honoured, no_effect, refused
+from web.openai.fields import FieldRule, _is, check_fields, honoured, no_effect, refused, sampling_rules
 
 RESPONSE_FIELDS: dict[str, FieldRule] = {
+    **sampling_rules(frozenset({"temperature", "top_p"})),  # the Responses API's own sampling fields
     "input": honoured("a string, or items: messages (system, developer as system, user, assistant; "
                       "input_text/output_text parts), function_call and function_call_output"),
     "instructions": honoured("a system message before everything else; not carried over by "
                              "previous_response_id (as OpenAI)"),
     "model": honoured("an id from GET /v1/models picks the model; empty = the cluster's default; unknown: 404"),
     "max_output_tokens": honoured("the job's max_new_tokens; reaching it: status incomplete"),
-    "temperature": honoured("omitted = 0 (greedy), unlike OpenAI's 1"),
-    "top_p": honoured("nucleus sampling"),
     "stream": honoured("Responses events, response.created ... response.completed, each with sequence_number"),
     "tools": honoured("function tools, rendered by the chat template; other tool types: 400"),
     "tool_choice": honoured("none | auto | required | {type: function, name}, held by a grammar"),
@@ -50,10 +49,6 @@ RESPONSE_FIELDS: dict[str, FieldRule] = {
     "moderation": refused("no moderation"),
     "image": refused("no image generation"),
     "access_programs": refused("no access programs"),
-    "generation_method": honoured("official | no_cache | custom_cache | prefix_cache | paged", extension=True),
-    "top_k": honoured("0 = off", extension=True),
-    "repetition_penalty": honoured("null = the model's default", extension=True),
-    "seed": honoured("seeds the sampler", extension=True),
 }
 
 

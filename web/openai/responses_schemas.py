@@ -14,8 +14,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from web.openai.responses_fields import check_response_fields
-from web.openai.schemas import FUNCTION_NAME_PATTERN, GenerationMethod, Lenient
-from web.schemas import SSE_EVENT_SCHEMA, json_int
+from web.openai.schemas import FUNCTION_NAME_PATTERN, Lenient
+from web.sampling_base import SamplingBase, json_int
+from web.schemas import SSE_EVENT_SCHEMA
 
 ITEM_TYPES = ("message", "function_call", "function_call_output")
 
@@ -104,10 +105,10 @@ class TextConfig(Lenient):
     verbosity: Annotated[None, BeforeValidator(_no_verbosity)] = Field(default=None, description="only null")
 
 
-class ResponseRequest(Lenient):
+class ResponseRequest(Lenient, SamplingBase):  # type: ignore[misc, valid-type]
     """``POST /v1/responses``. ``temperature`` omitted = 0 (greedy), as everywhere in MiniServe.
-    MiniServe extensions (``extra_body`` with the openai client): ``generation_method``,
-    ``top_k``, ``repetition_penalty``, ``seed``."""
+    The sampling fields are the shared base's (``web.sampling_base``); those OpenAI's
+    Responses API lacks are MiniServe extensions (``extra_body`` with the openai client)."""
 
     input: Annotated[list[InputItem], Field(min_length=1, max_length=256)] | Annotated[
         str, Field(max_length=1_000_000)] = Field(description="a user message, or input items")
@@ -115,8 +116,6 @@ class ResponseRequest(Lenient):
     model: str = Field(default="", max_length=200)
     max_output_tokens: json_int(ge=1) | None = Field(default=None, description="capped by "
                                                      "MINISERVE_MAX_NEW_TOKENS_CAP")
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0, description="null/omitted = 0 (greedy)")
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     stream: bool | None = False
     tools: list[FunctionTool] | None = Field(default=None, max_length=128)
     tool_choice: Literal["auto", "none", "required"] | FunctionChoice | None = None
@@ -126,10 +125,6 @@ class ResponseRequest(Lenient):
     previous_response_id: str | None = Field(default=None, min_length=1, max_length=200)
     background: bool | None = Field(default=None, description="true: answered at once; poll GET /v1/responses/{id}")
     stream_options: dict[str, Any] | None = None
-    generation_method: GenerationMethod | None = None
-    top_k: json_int(ge=0, le=1000) | None = None
-    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
-    seed: json_int(ge=0, le=2**63 - 1) | None = None
 
     @model_validator(mode="before")
     @classmethod

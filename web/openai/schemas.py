@@ -12,13 +12,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from core.settings import GENERATION_METHODS
 from web.openai.fields import check_chat_fields
-from web.schemas import MAX_LOGIT_BIAS, MAX_STOP_STRINGS, SSE_EVENT_SCHEMA, GuidedFields, StopString, json_int
+from web.sampling_base import GenerationMethod, SamplingBase, json_int  # noqa: F401 - GenerationMethod re-exported
+from web.schemas import SSE_EVENT_SCHEMA, GuidedFields
 
 MAX_TOP_LOGPROBS = 20
 MAX_CHOICES = 16  # n: choices of one request (each a sequence on the worker)
-GenerationMethod = Literal[GENERATION_METHODS]  # type: ignore[valid-type]
 FUNCTION_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 
 
@@ -81,12 +80,12 @@ class StreamOptions(Lenient):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(Lenient, GuidedFields):
+class ChatCompletionRequest(Lenient, GuidedFields, SamplingBase):  # type: ignore[misc, valid-type]
     """``POST /v1/chat/completions``. ``temperature`` omitted = 0 (greedy), as everywhere in
     MiniServe. ``response_format`` (json_object, json_schema) and tool calls are enforced by a
-    grammar while decoding. MiniServe extensions (send them with the openai client's
-    ``extra_body``): ``generation_method``, ``top_k``, ``repetition_penalty``,
-    ``guided_choice``, ``guided_regex``."""
+    grammar while decoding. The sampling fields are the shared base's (``web.sampling_base``);
+    MiniServe extensions among them and ``guided_choice``, ``guided_regex`` are sent with the
+    openai client's ``extra_body``."""
 
     model: str = Field(default="", max_length=200, description="an id from /v1/models (unknown: 404 "
                        "model_not_found); empty = the cluster's default model")
@@ -94,11 +93,6 @@ class ChatCompletionRequest(Lenient, GuidedFields):
     max_tokens: json_int(ge=1) | None = Field(default=None, description="capped by MINISERVE_MAX_NEW_TOKENS_CAP")
     max_completion_tokens: json_int(ge=1) | None = Field(
         default=None, description="same as max_tokens (wins when both are given)")
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0, description="null/omitted = 0 (greedy)")
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    seed: json_int(ge=0, le=2**63 - 1) | None = None
-    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = Field(
-        default=None, description=f"a stop string or up to {MAX_STOP_STRINGS} of them")
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     tools: list[ToolDef] | None = Field(default=None, max_length=128)
@@ -110,19 +104,6 @@ class ChatCompletionRequest(Lenient, GuidedFields):
                                   "logit_bias, before the grammar mask and temperature/top-k/top-p")
     top_logprobs: json_int(ge=0, le=MAX_TOP_LOGPROBS) | None = Field(
         default=None, description=f"0..{MAX_TOP_LOGPROBS} most likely alternatives per token; needs logprobs")
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0,
-                                           description="subtracted once from every token already generated")
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0,
-                                            description="times how often the token was generated, subtracted")
-    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = Field(
-        default=None, max_length=MAX_LOGIT_BIAS,
-        description="token id (as a string) -> -100..100 added to its logit; -100 bans it")
-    generation_method: GenerationMethod | None = Field(
-        default=None, description="MiniServe extension; default MINISERVE_DEFAULT_GENERATION_METHOD (paged)")
-    top_k: json_int(ge=0, le=1000) | None = Field(default=None, description="MiniServe extension; 0 = off")
-    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0,
-                                             description="MiniServe extension; null = the model's default")
-    speculative: bool | None = Field(default=None, description="MiniServe extension; " + "true/false: force prompt-lookup speculative decoding on/off for this request; null = MINISERVE_SPECULATIVE")
 
     @model_validator(mode="before")
     @classmethod
