@@ -56,7 +56,9 @@ def start_batch(text: str, input_file_id: str, endpoint: str, window: str,
     store = batch_store()
     batch_id = new_batch_id()
     batch_object = new_object(batch_id, input_file_id, endpoint, window, metadata)
-    options = job_options(deadline=float(batch_object["expires_at"]), webhook_url=webhook_url)
+    # The lines' deadline: the window's end (or the job TTL's, if shorter: the records go then).
+    deadline = min(float(batch_object["expires_at"]), time.time() + ctx().settings.job_ttl_s - 1)
+    options = job_options(deadline=deadline, webhook_url=webhook_url)
     store.create_batch(BatchRecord(batch_id, owner, batch_object, []))
     lines = parse_lines(text, endpoint)
     if not lines:
