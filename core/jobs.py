@@ -117,6 +117,17 @@ def _event_body(event_type: str, attempt: int | str, ts: float, data_json: str) 
     return f'"type": {json.dumps(event_type)}, "attempt": {attempt}, "ts": {ts!r}, "data": {data_json}}}'
 
 
+def estimated_start(ahead: int, starts: list[float], now: float, window_s: float = 3600) -> float | None:
+    """When a job with ``ahead`` jobs before it should start: one start per measured interval
+    (the queue's recent ``starts``), the next one counted from the last start. None without
+    two starts in ``window_s``."""
+    recent = sorted(t for t in starts if now - t <= window_s)
+    if len(recent) < 2 or recent[-1] <= recent[0]:
+        return None
+    interval = (recent[-1] - recent[0]) / (len(recent) - 1)
+    return max(now, recent[-1] + interval * (ahead + 1))
+
+
 def new_job_id() -> keys.JobId:
     return keys.JobId(uuid.uuid4().hex)
 
@@ -131,7 +142,7 @@ class JobStore:
 
     def __post_init__(self) -> None:
         for name in ("CREATE", "SWEEP_UNDISPATCHED", "APPEND_EVENT", "START_ATTEMPT", "FINISH", "REQUEUE",
-                     "EXPIRE_QUEUED"):
+                     "EXPIRE_QUEUED", "LINE_JOIN"):
             self._scripts[name] = self.client.register_script(getattr(scripts, name))
 
     # ---- creating and reading ----------------------------------------------------------
@@ -193,13 +204,32 @@ class JobStore:
                   "" if record.deadline is None else repr(record.deadline), *fields]))
 
     # ---- dispatch: every queued job has a task message, or the sweeper sends one ---------
-    def mark_dispatched(self, job_id: str) -> None:
-        """The job's task message was sent; it is *pending* until an attempt starts
-        (:mod:`core.deliveries` finds messages stranded on the way)."""
+    def mark_dispatched(self, job_id: str, queue: str | None = None) -> None:
+        """The job's task message was sent (to ``queue``, whose line it then joins); it is
+        *pending* until an attempt starts (:mod:`core.deliveries` finds messages stranded on
+        the way)."""
         pipe = self.client.pipeline(transaction=True)
         pipe.zrem(keys.UNDISPATCHED, job_id)
         pipe.zadd(keys.PENDING, {job_id: time.time()})
         pipe.execute()
+        if queue:
+            self._scripts["LINE_JOIN"](keys=[keys.job_key(job_id), keys.line_key(queue), keys.line_starts_key(queue),
+                                             keys.LINE_SEQ], args=[job_id])
+
+    def place_in_line(self, job_id: str) -> tuple[int, float | None] | None:
+        """(jobs ahead of it in its queue, when it is expected to start) for a queued job
+        whose message was sent, else None. The estimate: the queue's service rate over its
+        last starts (up to 64, within the last hour); None until two have been seen."""
+        line, starts_key = self.client.hmget(keys.job_key(job_id), ["line", "line_starts"])
+        if not line or not starts_key:
+            return None
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zrank(line, job_id)
+        pipe.zrange(starts_key, 0, -1, withscores=True)
+        rank, starts = pipe.execute()
+        if rank is None:
+            return None
+        return int(rank), estimated_start(int(rank), [t for _, t in starts], time.time())
 
     def undispatched(self, older_than_s: float, now: float | None = None, limit: int = 100) -> list[str]:
         """Queued jobs whose task message was not confirmed sent within ``older_than_s``."""

@@ -172,3 +172,18 @@ def webhook_key(job_id: str) -> str:
 def webhook_try_key(job_id: str, try_id: str) -> str:
     """Marker (SET NX) that one delivery try has been made: never twice per try id."""
     return f"webhook:{JobId(job_id)}:try:{try_id}"
+
+
+# A place in line (core/jobs.py): the queued jobs of each Celery queue in the order their
+# messages were sent, which is the order a worker takes them (each queue is a FIFO list).
+LINE_SEQ = "jobs:line_seq"  # counter: the order of sends, across queues
+
+
+def line_key(queue: str) -> str:
+    """Sorted set: the queue's waiting jobs -> their send order (ZRANK is a job's position)."""
+    return f"line:{queue}"
+
+
+def line_starts_key(queue: str) -> str:
+    """Sorted set: the queue's most recently started jobs -> start time (its service rate)."""
+    return f"line:{queue}:starts"

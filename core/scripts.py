@@ -22,9 +22,23 @@ local function is_terminal(state)
   return state == 'succeeded' or state == 'failed' or state == 'cancelled' or state == 'timeout'
     or state == 'expired'
 end
+-- A job leaves its queue's line (core/jobs.py, place_in_line) when it starts or ends; the key
+-- names were stored in its hash by LINE_JOIN. A start also counts in the queue's service rate.
+local function leave_line(job, id, started_at)
+  local line = redis.call('HGET', job, 'line')
+  if not line then return end
+  redis.call('ZREM', line, id)
+  if started_at then
+    local starts = redis.call('HGET', job, 'line_starts')
+    redis.call('ZADD', starts, started_at, id)
+    redis.call('ZREMRANGEBYRANK', starts, 0, -65)  -- the last 64 starts
+    redis.call('EXPIRE', starts, 3600)
+  end
+end
 -- Every step that ends a job calls this: the job leaves the deadline sweep's set, and a job
 -- with a webhook enters the outbox (due now), so no ending can miss its notification.
 local function ended(job, id, ts, outbox, deadlines)
+  leave_line(job, id, nil)
   if deadlines then redis.call('ZREM', deadlines, id) end
   if outbox and redis.call('HEXISTS', job, 'webhook_url') == 1 then
     redis.call('ZADD', outbox, ts, id)
@@ -138,6 +152,7 @@ if attempt > max_attempts then
   return {-1, seq}
 end
 redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[2], 'started_at', ts)
+leave_line(KEYS[1], ARGV[1], ts)
 redis.call('EXPIRE', KEYS[1], ARGV[5])  -- a queue wait must not eat the running job's TTL
 redis.call('ZADD', KEYS[4], ARGV[4], ARGV[1])
 local data = cjson.encode({state = 'running', worker = ARGV[2], restart = attempt > 1})
@@ -212,4 +227,18 @@ if not deadline or tonumber(ARGV[2]) < deadline then return 0 end
 redis.call('ZREM', KEYS[5], ARGV[1])
 redis.call('ZREM', KEYS[6], ARGV[1])
 return expire(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], KEYS[7], KEYS[4])
+"""
+
+# KEYS: job, line, line_starts, seq. ARGV: job_id. The job's message was just sent to the
+# queue whose line this is: it joins the line's end (the order of sends is the order the
+# queue's FIFO list hands messages out), unless it already started or ended meanwhile.
+# Returns its place in the sending order, or 0.
+LINE_JOIN = """
+if redis.call('HGET', KEYS[1], 'state') ~= 'queued' then return 0 end
+local old = redis.call('HGET', KEYS[1], 'line')
+if old then redis.call('ZREM', old, ARGV[1]) end
+local n = redis.call('INCR', KEYS[4])
+redis.call('ZADD', KEYS[2], n, ARGV[1])
+redis.call('HSET', KEYS[1], 'line', KEYS[2], 'line_starts', KEYS[3])
+return n
 """

@@ -97,7 +97,14 @@ def list_jobs(query: JobListQuery):
 @api.get("/jobs/<job_id>", summary="One job: state, timings, usage, result or error",
          responses={200: JobView, 404: ErrorResponse, 422: ErrorResponse, **GUARD_ERRORS})
 def get_job(path: JobPath):
-    return jsonify(job_view(find_job(path.job_id)))
+    """A queued job also shows its place in line: ``queue_position`` (jobs ahead of it in its
+    queue; 0 = next) and ``estimated_start`` (unix seconds, from the queue's recent starts)."""
+    job = find_job(path.job_id)
+    view = job_view(job)
+    if job.state == QUEUED:
+        place = ctx().store.place_in_line(job.id)
+        view["queue_position"], view["estimated_start"] = place if place is not None else (None, None)
+    return jsonify(view)
 
 
 @api.post("/jobs/<job_id>/cancel", summary="Cancel a job (queued: revoked; running: stops between tokens)",

@@ -256,6 +256,10 @@ class JobView(BaseModel):
     error: dict[str, Any] | None = None
     deadline: float | None = Field(default=None, description="unix seconds; see JobOptions")
     webhook_url: str | None = None
+    queue_position: int | None = Field(default=None, description="queued jobs only (GET /jobs/{id}): jobs "
+                                       "ahead of it in its queue, 0 = next; null until its message is sent")
+    estimated_start: float | None = Field(default=None, description="queued jobs only: unix seconds, from the "
+                                          "queue's measured start rate; null until it has one")
     usage: dict[str, Any] | None = None
     timings: dict[str, Any]
     links: JobLinks

@@ -255,7 +255,7 @@ def submit(sub: Submission, idempotency_key: str | None = None) -> Submitted:
     except Exception:
         _abandon(job.id, idempotency_key, owner)
         raise
-    _confirm_sent(job.id)
+    _confirm_sent(job.id, target)
     return Submitted(job, replayed=False)
 
 
@@ -275,11 +275,11 @@ def _replayed(job: JobRecord) -> Submitted:
     return Submitted(job, replayed=True)
 
 
-def _confirm_sent(job_id: str) -> None:
+def _confirm_sent(job_id: str, queue: str) -> None:
     """Best effort: when Redis fails right here the sweeper sees a queued job without a
     confirmed message and re-sends it with a new dispatch number (this one becomes stale)."""
     try:
-        ctx().store.mark_dispatched(job_id)
+        ctx().store.mark_dispatched(job_id, queue)
     except Exception as exc:  # noqa: BLE001 - the job is queued and its message sent
         log_event(logger, "dispatch_mark_failed", level=logging.WARNING, job_id=job_id, error=type(exc).__name__)
 

@@ -150,7 +150,7 @@ def sweep_once(store: JobStore, celery_app: Celery, older_than_s: float, max_red
 
 def _send(store: JobStore, celery_app: Celery, job_type: str, queue: str, job_id: str, dispatch: int) -> None:
     celery_app.send_task(names.TASK_FOR_JOB_TYPE[job_type], args=[job_id, dispatch], task_id=job_id, queue=queue)
-    store.mark_dispatched(job_id)
+    store.mark_dispatched(job_id, queue)
 
 
 def start_reaper(store: JobStore, celery_app: Celery, interval_s: float, lease_s: float,

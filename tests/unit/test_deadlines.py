@@ -98,3 +98,32 @@ def test_the_jobs_deadline_caps_the_attempts_limit_and_does_not_pause(store):
     plain = JobContext(store, store.get(job.id), started.attempt, deadline=time.monotonic() + 600)
     plain.pause_clock()
     assert not plain.should_cancel() and plain.time_left() > 599
+
+
+def test_a_place_in_line_follows_the_order_of_sends_and_starts(store):
+    from core.jobs import estimated_start
+
+    jobs = [store.create("generate", "generation", {}) for _ in range(4)]
+    for job in jobs:
+        store.mark_dispatched(job.id, "generation")
+    other = store.create("generate", "agent", {})
+    store.mark_dispatched(other.id, "agent")
+    assert [store.place_in_line(j.id)[0] for j in jobs] == [0, 1, 2, 3]
+    assert store.place_in_line(other.id)[0] == 0  # lines are per queue
+    assert store.place_in_line(jobs[0].id)[1] is None  # no starts measured yet
+    store.start_attempt(jobs[0].id, "w", lease_s=30)
+    store.request_cancel(jobs[2].id)  # an ending leaves the line too
+    assert store.place_in_line(jobs[0].id) is None and store.place_in_line(jobs[2].id) is None
+    assert [store.place_in_line(j.id)[0] for j in (jobs[1], jobs[3])] == [0, 1]
+    store.start_attempt(jobs[1].id, "w", lease_s=30)
+    assert store.place_in_line(jobs[3].id)[0] == 0 and store.place_in_line(jobs[3].id)[1] is not None
+    assert estimated_start(2, [100.0, 110.0, 120.0], now=125.0) == 150.0  # one start per 10 s
+    assert estimated_start(0, [100.0], now=125.0) is None
+
+
+def test_a_job_that_started_before_its_send_was_confirmed_never_joins_the_line(store):
+    job = store.create("generate", "generation", {})
+    store.start_attempt(job.id, "w", lease_s=30)
+    store.mark_dispatched(job.id, "generation")
+    assert store.place_in_line(job.id) is None
+    assert store.client.zcard(keys.line_key("generation")) == 0

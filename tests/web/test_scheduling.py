@@ -143,3 +143,27 @@ def test_the_monitor_overview_shows_the_callers_dead_letters(make_app, store):
     dead_letter(store, job_id)
     assert [d["job_id"] for d in client.get("/overview", headers=a).get_json()["webhooks_dead"]] == [job_id]
     assert client.get("/overview", headers=b).get_json()["webhooks_dead"] == []
+
+
+def test_a_queued_job_shows_its_place_and_its_stream_counts_down(client, store):
+    """Positions on the stream only go down, one ``queued`` frame per move (no ``id:``, so a
+    resume still names the last stored event), then the job's own events as before."""
+    from tests.web.conftest import parse_sse, run_job
+
+    ids = [client.post("/jobs", json=job_body()).get_json()["id"] for _ in range(3)]
+    views = [client.get(f"/jobs/{job_id}").get_json() for job_id in ids]
+    assert [v["queue_position"] for v in views] == [0, 1, 2] and views[2]["estimated_start"] is None
+    response = client.get(f"/jobs/{ids[2]}/events")
+    frames, moves = [], iter([lambda: store.start_attempt(ids[0], "w", lease_s=30),
+                              lambda: store.request_cancel(ids[1]),
+                              lambda: run_job(store, ids[2])])
+    for chunk in response.response:  # each move happens once the stream has shown the last one
+        text = chunk if isinstance(chunk, str) else chunk.decode()
+        frames.extend(parse_sse(text, place_frames=True))
+        if "event: queued" in text:
+            assert "id:" not in text
+            next(moves)()
+    positions = [f["data"]["data"]["queue_position"] for f in frames if f["event"] == "queued"]
+    assert positions == [2, 1, 0]
+    assert [f["event"] for f in frames if f["event"] != "queued"] == ["state", "token", "token", "token", "done"]
+    assert client.get(f"/jobs/{ids[2]}").get_json().get("queue_position") is None

@@ -85,7 +85,7 @@ function streamJob(jobId, onEvent, onNote = () => {}) {
   let last = 0, ended = false, lostAt = null;
   const seen = (event) => {
     if (lostAt !== null) { onNote("resumed", (performance.now() - lostAt) / 1000, last); lostAt = null; }
-    last = event.seq;
+    if (event.seq !== undefined) last = event.seq;  // a `queued` place-in-line frame has none
     if (TERMINAL_EVENTS.includes(event.type)) ended = true;
     onEvent(event);
   };
