@@ -70,7 +70,7 @@ return append(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARG
 # KEYS: job, index, undispatched, deadlines[, idempotency]. ARGV: job_id, created_at, ttl,
 #   idempotency value the caller saw ('' = none), deadline ('' = none), then the record's
 #   field/value pairs. A job with a deadline enters the deadline sweep's set.
-# Creates the job and (with a 4th key) points the Idempotency-Key at it in one step, so a
+# Creates the job and (with a 5th key) points the Idempotency-Key at it in one step, so a
 # crash can never leave a key naming a job that does not exist. The job waits in
 # ``undispatched`` until its task message is confirmed sent (see SWEEP_UNDISPATCHED).
 # Returns the job id; with a key that another request set meanwhile, that request's job id.
