@@ -71,6 +71,12 @@ class SamplingKnobs:
     frequency_penalty: float = knob(0.0, "OpenAI's: times how often the token was generated, subtracted",
                                     ge=-2.0, le=2.0)
     seed: int | None = knob(None, "seeds the sampler (choice i of a request: seed + i)", ge=0, le=2**63 - 1)
+    min_p: float = knob(0.0, "drop tokens whose probability is below min_p times the most likely token's "
+                        "(after temperature); 0 = off", ge=0.0, le=1.0)
+    min_tokens: int = knob(0, "end-of-sequence and stop strings cannot end the answer before this many tokens "
+                           "(the token cap still does)", ge=0, le=2**31 - 1)
+    ignore_eos: bool = knob(False, "end-of-sequence is never chosen: the answer runs to the token cap or a "
+                            "stop string")
 
 
 def _kind(annotation: Any) -> type:

@@ -51,7 +51,8 @@ def prefix_store(engine: Any) -> PrefixCache:
 def _sampler(engine: Any, forward: Qwen2Forward, request: GenerationRequest, penalty: float,
              prompt: Prompt, run: GenerationRun) -> Sampler:
     return Sampler(request.sampling, penalty, forward.config.vocab_size, prompt.ids, forward.weights.device,
-                   constraint=run_constraint(engine, run, request.constraint), record=run.logprobs)
+                   constraint=run_constraint(engine, run, request.constraint), record=run.logprobs,
+                   eos_ids=run.eos_ids)
 
 
 def decode_loop(forward: Qwen2Forward, cache: Any, logits: torch.Tensor, sampler: Sampler,

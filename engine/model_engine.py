@@ -112,7 +112,8 @@ class ModelEngine:
             penalty = loaded.default_repetition_penalty
         run = GenerationRun(loaded.tokenizer, method=request.method,
                             max_new_tokens=sampling.max_new_tokens, eos_ids=loaded.eos_ids,
-                            stops=sampling.stop, on_text=on_text, should_cancel=should_cancel,
+                            stops=sampling.stop, min_tokens=sampling.min_tokens, on_text=on_text,
+                            should_cancel=should_cancel,
                             started=started, logprobs=sampling.logprobs, on_logprobs=on_logprobs)
         return prompt, run, penalty
 

@@ -58,7 +58,8 @@ def generate_official(model: Any, prompt_ids: list[int], run: GenerationRun, sam
     if not sampling.greedy and sampling.seed is not None:
         torch.manual_seed(sampling.seed)  # generate samples from the global generator
     recorder = LogprobRecorder(run.logprobs, sampling.top_logprobs) if run.logprobs is not None else None
-    kwargs["logits_processor"] = processors(sampling, len(prompt_ids), model.config.vocab_size, constraint, recorder)
+    kwargs["logits_processor"] = processors(sampling, len(prompt_ids), model.config.vocab_size, constraint, recorder,
+                                            sorted(run.eos_ids))
     with torch.inference_mode():
         model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
                        stopping_criteria=StoppingCriteriaList([_RunCriteria(run, recorder)]), **kwargs)

@@ -6,20 +6,21 @@ builds the list ``generate`` gets.
 temperature, top-k and top-p; so when sampling, those warpers are built here and put
 last, and ``generate`` is told not to build its own. The order is then the hand-written
 sampler's: repetition penalty, presence/frequency, bias, (log-probabilities), grammar mask,
-temperature, top-k, top-p.
+end-of-sequence hold (``min_tokens``, ``ignore_eos``: :func:`engine.sampling.hold_eos`),
+temperature, top-k, top-p, min-p.
 """
 from __future__ import annotations
 
 from typing import Any
 
 import torch
-from transformers import (LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
-                          TopPLogitsWarper)
+from transformers import (LogitsProcessor, LogitsProcessorList, MinPLogitsWarper, TemperatureLogitsWarper,
+                          TopKLogitsWarper, TopPLogitsWarper)
 
 from engine.constrained.processor import GrammarLogitsProcessor
 from engine.logprobs import LogprobRecorder
 from engine.penalties import check_bias, penalize_counts
-from engine.sampling import safe_temperature
+from engine.sampling import hold_eos, safe_temperature
 from engine.types import SamplingParams
 
 NEUTRAL_WARPERS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}  # generate builds none of its own
@@ -56,8 +57,25 @@ class LogprobProcessor(LogitsProcessor):
         return scores
 
 
+class EosHoldProcessor(LogitsProcessor):
+    """End-of-sequence at -inf while fewer than ``min_tokens`` were generated (always with
+    ``ignore_eos``), as the hand-written sampler holds it."""
+
+    def __init__(self, sampling: SamplingParams, prompt_len: int, eos_ids: list[int], constrained: bool) -> None:
+        self.sampling = sampling
+        self.prompt_len = prompt_len
+        self.eos_ids = torch.tensor(sorted(eos_ids), dtype=torch.long)
+        self.constrained = constrained
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        generated = input_ids.shape[-1] - self.prompt_len
+        if not self.sampling.ignore_eos and generated >= self.sampling.min_tokens:
+            return scores
+        return hold_eos(scores.clone(), self.eos_ids.to(scores.device), keep_if_alone=self.constrained)
+
+
 def warpers(sampling: SamplingParams) -> list[Any]:
-    """Temperature, top-k, top-p as ``generate`` would build them, for placing last."""
+    """Temperature, top-k, top-p, min-p as ``generate`` would build them, for placing last."""
     out: list[Any] = []
     temperature = safe_temperature(sampling.temperature)
     if temperature != 1.0:
@@ -66,11 +84,13 @@ def warpers(sampling: SamplingParams) -> list[Any]:
         out.append(TopKLogitsWarper(sampling.top_k))
     if sampling.top_p < 1.0:
         out.append(TopPLogitsWarper(sampling.top_p))
+    if sampling.min_p > 0.0:
+        out.append(MinPLogitsWarper(sampling.min_p))
     return out
 
 
 def processors(sampling: SamplingParams, prompt_len: int, vocab_size: int, constraint: Any,
-               recorder: LogprobRecorder | None) -> LogitsProcessorList:
+               recorder: LogprobRecorder | None, eos_ids: list[int]) -> LogitsProcessorList:
     """Everything after ``generate``'s repetition penalty, in the hand-written sampler's order."""
     out: list[Any] = []
     if sampling.presence_penalty or sampling.frequency_penalty or sampling.logit_bias:
@@ -79,6 +99,8 @@ def processors(sampling: SamplingParams, prompt_len: int, vocab_size: int, const
         out.append(LogprobProcessor(recorder))
     if constraint is not None:
         out.append(GrammarLogitsProcessor(constraint, prompt_len))
+    if (sampling.ignore_eos or sampling.min_tokens > 0) and eos_ids:
+        out.append(EosHoldProcessor(sampling, prompt_len, eos_ids, constrained=constraint is not None))
     if not sampling.greedy:
         out.extend(warpers(sampling))
     return LogitsProcessorList(out)

@@ -30,7 +30,7 @@ from engine.types import (CANCELLED, LENGTH, STOP, CancelCheck, GenerationResult
 
 class GenerationRun:
     def __init__(self, tokenizer: Any, *, method: str, max_new_tokens: int,
-                 eos_ids: Iterable[int], stops: Iterable[str] = (),
+                 eos_ids: Iterable[int], stops: Iterable[str] = (), min_tokens: int = 0,
                  on_text: TextCallback | None = None, should_cancel: CancelCheck | None = None,
                  started: float | None = None, logprobs: bool = False,
                  on_logprobs: LogprobsCallback | None = None) -> None:
@@ -42,7 +42,7 @@ class GenerationRun:
         self.tokenizer = tokenizer      # speculative drafting reads its vocabulary
         self.max_new_tokens = max_new_tokens
         self.eos_ids = frozenset(int(i) for i in eos_ids)
-        self._stream = TextStream(tokenizer, tuple(stops))
+        self._stream = TextStream(tokenizer, tuple(stops), min_tokens)  # no stop string ends it before min_tokens
         self._on_text = on_text
         self._should_cancel = should_cancel
         self.started = time.perf_counter() if started is None else started

@@ -1,7 +1,7 @@
 """Choosing the next token for the hand-written methods, the way ``generate`` does.
 
 Order (as transformers' logits processors): repetition penalty over prompt + generated ids,
-then, when sampling, temperature, top-k, top-p; greedy is ``argmax`` of the penalized logits.
+then, when sampling, temperature, top-k, top-p, min-p; greedy is ``argmax`` of the penalized logits.
 The penalty keeps a boolean "seen" mask over the vocabulary; each step gathers the scores of
 the seen ids only, penalizes them and scatters them back (a few hundred values instead of five
 passes over 151,936), with the values of ``RepetitionPenaltyLogitsProcessor``:
@@ -13,6 +13,11 @@ numpy's takes ~15 us, and torch's intra-op threads wait on each other when the c
 busy (see :mod:`engine.constrained.bitmask`). The results are the same bits: the
 penalized values come from the same torch arithmetic, and both ``argmax`` return the first
 maximal index.
+
+End-of-sequence is held back (its ids' scores set to -inf, as llama.cpp does for
+``ignore_eos`` and vLLM for ``min_tokens``) while fewer than ``min_tokens`` tokens were
+generated, or for the whole answer with ``ignore_eos``; right after the grammar mask, and not
+when the grammar allows nothing else (a finished structured answer still ends).
 
 Each request samples from its own ``torch.Generator`` seeded from ``seed``, so a seed
 reproduces a sample regardless of what else the process did.
@@ -100,6 +105,28 @@ def top_k_mask(logits: torch.Tensor, k: int) -> torch.Tensor:
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
+def min_p_mask(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Drop the tokens whose probability is below ``min_p`` times the top token's (vLLM's and
+    llama.cpp's min-p, computed as transformers' ``MinPLogitsWarper``); 0 keeps everything."""
+    if min_p <= 0.0:
+        return logits
+    probs = torch.softmax(logits, dim=-1)
+    threshold = min_p * probs.amax(dim=-1, keepdim=True)
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+def hold_eos(scores: torch.Tensor, eos_ids: torch.Tensor, keep_if_alone: bool) -> torch.Tensor:
+    """``scores [..., vocab]`` with the end-of-sequence ids at -inf (in place); with
+    ``keep_if_alone``, rows where nothing else is allowed (a grammar that can only end) keep them."""
+    before = scores.index_select(-1, eos_ids)
+    scores.index_fill_(-1, eos_ids, float("-inf"))
+    if keep_if_alone:
+        alone = ~torch.isfinite(scores).any(dim=-1, keepdim=True)
+        if bool(alone.any()):
+            scores.index_copy_(-1, eos_ids, torch.where(alone, before, scores.index_select(-1, eos_ids)))
+    return scores
+
+
 def top_p_mask(logits: torch.Tensor, p: float) -> torch.Tensor:
     """Keep the smallest set of most likely tokens whose probability reaches ``p`` (>= 1 token)."""
     if p >= 1.0:
@@ -125,14 +152,18 @@ def constrain(scores: torch.Tensor, constraint: LogitsConstraint | None) -> torc
 
 
 class Sampler:
-    """Per-request token chooser; call :meth:`observe` with every prompt and generated id."""
+    """Per-request token chooser; call :meth:`observe` with every generated id (the prompt's
+    come with the constructor)."""
 
     def __init__(self, params: SamplingParams, repetition_penalty: float, vocab_size: int,
                  prompt_ids: Sequence[int], device: torch.device | str = "cpu",
                  constraint: LogitsConstraint | None = None,
-                 record: list[dict] | None = None) -> None:
+                 record: list[dict] | None = None, eos_ids: Sequence[int] = ()) -> None:
         self.params = params
         self.constraint = constraint
+        self.generated = 0  # tokens observed since the prompt (min_tokens counts them)
+        self.eos_ids = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device) \
+            if (params.ignore_eos or params.min_tokens > 0) and eos_ids else None
         penalties = OpenAIPenalties(params, vocab_size, device)
         self.openai = penalties if penalties.active else None
         self.recorder = LogprobRecorder(record, params.top_logprobs) if record is not None else None
@@ -150,6 +181,7 @@ class Sampler:
 
     def observe(self, token_id: int) -> None:
         self.seen[token_id] = True
+        self.generated += 1
         if self.openai is not None:
             self.openai.observe(token_id)
         if self.recorder is not None:
@@ -165,11 +197,13 @@ class Sampler:
         if self.recorder is not None:
             self.recorder.score(scores)
         scores = constrain(scores, self.constraint)
+        if self.eos_ids is not None and (self.params.ignore_eos or self.generated < self.params.min_tokens):
+            scores = hold_eos(scores, self.eos_ids, keep_if_alone=self.constraint is not None)
         if self.params.greedy:
             return scores
         scores = scores / safe_temperature(self.params.temperature)
         scores = top_k_mask(scores, self.params.top_k)
-        return top_p_mask(scores, self.params.top_p)
+        return min_p_mask(top_p_mask(scores, self.params.top_p), self.params.min_p)
 
     def __call__(self, logits: torch.Tensor) -> int:
         """Pick the next id from ``logits [vocab]`` and remember it."""

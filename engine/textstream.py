@@ -74,9 +74,11 @@ class StopMatcher:
 class TextStream:
     """Detokenizer + stop strings. ``push`` returns (text to emit now, whether a stop string hit)."""
 
-    def __init__(self, tokenizer: Any, stops: Sequence[str] = ()) -> None:
+    def __init__(self, tokenizer: Any, stops: Sequence[str] = (), min_tokens: int = 0) -> None:
         self._detok = IncrementalDetokenizer(tokenizer)
         self._stops = StopMatcher(stops)
+        self._min_tokens = min_tokens  # stop strings count from the piece of this token on (vLLM's rule)
+        self._pushed = 0
         self._text = ""  # everything decoded so far (up to a stop string, once one hits)
         self._emitted = 0  # characters of _text already handed out
         self._ends: list[int] = []  # per token: where its text ends in the decoded text
@@ -106,6 +108,7 @@ class TextStream:
             return "", True
         piece = self._detok.push(token_id)
         self._unplaced += 1
+        self._pushed += 1
         if piece:
             self._place(len(self._text) + len(piece))
         return self._add(piece, final=False)
@@ -125,7 +128,7 @@ class TextStream:
         searched_from = len(self._text)
         self._text += piece
         if self._stops.stops:
-            hit = self._stops.find(self._text, searched_from)
+            hit = self._stops.find(self._text, searched_from) if self._pushed >= self._min_tokens else -1
             if hit >= 0:
                 self._text = self._text[:hit]
                 self.stopped = True

@@ -12,7 +12,8 @@ The stored request is a plain dict the worker turns into ``engine.types.Generati
                   "repetition_penalty": None, "seed": None, "stop": []},
      "method": "official", "tools": None, "max_steps": None, "model": "<model id>"}
 
-(``model``: generation and agent jobs, web/models.py) plus ``"return_token_ids": true`` when the body asked to keep the token ids in the result,
+(``model``: generation and agent jobs, web/models.py); ``sampling`` also carries every other
+knob of ``core.sampling_fields`` the body set (``job_sampling``); plus ``"return_token_ids": true`` when the body asked to keep the token ids in the result,
 ``"speculative": true|false`` when the body set it, and ``"constraint": {"kind", "grammar", "lazy", "start_triggers", "triggers", "trigger_regex"}`` when the body
 asked for structured output (``web.constraints``).
 """

@@ -1,8 +1,9 @@
 """Turn a stored job request (plain JSON written by the web) into engine requests.
 
 The stored shape (see docs/api.md): ``{"messages": [...], "prefix": str|None,
-"sampling": {max_new_tokens, temperature, top_p, top_k, repetition_penalty, seed, stop,
-presence_penalty?, frequency_penalty?, logit_bias? [[id, bias], ...], logprobs?, top_logprobs?},
+"sampling": {max_new_tokens, temperature, top_p, top_k, repetition_penalty, seed, stop, the other
+knobs of core/sampling_fields.py when set (presence_penalty, min_p, min_tokens, ...),
+logit_bias? [[id, bias], ...], logprobs?, top_logprobs?},
 "method": str, "tools": [...]|None, "max_steps": int, "speculative": bool|None}``.
 
 A text completion stores ``"prompts": [text, ...]`` (each encoded as is, no chat template)

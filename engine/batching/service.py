@@ -57,7 +57,7 @@ class PagedService:
         ``constraint``: this sequence's own grammar state (its mask applies to its row only);
         a constrained sequence does not draft (drafts are not checked against the grammar)."""
         sampler = Sampler(sampling, penalty, self.runner.vocab_size, prompt_ids, self.pool.device,
-                          constraint=constraint, record=run.logprobs)
+                          constraint=constraint, record=run.logprobs, eos_ids=run.eos_ids)
         forward = self.runner.forward_model
         spec = spec_config(self.settings, speculative, forward.weights) if constraint is None else None
         return Sequence(seq_id=next(self._ids), prompt_ids=list(prompt_ids), run=run,

@@ -44,7 +44,7 @@ def test_refused_and_no_effect_fields_through_the_client(client, served_model):
             client.chat.completions.create(model=served_model, messages=messages, max_tokens=2, **{field: value})
         assert info.value.body["param"] == field and "not supported" in info.value.body["message"]
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model=served_model, messages=messages, max_tokens=2, extra_body={"min_p": 0.1})
+        client.chat.completions.create(model=served_model, messages=messages, max_tokens=2, extra_body={"min_p": 1.5})
     assert info.value.body["param"] == "min_p"
     reply = client.chat.completions.create(model=served_model, messages=messages, max_tokens=2, user="u1",
                                            metadata={"k": "v"}, store=False, service_tier="auto",

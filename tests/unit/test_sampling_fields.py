@@ -18,7 +18,7 @@ def test_the_engines_sampling_params_derive_from_the_core_declaration():
 
 def test_every_knob_the_web_stores_reaches_the_engine_unchanged():
     values = {"temperature": 0.7, "top_p": 0.9, "top_k": 5, "repetition_penalty": 1.2, "presence_penalty": 0.5,
-              "frequency_penalty": -0.5, "seed": 3}
+              "frequency_penalty": -0.5, "seed": 3, "min_p": 0.05, "min_tokens": 2, "ignore_eos": True}
     assert set(values) == {spec.name for spec in KNOBS}  # a new knob gets a value here
     stored = {"max_new_tokens": 9, **stored_knobs(SamplingBase(**values)), "stop": []}
     params = sampling_from({"sampling": stored}, default_max_new_tokens=1)

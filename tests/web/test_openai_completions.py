@@ -186,7 +186,7 @@ def test_suffix_is_fill_in_the_middle_with_the_tokenizers_fim_tokens(app_client,
     ({"prompt": ""}, "prompt"), ({"prompt": ["a", ""]}, "prompt.1"), ({"suffix": "x", "echo": True}, "echo"),
     ({"stream": True, "echo": True, "logprobs": 1}, "echo"), ({"prompt": ["a"] * 5, "n": 16}, "n"),
     ({"n": 17}, "n"), ({"logprobs": 21}, "logprobs"), ({"logprobs": True}, "logprobs"),
-    ({"max_tokens": 10**9}, "max_tokens"), ({"min_p": 0.1}, "min_p"),
+    ({"max_tokens": 10**9}, "max_tokens"), ({"min_p": 1.5}, "min_p"),
 ])
 def test_bad_bodies_are_a_400_naming_the_field_and_queue_nothing(app_client, celery, body, param):
     response = complete(app_client, **body)

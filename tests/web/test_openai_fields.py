@@ -157,9 +157,9 @@ def test_sampling_fields_reach_the_job(client, store, celery):
 
 
 def test_an_unknown_field_is_a_400_naming_it(client):
-    response = client.post("/v1/chat/completions", json={"messages": USER, "min_p": 0.1})
+    response = client.post("/v1/chat/completions", json={"messages": USER, "typical_p": 0.9})
     error = response.get_json()["error"]
-    assert response.status_code == 400 and error["param"] == "min_p" and "unknown field" in error["message"]
+    assert response.status_code == 400 and error["param"] == "typical_p" and "unknown field" in error["message"]
 
 
 def test_docs_api_table_is_the_code_table():

@@ -203,7 +203,7 @@ def test_a_chat_job_is_not_a_stored_response(client, store, celery):
     ({"input": 5}, "input"),
     ({"reasoning": {"effort": "high"}}, "reasoning"),
     ({"background": True, "store": False}, "background"),
-    ({"min_p": 0.1}, "min_p"),
+    ({"min_p": 1.5}, "min_p"),
 ])
 def test_bad_input_is_a_400_naming_the_field(client, body, param):
     response = create(client, **body)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from core.sampling_fields import KNOBS
+from tests.web.conftest import run_job
 from web.openai.completion_schemas import CompletionRequest
 from web.openai.responses_schemas import ResponseRequest
 from web.openai.schemas import ChatCompletionRequest
@@ -49,8 +50,8 @@ def test_each_knob_has_the_cores_bounds(spec):
 
 
 def _outside(spec: Any) -> list[Any]:
-    """Values just outside each bound of ``spec``."""
-    out = []
+    """Values just outside each bound of ``spec`` (a bool: a value of another type)."""
+    out: list[Any] = ["yes"] if spec.kind is bool else []
     if spec.ge is not None:
         out.append(spec.ge - 1 if spec.kind is int else spec.ge - 0.001)
     if spec.gt is not None:
@@ -70,3 +71,13 @@ def test_a_value_outside_the_bounds_is_a_4xx_naming_the_field(client, route, nam
     error = response.get_json()["error"]
     assert (error.get("field") or error.get("param")) == name, error
     assert error["message"].startswith(name), error
+
+
+@pytest.mark.parametrize("route", sorted(SURFACES))
+def test_the_knobs_reach_the_stored_job_on_every_surface(client, store, celery, route):
+    celery.runner = lambda job_id: run_job(store, job_id)
+    knobs = {"min_p": 0.1, "min_tokens": 3, "ignore_eos": True, "top_k": 4, "repetition_penalty": 1.5}
+    response = client.post(route, json={**SURFACES[route][1], **knobs})
+    assert response.status_code in (200, 202), response.get_json()
+    sampling = store.get(celery.sent[-1]["task_id"]).request["sampling"]
+    assert {name: sampling[name] for name in knobs} == knobs
