@@ -55,6 +55,7 @@ class JobContext:
     cancel: threading.Event = field(default_factory=threading.Event)  # set by the worker's CancelWatch
     _paused_at: float | None = None    # the clock is paused while waiting for the engine loop
     _choices: ChoiceStreams | None = None  # per-choice chunks (worker.choice_stream), built on first use
+    clock: Callable[[], float] = time.monotonic  # the time limit's clock, the engine loop's (a test steps both)
 
     @property
     def job_id(self) -> str:
@@ -109,16 +110,16 @@ class JobContext:
     def pause_clock(self) -> None:
         """Stop counting the time limit (a request now waits for the engine loop)."""
         if self._paused_at is None:
-            self._paused_at = time.monotonic()
+            self._paused_at = self.clock()
 
     def resume_clock(self, at: float | None = None) -> None:
         """Count again from ``at`` (when the loop started the request): the wait is not charged."""
         if self._paused_at is not None:
-            self.deadline += max(0.0, (time.monotonic() if at is None else at) - self._paused_at)
+            self.deadline += max(0.0, (self.clock() if at is None else at) - self._paused_at)
             self._paused_at = None
 
     def time_left(self) -> float:
-        now = self._paused_at if self._paused_at is not None else time.monotonic()
+        now = self._paused_at if self._paused_at is not None else self.clock()
         return max(0.0, self.deadline - now)
 
     def should_cancel(self) -> bool:
@@ -126,7 +127,7 @@ class JobContext:
         time limit, a superseded attempt."""
         if self.stopped_reason:
             return True
-        if self._paused_at is None and time.monotonic() >= self.deadline:
+        if self._paused_at is None and self.clock() >= self.deadline:
             self.stopped_reason = "timeout"
         elif self.cancel.is_set():
             self.stopped_reason = "cancelled"
