@@ -9,6 +9,8 @@ and llama.cpp (llama-cpp-python, installed when missing) on the same GGUF as the
 reference. Writes ``results/quantization.csv``, ``.json`` and ``.png``.
 
 ``--kernels``: micro-benchmark of the default model's linear shapes only (no model).
+``--gguf-kernels``: the GGUF block kernels against the read bandwidth (:mod:`bench.gguf_kernels`,
+run as ``python -m bench.gguf_kernels``; started here as a child process).
 Run real-model benchmarks under ``flock /tmp/miniserve-heavy.lock``.
 """
 from __future__ import annotations
@@ -120,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.quantization", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kernels", action="store_true", help="linear-shape micro-benchmark only")
+    parser.add_argument("--gguf-kernels", action="store_true", help="GGUF block kernels only (bench.gguf_kernels)")
     parser.add_argument("--model", default="default")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=32)
@@ -134,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", default="1,2,4,8,12,16,32", help="rows per matmul (--kernels)")
     parser.add_argument("--out", default="results")
     args = parser.parse_args(argv)
+    if args.gguf_kernels:
+        return subprocess.call([sys.executable, "-m", "bench.gguf_kernels", "--threads", str(args.threads),
+                                "--out", str(Path(args.out) / "gguf_kernels.json")])
     torch.set_num_threads(args.threads)
     print(machine_info(), flush=True)
     if args.kernels:

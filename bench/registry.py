@@ -39,7 +39,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "What does the n-gram drafter gain where the answer copies the prompt, and what does it cost where it does not?"),
     Benchmark("quantization", "bench.quantization",
               "How fast are `q8` weights against bf16 and llama.cpp, how much memory do they take, and how often do they pick the same tokens?",
-              children=("bench.quantization_memory", "bench.quantization_llamacpp")),
+              children=("bench.quantization_memory", "bench.quantization_llamacpp", "bench.gguf_kernels")),
     Benchmark("models", "bench.models",
               "How fast does each bundled model decode at batch 1 and 8, full precision and `q8`, beside llama.cpp on the same GGUF file?"),
     Benchmark("constrained_overhead", "bench.constrained_overhead",

@@ -217,6 +217,7 @@ class EngineLoop:
         self._inbox: queue.SimpleQueue[_Job | _Call | None] = queue.SimpleQueue()
         self._solo: deque[_Job] = deque()      # non-batched requests not yet started
         self._running: list[_Job] = []          # started solo tasks, in arrival order
+        self._prefill_left = 0                  # prompt tokens the solo tasks may still compute this turn
         self._held: list[_Job] = []             # paged group members waiting for their leader's prefill
         self._ids = itertools.count(1)
         self._thread: threading.Thread | None = None
@@ -436,10 +437,21 @@ class EngineLoop:
         job.handle.begin()
         job.task = SoloTask(lambda: self.engine.run_solo(job.prompt, job.run, job.handle.request, job.penalty),
                             job.run)
+        job.run.prefill_allowance = self._take_prefill
         self._running.append(job)
 
+    def _take_prefill(self, wanted: int) -> int:
+        """Prompt tokens a solo task may compute now: the solo tasks share one step budget
+        (``MINISERVE_MAX_BATCHED_TOKENS``) per turn, so however many long prompts arrive,
+        a turn spends at most that on them (engine.handwritten.PrefillChunks)."""
+        granted = min(wanted, self._prefill_left)
+        self._prefill_left -= granted
+        return granted
+
     def _advance_solo(self) -> None:
-        """One token (the first: prefill and one token) for each running solo task."""
+        """One token (the first: prefill and one token) for each running solo task; their
+        prompts share one step budget per turn (:meth:`_take_prefill`)."""
+        self._prefill_left = self.engine.settings.max_batched_tokens
         still: list[_Job] = []
         for job in self._running:
             assert job.task is not None

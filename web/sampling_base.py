@@ -55,6 +55,8 @@ OTHER_NOTES = {
                          f"MINISERVE_DEFAULT_GENERATION_METHOD ({BATCHED_METHOD})",
     "speculative": "true/false: force prompt-lookup speculative decoding on/off for this request; "
                    "null = MINISERVE_SPECULATIVE",
+    "cache_salt": "prefix-cache scope within your key (vLLM's field): only requests with the same salt "
+                  "share cached prompt blocks",
 }
 # Every shared field and its note (the knobs' docs first).
 SAMPLING_NOTES: dict[str, str] = {**{spec.name: spec.doc for spec in KNOBS}, **OTHER_NOTES}
@@ -75,6 +77,7 @@ class _Others(BaseModel):
         default=None, max_length=MAX_LOGIT_BIAS, description=OTHER_NOTES["logit_bias"])
     generation_method: GenerationMethod | None = Field(default=None, description=OTHER_NOTES["generation_method"])
     speculative: bool | None = Field(default=None, description=OTHER_NOTES["speculative"])
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256, description=OTHER_NOTES["cache_salt"])
 
 
 SamplingBase: type[BaseModel] = create_model(  # type: ignore[call-overload]

@@ -86,20 +86,24 @@ def _agent_sampling(body: AgentBody) -> dict[str, Any]:
 
 def _request(messages: list[dict[str, str]], prefix: str | None, sampling: dict[str, Any],
              method: str, max_steps: int | None, token_ids: bool = False,
-             speculative: bool | None = None, constraint: dict[str, Any] | None = None) -> dict[str, Any]:
+             speculative: bool | None = None, constraint: dict[str, Any] | None = None,
+             cache_salt: str | None = None) -> dict[str, Any]:
     request = {"messages": messages, "prefix": prefix, "sampling": sampling, "method": method,
                "tools": None, "max_steps": max_steps}
     if token_ids:
         request["return_token_ids"] = True  # the worker keeps them in the stored result
     if constraint is not None:
         request["constraint"] = constraint
-    return with_speculative(request, speculative)
+    return with_speculative(request, speculative, cache_salt)
 
 
-def with_speculative(request: dict[str, Any], speculative: bool | None) -> dict[str, Any]:
-    """The per-request switch is stored only when given (null = the worker's setting)."""
+def with_speculative(request: dict[str, Any], speculative: bool | None, cache_salt: str | None = None) -> dict[str, Any]:
+    """The per-request switches, stored only when given (null = the worker's setting); a
+    ``cache_salt`` joins the key's cache scope at submit (:func:`submit`)."""
     if speculative is not None:
         request["speculative"] = speculative
+    if cache_salt is not None:
+        request["cache_salt"] = cache_salt
     return request
 
 
@@ -129,7 +133,7 @@ def from_job_body(body: JobSubmit) -> Submission:
         raise ApiError(422, "validation_error", "response_format: not for agent jobs", field="response_format")
     request = _request(messages, body.prefix, job_sampling(body, body.max_new_tokens, "max_new_tokens", body.model),
                        job_method(body), max_steps, body.return_token_ids,
-                       body.speculative, constraint)
+                       body.speculative, constraint, body.cache_salt)
     return Submission(body.type, request, field_name, body.model)
 
 
@@ -137,7 +141,7 @@ def from_generate_body(body: GenerateBody) -> Submission:
     messages = [{"role": "user", "content": body.prompt}]
     request = _request(messages, body.prefix, job_sampling(body, body.max_new_tokens, "max_new_tokens", body.model),
                        job_method(body), None, body.return_token_ids,
-                       body.speculative, _constraint(body))
+                       body.speculative, _constraint(body), body.cache_salt)
     return Submission("generate", request, "prompt", body.model)
 
 
@@ -193,7 +197,7 @@ def submit(sub: Submission, idempotency_key: str | None = None) -> Submitted:
     if idempotency_key and (earlier := store.idempotent_job(idempotency_key, owner)) is not None:
         return _replayed(earlier)
     _check_queue_depth(queue)
-    scope = cache_scope(owner, settings.share_prefix_cache_across_keys)
+    scope = cache_scope(owner, settings.share_prefix_cache_across_keys, str(sub.request.pop("cache_salt", "") or ""))
     if scope:  # the prefix cache's salt: this key's blocks serve only this key (core/prefix_hash.py)
         sub.request["cache_scope"] = scope
     target = route_job(sub.request, queue, model, counted)  # cache-aware routing (web/routing.py)

@@ -5,18 +5,22 @@ each row is ``in_features / block_elems`` blocks of the tensor's own type (Q4_K,
 ``row_bytes`` bytes a row, usually a view of the memory-mapped file. :func:`block_matmul` is
 ``x @ W.T`` over those bytes without ever building a full-precision ``W``.
 
-This module holds the contract and a reference (dequantize a bounded slab of rows with
-gguf-py, multiply in float32). The C kernels replace the reference behind the same function;
-tests compare them with it.
+This module holds the contract, the reference (dequantize a bounded slab of rows with gguf-py,
+multiply in float32) and the dispatch to the C kernels (:mod:`engine.quant.gguf_native`), which
+tests compare with the reference.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
+
+from engine.packed import packing_available
+from engine.quant import gguf_native
 
 # The block formats a quantized GGUF of the files people run brings (Q4_K_M, Q5_K_M, Q8_0,
 # Q4_0, SmolLM2's Q4_1, the default model's Q5_0 fallbacks).
@@ -25,7 +29,14 @@ BLOCK_TYPES: frozenset[GGMLQuantizationType] = frozenset({
     GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0,
     GGMLQuantizationType.Q8_0,
 })
-_SLAB_ROWS = 1024  # rows dequantized at a time by the reference: bounds its float32 peak
+_SLAB_ROWS = 1024  # rows dequantized at a time (reference and prefill): bounds the float32 peak
+# Calls of at least this many rows (prefill), on a CPU with bf16 GEMM kernels, dequantize slabs to
+# bf16 and run torch's GEMM: compute-bound there, it beat the integer kernels (one thread, AMD EPYC
+# with AVX512-BF16, 1536x1536: Q4_K 4.5 ms against 5.5 at 128 rows and 13.8 against 23.7 at 512,
+# equal at 64; Q8_0 ahead from 64 rows). A float32 GEMM was at best even with the integer kernels
+# up to 512 rows, so CPUs without bf16 GEMM keep the integer kernels. ``python -m
+# bench.gguf_kernels`` measures the crossing per format (results/gguf_kernels.json).
+DEQUANT_MIN_ROWS_K, DEQUANT_MIN_ROWS_32 = 128, 64
 
 
 @dataclass(eq=False)
@@ -78,7 +89,37 @@ def reference_matmul(x2d: torch.Tensor, weight: BlockWeight) -> torch.Tensor:
 
 
 def block_matmul(x2d: torch.Tensor, weight: BlockWeight) -> torch.Tensor:
-    """``x2d [m, in_features] @ W.T`` -> float32 ``[m, out_features]``, W in its block format."""
+    """``x2d [m, in_features] @ W.T`` -> float32 ``[m, out_features]``, W in its block format.
+
+    Decode sizes: the C block kernels (activations quantized per block to int8,
+    :mod:`engine.quant.gguf_native`). Prefill sizes (:func:`dequant_min_rows` and more) on a CPU
+    with bf16 GEMM: :func:`slab_matmul` in bf16, faster there (``python -m bench.gguf_kernels``)."""
     if x2d.dim() != 2 or x2d.shape[1] != weight.in_features:
         raise ValueError(f"x is {tuple(x2d.shape)}, expected [m, {weight.in_features}]")
-    return reference_matmul(x2d, weight)
+    if x2d.shape[0] >= dequant_min_rows(weight.ggml_type) and _fast_bf16_gemm():
+        return slab_matmul(x2d, weight, torch.bfloat16)
+    return gguf_native.matmul(x2d, weight.ggml_type, weight.data, weight.in_features)
+
+
+def dequant_min_rows(ggml_type: GGMLQuantizationType) -> int:
+    """From how many rows a call takes the dequantize + GEMM path (where bf16 GEMM exists)."""
+    return DEQUANT_MIN_ROWS_K if ggml_type in gguf_native.K_FORMATS else DEQUANT_MIN_ROWS_32
+
+
+def slab_matmul(x2d: torch.Tensor, weight: BlockWeight, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """``x2d @ W.T`` -> float32, W dequantized natively to ``dtype`` (bf16: the weights and
+    activations rounded to bf16, as the unquantized model's prefill multiplies; float32) a slab
+    of rows at a time (bounded peak), multiplied by torch's GEMM."""
+    x = x2d.to(dtype)
+    out = torch.empty(x.shape[0], weight.out_features, dtype=torch.float32)
+    for start in range(0, weight.out_features, _SLAB_ROWS):
+        stop = min(start + _SLAB_ROWS, weight.out_features)
+        rows = gguf_native.dequantize(weight.ggml_type, weight.data[start:stop], weight.in_features, dtype=dtype)
+        out[:, start:stop] = x @ rows.T
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _fast_bf16_gemm() -> bool:
+    """Whether this CPU's oneDNN has bf16 GEMM kernels (AVX512-BF16 / AMX)."""
+    return packing_available(torch.bfloat16, torch.device("cpu"))

@@ -34,6 +34,7 @@ LAYER_OF = {
     "engine.quant.kernels": 0,
     "engine.quant.mapped": 0,
     "engine.quant.gguf_blocks": 0,     # GGUF block formats: the weight and its matmul
+    "engine.quant.gguf_native": 0,     # their C kernels (native/gguf.c)
     "engine.ops.interface": 0,         # the small operations' one interface
     "engine.ops.torch_ops": 0,         # torch's: the exact reference
     "engine.ops.c_calls": 0,           # one C call per operation (native/decode.c)

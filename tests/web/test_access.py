@@ -43,7 +43,9 @@ def test_jobs_are_visible_and_cancellable_only_by_their_key(make_app, store):
 def test_openapi_document_declares_bearer_security_when_keys_are_set(make_app):
     spec = make_app(api_keys=[KEY_A]).test_client().get("/openapi.json").get_json()
     assert spec["components"]["securitySchemes"]["bearer"] == {"type": "http", "scheme": "bearer"}
-    assert spec["security"] == [{"bearer": []}]
+    assert spec["components"]["securitySchemes"]["x_api_key"] == {"type": "apiKey", "in": "header",
+                                                                  "name": "x-api-key"}
+    assert spec["security"] == [{"bearer": []}, {"x_api_key": []}]
     assert spec["paths"]["/healthz"]["get"]["security"] == []
     open_spec = make_app().test_client().get("/openapi.json").get_json()
     assert "security" not in open_spec
@@ -144,3 +146,15 @@ def test_each_key_s_jobs_carry_its_own_cache_scope_unless_the_cache_is_shared(ma
     assert "cache_scope" not in store.get(job_id).request
     open_id = make_app().test_client().post("/jobs", json={"prompt": "hi"}).get_json()["id"]
     assert "cache_scope" not in store.get(open_id).request   # no keys: everyone is one key
+
+
+def test_a_request_cache_salt_narrows_the_scope_within_its_key(make_app, store):
+    client = make_app(api_keys=[KEY_A]).test_client()
+    job = client.post("/jobs", json={"prompt": "hi", "cache_salt": "tenant-7"}, headers=A).get_json()["id"]
+    chat = client.post("/v1/chat/completions", headers=A, json={
+        "messages": [{"role": "user", "content": "hi"}], "cache_salt": "tenant-7", "stream": True}).headers["X-Job-Id"]
+    for job_id in (job, chat):
+        stored = store.get(job_id).request
+        assert stored["cache_scope"] == f"{owner_id(KEY_A)}|tenant-7" and "cache_salt" not in stored
+    bad = client.post("/jobs", json={"prompt": "hi", "cache_salt": ""}, headers=A)
+    assert bad.status_code in (400, 422) and "cache_salt" in str(bad.get_json())

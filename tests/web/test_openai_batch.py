@@ -193,3 +193,16 @@ def test_file_quotas_per_key_give_a_429_and_delete_frees_them(make_app):
     assert client.delete(f"/v1/files/{second}", headers=a).status_code == 200
     too_big = up(a, size=995)  # 10 held + 995 > 1000 bytes
     assert too_big.status_code == 429 and "BYTES_PER_KEY" in too_big.get_json()["error"]["message"]
+
+
+def test_a_line_larger_than_one_request_may_be_is_an_error_line(make_app, store, celery):
+    """A batch line over MINISERVE_MAX_BODY_BYTES is refused before it is parsed or tokenized:
+    one line can cost the web no more than the same request sent alone."""
+    client = make_app(max_body_bytes=2000).test_client()
+    batch = start(client, "\n".join([line("small"), line("huge", content="x " * 2000)])).get_json()
+    assert batch["request_counts"] == {"total": 2, "completed": 0, "failed": 1} and len(celery.sent) == 1
+    for sent in celery.sent:
+        run_job(store, sent["task_id"])
+    errors = content(client, client.get(f"/v1/batches/{batch['id']}").get_json()["error_file_id"])
+    (error,) = errors
+    assert error["response"]["status_code"] == 413 and error["response"]["body"]["error"]["code"] == "line_too_large"

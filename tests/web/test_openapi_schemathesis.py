@@ -67,6 +67,7 @@ keyed_schema = schemathesis.openapi.from_wsgi("/openapi.json", _app(api_keys=[AP
 # ``/api/chat``, ``/api/generate``: options in the /v1 ranges, format a valid schema and not with
 # tools, system/format not with raw or suffix, suffix only with FIM tokens.
 CROSS_FIELD_RULES = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/api/chat", "/api/generate",
+                     "/v1/messages", "/v1/messages/count_tokens",
                      "/jobs", "/generate", "/tokenize", "/detokenize",
                      "/v1/files"}
 SETTINGS = dict(deadline=None, database=None, derandomize=False, suppress_health_check=list(HealthCheck))

@@ -55,7 +55,7 @@ def start_batch(text: str, input_file_id: str, endpoint: str, window: str,
     batch_id = new_batch_id()
     store.create_batch(BatchRecord(batch_id, owner, new_object(batch_id, input_file_id, endpoint, window,
                                                                metadata), []))
-    lines = parse_lines(text, endpoint)
+    lines = parse_lines(text, endpoint, ctx().settings.max_body_bytes)
     if not lines:
         errors = {"object": "list", "data": [{"code": "empty_file", "message": "the input file holds no request",
                                               "param": "input_file_id", "line": None}]}

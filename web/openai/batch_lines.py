@@ -61,11 +61,18 @@ def parse_line(number: int, text: str, endpoint: str) -> Line:
     return Line(number, custom_id, value["body"], None)
 
 
-def parse_lines(text: str, endpoint: str) -> list[Line]:
-    """Every non-blank line, duplicates of an earlier ``custom_id`` marked as errors."""
+def parse_lines(text: str, endpoint: str, max_line_bytes: int | None = None) -> list[Line]:
+    """Every non-blank line, duplicates of an earlier ``custom_id`` marked as errors. A line
+    over ``max_line_bytes`` (what one direct request may send, ``MINISERVE_MAX_BODY_BYTES``)
+    is an error before it is parsed or its text counted: a batch line can cost the web no
+    more than the same call sent alone."""
     lines, seen = [], {}
     for number, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
+            continue
+        if max_line_bytes is not None and len(raw) > max_line_bytes // 4 and len(raw.encode("utf-8")) > max_line_bytes:
+            lines.append(_bad(number, None, "line_too_large", f"over {max_line_bytes} bytes, the limit of one "
+                              "request (MINISERVE_MAX_BODY_BYTES)", None, status=413))
             continue
         line = parse_line(number, raw, endpoint)
         if line.error is None and line.custom_id in seen:

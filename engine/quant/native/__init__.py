@@ -33,7 +33,8 @@ BUILD_TRIES = 3  # compiler runs before a failed build is an error (see _compile
 
 SOURCE = Path(__file__).with_name("q8.c")                # the q8 / q5 linear kernels
 SOURCES = (SOURCE, Path(__file__).with_name("decode.c"),  # + the decode step's small operations
-           Path(__file__).with_name("step.c"))               # + a decode / verify step of one sequence in one call
+           Path(__file__).with_name("step.c"),               # + a decode / verify step of one sequence in one call
+           Path(__file__).with_name("gguf.c"))               # + GGUF's block formats as stored (engine.quant.gguf_native)
 HEADERS = (Path(__file__).with_name("bf16.h"),             # included by the sources: part of the build key
            Path(__file__).with_name("kernels.h"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")

@@ -1,0 +1,108 @@
+"""GGUF block formats run by our C kernels (``native/gguf.c``), bound with ctypes.
+
+The weights are read as the file stores them: :class:`~engine.quant.gguf_blocks.BlockWeight`
+rows of ggml blocks (Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q8_0), any uint8 tensor whose rows are
+contiguous (a view of the mapped file; the row stride is passed through). No repacked layout:
+the kernels read ggml's blocks directly, so the loader maps the file and nothing else.
+
+Activations are quantized once per call, per block, to int8 (the numbers the tests reproduce):
+per block of 256 inputs (K formats) or 32 inputs (the others), ``d = amax / 127`` and
+``q = round_half_even(x * (127 / amax))`` clamped to -127..127, both computed in float32 (bf16
+inputs are widened first; an all-zero block has d = 0). Each output is then, per block,
+``d_w * d_x * (integer dot of the codes)`` plus the format's minimum / offset term through the
+activation codes' sums, summed in float32. Against float32 over the unquantized activations the
+difference is the activation rounding: at most half a step (``d / 2``) per input.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from engine.quant import native
+
+_PATHS = {2: "avx512-vnni", 1: "avx2", 0: "portable"}
+_ERRORS = {1: "unsupported type or inputs not whole blocks", 2: "out of memory", 3: "row id out of range"}
+_TYPES = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K,
+                    GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0,
+                    GGMLQuantizationType.Q8_0})
+K_FORMATS = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K})
+
+
+@functools.lru_cache(maxsize=1)
+def _lib() -> ctypes.CDLL:
+    lib = native.library()
+    ptr, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.ms_gguf_matmul.restype = c_int
+    lib.ms_gguf_matmul.argtypes = [c_int, ptr, c_int, i64, i64, ptr, i64, i64, ptr, i64, c_int]
+    lib.ms_gguf_dequant.restype = c_int
+    lib.ms_gguf_dequant.argtypes = [c_int, ptr, i64, i64, i64, ptr, i64, ptr, i64, c_int, c_int]
+    lib.ms_gguf_row_bytes.restype, lib.ms_gguf_row_bytes.argtypes = i64, [c_int, i64]
+    lib.ms_gguf_simd.restype = c_int
+    return lib
+
+
+def vector_path() -> str:
+    """Which path this build of gguf.c runs: ``avx512-vnni``, ``avx2`` or ``portable``."""
+    return _PATHS[_lib().ms_gguf_simd()]
+
+
+def _check(data: torch.Tensor, ggml_type: GGMLQuantizationType, in_features: int) -> None:
+    """Refuse what the C code would read out of bounds: a wrong row size, strided bytes."""
+    if ggml_type not in _TYPES:
+        raise ValueError(f"no block kernel for {ggml_type.name}")
+    if data.dtype != torch.uint8 or data.dim() != 2 or (data.shape[0] > 1 and data.stride(1) != 1):
+        raise ValueError("block weight data must be uint8 [rows, row_bytes] with contiguous rows")
+    elems, nbytes = GGML_QUANT_SIZES[ggml_type]
+    if in_features % elems or data.shape[1] != in_features // elems * nbytes:
+        raise ValueError(f"{ggml_type.name} rows of {data.shape[1]} bytes do not hold {in_features} inputs")
+    if data.device.type != "cpu":
+        raise ValueError("block weights live on the CPU")
+
+
+def _raise(status: int, what: str) -> None:
+    if status:
+        raise RuntimeError(f"{what} failed: {_ERRORS.get(status, f'status {status}')}")
+
+
+def matmul(x2d: torch.Tensor, ggml_type: GGMLQuantizationType, data: torch.Tensor, in_features: int,
+           threads: int = 0) -> torch.Tensor:
+    """``x2d [m, in_features] @ W.T`` -> float32 ``[m, rows]`` with W = ``data``'s rows of
+    ``ggml_type`` blocks (activations quantized per block, module docstring). ``threads`` 0:
+    torch's intra-op thread count."""
+    _check(data, ggml_type, in_features)
+    if x2d.dim() != 2 or x2d.shape[1] != in_features:
+        raise ValueError(f"x is {tuple(x2d.shape)}, expected [m, {in_features}]")
+    x = x2d if x2d.dtype in (torch.float32, torch.bfloat16) else x2d.float()
+    x = x.contiguous()
+    m, n = x.shape[0], data.shape[0]
+    out = torch.empty(m, n, dtype=torch.float32)
+    if m == 0 or n == 0:
+        return out
+    status = _lib().ms_gguf_matmul(int(ggml_type), x.data_ptr(), int(x.dtype == torch.bfloat16), m, in_features,
+                                   data.data_ptr(), data.stride(0), n, out.data_ptr(), n,
+                                   threads or torch.get_num_threads())
+    _raise(status, f"{ggml_type.name} block matmul (m={m}, k={in_features}, n={n})")
+    return out
+
+
+def dequantize(ggml_type: GGMLQuantizationType, data: torch.Tensor, in_features: int,
+               ids: torch.Tensor | None = None, dtype: torch.dtype = torch.float32, threads: int = 0) -> torch.Tensor:
+    """Rows of W in ``dtype`` (float32 or bf16): all of ``data``'s rows, or rows ``ids`` (any
+    shape: the result is ``[*ids.shape, in_features]``, an embedding lookup)."""
+    _check(data, ggml_type, in_features)
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"dequantize gives float32 or bf16, not {dtype}")
+    flat = None if ids is None else ids.reshape(-1).to(torch.int64).contiguous()
+    n = data.shape[0] if flat is None else flat.numel()
+    out = torch.empty(n, in_features, dtype=dtype)
+    if n:
+        status = _lib().ms_gguf_dequant(int(ggml_type), data.data_ptr(), data.stride(0), data.shape[0], in_features,
+                                        None if flat is None else flat.data_ptr(), n, out.data_ptr(), in_features,
+                                        int(dtype == torch.bfloat16), threads or torch.get_num_threads())
+        if status == 3:
+            raise IndexError(f"row id out of range for a table of {data.shape[0]} rows")
+        _raise(status, f"{ggml_type.name} dequantization")
+    return out if ids is None else out.reshape(*ids.shape, in_features)

@@ -1,0 +1,960 @@
+/* GGUF's block formats run as they are stored: x [M, K] @ W.T with W's rows in Q4_K, Q5_K,
+ * Q6_K, Q4_0, Q4_1, Q5_0 or Q8_0 blocks (ggml's layouts, byte for byte), never unpacked to a
+ * full-precision copy.
+ *
+ * Why: at batch 1 a decode step is bound by reading the weights; the file's own 4.5-6.6 bits a
+ * weight read faster than any 8-bit copy, and running them in place needs no copy in memory.
+ *
+ * Activations are quantized once per call, per block, to int8: amax / 127 per block of 256
+ * inputs (with 16-input and 32-input sums of the codes, for the K formats' minimums and
+ * offsets) or per block of 32 (with the codes' sum times the scale, for the 32-input formats).
+ * Rounding: xi = nearest-even(x * (127 / amax)), d = amax / 127, both in float32. Then one
+ * weight block against one activation block is an integer dot product of unsigned weight codes
+ * (0..15, 0..31, 0..63; Q8_0 as |w| against sign(w) * x) with signed activation bytes, the
+ * per-sub-block scales applied in integers, and one float multiply-add per block.
+ *
+ * Paths (compile time, -march=native): AVX512-VNNI (vpdpbusd / vpdpwssd on 256-bit vectors,
+ * AVX512VL), AVX2 (vpmaddubsw + vpmaddwd: the same integers; no pair sum can saturate since
+ * every unsigned code is below 64 or Q8_0's |w| <= 128 meets |x| <= 127), portable C.
+ *
+ * Several activation rows (up to ROWS at a time) run against each weight block while its codes
+ * are unpacked in registers; the output rows are shared by the OpenMP team in tiles of TILE rows,
+ * so each weight block is read from memory once per call. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#define G_VNNI 1
+#else
+#define G_VNNI 0
+#endif
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define G_SIMD 1
+#include <immintrin.h>
+#else
+#define G_SIMD 0
+#endif
+
+/* ggml's type ids (GGMLQuantizationType). */
+enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
+#define QK 32     /* inputs per block of the 32-input formats */
+#define QKK 256   /* inputs per super-block of the K formats */
+#define ROWS 4    /* activation rows per pass over a weight block */
+#define TILE 16   /* weight rows per unit of work shared among the threads */
+
+int ms_gguf_simd(void) { return G_VNNI ? 2 : (G_SIMD ? 1 : 0); }
+
+static inline float h2f(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#if G_SIMD
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, u;
+    if (exp == 0) {
+        if (mant == 0) {
+            u = sign;
+        } else {
+            exp = 127 - 15 + 1;
+            while (!(mant & 0x400u)) { mant <<= 1; exp--; }
+            u = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (mant << 13);
+    } else {
+        u = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
+static int block_elems(int type) { return (type == T_Q4_K || type == T_Q5_K || type == T_Q6_K) ? QKK : QK; }
+
+static int block_bytes(int type) {
+    switch (type) {
+    case T_Q4_0: return 18;
+    case T_Q4_1: return 20;
+    case T_Q5_0: return 22;
+    case T_Q8_0: return 34;
+    case T_Q4_K: return 144;
+    case T_Q5_K: return 176;
+    case T_Q6_K: return 210;
+    default: return 0;
+    }
+}
+
+int64_t ms_gguf_row_bytes(int type, int64_t K) {
+    int e = block_elems(type), b = block_bytes(type);
+    return (b == 0 || K % e) ? -1 : K / e * b;
+}
+
+/* ---------------------------------------------------------------- activations */
+
+/* One call's activations: per row, the int8 codes in input order and per block the scale;
+ * per 16 inputs (K formats) the codes' sums; per 32 inputs the sum (K formats: int16) or the
+ * sum times the scale (32-input formats: float). */
+typedef struct {
+    int8_t *q;      /* [M, K] */
+    float *d;       /* [M, K / block] */
+    int16_t *s16;   /* [M, K / 16] */
+    int16_t *s32;   /* [M, K / 32] */
+    float *sx;      /* [M, K / 32] */
+    int64_t K, nb;
+    int k_perm;     /* Q4_K / Q5_K on AVX-512: each 256 block's 32-input parts in the order KPERM */
+} acts;
+
+/* The order of the 32-input parts of a 256 block that the AVX-512 Q4_K / Q5_K loop reads: one
+ * 64-byte load of codes holds parts 0 and 2 in its low nibbles, 1 and 3 in its high ones. */
+static const int KPERM[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+
+static inline float x_at(const void *x, int bf16, int64_t i) {
+    if (bf16) {
+        uint32_t u = (uint32_t)((const uint16_t *)x)[i] << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    return ((const float *)x)[i];
+}
+
+/* n (a multiple of 16) inputs -> codes and their sums per 16; returns the block's scale. */
+#if G_SIMD
+static inline float hsum8(__m256 v);
+
+static inline __m256 load8f(const void *x, int bf16, int64_t at) {
+    if (bf16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)x + at))), 16));
+    return _mm256_loadu_ps((const float *)x + at);
+}
+
+static float quantize_block(const void *x, int bf16, int64_t at, int n, int8_t *q, int16_t *sums) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_and_ps(load8f(x, bf16, at + i), magnitude));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    if (amax == 0.0f) {
+        memset(q, 0, (size_t)n);
+        memset(sums, 0, sizeof(int16_t) * (size_t)(n / 16));
+        return 0.0f;
+    }
+    const float inv = 127.0f / amax;
+    const __m256 vi = _mm256_set1_ps(inv), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+    for (int i = 0; i < n; i += 16) {
+        __m256 a = _mm256_round_ps(_mm256_mul_ps(load8f(x, bf16, at + i), vi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256 b = _mm256_round_ps(_mm256_mul_ps(load8f(x, bf16, at + i + 8), vi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        a = _mm256_min_ps(_mm256_max_ps(a, lo), hi);
+        b = _mm256_min_ps(_mm256_max_ps(b, lo), hi);
+        sums[i / 16] = (int16_t)hsum8(_mm256_add_ps(a, b));  /* whole numbers: exact */
+        __m256i w = _mm256_packs_epi32(_mm256_cvtps_epi32(a), _mm256_cvtps_epi32(b)); /* lanes: a0-3 b0-3 a4-7 b4-7 */
+        w = _mm256_permute4x64_epi64(w, 0xd8);
+        __m128i bytes = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+        _mm_storeu_si128((__m128i *)(q + i), bytes);
+    }
+    return amax / 127.0f;
+}
+#else
+static float quantize_block(const void *x, int bf16, int64_t at, int n, int8_t *q, int16_t *sums) {
+    float v[QKK];
+    for (int i = 0; i < n; i++) v[i] = x_at(x, bf16, at + i);
+    float amax = 0.0f;
+    for (int i = 0; i < n; i++) {
+        float a = fabsf(v[i]);
+        amax = a > amax ? a : amax;
+    }
+    if (amax == 0.0f) {
+        memset(q, 0, (size_t)n);
+        memset(sums, 0, sizeof(int16_t) * (size_t)(n / 16));
+        return 0.0f;
+    }
+    const float inv = 127.0f / amax;
+    for (int i = 0; i < n; i++) {
+        float r = nearbyintf(v[i] * inv);
+        r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
+        q[i] = (int8_t)r;
+    }
+    for (int g = 0; g < n / 16; g++) {
+        int s = 0;
+        for (int i = 0; i < 16; i++) s += q[16 * g + i];
+        sums[g] = (int16_t)s;
+    }
+    return amax / 127.0f;
+}
+#endif
+
+static void quantize_row(const void *x, int bf16, int64_t row, int64_t K, int eb, const acts *a) {
+    const int64_t at = row * K;
+    int8_t *q = a->q + at;
+    for (int64_t b = 0; b < a->nb; b++)
+        a->d[row * a->nb + b] = quantize_block(x, bf16, at + b * eb, eb, q + b * eb, a->s16 + row * (K / 16) + b * eb / 16);
+    for (int64_t g = 0; g < K / 32; g++) {
+        int s = a->s16[row * (K / 16) + 2 * g] + a->s16[row * (K / 16) + 2 * g + 1];
+        a->s32[row * (K / 32) + g] = (int16_t)s;
+        a->sx[row * (K / 32) + g] = (float)s * a->d[row * a->nb + g * QK / eb];
+    }
+    if (a->k_perm)
+        for (int64_t b = 0; b < K / QKK; b++) {
+            int8_t natural[QKK];
+            memcpy(natural, q + b * QKK, QKK);
+            for (int part = 0; part < 8; part++) memcpy(q + b * QKK + 32 * part, natural + 32 * KPERM[part], 32);
+        }
+}
+
+/* ---------------------------------------------------------------- block helpers */
+
+/* Q4_K / Q5_K: the 8 six-bit scales and 8 minimums of a super-block (ggml's packing). */
+static inline void k_scales(const uint8_t *packed, uint32_t out[4]) {
+    uint32_t u[3];
+    memcpy(u, packed, 12);
+    out[0] = u[0] & 0x3f3f3f3fu;                                          /* scales 0-3 */
+    out[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);   /* scales 4-7 */
+    out[2] = u[1] & 0x3f3f3f3fu;                                          /* mins 0-3 */
+    out[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4); /* mins 4-7 */
+}
+
+#if G_SIMD
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float hsum4(__m128 s) {
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline int hsum4i(__m128i v) {
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0x4e));
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0xb1));
+    return _mm_cvtsi128_si32(v);
+}
+
+static inline int hsum8i(__m256i v) {
+    return hsum4i(_mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
+}
+
+/* acc + sums of 4 products u8 * s8 per 32-bit lane. */
+static inline __m256i dot_us(__m256i acc, __m256i u, __m256i s) {
+#if G_VNNI
+    return _mm256_dpbusd_epi32(acc, u, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+
+/* acc + (pair sums of u8 * s8) * scale16, per 32-bit lane. */
+static inline __m256i dot_us_scaled(__m256i acc, __m256i u, __m256i s, __m256i scale) {
+    __m256i p = _mm256_maddubs_epi16(u, s);
+#if G_VNNI
+    return _mm256_dpwssd_epi32(acc, p, scale);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, scale));
+#endif
+}
+
+static inline __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* 16 bytes of nibbles -> 32 bytes: the low nibbles, then the high ones. */
+static inline __m256i nibbles32(const uint8_t *p) {
+    __m128i raw = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0f));
+}
+
+/* u | 0x10 in the bytes whose bit is set in the 32 bits at p (Q5_0's fifth bits). */
+static inline __m256i with_bits32(__m256i u, const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+#if G_VNNI
+    return _mm256_mask_add_epi8(u, (__mmask32)v, u, _mm256_set1_epi8(0x10));
+#else
+    const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)v), spread);
+    b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(0x10)));
+#endif
+}
+
+/* 16-bit word w (0..7) of each 128-bit half of v, broadcast over that half. */
+static inline __m256i pick16(__m256i v, int lo_word, int hi_word) {
+    const __m256i m = _mm256_set_m128i(_mm_set1_epi16((short)((2 * hi_word + 1) << 8 | (2 * hi_word))),
+                                       _mm_set1_epi16((short)((2 * lo_word + 1) << 8 | (2 * lo_word))));
+    return _mm256_shuffle_epi8(v, m);
+}
+#endif
+
+/* ---------------------------------------------------------------- dot products
+ * Each dot_<type>(w, nb, a, i0, NR, out) computes out[r] = row w . activation row i0 + r for
+ * r < NR (NR a constant at every call, so the loops over r unroll into registers). */
+
+#define ROW_Q(a, i) ((a)->q + (int64_t)(i) * (a)->K)
+#define ROW_D(a, i) ((a)->d + (int64_t)(i) * (a)->nb)
+#define ROW_S16(a, i) ((a)->s16 + (int64_t)(i) * ((a)->K / 16))
+#define ROW_S32(a, i) ((a)->s32 + (int64_t)(i) * ((a)->K / 32))
+#define ROW_SX(a, i) ((a)->sx + (int64_t)(i) * ((a)->K / 32))
+#define INLINE static inline __attribute__((always_inline))
+
+#if G_SIMD
+/* Q4_K / Q5_K: the scales and minimums of a super-block as bytes sc0..7, m0..7 (k_scales in
+ * vector registers; reads 16 bytes, the last 4 belong to the block's next field). */
+static inline __m128i k_scales_vec(const uint8_t *p) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)p);
+    const __m128i low = _mm_and_si128(v, _mm_set1_epi8(0x3f));                                   /* sc0-3, m0-3 */
+    const __m128i top = _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(v, 6), _mm_set1_epi8(3)), 4);
+    const __m128i u2 = _mm_shuffle_epi32(v, 0xaa);
+    const __m128i nib = _mm_and_si128(_mm_srlv_epi32(u2, _mm_set_epi32(0, 0, 4, 0)), _mm_set1_epi8(0x0f));
+    return _mm_unpacklo_epi32(low, _mm_or_si128(nib, top));
+}
+
+/* The 32-input formats share one loop: UNPACK(blk) gives the 32 unsigned codes (or |w| for
+ * Q8_0, whose activations take w's sign); per block d_w * d_x * (dot + OFF * sum(x codes))
+ * (the codes' offset seeds the integer sum), plus m * d_x * sum(x codes) for Q4_1's minimum.
+ * Two blocks a step into two accumulators: the float adds do not wait on each other. */
+#define DOT32(NAME, BYTES, UNPACK, SIGNED, OFF, HAS_MIN)                                          \
+INLINE void NAME##_step(const uint8_t *w, int64_t b, const acts *a, int64_t i0, const int NR,     \
+                        __m256 *acc, float *side) {                                               \
+    const uint8_t *blk = w + b * (BYTES);                                                         \
+    const float dw = h2f(blk);                                                                    \
+    __m256i u, wv;                                                                                \
+    UNPACK;                                                                                       \
+    (void)wv;                                                                                     \
+    for (int r = 0; r < NR; r++) {                                                                \
+        __m256i xv = load32(ROW_Q(a, i0 + r) + b * QK);                                           \
+        if (SIGNED) xv = _mm256_sign_epi8(xv, wv);                                                \
+        const __m256i seed = (OFF) ? _mm256_castsi128_si256(_mm_cvtsi32_si128((OFF) * ROW_S32(a, i0 + r)[b])) \
+                                   : _mm256_setzero_si256();                                      \
+        const __m256i p = dot_us(seed, u, xv);                                                    \
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * ROW_D(a, i0 + r)[b]), acc[r]); \
+        if (HAS_MIN) side[r] += h2f(blk + 2) * ROW_SX(a, i0 + r)[b];                              \
+    }                                                                                             \
+}                                                                                                 \
+INLINE void NAME(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out) { \
+    __m256 acc0[ROWS], acc1[ROWS];                                                                \
+    float side[ROWS];                                                                             \
+    for (int r = 0; r < NR; r++) { acc0[r] = acc1[r] = _mm256_setzero_ps(); side[r] = 0.0f; }     \
+    int64_t b = 0;                                                                                \
+    for (; b + 2 <= nb; b += 2) {                                                                 \
+        NAME##_step(w, b, a, i0, NR, acc0, side);                                                 \
+        NAME##_step(w, b + 1, a, i0, NR, acc1, side);                                             \
+    }                                                                                             \
+    if (b < nb) NAME##_step(w, b, a, i0, NR, acc0, side);                                         \
+    for (int r = 0; r < NR; r++) out[r] = hsum8(_mm256_add_ps(acc0[r], acc1[r])) + side[r];       \
+}
+
+DOT32(dot_q4_0, 18, (u = nibbles32(blk + 2), wv = u), 0, -8, 0)
+DOT32(dot_q4_1, 20, (u = nibbles32(blk + 4), wv = u), 0, 0, 1)
+DOT32(dot_q5_0, 22, (u = with_bits32(nibbles32(blk + 6), blk + 2), wv = u), 0, -16, 0)
+DOT32(dot_q8_0, 34, (wv = load32(blk + 2), u = _mm256_abs_epi8(wv)), 1, 0, 0)
+
+#if G_VNNI
+/* AVX-512: two blocks a step (64 inputs, one vpdpbusd): lanes 0-7 block b, 8-15 block b + 1.
+ * The offset / minimum terms go through the activation sums as floats (side); a last odd
+ * block runs the 256-bit step. UNPACK2(A, B) sets u (and, for Q8_0, neg: w's negative bytes). */
+static inline __m512i nibbles64(const uint8_t *qa, const uint8_t *qb) {
+    const __m128i a = _mm_loadu_si128((const __m128i *)qa), b = _mm_loadu_si128((const __m128i *)qb);
+    __m512i t = _mm512_inserti32x4(_mm512_castsi128_si512(a), a, 1);
+    t = _mm512_inserti32x4(_mm512_inserti32x4(t, b, 2), b, 3);
+    const __m512i shift = _mm512_set_epi32(0x00040004, 0x00040004, 0x00040004, 0x00040004, 0, 0, 0, 0,
+                                           0x00040004, 0x00040004, 0x00040004, 0x00040004, 0, 0, 0, 0);
+    return _mm512_and_si512(_mm512_srlv_epi16(t, shift), _mm512_set1_epi8(0x0f));
+}
+
+static inline __m128 two_halves(const uint8_t *pa, const uint8_t *pb) {
+    uint16_t ha, hb;
+    memcpy(&ha, pa, 2);
+    memcpy(&hb, pb, 2);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)ha | (uint32_t)hb << 16)));
+}
+
+static inline __m128 two_floats(const float *p) { return _mm_castpd_ps(_mm_load_sd((const double *)p)); }
+
+#define DOT32_512(NAME, BYTES, UNPACK2, SIGNED, OFF, HAS_MIN)                                     \
+INLINE void NAME##_pair(const uint8_t *w, int64_t b, const acts *a, int64_t i0, const int NR,     \
+                        __m512 *acc, __m128 *side) {                                              \
+    const uint8_t *A = w + b * (BYTES), *B = A + (BYTES);                                         \
+    __m512i u;                                                                                    \
+    __mmask64 neg = 0;                                                                            \
+    UNPACK2;                                                                                      \
+    (void)neg;                                                                                    \
+    const __m128 dw = two_halves(A, B);                                                           \
+    const __m128 extra = HAS_MIN ? two_halves(A + 2, B + 2) : dw;                                 \
+    const __m512i spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);      \
+    for (int r = 0; r < NR; r++) {                                                                \
+        __m512i xv = _mm512_loadu_si512(ROW_Q(a, i0 + r) + b * QK);                               \
+        if (SIGNED) xv = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);               \
+        const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, xv);                     \
+        const __m128 scale = _mm_mul_ps(dw, two_floats(ROW_D(a, i0 + r) + b));                    \
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),                                           \
+                                 _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(scale)), acc[r]); \
+        if ((OFF) || HAS_MIN) side[r] = _mm_fmadd_ps(extra, two_floats(ROW_SX(a, i0 + r) + b), side[r]); \
+    }                                                                                             \
+}                                                                                                 \
+INLINE void NAME##_512(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out) { \
+    __m512 acc0[ROWS], acc1[ROWS];                                                                \
+    __m128 side[ROWS];                                                                            \
+    for (int r = 0; r < NR; r++) { acc0[r] = acc1[r] = _mm512_setzero_ps(); side[r] = _mm_setzero_ps(); } \
+    int64_t b = 0;                                                                                \
+    for (; b + 4 <= nb; b += 4) {                                                                 \
+        NAME##_pair(w, b, a, i0, NR, acc0, side);                                                 \
+        NAME##_pair(w, b + 2, a, i0, NR, acc1, side);                                             \
+    }                                                                                             \
+    if (b + 2 <= nb) { NAME##_pair(w, b, a, i0, NR, acc0, side); b += 2; }                        \
+    float tail[ROWS] = {0};                                                                       \
+    if (b < nb) {                                                                                 \
+        __m256 acc256[ROWS];                                                                      \
+        float tail_side[ROWS];                                                                    \
+        for (int r = 0; r < NR; r++) { acc256[r] = _mm256_setzero_ps(); tail_side[r] = 0.0f; }   \
+        NAME##_step(w, b, a, i0, NR, acc256, tail_side);                                          \
+        for (int r = 0; r < NR; r++) tail[r] = hsum8(acc256[r]) + tail_side[r];                   \
+    }                                                                                             \
+    for (int r = 0; r < NR; r++)                                                                  \
+        out[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r], acc1[r])) +                          \
+                 (HAS_MIN ? 1.0f : (float)(OFF)) * hsum4(side[r]) + tail[r];                      \
+}
+
+DOT32_512(dot_q4_0, 18, u = nibbles64(A + 2, B + 2), 0, -8, 0)
+DOT32_512(dot_q4_1, 20, u = nibbles64(A + 4, B + 4), 0, 0, 1)
+DOT32_512(dot_q5_0, 22, {
+    uint32_t ha;
+    uint32_t hb;
+    memcpy(&ha, A + 2, 4);
+    memcpy(&hb, B + 2, 4);
+    u = nibbles64(A + 6, B + 6);
+    u = _mm512_mask_add_epi8(u, _cvtu64_mask64((uint64_t)ha | (uint64_t)hb << 32), u, _mm512_set1_epi8(0x10));
+}, 0, -16, 0)
+DOT32_512(dot_q8_0, 34, {
+    const __m512i wv = _mm512_inserti64x4(_mm512_castsi256_si512(load32(A + 2)), load32(B + 2), 1);
+    u = _mm512_abs_epi8(wv);
+    neg = _mm512_movepi8_mask(wv);
+}, 1, 0, 0)
+#define DOT_Q4_0 dot_q4_0_512
+#define DOT_Q4_1 dot_q4_1_512
+#define DOT_Q5_0 dot_q5_0_512
+#define DOT_Q8_0 dot_q8_0_512
+#endif
+
+/* Q4_K and Q5_K (FIVE: the fifth bits from qh): per 64 inputs, low nibbles = sub-block 2c,
+ * high nibbles = 2c + 1; the scales applied by vpmaddwd / vpdpwssd on the pair sums, the
+ * minimums through the activation codes' 32-input sums. */
+INLINE void dot_q45_k(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out,
+                      const int FIVE) {
+    const int bytes = FIVE ? 176 : 144;
+    __m256 acc[ROWS];
+    __m128 accm[ROWS];
+    for (int r = 0; r < NR; r++) { acc[r] = _mm256_setzero_ps(); accm[r] = _mm_setzero_ps(); }
+    const __m256i low4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * bytes;
+        int32_t halves16;
+        memcpy(&halves16, blk, 4);
+        const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(halves16)); /* d, dmin */
+        const __m256i s16 = _mm256_cvtepu8_epi16(k_scales_vec(blk + 4));
+        const __m256i scales = _mm256_permute2x128_si256(s16, s16, 0x00);
+        const __m128i mins = _mm256_extracti128_si256(s16, 1);
+        const __m256i qh = FIVE ? load32(blk + 16) : _mm256_setzero_si256();
+        __m256i lo_sum[ROWS], hi_sum[ROWS];
+        for (int r = 0; r < NR; r++) lo_sum[r] = hi_sum[r] = _mm256_setzero_si256();
+        const uint8_t *qs = blk + (FIVE ? 48 : 16);
+        for (int c = 0; c < 4; c++) {
+            const __m256i raw = load32(qs + 32 * c);
+            __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+            if (FIVE) {
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
+            }
+            const __m256i sa = pick16(scales, 2 * c, 2 * c), sb = pick16(scales, 2 * c + 1, 2 * c + 1);
+            for (int r = 0; r < NR; r++) {
+                const int8_t *xq = ROW_Q(a, i0 + r) + b * QKK + 64 * c;
+                lo_sum[r] = dot_us_scaled(lo_sum[r], lo, load32(xq), sa);
+                hi_sum[r] = dot_us_scaled(hi_sum[r], hi, load32(xq + 32), sb);
+            }
+        }
+        for (int r = 0; r < NR; r++) {
+            const __m128 scale = _mm_mul_ps(dd, _mm_set1_ps(ROW_D(a, i0 + r)[b]));  /* d dx, dmin dx */
+            const __m128i bs = _mm_loadu_si128((const __m128i *)(ROW_S32(a, i0 + r) + b * 8));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(lo_sum[r], hi_sum[r])),
+                                     _mm256_broadcastss_ps(scale), acc[r]);
+            accm[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mins, bs)), _mm_shuffle_ps(scale, scale, 0x55),
+                                   accm[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) out[r] = hsum8(acc[r]) - hsum4(accm[r]);
+}
+
+INLINE void dot_q4_k(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out) {
+    dot_q45_k(w, nb, a, i0, NR, out, 0);
+}
+
+INLINE void dot_q5_k(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out) {
+    dot_q45_k(w, nb, a, i0, NR, out, 1);
+}
+
+/* Q6_K: per 128 inputs, ql's low nibbles hold inputs 0-63, its high nibbles 64-127, qh two bits
+ * each; codes 0..63 with offset 32 (seeded through the 16-input activation sums); one int8
+ * scale per 16 inputs (each 32-input vector takes two: its halves' pair sums). */
+INLINE void dot_q6_k(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out) {
+    __m256 acc[ROWS];
+    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * 210;
+        const float dw = h2f(blk + 208);
+        const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+        const __m256i halves[2] = {_mm256_permute2x128_si256(s16, s16, 0x00), _mm256_permute2x128_si256(s16, s16, 0x11)};
+        __m256i even[ROWS], odd[ROWS];
+        for (int r = 0; r < NR; r++) {  /* the codes' offset: -32 * sum_j scale_j * sum16_j */
+            const __m256i bs = load32(ROW_S16(a, i0 + r) + b * 16);
+            even[r] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(s16, bs), 5));
+            odd[r] = _mm256_setzero_si256();
+        }
+        for (int h = 0; h < 2; h++) {
+            const __m256i ql0 = load32(blk + 64 * h), ql1 = load32(blk + 64 * h + 32), qh = load32(blk + 128 + 32 * h);
+            __m256i u[4];
+            u[0] = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, three), 4));
+            u[1] = _mm256_or_si256(_mm256_and_si256(ql1, low4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), three), 4));
+            u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), three), 4));
+            u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4));
+            for (int t = 0; t < 4; t++) {
+                const __m256i sc = pick16(halves[h], 2 * t, 2 * t + 1);
+                for (int r = 0; r < NR; r++) {
+                    const __m256i xv = load32(ROW_Q(a, i0 + r) + b * QKK + 128 * h + 32 * t);
+                    if (t & 1) odd[r] = dot_us_scaled(odd[r], u[t], xv, sc);
+                    else even[r] = dot_us_scaled(even[r], u[t], xv, sc);
+                }
+            }
+        }
+        for (int r = 0; r < NR; r++)
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(even[r], odd[r])),
+                                     _mm256_set1_ps(dw * ROW_D(a, i0 + r)[b]), acc[r]);
+    }
+    for (int r = 0; r < NR; r++) out[r] = hsum8(acc[r]);
+}
+
+
+#if G_VNNI
+/* AVX-512: 128 inputs per step. Q4_K / Q5_K: one 64-byte load of codes holds parts (2c, 2c + 2)
+ * in its low nibbles and (2c + 1, 2c + 3) in its high ones (the activations are stored in that
+ * order, KPERM); each 256-bit half takes its part's scale. */
+INLINE void dot_q45_k_512(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out,
+                          const int FIVE) {
+    const int bytes = FIVE ? 176 : 144;
+    __m512 acc[ROWS];
+    __m128 accm[ROWS];
+    for (int r = 0; r < NR; r++) { acc[r] = _mm512_setzero_ps(); accm[r] = _mm_setzero_ps(); }
+    const __m512i low4 = _mm512_set1_epi8(0x0f), one = _mm512_set1_epi8(1);
+    /* per step p: the words (scale indices) each 128-bit lane broadcasts, low / high nibbles */
+    const __m512i pick[2][2] = {
+        {_mm512_set_epi32(0x05040504, 0x05040504, 0x05040504, 0x05040504, 0x05040504, 0x05040504, 0x05040504, 0x05040504,
+                          0x01000100, 0x01000100, 0x01000100, 0x01000100, 0x01000100, 0x01000100, 0x01000100, 0x01000100),
+         _mm512_set_epi32(0x07060706, 0x07060706, 0x07060706, 0x07060706, 0x07060706, 0x07060706, 0x07060706, 0x07060706,
+                          0x03020302, 0x03020302, 0x03020302, 0x03020302, 0x03020302, 0x03020302, 0x03020302, 0x03020302)},
+        {_mm512_set_epi32(0x0d0c0d0c, 0x0d0c0d0c, 0x0d0c0d0c, 0x0d0c0d0c, 0x0d0c0d0c, 0x0d0c0d0c, 0x0d0c0d0c, 0x0d0c0d0c,
+                          0x09080908, 0x09080908, 0x09080908, 0x09080908, 0x09080908, 0x09080908, 0x09080908, 0x09080908),
+         _mm512_set_epi32(0x0f0e0f0e, 0x0f0e0f0e, 0x0f0e0f0e, 0x0f0e0f0e, 0x0f0e0f0e, 0x0f0e0f0e, 0x0f0e0f0e, 0x0f0e0f0e,
+                          0x0b0a0b0a, 0x0b0a0b0a, 0x0b0a0b0a, 0x0b0a0b0a, 0x0b0a0b0a, 0x0b0a0b0a, 0x0b0a0b0a, 0x0b0a0b0a)}};
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * bytes;
+        int32_t halves16;
+        memcpy(&halves16, blk, 4);
+        const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(halves16)); /* d, dmin */
+        const __m256i s16 = _mm256_cvtepu8_epi16(k_scales_vec(blk + 4));
+        const __m512i scales = _mm512_broadcast_i32x4(_mm256_castsi256_si128(s16));
+        const __m128i mins = _mm256_extracti128_si256(s16, 1);
+        __m512i qh = _mm512_setzero_si512();
+        if (FIVE) {
+            const __m256i h = load32(blk + 16);
+            qh = _mm512_inserti64x4(_mm512_castsi256_si512(h), h, 1);
+        }
+        __m512i lo_sum[ROWS], hi_sum[ROWS];
+        for (int r = 0; r < NR; r++) lo_sum[r] = hi_sum[r] = _mm512_setzero_si512();
+        const uint8_t *qs = blk + (FIVE ? 48 : 16);
+        for (int p = 0; p < 2; p++) {
+            const __m512i raw = _mm512_loadu_si512(qs + 64 * p);
+            __m512i lo = _mm512_and_si512(raw, low4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+            if (FIVE) {  /* part j's fifth bit is bit j of qh */
+                const __m512i shift_lo = _mm512_inserti64x4(_mm512_set1_epi16((short)(4 * p)), _mm256_set1_epi16((short)(4 * p + 2)), 1);
+                const __m512i shift_hi = _mm512_add_epi16(shift_lo, _mm512_set1_epi16(1));
+                lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift_lo), one), 4));
+                hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift_hi), one), 4));
+            }
+            const __m512i sa = _mm512_shuffle_epi8(scales, pick[p][0]), sb = _mm512_shuffle_epi8(scales, pick[p][1]);
+            for (int r = 0; r < NR; r++) {
+                const int8_t *xq = ROW_Q(a, i0 + r) + b * QKK + 128 * p;
+                lo_sum[r] = _mm512_dpwssd_epi32(lo_sum[r], _mm512_maddubs_epi16(lo, _mm512_loadu_si512(xq)), sa);
+                hi_sum[r] = _mm512_dpwssd_epi32(hi_sum[r], _mm512_maddubs_epi16(hi, _mm512_loadu_si512(xq + 64)), sb);
+            }
+        }
+        for (int r = 0; r < NR; r++) {
+            const __m128 scale = _mm_mul_ps(dd, _mm_set1_ps(ROW_D(a, i0 + r)[b]));  /* d dx, dmin dx */
+            const __m128i bs = _mm_loadu_si128((const __m128i *)(ROW_S32(a, i0 + r) + b * 8));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(lo_sum[r], hi_sum[r])),
+                                     _mm512_broadcastss_ps(scale), acc[r]);
+            accm[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mins, bs)), _mm_shuffle_ps(scale, scale, 0x55),
+                                   accm[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) out[r] = _mm512_reduce_add_ps(acc[r]) - hsum4(accm[r]);
+}
+
+/* Q6_K on AVX-512: 64 bytes of ql hold inputs 0-63 (low nibbles) and 64-127 (high) of a half;
+ * each 128-bit lane is 16 inputs with one scale (vpermw spreads them). */
+INLINE void dot_q6_k_512(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out) {
+    __m512 acc[ROWS];
+    for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
+    const __m512i low4 = _mm512_set1_epi8(0x0f), three = _mm512_set1_epi8(3);
+    const __m512i shift_lo = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    const __m512i shift_hi = _mm512_add_epi16(shift_lo, _mm512_set1_epi16(4));
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * 210;
+        const float dw = h2f(blk + 208);
+        const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+        const __m512i s512 = _mm512_castsi256_si512(s16);
+        __m512i even[ROWS], odd[ROWS];
+        for (int r = 0; r < NR; r++) {  /* the codes' offset: -32 * sum_j scale_j * sum16_j */
+            const __m256i bs = load32(ROW_S16(a, i0 + r) + b * 16);
+            even[r] = _mm512_castsi256_si512(
+                _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(s16, bs), 5)));
+            odd[r] = _mm512_setzero_si512();
+        }
+        for (int h = 0; h < 2; h++) {
+            const __m512i ql = _mm512_loadu_si512(blk + 64 * h);
+            const __m256i qh256 = load32(blk + 128 + 32 * h);
+            const __m512i qh = _mm512_inserti64x4(_mm512_castsi256_si512(qh256), qh256, 1);
+            const __m512i lo = _mm512_or_si512(_mm512_and_si512(ql, low4),
+                _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift_lo), three), 4));
+            const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4),
+                _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift_hi), three), 4));
+            const __m512i idx_lo = _mm512_set_epi64(0x0003000300030003LL + 0x0008000800080008LL * h, 0x0003000300030003LL + 0x0008000800080008LL * h,
+                                                    0x0002000200020002LL + 0x0008000800080008LL * h, 0x0002000200020002LL + 0x0008000800080008LL * h,
+                                                    0x0001000100010001LL + 0x0008000800080008LL * h, 0x0001000100010001LL + 0x0008000800080008LL * h,
+                                                    0x0000000000000000LL + 0x0008000800080008LL * h, 0x0000000000000000LL + 0x0008000800080008LL * h);
+            const __m512i idx_hi = _mm512_add_epi16(idx_lo, _mm512_set1_epi16(4));
+            const __m512i sa = _mm512_permutexvar_epi16(idx_lo, s512), sb = _mm512_permutexvar_epi16(idx_hi, s512);
+            for (int r = 0; r < NR; r++) {
+                const int8_t *xq = ROW_Q(a, i0 + r) + b * QKK + 128 * h;
+                even[r] = _mm512_dpwssd_epi32(even[r], _mm512_maddubs_epi16(lo, _mm512_loadu_si512(xq)), sa);
+                odd[r] = _mm512_dpwssd_epi32(odd[r], _mm512_maddubs_epi16(hi, _mm512_loadu_si512(xq + 64)), sb);
+            }
+        }
+        for (int r = 0; r < NR; r++)
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(even[r], odd[r])),
+                                     _mm512_set1_ps(dw * ROW_D(a, i0 + r)[b]), acc[r]);
+    }
+    for (int r = 0; r < NR; r++) out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+#define DOT_Q4_K(w, nb, a, i0, NR, out) dot_q45_k_512(w, nb, a, i0, NR, out, 0)
+#define DOT_Q5_K(w, nb, a, i0, NR, out) dot_q45_k_512(w, nb, a, i0, NR, out, 1)
+#define DOT_Q6_K dot_q6_k_512
+#else
+#define DOT_Q4_K dot_q4_k
+#define DOT_Q5_K dot_q5_k
+#define DOT_Q6_K dot_q6_k
+#endif
+
+#else /* portable C: the same integers, one element at a time */
+
+/* The unsigned code of element e (0..block-1) of a block, and the block's integer offset. */
+static inline int code_q4_0(const uint8_t *blk, int e) { return (blk[2 + (e & 15)] >> (e < 16 ? 0 : 4)) & 15; }
+static inline int code_q4_1(const uint8_t *blk, int e) { return (blk[4 + (e & 15)] >> (e < 16 ? 0 : 4)) & 15; }
+static inline int code_q5_0(const uint8_t *blk, int e) {
+    uint32_t qh;
+    memcpy(&qh, blk + 2, 4);
+    return (int)(((blk[6 + (e & 15)] >> (e < 16 ? 0 : 4)) & 15) | (((qh >> e) & 1) << 4));
+}
+
+#define DOT32(NAME, BYTES, CODE, OFF, HAS_MIN)                                                    \
+INLINE void NAME(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out) { \
+    for (int r = 0; r < NR; r++) {                                                                \
+        const int8_t *xq = ROW_Q(a, i0 + r);                                                      \
+        float sum = 0.0f;                                                                         \
+        for (int64_t b = 0; b < nb; b++) {                                                        \
+            const uint8_t *blk = w + b * (BYTES);                                                 \
+            int s = 0;                                                                            \
+            for (int e = 0; e < QK; e++) s += CODE * xq[b * QK + e];                              \
+            const float dw = h2f(blk);                                                            \
+            const float extra = HAS_MIN ? h2f(blk + 2) : dw * (float)(OFF);                       \
+            sum += dw * ROW_D(a, i0 + r)[b] * (float)s + extra * ROW_SX(a, i0 + r)[b];           \
+        }                                                                                         \
+        out[r] = sum;                                                                             \
+    }                                                                                             \
+}
+
+DOT32(dot_q4_0, 18, code_q4_0(blk, e), -8, 0)
+DOT32(dot_q4_1, 20, code_q4_1(blk, e), 0, 1)
+DOT32(dot_q5_0, 22, code_q5_0(blk, e), -16, 0)
+DOT32(dot_q8_0, 34, (int)(int8_t)blk[2 + e], 0, 0)
+
+INLINE void dot_q45_k(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out, int five) {
+    const int bytes = five ? 176 : 144;
+    for (int r = 0; r < NR; r++) {
+        const int8_t *xq = ROW_Q(a, i0 + r);
+        float sum = 0.0f;
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = w + b * bytes, *qh = blk + 16, *qs = blk + (five ? 48 : 16);
+            uint32_t sm[4];
+            k_scales(blk + 4, sm);
+            const uint8_t *sc = (const uint8_t *)sm, *mn = sc + 8;
+            int isum = 0, imin = 0;
+            for (int s = 0; s < 8; s++) {
+                int part = 0;
+                for (int l = 0; l < 32; l++) {
+                    int u = (qs[32 * (s / 2) + l] >> (4 * (s & 1))) & 15;
+                    if (five) u |= ((qh[l] >> s) & 1) << 4;
+                    part += u * xq[b * QKK + 32 * s + l];
+                }
+                isum += sc[s] * part;
+                imin += mn[s] * ROW_S32(a, i0 + r)[b * 8 + s];
+            }
+            const float dx = ROW_D(a, i0 + r)[b];
+            sum += h2f(blk) * dx * (float)isum - h2f(blk + 2) * dx * (float)imin;
+        }
+        out[r] = sum;
+    }
+}
+
+INLINE void dot_q4_k(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out) {
+    dot_q45_k(w, nb, a, i0, NR, out, 0);
+}
+
+INLINE void dot_q5_k(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out) {
+    dot_q45_k(w, nb, a, i0, NR, out, 1);
+}
+
+INLINE void dot_q6_k(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out) {
+    for (int r = 0; r < NR; r++) {
+        const int8_t *xq = ROW_Q(a, i0 + r);
+        float sum = 0.0f;
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = w + b * 210, *ql = blk, *qh = blk + 128;
+            const int8_t *sc = (const int8_t *)(blk + 192);
+            int isum = 0;
+            for (int j = 0; j < 16; j++) {
+                int part = 0;
+                for (int i = 0; i < 16; i++) {
+                    const int e = 16 * j + i, h = e / 128, t = (e % 128) / 32, l = e % 32;
+                    const int low = (ql[64 * h + 32 * (t & 1) + l] >> (4 * (t >> 1))) & 15;
+                    const int high = (qh[32 * h + l] >> (2 * t)) & 3;
+                    part += ((low | (high << 4)) - 32) * xq[b * QKK + e];
+                }
+                isum += sc[j] * part;
+            }
+            sum += h2f(blk + 208) * ROW_D(a, i0 + r)[b] * (float)isum;
+        }
+        out[r] = sum;
+    }
+}
+#endif
+
+/* ---------------------------------------------------------------- rows of output */
+
+typedef void (*rows_fn)(const uint8_t *w, int64_t w_stride, int64_t n0, int64_t n1, const acts *a, int64_t M,
+                        float *y, int64_t y_stride);
+
+/* Output columns n0..n1 (weight rows) for every activation row: ROWS activation rows at a time
+ * against each weight row of the tile, so a tile's blocks are read from memory once. */
+#define ROWS_FN(NAME, DOT)                                                                        \
+static void NAME(const uint8_t *w, int64_t w_stride, int64_t n0, int64_t n1, const acts *a, int64_t M, \
+                 float *y, int64_t y_stride) {                                                    \
+    float out[ROWS];                                                                              \
+    int64_t i = 0;                                                                                \
+    for (; i + ROWS <= M; i += ROWS)                                                              \
+        for (int64_t n = n0; n < n1; n++) {                                                       \
+            DOT(w + n * w_stride, a->nb, a, i, ROWS, out);                                        \
+            for (int r = 0; r < ROWS; r++) y[(i + r) * y_stride + n] = out[r];                    \
+        }                                                                                         \
+    const int rest = (int)(M - i);                                                                \
+    for (int64_t n = n0; n < n1 && rest; n++) {                                                   \
+        switch (rest) {                                                                           \
+        case 1: DOT(w + n * w_stride, a->nb, a, i, 1, out); break;                                \
+        case 2: DOT(w + n * w_stride, a->nb, a, i, 2, out); break;                                \
+        default: DOT(w + n * w_stride, a->nb, a, i, 3, out); break;                               \
+        }                                                                                         \
+        for (int r = 0; r < rest; r++) y[(i + r) * y_stride + n] = out[r];                        \
+    }                                                                                             \
+}
+
+#ifndef DOT_Q4_0
+#define DOT_Q4_0 dot_q4_0
+#define DOT_Q4_1 dot_q4_1
+#define DOT_Q5_0 dot_q5_0
+#define DOT_Q8_0 dot_q8_0
+#endif
+ROWS_FN(rows_q4_0, DOT_Q4_0)
+ROWS_FN(rows_q4_1, DOT_Q4_1)
+ROWS_FN(rows_q5_0, DOT_Q5_0)
+ROWS_FN(rows_q8_0, DOT_Q8_0)
+#ifndef DOT_Q4_K
+#define DOT_Q4_K dot_q4_k
+#define DOT_Q5_K dot_q5_k
+#define DOT_Q6_K dot_q6_k
+#endif
+ROWS_FN(rows_q4_k, DOT_Q4_K)
+ROWS_FN(rows_q5_k, DOT_Q5_K)
+ROWS_FN(rows_q6_k, DOT_Q6_K)
+
+static rows_fn rows_for(int type) {
+    switch (type) {
+    case T_Q4_0: return rows_q4_0;
+    case T_Q4_1: return rows_q4_1;
+    case T_Q5_0: return rows_q5_0;
+    case T_Q8_0: return rows_q8_0;
+    case T_Q4_K: return rows_q4_k;
+    case T_Q5_K: return rows_q5_k;
+    case T_Q6_K: return rows_q6_k;
+    default: return NULL;
+    }
+}
+
+/* y[M, N] (row stride y_stride floats) = x[M, K] (float32 or bf16, contiguous) @ W.T, W's row n
+ * at w + n * w_stride. Returns 0, 1 for an unknown type or a K that is not whole blocks, 2 when
+ * out of memory. */
+int ms_gguf_matmul(int type, const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *w, int64_t w_stride,
+                   int64_t N, float *y, int64_t y_stride, int threads) {
+    rows_fn rows = rows_for(type);
+    const int eb = block_elems(type);
+    if (rows == NULL || K % eb || K % QK) return 1;
+    if (M <= 0 || N <= 0) return 0;
+    acts a = {.K = K, .nb = K / eb, .k_perm = G_VNNI && (type == T_Q4_K || type == T_Q5_K)};
+    /* one allocation: codes, then scales and sums (each part 64-byte aligned) */
+    const size_t nq = (size_t)(M * K + 63) / 64 * 64, nd = (size_t)(M * a.nb * 4 + 63) / 64 * 64,
+                 n16 = (size_t)(M * (K / 16) * 2 + 32 + 63) / 64 * 64, n32 = (size_t)(M * (K / 32) * 2 + 32 + 63) / 64 * 64,
+                 nx = (size_t)(M * (K / 32) * 4 + 63) / 64 * 64;
+    uint8_t *scratch = aligned_alloc(64, nq + nd + n16 + n32 + nx);
+    if (scratch) {
+        a.q = (int8_t *)scratch;
+        a.d = (float *)(scratch + nq);
+        a.s16 = (int16_t *)(scratch + nq + nd);
+        a.s32 = (int16_t *)(scratch + nq + nd + n16);
+        a.sx = (float *)(scratch + nq + nd + n16 + n32);
+    }
+    int status = 0;
+    if (!scratch) {
+        status = 2;
+    } else {
+        const int64_t tiles = (N + TILE - 1) / TILE;
+        #pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads())
+        {
+            #pragma omp for schedule(static)
+            for (int64_t i = 0; i < M; i++) quantize_row(x, x_bf16, i, K, eb, &a);
+            #pragma omp for schedule(static)
+            for (int64_t t = 0; t < tiles; t++) {
+                const int64_t n0 = t * TILE, n1 = n0 + TILE < N ? n0 + TILE : N;
+                rows(w, w_stride, n0, n1, &a, M, y, y_stride);
+            }
+        }
+    }
+    free(scratch);
+    return status;
+}
+
+/* ---------------------------------------------------------------- dequantization */
+
+static void dequant_block(int type, const uint8_t *blk, float *y) {
+    switch (type) {
+    case T_Q4_0: case T_Q4_1: {
+        const int min = type == T_Q4_1;
+        const float d = h2f(blk), m = min ? h2f(blk + 2) : 0.0f;
+        const uint8_t *qs = blk + (min ? 4 : 2);
+        for (int j = 0; j < 16; j++) {
+            const int lo = qs[j] & 15, hi = qs[j] >> 4;
+            y[j] = min ? d * (float)lo + m : d * (float)(lo - 8);
+            y[j + 16] = min ? d * (float)hi + m : d * (float)(hi - 8);
+        }
+        break;
+    }
+    case T_Q5_0: {
+        const float d = h2f(blk);
+        uint32_t qh;
+        memcpy(&qh, blk + 2, 4);
+        for (int j = 0; j < 16; j++) {
+            y[j] = d * (float)((int)((blk[6 + j] & 15) | (((qh >> j) & 1) << 4)) - 16);
+            y[j + 16] = d * (float)((int)((blk[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
+        }
+        break;
+    }
+    case T_Q8_0: {
+        const float d = h2f(blk);
+        for (int j = 0; j < 32; j++) y[j] = d * (float)(int8_t)blk[2 + j];
+        break;
+    }
+    case T_Q4_K: case T_Q5_K: {
+        const int five = type == T_Q5_K;
+        const float d = h2f(blk), dmin = h2f(blk + 2);
+        uint32_t sm[4];
+        k_scales(blk + 4, sm);
+        const uint8_t *sc = (const uint8_t *)sm, *mn = sc + 8, *qh = blk + 16, *qs = blk + (five ? 48 : 16);
+        for (int s = 0; s < 8; s++) {
+            const float ds = d * (float)sc[s], ms = dmin * (float)mn[s];
+            for (int l = 0; l < 32; l++) {
+                int u = (qs[32 * (s / 2) + l] >> (4 * (s & 1))) & 15;
+                if (five) u |= ((qh[l] >> s) & 1) << 4;
+                y[32 * s + l] = ds * (float)u - ms;
+            }
+        }
+        break;
+    }
+    case T_Q6_K: {
+        const float d = h2f(blk + 208);
+        const int8_t *sc = (const int8_t *)(blk + 192);
+        for (int h = 0; h < 2; h++)
+            for (int t = 0; t < 4; t++) {
+                const uint8_t *ql = blk + 64 * h + 32 * (t & 1), *qh = blk + 128 + 32 * h;
+                const float s0 = d * (float)sc[8 * h + 2 * t], s1 = d * (float)sc[8 * h + 2 * t + 1];
+                float *out = y + 128 * h + 32 * t;
+                for (int l = 0; l < 32; l++) {
+                    const int code = (((ql[l] >> (4 * (t >> 1))) & 15) | (((qh[l] >> (2 * t)) & 3) << 4)) - 32;
+                    out[l] = (l < 16 ? s0 : s1) * (float)code;
+                }
+            }
+        break;
+    }
+    }
+}
+
+static inline uint16_t f2bf(float f) {  /* round to nearest even (NaN stays NaN) */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+/* Rows of W as float32 or bf16 into out [n, K] (row stride out_stride elements): rows ids[i]
+ * (ids NULL: rows 0..n-1). Returns 1 for an unknown type / bad K, 3 for an id out of range
+ * (checked against rows; nothing is written then). */
+int ms_gguf_dequant(int type, const uint8_t *w, int64_t w_stride, int64_t rows, int64_t K, const int64_t *ids,
+                    int64_t n, void *out, int64_t out_stride, int out_bf16, int threads) {
+    const int eb = block_elems(type), bb = block_bytes(type);
+    if (bb == 0 || K % eb) return 1;
+    if (ids)
+        for (int64_t i = 0; i < n; i++)
+            if (ids[i] < 0 || ids[i] >= rows) return 3;
+    const int64_t nb = K / eb;
+    #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : omp_get_max_threads()) if (n * K > 65536)
+    for (int64_t i = 0; i < n; i++) {
+        const uint8_t *row = w + (ids ? ids[i] : i) * w_stride;
+        float buf[QKK];
+        for (int64_t b = 0; b < nb; b++) {
+            dequant_block(type, row + b * bb, buf);
+            if (out_bf16) {
+                uint16_t *o = (uint16_t *)out + i * out_stride + b * eb;
+                for (int e = 0; e < eb; e++) o[e] = f2bf(buf[e]);
+            } else {
+                memcpy((float *)out + i * out_stride + b * eb, buf, sizeof(float) * (size_t)eb);
+            }
+        }
+    }
+    return 0;
+}
