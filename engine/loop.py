@@ -451,7 +451,8 @@ class EngineLoop:
     def _advance_solo(self) -> None:
         """One token (the first: prefill and one token) for each running solo task; their
         prompts share one step budget per turn (:meth:`_take_prefill`)."""
-        self._prefill_left = self.engine.settings.max_batched_tokens
+        settings, streaming = self.engine.settings, self._paged is not None and bool(self._paged.scheduler.running)
+        self._prefill_left = settings.prefill_tokens_while_decoding if streaming else settings.max_batched_tokens
         still: list[_Job] = []
         for job in self._running:
             assert job.task is not None

@@ -32,7 +32,7 @@ from web.sse import format_event
 API_VERSION = "0.1.0"
 REDIS_SPARE_CONNECTIONS = 64  # the pool's room beyond one connection per HTTP connection
 API_MODULES = ("web.routes_jobs", "web.routes_compat", "web.routes_bench", "web.routes_system",
-               "web.routes_health", "web.routes_tokenize")
+               "web.routes_health", "web.routes_tokenize", "web.routes_webhooks")
 # Modules exposing ``register(app: OpenAPI) -> None`` (``app.register_api(api)`` for an
 # APIBlueprint, ``app.register_blueprint(bp)`` for a plain one). Add yours here, e.g.
 # "web.openai_api", "web.monitor", "web.metrics".

@@ -7,7 +7,7 @@ import logging
 
 from flask import request
 
-from core.events import AGENT_INPUT_ERRORS, CANCELLED, SUCCEEDED, TIMEOUT
+from core.events import AGENT_INPUT_ERRORS, CANCELLED, EXPIRED, SUCCEEDED, TIMEOUT
 from core.jobs import JobRecord
 from core.logs import log_event
 from web.cancel import cancel_job
@@ -48,6 +48,8 @@ def finished_job(job_id: str) -> JobRecord:
         raise ApiError(409, "job_cancelled", message, job_id=job_id)
     if job.state == TIMEOUT:
         raise ApiError(504, "job_timeout", message, job_id=job_id)
+    if job.state == EXPIRED:
+        raise ApiError(504, "job_expired", message, job_id=job_id)
     code = str(error.get("code") or "job_failed")
     if code in ("grammar_error", "context_exceeded"):  # the request's grammar, or a pool it cannot fit
         raise ApiError(422, code, message, job_id=job_id)

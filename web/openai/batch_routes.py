@@ -111,7 +111,7 @@ def create_batch(body: BatchCreate):
     if stored.purpose != "batch":
         raise ApiError(400, "validation_error", "input_file_id: not a file with purpose batch", field="input_file_id")
     record = batch_flow.start_batch(stored.content, stored.id, body.endpoint, body.completion_window,
-                                    body.metadata, _owner())
+                                    body.metadata, _owner(), body.webhook_url)
     return jsonify(record.object)
 
 
