@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -247,17 +246,27 @@ def _probe_method(events: list[str], fail_after: int | None = None):
     return runner
 
 
-def test_closing_the_loop_unwinds_running_solo_tasks(engine):
+def test_closing_the_loop_unwinds_running_solo_tasks(engine, monkeypatch):
     from engine.loop import LoopClosedError
+    from engine.run import GenerationRun
 
     events: list[str] = []
     engine.register_method("probe", _probe_method(events))
     loop = engine.loop
+    running: set[int] = set()
+    all_running = threading.Event()
+    accept = GenerationRun.accept
+
+    def noting(run: GenerationRun, token_id: int) -> bool:
+        running.add(id(run))                         # on the loop thread: this task has begun
+        if len(running) == 3:
+            all_running.set()
+        return accept(run, token_id)
+
+    monkeypatch.setattr(GenerationRun, "accept", noting)
     handles = [loop.submit(_req("probe", max_new_tokens=10**6)) for _ in range(2)]
     handles.append(loop.submit(_req("official", max_new_tokens=10**4)))
-    deadline = time.monotonic() + 30
-    while loop.stats()["loop"].get("solo_running", 0) < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert all_running.wait(30)                      # all three mid-run (a safety net, not a measure)
     loop.close()
     assert events == ["unwound", "unwound"]          # their finally blocks ran, on the loop thread
     for handle in handles:
