@@ -59,7 +59,7 @@ class LlamaServer:
         """Serve with one slot per client, warmed; ``mode.processes`` names the live pid."""
         if clients == self.slots:
             return
-        from bench.queue_served import openai_client, run_clients
+        from bench.served_clients import openai_client, run_clients
         from tests.harness.stack import free_port, wait_until
 
         self.stop()
@@ -89,8 +89,8 @@ class LlamaServer:
 
 @contextlib.contextmanager
 def llama_mode(path: str, threads: int, rounds: int, new_tokens: int) -> Iterator[Any]:
-    """Yield the ``llama`` :class:`bench.queue_served.Mode`; its server starts with the first run."""
-    from bench.queue_served import Mode, run_clients
+    """Yield the ``llama`` :class:`bench.served_clients.Mode`; its server starts with the first run."""
+    from bench.served_clients import Mode, run_clients
 
     server = LlamaServer(path, threads, rounds, new_tokens)
     mode = Mode("llama", lambda n: run_clients(n, rounds, server.client))

@@ -252,7 +252,7 @@ class Settings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _redis_url(cls, value: str, info) -> str:
-        from core.redis_conn import parse_redis_url
+        from core.redis_url import parse_redis_url
 
         parse_redis_url(value, info.data.get("redis_sentinel_master", "mymaster"))
         return value

@@ -73,6 +73,8 @@ class RequestHandle:
     result) or just :meth:`result`; stop it with :meth:`cancel`.
     """
 
+    clock: Callable[[], float] = staticmethod(time.monotonic)  # the deadline's clock (a test steps its own)
+
     def __init__(self, request_id: int, request: GenerationRequest, timeout_s: float | None) -> None:
         self.id = request_id
         self.request = request
@@ -80,7 +82,7 @@ class RequestHandle:
         self.outputs: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self.future: Future[GenerationResult] = Future()
         self.started = threading.Event()      # set when the loop picks the request up
-        self.started_at: float | None = None  # time.monotonic() of that moment
+        self.started_at: float | None = None  # clock() at that moment
         self.timed_out = False                # the loop stopped it at its deadline
         self.tokens_streamed = 0              # generated tokens whose text ``stream`` has handed on
         self._cancel = threading.Event()
@@ -122,7 +124,7 @@ class RequestHandle:
                 if not notified and self.started.is_set():
                     notified = True
                     if on_start is not None:
-                        on_start(self.started_at or time.monotonic())
+                        on_start(self.started_at or self.clock())
                 if kind == TEXT:
                     piece, self.tokens_streamed = value
                     if on_text is not None:
@@ -141,7 +143,7 @@ class RequestHandle:
 
     # -- loop side ---------------------------------------------------------------------------
     def begin(self) -> None:
-        self.started_at = time.monotonic()
+        self.started_at = self.clock()
         self.started.set()
 
     def stop_requested(self) -> bool:
@@ -149,7 +151,7 @@ class RequestHandle:
         if self._cancel.is_set():
             return True
         if (self.timeout_s is not None and self.started_at is not None
-                and time.monotonic() - self.started_at >= self.timeout_s):
+                and self.clock() - self.started_at >= self.timeout_s):
             self.timed_out = True
             return True
         return False

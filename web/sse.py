@@ -168,7 +168,7 @@ def _redis_lost(job_id: str, exc_type: str) -> None:
     log_event(logger, "sse_redis_lost", level=logging.WARNING, job_id=job_id, exc_type=exc_type)
 
 
-def _stream_over(store: JobStore, job_id: str, last_seq: int) -> bool:
+def stream_over(store: JobStore, job_id: str, last_seq: int) -> bool:
     try:
         job = store.get(job_id)
     except JobNotFound:

@@ -60,6 +60,7 @@ class JobContext:
     # The job's own deadline (its ``deadline``/``timeout_s``, on this process's monotonic clock):
     # unlike the per-attempt limit above, it does not pause while the request waits for the loop.
     job_deadline: float | None = None
+    clock: Callable[[], float] = time.monotonic  # the time limits' clock, the engine loop's (a test steps both)
 
     @property
     def job_id(self) -> str:
@@ -114,19 +115,19 @@ class JobContext:
     def pause_clock(self) -> None:
         """Stop counting the time limit (a request now waits for the engine loop)."""
         if self._paused_at is None:
-            self._paused_at = time.monotonic()
+            self._paused_at = self.clock()
 
     def resume_clock(self, at: float | None = None) -> None:
         """Count again from ``at`` (when the loop started the request): the wait is not charged."""
         if self._paused_at is not None:
-            self.deadline += max(0.0, (time.monotonic() if at is None else at) - self._paused_at)
+            self.deadline += max(0.0, (self.clock() if at is None else at) - self._paused_at)
             self._paused_at = None
 
     def time_left(self) -> float:
-        now = self._paused_at if self._paused_at is not None else time.monotonic()
+        now = self._paused_at if self._paused_at is not None else self.clock()
         left = self.deadline - now
         if self.job_deadline is not None:
-            left = min(left, self.job_deadline - time.monotonic())
+            left = min(left, self.job_deadline - self.clock())
         return max(0.0, left)
 
     def should_cancel(self) -> bool:
@@ -134,7 +135,7 @@ class JobContext:
         time limit and the job's deadline, a superseded attempt."""
         if self.stopped_reason:
             return True
-        now = time.monotonic()
+        now = self.clock()
         if (self._paused_at is None and now >= self.deadline) or \
                 (self.job_deadline is not None and now >= self.job_deadline):
             self.stopped_reason = "timeout"
@@ -254,7 +255,7 @@ def _outcome(ctx: JobContext, body: JobBody) -> tuple[str, dict[str, Any]]:
 
 def _stopped(ctx: JobContext, partial: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
     if ctx.stopped_reason == "timeout":
-        reached = ctx.job_deadline is not None and time.monotonic() >= ctx.job_deadline
+        reached = ctx.job_deadline is not None and ctx.clock() >= ctx.job_deadline
         message = "the job reached its deadline" if reached else "the job exceeded its time limit"
         return TIMEOUT, {"code": "timeout", "message": message, "partial": partial}
     return CANCELLED, {"code": "cancelled", "message": "cancelled by request", "partial": partial}

@@ -31,6 +31,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from celery import Celery
 
@@ -56,6 +57,7 @@ class Reaper:
     max_redispatches: int = 3
     grace_s: float | None = None  # default: one lease
     webhooks: WebhookStore | None = None  # drains the webhook outbox each tick (core/webhooks.py)
+    clock: Callable[[], float] = time.monotonic  # the contact clock (a test steps its own)
     _contact_since: float | None = field(default=None, init=False)
     _last_ok: float | None = field(default=None, init=False)
 
@@ -85,9 +87,9 @@ class Reaper:
         self._contact_since = None
 
     def _in_touch(self) -> bool:
-        started = time.monotonic()
+        started = self.clock()
         self.store.ping()
-        now = time.monotonic()
+        now = self.clock()
         gap = self._last_ok is not None and now - self._last_ok > 2 * self.interval_s + SLOW_CALL_S
         if self._contact_since is None or now - started > SLOW_CALL_S or gap:
             if self._contact_since is not None or self._last_ok is not None:

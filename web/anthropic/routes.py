@@ -25,9 +25,9 @@ from web.anthropic.stream import stream_message
 from web.context import ctx
 from web.errors import ApiError
 from web.openai.responses import model_id
-from web.openai.routes import event_stream
-from web.routes_compat import _finished as finished_job  # waits; maps failed/cancelled/timeout to errors
-from web.routes_tokenize import _model as text_model     # the named model's tokenizer and template (404/503)
+from web.openai.follow import event_stream
+from web.job_wait import finished_job  # waits; maps failed/cancelled/timeout to errors
+from web.text_model import text_model  # the named model's tokenizer and template (404/503)
 from web.stream_limit import freed_on_error, limited, take_stream_slot
 from web.submit import submit
 

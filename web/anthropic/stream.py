@@ -25,7 +25,7 @@ from web.anthropic.shape import (
 )
 from web.openai.call_stream import ToolStream
 from web.openai.convert import ChatJob
-from web.openai.routes import KEEPALIVE, follow_job
+from web.openai.follow import KEEPALIVE, follow_job
 
 
 class MessageEvents:
@@ -110,7 +110,7 @@ class MessageEvents:
 
 
 def stream_message(store: JobStore, celery: Any, job: JobRecord, chat: ChatJob, model: str) -> Iterator[str]:
-    """The job's events as Anthropic events (:func:`web.openai.routes.follow_job`: keep-alives,
+    """The job's events as Anthropic events (:func:`web.openai.follow.follow_job`: keep-alives,
     the terminal event, the job cancelled when the client leaves early)."""
     events = MessageEvents(job, chat, model)
 

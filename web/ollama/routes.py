@@ -27,8 +27,8 @@ from web.ollama.shape import Lines, chat_reply, generate_reply, ready
 from web.openai.choices import result_choices
 from web.openai.completion_convert import completion_job
 from web.openai.convert import ChatJob, chat_job
-from web.openai.routes import KEEPALIVE, follow_job
-from web.routes_compat import _finished as finished_job  # waits; maps failed/cancelled/timeout to errors
+from web.openai.follow import KEEPALIVE, follow_job
+from web.job_wait import finished_job  # waits; maps failed/cancelled/timeout to errors
 from web.stream_limit import freed_on_error, limited, take_stream_slot
 from web.submit import Submission, submit
 

@@ -18,7 +18,7 @@ from core.batches import NotFound, StoredFile, new_file_id
 from core.file_quota import FileQuota, QuotaExceeded
 from web.context import ctx, request_owner
 from web.errors import ApiError
-from web.openai import batch_flow
+import web.openai.batch_flow as batch_flow
 from web.openai.batch_schemas import (
     BatchCreate, BatchList, BatchListQuery, BatchObject, BatchPath, FileContent, FileDeleted, FileObject, FilePath,
     FileUpload,
