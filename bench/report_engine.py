@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report_figures import Figures, Row, load_csv, load_json, num, optional_json, ratio
+from bench.report_sizes import add_sizes
 
 
 def read_batching(root: Path) -> Figures:
@@ -169,4 +170,5 @@ def read_models(root: Path) -> Figures:
         figures.headline.append(f"Second bundled model: SmolLM2-135M under `q8` decodes {num(small['decode_tps_b1'], 1)} "
                                 f"tok/s at batch 1, {ratio(small['b1_vs_default'])} the default model and "
                                 f"{vs_llama(small)} llama.cpp on the same file")
+    add_sizes(figures, root)  # python -m bench.models --sizes: GGUF files of several sizes
     return figures
