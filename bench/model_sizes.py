@@ -90,6 +90,21 @@ def child(command: list[str]) -> dict[str, Any]:
     return json.loads(line[len(RESULT_PREFIX):])
 
 
+def previous_run(path: Path) -> dict[str, Any]:
+    """What an earlier run wrote (empty when none): a partial run adds to it."""
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def carry(entry: dict[str, Any], old: dict[str, Any] | None, args: argparse.Namespace) -> None:
+    """A side this run skips keeps its figures from the earlier run on the same file (said in
+    ``carried``: that side was measured in another run, under that run's load)."""
+    skipped = [side for side, skip in zip(SIDES, (args.skip_ours, args.skip_llama)) if skip]
+    for side in skipped:
+        if old and old.get("gguf") == entry["gguf"] and side in old:
+            entry[side] = old[side]
+            entry.setdefault("carried", []).append(side)
+
+
 def file_info(shape: ModelShape, quant: str, gguf: Path) -> dict[str, Any]:
     tb = token_bytes(read_tensors(gguf))
     return {"model": shape.name, "quant": quant, "params_b": round(param_count(shape) / 1e9, 3),
@@ -112,49 +127,63 @@ def flat_rows(files: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{**{k: f[k] for k in info}, "side": side, **f[side]} for f in files for side in SIDES if side in f]
 
 
+def measure_file(entry: dict[str, Any], gguf: Path, args: argparse.Namespace, cache: Path) -> None:
+    """Each side not skipped, into ``entry``; a side that fails records its error, the run goes on."""
+    from bench.model_sizes_llama import measure as llama_measure
+
+    sides = {} if args.skip_ours else {"MiniServe": lambda: run_ours(gguf, args, cache)}
+    if not args.skip_llama:
+        sides["llama.cpp"] = lambda: llama_measure(Path(args.llama_bin), gguf, args.threads, args.tokens, CLIENTS)
+    for side, measure in sides.items():
+        try:
+            entry[side] = measure()
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            entry[side] = {"error": str(exc)[-600:]}
+            print(f"{entry['model']} {entry['quant']} {side} failed: {exc}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    args = parse(argv)
-    torch.set_num_threads(args.threads)
+    from bench.model_sizes_llama import version
     from core.settings import load_settings
 
+    args = parse(argv)
+    torch.set_num_threads(args.threads)
     cache = Path(args.cache_dir) if args.cache_dir else Path(load_settings().cache_dir)
-    llama_bin = Path(args.llama_bin)
     shapes = resolve(list(DEFAULT_SIZES) if args.sizes and not args.size else args.size, args.with_8b)
-    bandwidth = [read_bandwidth_gbs(mb=1024)]
-    print(f"read bandwidth {bandwidth[0]:.1f} GB/s ({args.threads} threads)", flush=True)
-    from bench.model_sizes_llama import measure as llama_measure, version
-
-    llama_version = "" if args.skip_llama else version(llama_bin)
-    files: list[dict[str, Any]] = []
     out = Path(args.out)
+    before = previous_run(out / "model_sizes.json")
+    previous = {(f["model"], f["quant"]): f for f in before.get("files", [])}
+    run = {"llama_cpp": before.get("llama_cpp", "") if args.skip_llama else version(Path(args.llama_bin)),
+           "note": args.note or before.get("note", ""), "bandwidth": [read_bandwidth_gbs(mb=1024)]}
+    print(f"read bandwidth {run['bandwidth'][0]:.1f} GB/s ({args.threads} threads)", flush=True)
+    files: list[dict[str, Any]] = []
     for shape in shapes:
-        for quant, gguf in ensure_files(shape, args.types, llama_bin, cache).items():
+        for quant, gguf in ensure_files(shape, args.types, Path(args.llama_bin), cache).items():
             entry = file_info(shape, quant, gguf)
-            if not args.skip_ours:
-                entry["MiniServe"] = run_ours(gguf, args, cache)
-            if not args.skip_llama:
-                entry["llama.cpp"] = llama_measure(llama_bin, gguf, args.threads, args.tokens, CLIENTS)
-            add_floor(entry, statistics.median(bandwidth))
+            carry(entry, previous.pop((shape.name, quant), None), args)
+            measure_file(entry, gguf, args, cache)
+            add_floor(entry, statistics.median(run["bandwidth"]))
             files.append(entry)
             print(json.dumps(entry), flush=True)
-            write(out, args, files, bandwidth, llama_version)
-    bandwidth.append(read_bandwidth_gbs(mb=1024))
+            write(out, args, files + list(previous.values()), run)
+    run["bandwidth"].append(read_bandwidth_gbs(mb=1024))
     for entry in files:
-        add_floor(entry, statistics.median(bandwidth))
-    write(out, args, files, bandwidth, llama_version)
+        add_floor(entry, statistics.median(run["bandwidth"]))
+    files += previous.values()  # files this run did not ask for keep their earlier figures
+    write(out, args, files, run)
     print_table(flat_rows(files), ["model", "quant", "side", "b1_tps", "b1_pct_of_floor", f"b{CLIENTS}_tps",
                                    "pp512_tps", "rss_after_load_mb", "peak_load_mb", "ready_s"])
     print(f"wrote {out}/model_sizes.json, model_sizes.csv")
     return 0
 
 
-def write(out: Path, args: argparse.Namespace, files: list[dict[str, Any]], bandwidth: list[float],
-          llama_version: str) -> None:
-    machine = {**machine_info(), "read_bandwidth_gbs": [round(b, 2) for b in bandwidth]}
-    command = "python -m bench.models " + " ".join(a for a in sys.argv[1:] if a != "--note" and a != args.note)
-    write_json(out / "model_sizes.json", {"machine": machine, "command": command.strip(), "args": vars(args),
-                                          "llama_cpp": llama_version, "note": args.note, "clients": CLIENTS,
-                                          "files": files})
+def write(out: Path, args: argparse.Namespace, files: list[dict[str, Any]], run: dict[str, Any]) -> None:
+    files = sorted(files, key=lambda f: (f["params_b"], f["quant"]))
+    machine = {**machine_info(), "read_bandwidth_gbs": [round(b, 2) for b in run["bandwidth"]]}
+    argv = [a for a in sys.argv[1:] if a not in ("--note", args.note)]
+    write_json(out / "model_sizes.json", {"machine": machine, "command": " ".join(["python -m bench.models", *argv]),
+                                          "args": vars(args), "llama_cpp": run["llama_cpp"], "note": run["note"],
+                                          "clients": CLIENTS, "files": files})
     write_csv(out / "model_sizes.csv", flat_rows(files))

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.llama_native import version  # noqa: F401 - the run records it
+from bench.llama_native import batched_tps, version  # noqa: F401 - version: the run records it
 from bench.llama_served import _healthy, argv as server_argv
 from bench.model_sizes_ours import status_mb
 
@@ -69,4 +69,10 @@ def served(binary: Path, gguf: Path, threads: int, tokens: int, clients: int) ->
 
 
 def measure(binary: Path, gguf: Path, threads: int, tokens: int, clients: int) -> dict[str, Any]:
-    return {**served(binary, gguf, threads, tokens, clients), **bench(binary, gguf, threads, tokens)}
+    """llama-bench's figures, then llama-server's; without a llama-server binary (its build is the
+    long part), ``clients`` sequences through ``llama-batched-bench`` instead, and no memory."""
+    out = bench(binary, gguf, threads, tokens)
+    if (binary / "llama-server").is_file():
+        return {**out, **served(binary, gguf, threads, tokens, clients), "batch_via": "llama-server"}
+    return {**out, f"b{clients}_tps": round(batched_tps(binary, gguf, clients, tokens, threads), 2),
+            "batch_via": "llama-batched-bench (no llama-server binary)"}

@@ -73,6 +73,17 @@ def add_sizes(figures: Figures, root: Path) -> None:
         f"({clients} x 1,024 tokens); its ready time is a second start, the first start (the file's one-time "
         "preparation included, on an empty cache folder) in brackets. llama-server's ready time runs to `/health` "
         f"answering. {data.get('llama_cpp', '')}.")
+    for f in data["files"]:
+        if f.get("carried"):
+            figures.notes.append(f"Sizes: the {' and '.join(f['carried'])} figures of {f['model']} {f['quant']} "
+                                 "were measured in a separate run.")
+        via = f.get(LLAMA, {}).get("batch_via", "llama-server")
+        if via != "llama-server":
+            figures.notes.append(f"Sizes: llama.cpp's {clients} sequences on {f['model']} {f['quant']} ran through {via}.")
+        for side in (OURS, LLAMA):
+            if f.get(side, {}).get("error"):
+                figures.notes.append(f"Sizes: {side} failed on {f['model']} {f['quant']}: "
+                                     f"{f[side]['error'].strip().splitlines()[-1][:200]}")
     if data.get("note"):
         figures.notes.append(f"Sizes run note: {data['note']}")
     best = _headline_file(data)

@@ -112,3 +112,17 @@ def test_no_results_file_adds_nothing(tmp_path: Path):
     figures = Figures(["x"], [])
     add_sizes(figures, tmp_path)
     assert figures.tables == [] and figures.notes == [] and figures.headline == []
+
+
+def test_a_skipped_side_keeps_the_earlier_runs_figures_for_the_same_file():
+    from argparse import Namespace
+
+    from bench.model_sizes import carry
+
+    old = {"gguf": "a.gguf", "llama.cpp": {"b1_tps": 30.0}, "MiniServe": {"b1_tps": 15.0}}
+    entry = {"gguf": "a.gguf"}
+    carry(entry, old, Namespace(skip_ours=False, skip_llama=True))
+    assert entry == {"gguf": "a.gguf", "llama.cpp": {"b1_tps": 30.0}, "carried": ["llama.cpp"]}
+    rebuilt = {"gguf": "b.gguf"}  # another file (the shape changed): nothing carried over
+    carry(rebuilt, old, Namespace(skip_ours=True, skip_llama=True))
+    assert rebuilt == {"gguf": "b.gguf"}
