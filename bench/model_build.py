@@ -11,7 +11,6 @@ weights freed before the converter runs (a 3B shape holds 6 GB of bf16 weights w
 from __future__ import annotations
 
 import gc
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,24 +33,38 @@ def ensure_files(shape: ModelShape, quants: list[str], llama_bin: Path, cache_di
     missing = [q for q, path in files.items() if not path.is_file()]
     if not missing:
         return files
-    for tool in (llama_bin / CONVERTER, llama_bin / "llama-quantize"):
-        if not tool.exists():
-            raise SystemExit(f"{tool} is missing: build llama.cpp's tools with scripts/build_llama_cpp.sh "
-                             f"and pass their folder with --llama-bin")
-    sizes = files[missing[0]].parent
-    sizes.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=sizes, prefix=f".build-{shape.name}-") as tmp:
-        started = time.perf_counter()
-        folder = save_random_model(shape, Path(tmp) / "hf", cache_dir)
-        bf16 = Path(tmp) / "model-bf16.gguf"
-        _run([sys.executable, str(llama_bin / CONVERTER), str(folder), "--outtype", "bf16", "--outfile", str(bf16)])
-        shutil.rmtree(folder)
-        for quant in missing:
-            partial = files[quant].with_suffix(".partial")
-            _run([str(llama_bin / "llama-quantize"), str(bf16), str(partial), quant.upper(), "2"])
-            partial.replace(files[quant])
-        print(f"built {shape.name} {', '.join(missing)} in {time.perf_counter() - started:.0f} s", flush=True)
+    _require(llama_bin / "llama-quantize")
+    started = time.perf_counter()
+    bf16 = bf16_file(shape, llama_bin, cache_dir)
+    for quant in missing:
+        partial = files[quant].with_suffix(".partial")
+        _run([str(llama_bin / "llama-quantize"), str(bf16), str(partial), quant.upper(), "2"])
+        partial.replace(files[quant])
+    bf16.unlink()
+    print(f"built {shape.name} {', '.join(missing)} in {time.perf_counter() - started:.0f} s", flush=True)
     return files
+
+
+def bf16_file(shape: ModelShape, llama_bin: Path, cache_dir: Path) -> Path:
+    """The converter's BF16 GGUF of ``shape`` (kept until the asked types are made from it)."""
+    target = gguf_path(cache_dir, shape, "BF16")
+    target = target.with_name("." + target.name)
+    if target.is_file():
+        return target
+    _require(llama_bin / CONVERTER)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".build-{shape.name}-") as tmp:
+        folder = save_random_model(shape, Path(tmp) / "hf", cache_dir)
+        partial = Path(tmp) / "model-bf16.gguf"
+        _run([sys.executable, str(llama_bin / CONVERTER), str(folder), "--outtype", "bf16", "--outfile", str(partial)])
+        partial.replace(target)
+    return target
+
+
+def _require(tool: Path) -> None:
+    if not tool.exists():
+        raise SystemExit(f"{tool} is missing: build llama.cpp's tools with scripts/build_llama_cpp.sh "
+                         f"and pass their folder with --llama-bin")
 
 
 def save_random_model(shape: ModelShape, folder: Path, cache_dir: Path) -> Path:

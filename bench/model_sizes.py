@@ -21,7 +21,7 @@ Results are written after every file (a partial run keeps what it measured) to
 records that in the file; ratios measured side by side in one run are what travel.
 
 Run: ``python -m bench.models --sizes [--size qwen2.5-1.5b ...] [--with-8b] [--types Q4_K_M Q8_0]
-[--threads 2] [--tokens 64] [--llama-bin DIR] [--skip-ours] [--skip-llama] [--note TEXT]``.
+[--threads 2] [--tokens 64] [--llama-bin DIR] [--skip-ours] [--skip-llama] [--no-first-start] [--note TEXT]``.
 """
 from __future__ import annotations
 
@@ -58,6 +58,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="llama.cpp's binaries and converter (scripts/build_llama_cpp.sh)")
     parser.add_argument("--cache-dir", default="", help="default: the settings' cache_dir")
     parser.add_argument("--skip-ours", action="store_true")
+    parser.add_argument("--no-first-start", action="store_true",
+                        help="measure MiniServe's start on the file's kept cache folder only (no first start)")
     parser.add_argument("--skip-llama", action="store_true")
     parser.add_argument("--note", default="", help="recorded in the results (a busy machine, say)")
     parser.add_argument("--out", default="results")
@@ -68,18 +70,24 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def run_ours(gguf: Path, args: argparse.Namespace, cache: Path) -> dict[str, Any]:
-    """A first start on an empty cache folder (load only), then a measured second start."""
+    """A first start on an empty cache folder (load only), then a measured second start.
+
+    The folder (``<cache>/sizes/.ours-<file>``: the file's prepared weights) is kept, so with
+    ``--no-first-start`` a later run measures a second start at once; where it holds nothing
+    yet, the measured start is a first one and says so (``start``)."""
     scratch = cache / "sizes" / f".ours-{gguf.stem}"
-    shutil.rmtree(scratch, ignore_errors=True)
-    try:
-        base = [sys.executable, "-m", "bench.model_sizes_ours", "--gguf", str(gguf), "--cache-dir", str(scratch),
-                "--threads", str(args.threads), "--tokens", str(args.tokens), "--clients", str(CLIENTS)]
-        first = child(base + ["--load-only"])
-        second = child(base)
-    finally:
+    base = [sys.executable, "-m", "bench.model_sizes_ours", "--gguf", str(gguf), "--cache-dir", str(scratch),
+            "--threads", str(args.threads), "--tokens", str(args.tokens), "--clients", str(CLIENTS)]
+    first: dict[str, Any] = {}
+    if not args.no_first_start:
         shutil.rmtree(scratch, ignore_errors=True)
-    return {**second, "first_ready_s": first["ready_s"], "first_peak_load_mb": first["peak_load_mb"],
-            "first_rss_after_load_mb": first["rss_after_load_mb"]}
+        first = child(base + ["--load-only"])
+    start = "second" if (scratch / "models").is_dir() else "first"
+    out = {**child(base), "start": start}
+    if first:
+        out.update(first_ready_s=first["ready_s"], first_peak_load_mb=first["peak_load_mb"],
+                   first_rss_after_load_mb=first["rss_after_load_mb"])
+    return out
 
 
 def child(command: list[str]) -> dict[str, Any]:

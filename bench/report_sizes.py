@@ -23,7 +23,8 @@ def side_rows(data: dict[str, Any]) -> list[Row]:
             s = f.get(side)
             if not s:
                 continue
-            first = (f" (first start {num(s['first_ready_s'], 1)} s)" if "first_ready_s" in s else "")
+            first = (f" (first start {num(s['first_ready_s'], 1)} s)" if "first_ready_s" in s
+                     else " (a first start)" if s.get("start") == "first" else "")
             first_peak = (f" (first start {num(s['first_peak_load_mb'], 0)})" if "first_peak_load_mb" in s else "")
             rows.append([f["model"], f["quant"], num(f["file_mb"], 0), side, num(s.get("b1_tps"), 1),
                          num(s.get("b1_pct_of_floor"), 0), num(s.get(f"b{clients}_tps"), 1), num(s.get("pp512_tps"), 1),
