@@ -33,7 +33,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from bench.bandwidth_floor import floor_tps, pct_of_floor, read_tensors, token_bytes
 from bench.model_build import ensure_files
@@ -135,8 +135,10 @@ def flat_rows(files: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{**{k: f[k] for k in info}, "side": side, **f[side]} for f in files for side in SIDES if side in f]
 
 
-def measure_file(entry: dict[str, Any], gguf: Path, args: argparse.Namespace, cache: Path) -> None:
-    """Each side not skipped, into ``entry``; a side that fails records its error, the run goes on."""
+def measure_file(entry: dict[str, Any], gguf: Path, args: argparse.Namespace, cache: Path,
+                 saved: Callable[[], None]) -> None:
+    """Each side not skipped, into ``entry``, ``saved`` after each; a side that fails records its
+    error, and the run goes on."""
     from bench.model_sizes_llama import measure as llama_measure
 
     sides = {} if args.skip_ours else {"MiniServe": lambda: run_ours(gguf, args, cache)}
@@ -148,6 +150,7 @@ def measure_file(entry: dict[str, Any], gguf: Path, args: argparse.Namespace, ca
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
             entry[side] = {"error": str(exc)[-600:]}
             print(f"{entry['model']} {entry['quant']} {side} failed: {exc}", flush=True)
+        saved()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,19 +167,23 @@ def main(argv: list[str] | None = None) -> int:
     before = previous_run(out / "model_sizes.json")
     previous = {(f["model"], f["quant"]): f for f in before.get("files", [])}
     run = {"llama_cpp": before.get("llama_cpp", "") if args.skip_llama else version(Path(args.llama_bin)),
-           "note": args.note or before.get("note", ""), "bandwidth": [read_bandwidth_gbs(mb=1024)]}
+           "note": args.note or before.get("note", ""), "bandwidth": [read_bandwidth_gbs(mb=1024)],
+           "load": [round(os.getloadavg()[0], 1)]}
     print(f"read bandwidth {run['bandwidth'][0]:.1f} GB/s ({args.threads} threads)", flush=True)
     files: list[dict[str, Any]] = []
     for shape in shapes:
         for quant, gguf in ensure_files(shape, args.types, Path(args.llama_bin), cache).items():
             entry = file_info(shape, quant, gguf)
             carry(entry, previous.pop((shape.name, quant), None), args)
-            measure_file(entry, gguf, args, cache)
-            add_floor(entry, statistics.median(run["bandwidth"]))
             files.append(entry)
+
+            def saved() -> None:
+                add_floor(entry, statistics.median(run["bandwidth"]))
+                write(out, args, files + list(previous.values()), run)
+            measure_file(entry, gguf, args, cache, saved)
             print(json.dumps(entry), flush=True)
-            write(out, args, files + list(previous.values()), run)
     run["bandwidth"].append(read_bandwidth_gbs(mb=1024))
+    run["load"].append(round(os.getloadavg()[0], 1))
     for entry in files:
         add_floor(entry, statistics.median(run["bandwidth"]))
     files += previous.values()  # files this run did not ask for keep their earlier figures
@@ -189,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def write(out: Path, args: argparse.Namespace, files: list[dict[str, Any]], run: dict[str, Any]) -> None:
     files = sorted(files, key=lambda f: (f["params_b"], f["quant"]))
-    machine = {**machine_info(), "read_bandwidth_gbs": [round(b, 2) for b in run["bandwidth"]]}
+    machine = {**machine_info(), "read_bandwidth_gbs": [round(b, 2) for b in run["bandwidth"]],
+               "load_average_1min": run["load"]}  # the other processes' share of the cores, start and end
     argv = [a for a in sys.argv[1:] if a not in ("--note", args.note)]
     write_json(out / "model_sizes.json", {"machine": machine, "command": " ".join(["python -m bench.models", *argv]),
                                           "args": vars(args), "llama_cpp": run["llama_cpp"], "note": run["note"],

@@ -85,8 +85,11 @@ def add_sizes(figures: Figures, root: Path) -> None:
             if f.get(side, {}).get("error"):
                 figures.notes.append(f"Sizes: {side} failed on {f['model']} {f['quant']}: "
                                      f"{f[side]['error'].strip().splitlines()[-1][:200]}")
-    if data.get("note"):
-        figures.notes.append(f"Sizes run note: {data['note']}")
+    load = data["machine"].get("load_average_1min")
+    if data.get("note") or load:
+        figures.notes.append(f"Sizes run note: {data.get('note', '')}"
+                             + (f" (1-minute load average {', '.join(num(x, 1) for x in load)} at the start and end)."
+                                if load else ""))
     best = _headline_file(data)
     if best:
         f, ours, llama = best
