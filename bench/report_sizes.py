@@ -97,7 +97,8 @@ def add_sizes(figures: Figures, root: Path) -> None:
             f"Model sizes: on the {f['model']} shape at {f['quant']}, MiniServe decodes {num(ours['b1_tps'], 1)} tok/s "
             f"at batch 1 ({num(ours.get('b1_pct_of_floor'), 0)}% of the bandwidth floor), "
             f"{_share(ours['b1_tps'], llama['b1_tps'])} llama-bench; {clients} clients "
-            f"{_share(ours.get(f'b{clients}_tps'), llama.get(f'b{clients}_tps'))} llama-server", data["machine"])
+            f"{_share(ours.get(f'b{clients}_tps'), llama.get(f'b{clients}_tps'))} "
+            f"{llama.get('batch_via', 'llama-server').split(' ')[0]}", data["machine"])
 
 
 def _headline_file(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None:
