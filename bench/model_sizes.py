@@ -132,7 +132,8 @@ def add_floor(entry: dict[str, Any], bandwidth_gbs: float) -> None:
 def flat_rows(files: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One CSV row per file and side."""
     info = ("model", "quant", "params_b", "file_mb", "mb_per_token", "floor_tps")
-    return [{**{k: f[k] for k in info}, "side": side, **f[side]} for f in files for side in SIDES if side in f]
+    return [{**{k: f[k] for k in info}, "side": side, **{k: v for k, v in f[side].items() if k != "setting"},
+             "setting": f[side].get("setting", "")} for f in files for side in SIDES if side in f]
 
 
 def measure_file(entry: dict[str, Any], gguf: Path, args: argparse.Namespace, cache: Path,

@@ -50,7 +50,7 @@ def load(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     ready_s = time.perf_counter() - started
     memory = status_mb()
     return engine, {"ready_s": round(ready_s, 2), "rss_after_load_mb": memory["VmRSS"],
-                    "peak_load_mb": memory["VmHWM"], "quant": engine.loaded.quant}
+                    "peak_load_mb": memory["VmHWM"], "setting": engine.loaded.quant}
 
 
 def request(prompt: str, tokens: int) -> Any:
