@@ -67,7 +67,7 @@ class LlamaServer:
         self.proc = subprocess.Popen(argv(self.path, self.gguf, port, self.threads, clients),
                                      stdout=self.log, stderr=subprocess.STDOUT)
         base_url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: _healthy(base_url), 300, what="llama-server")
+        wait_until(lambda: server_healthy(base_url), 300, what="llama-server")
         # greedy as ours, with the penalty ours applies by default (the model's 1.1, over the whole
         # context: a slot's length; this llama-server refuses -1 with a 400)
         self.client = openai_client(base_url, "default", self.new_tokens,
@@ -102,7 +102,7 @@ def llama_mode(path: str, threads: int, rounds: int, new_tokens: int) -> Iterato
         server.log.close()
 
 
-def _healthy(base_url: str) -> bool:
+def server_healthy(base_url: str) -> bool:
     try:
         return requests.get(f"{base_url}/health", timeout=2).status_code == 200
     except requests.RequestException:

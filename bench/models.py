@@ -17,12 +17,15 @@ how); pass their folder with ``--llama-bin`` or ``MINISERVE_LLAMA_BIN``, or the 
 "not run".
 
 Run: ``python -m bench.models [--tokens 32] [--threads 2] [--llama-bin DIR] [--out results]``.
+``--sizes`` (or ``--size NAME ...``) runs the other question instead, on random-weight files from
+0.5B to 8B beside llama.cpp: :mod:`bench.model_sizes` says how.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +68,11 @@ def checks(rows: list[dict[str, Any]]) -> dict[str, bool]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--sizes" in argv or "--size" in argv:
+        from bench.model_sizes import main as sizes_main
+
+        return sizes_main(argv)
     parser = argparse.ArgumentParser(prog="python -m bench.models", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS))
