@@ -1,7 +1,7 @@
 """The tool-calling agent: a bounded loop over a chat model protocol and the tool registry.
 
-Names are imported on first access (PEP 562), so ``import agent.parsing`` (pure stdlib,
-used by the web to recognise tool calls) does not pull in the engine's types.
+Names are imported on first access (PEP 562), so importing one part does not pull in the
+engine's types. Tool-call parsing lives in :mod:`core.tool_calls` (the web reads it too).
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 _EXPORTS = {
     "ChatModel": "agent.model", "EngineChatModel": "agent.model",
-    "ParsedOutput": "agent.parsing", "ToolCall": "agent.parsing", "parse_tool_calls": "agent.parsing",
+    "ParsedOutput": "core.tool_calls", "ToolCall": "core.tool_calls", "parse_tool_calls": "core.tool_calls",
     "COMPLETED": "agent.runner", "MALFORMED": "agent.runner", "MAX_STEPS": "agent.runner",
     "AgentResult": "agent.runner", "AgentRunner": "agent.runner", "AgentStep": "agent.runner",
 }

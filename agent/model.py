@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol
 
-from agent.parsing import parse_tool_calls
+from core.tool_calls import parse_tool_calls
 from core import grammar
 from core.grammar import Constraint, ToolSpec
 from engine.types import GenerationRequest, GenerationResult, SamplingParams, TextGenerator

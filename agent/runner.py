@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from agent.answering import answer_messages, fallback_answer, no_notes_answer
 from agent.model import ChatModel
-from agent.parsing import ParsedOutput, ToolCall, parse_tool_calls
+from core.tool_calls import ParsedOutput, ToolCall, parse_tool_calls
 from agent.prompts import ANSWER_PROMPT, SYSTEM_PROMPT
 from agent.safeguards import (CALCULATOR, REROUTE, REROUTE_RETRIEVAL, RETRIEVE, Decision, PromptFacts,
                               analyze_prompt, forced_call, forced_retrieval, guard_call, guard_query)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from agent.parsing import ToolCall
+from core.tool_calls import ToolCall
 from tools.calculator import MAX_CHARS, is_arithmetic, normalize_expression
 from tools.text import tokenize
 

@@ -199,6 +199,7 @@ def main() -> None:
         from bench.queue_batching import QueueBatchRunner
 
         runner = stack.enter_context(QueueBatchRunner(model=settings.model, max_batch=max(args.concurrency),
+                                                          repetition_penalty=REPETITION_PENALTY,
                                                           quant=args.quant))
         modes["queue"] = lambda t: run_queue(runner, t, args.new_tokens)
     try:

@@ -59,7 +59,7 @@ class LlamaServer:
         """Serve with one slot per client, warmed; ``mode.processes`` names the live pid."""
         if clients == self.slots:
             return
-        from bench.queue_served import openai_client, run_clients
+        from bench.served_clients import openai_client, run_clients
         from tests.harness.stack import free_port, wait_until
 
         self.stop()
@@ -67,7 +67,7 @@ class LlamaServer:
         self.proc = subprocess.Popen(argv(self.path, self.gguf, port, self.threads, clients),
                                      stdout=self.log, stderr=subprocess.STDOUT)
         base_url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: _healthy(base_url), 300, what="llama-server")
+        wait_until(lambda: server_healthy(base_url), 300, what="llama-server")
         # greedy as ours, with the penalty ours applies by default (the model's 1.1, over the whole
         # context: a slot's length; this llama-server refuses -1 with a 400)
         self.client = openai_client(base_url, "default", self.new_tokens,
@@ -89,8 +89,8 @@ class LlamaServer:
 
 @contextlib.contextmanager
 def llama_mode(path: str, threads: int, rounds: int, new_tokens: int) -> Iterator[Any]:
-    """Yield the ``llama`` :class:`bench.queue_served.Mode`; its server starts with the first run."""
-    from bench.queue_served import Mode, run_clients
+    """Yield the ``llama`` :class:`bench.served_clients.Mode`; its server starts with the first run."""
+    from bench.served_clients import Mode, run_clients
 
     server = LlamaServer(path, threads, rounds, new_tokens)
     mode = Mode("llama", lambda n: run_clients(n, rounds, server.client))
@@ -102,7 +102,7 @@ def llama_mode(path: str, threads: int, rounds: int, new_tokens: int) -> Iterato
         server.log.close()
 
 
-def _healthy(base_url: str) -> bool:
+def server_healthy(base_url: str) -> bool:
     try:
         return requests.get(f"{base_url}/health", timeout=2).status_code == 200
     except requests.RequestException:

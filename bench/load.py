@@ -36,6 +36,7 @@ from pathlib import Path
 
 import requests
 
+from bench.local_stack import tiny_model, web_is_up
 from bench.stats import machine_info, percentile, print_table, pyplot, write_csv, write_json
 from core.events import TERMINAL_EVENTS
 from core.jobs import JobNotFound, JobStore
@@ -89,12 +90,6 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def tiny_model(folder: Path) -> str:
-    from tests.tiny_model import make_tiny_model_dir
-
-    return str(make_tiny_model_dir(folder, hidden_size=64, num_layers=2))
-
-
 def start_stack(args, folder: Path) -> tuple[list[Process], str, JobStore]:
     redis_proc, url = start_redis(folder)
     model = args.model or tiny_model(folder / "tiny-model")
@@ -115,15 +110,8 @@ def start_stack(args, folder: Path) -> tuple[list[Process], str, JobStore]:
     expected = args.workers * (args.concurrency if args.pool == "prefork" else 1)
     wait_until(lambda: sum(bool(w["info"].get("engine_loaded")) for w in list_workers(store.client, 30)) >= expected,
                300, what="workers with a loaded model")
-    wait_until(lambda: _up(base_url), 60, what="web server")
+    wait_until(lambda: web_is_up(base_url), 60, what="web server")
     return procs, base_url, store
-
-
-def _up(base_url: str) -> bool:
-    try:
-        return requests.get(f"{base_url}/healthz", timeout=2).status_code == 200
-    except requests.RequestException:
-        return False
 
 
 def job_body(args, client: int, index: int) -> dict:

@@ -213,7 +213,7 @@ class ConnectionRun:
 
 
 def start_web(run: ConnectionRun, folder: Path) -> tuple[list[Process], str, JobStore]:
-    from bench.load import tiny_model
+    from bench.local_stack import tiny_model
 
     redis_proc, url = start_redis(folder)
     limit = run.connections + run.cycling + 100  # every client here is 127.0.0.1

@@ -17,12 +17,15 @@ how); pass their folder with ``--llama-bin`` or ``MINISERVE_LLAMA_BIN``, or the 
 "not run".
 
 Run: ``python -m bench.models [--tokens 32] [--threads 2] [--llama-bin DIR] [--out results]``.
+``--sizes`` (or ``--size NAME ...``) runs the other question instead, on random-weight files from
+0.5B to 8B beside llama.cpp: :mod:`bench.model_sizes` says how.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +33,7 @@ import torch
 
 from bench.llama_native import llama_rows
 from bench.quantization_batch import batched_greedy
-from bench.quantization_model import _engines, _request
+from bench.quantization_model import load_engines, plain_request
 from bench.stats import machine_info, print_table, write_csv, write_json
 
 MODELS = ("default", "smollm2-135m")
@@ -41,13 +44,13 @@ PROMPTS = ("Explain what a hash map is in two sentences.", "Write a Python funct
 
 def measure(model: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     """One row per mode for ``model``: decode tokens/s at batch 1 and at ``args.batch``."""
-    engines, forwards = _engines(argparse.Namespace(model=model, threads=args.threads), MODES)
+    engines, forwards = load_engines(argparse.Namespace(model=model, threads=args.threads), MODES)
     rows = []
     for mode in MODES:
         engine = engines[mode]
-        engine.generate(_request(PROMPTS[0], 4))  # warm-up: first-call allocations and thread team
-        b1 = [engine.generate(_request(p, args.tokens)).timings.decode_tokens_per_s for p in PROMPTS]
-        ids = [engine.prompt(_request(PROMPTS[i % len(PROMPTS)], 1)).ids for i in range(args.batch)]
+        engine.generate(plain_request(PROMPTS[0], 4))  # warm-up: first-call allocations and thread team
+        b1 = [engine.generate(plain_request(p, args.tokens)).timings.decode_tokens_per_s for p in PROMPTS]
+        ids = [engine.prompt(plain_request(PROMPTS[i % len(PROMPTS)], 1)).ids for i in range(args.batch)]
         batched = batched_greedy(forwards[mode], ids, args.tokens)
         rows.append({"model": engine.loaded.name, "setting": mode, "decode_tps_b1": statistics.median(b1),
                      f"decode_tps_b{args.batch}": batched["decode_tps"]})
@@ -65,6 +68,11 @@ def checks(rows: list[dict[str, Any]]) -> dict[str, bool]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--sizes" in argv or "--size" in argv:
+        from bench.model_sizes import main as sizes_main
+
+        return sizes_main(argv)
     parser = argparse.ArgumentParser(prog="python -m bench.models", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS))

@@ -31,7 +31,7 @@ from engine.weights import fuse_projections
 LLAMA = "llama.cpp"
 
 
-def _engines(args: argparse.Namespace, modes: tuple[str, ...]) -> tuple[dict[str, Engine], dict[str, Qwen2Forward]]:
+def load_engines(args: argparse.Namespace, modes: tuple[str, ...]) -> tuple[dict[str, Engine], dict[str, Qwen2Forward]]:
     settings = load_settings(model=args.model, dtype="bfloat16", device="cpu", threads=args.threads, quant="none")
     loaded = load_model(settings)
     weights = fuse_projections(loaded.model)  # plain bf16: what the quantized plans start from
@@ -50,7 +50,7 @@ def _engines(args: argparse.Namespace, modes: tuple[str, ...]) -> tuple[dict[str
     return engines, forwards
 
 
-def _request(prompt: str, tokens: int) -> GenerationRequest:
+def plain_request(prompt: str, tokens: int) -> GenerationRequest:
     # greedy, no repetition penalty: llama.cpp runs the same way
     sampling = SamplingParams(max_new_tokens=tokens, temperature=0.0, repetition_penalty=1.0)
     return GenerationRequest(messages=[{"role": "user", "content": prompt}], sampling=sampling,
@@ -70,19 +70,19 @@ def _llama(args: argparse.Namespace):
 def run_model_benchmark(args: argparse.Namespace, prompts: list[str], modes: tuple[str, ...]) -> dict[str, Any]:
     bandwidth = [read_bandwidth_gbs()]
     llama = _llama(args)
-    engines, forwards = _engines(args, modes)
+    engines, forwards = load_engines(args, modes)
     step_bytes = {mode: bytes_per_token(forwards[mode].weights) for mode in modes}
     if llama:
         step_bytes[LLAMA] = llama.info.get("bytes_per_token", 0)
     base = engines["none"]
-    prompt_ids = [base.prompt(_request(p, 1)).ids for p in prompts]
+    prompt_ids = [base.prompt(plain_request(p, 1)).ids for p in prompts]
     tokens = args.max_new_tokens
     settings = list(modes) + ([LLAMA] if llama else [])
 
     def generate(setting: str, index: int) -> dict[str, Any]:
         if setting == LLAMA:
             return llama.generate(prompt_ids[index], tokens)
-        result = engines[setting].generate(_request(prompts[index], tokens))
+        result = engines[setting].generate(plain_request(prompts[index], tokens))
         return {"tokens": result.token_ids, "ttft_s": result.timings.ttft_s,
                 "decode_tps": result.timings.decode_tokens_per_s}
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import requests
 
-from bench.batching import REPETITION_PENALTY
 from core.workers import list_workers
 from tests.harness.client import submit_and_follow
 from tests.harness.stack import Stack, start_redis, job_store, wait_until
@@ -22,12 +21,14 @@ from tests.harness.stack import Stack, start_redis, job_store, wait_until
 class QueueBatchRunner:
     """Context manager: a local stack whose worker accepts ``max_batch`` jobs at once."""
 
-    def __init__(self, model: str = "default", max_batch: int = 16, threads: int = 2, quant: str = "auto"):
+    def __init__(self, model: str = "default", max_batch: int = 16, threads: int = 2, quant: str = "auto",
+                 repetition_penalty: float = 1.0):
         self.env = {"MINISERVE_MODEL": model, "MINISERVE_THREADS": str(threads),
                     "MINISERVE_MAX_BATCH": str(max_batch),
                     "MINISERVE_MAX_BATCHED_TOKENS": str(max(512, 64 * max_batch)),
                     "MINISERVE_LOG_LEVEL": "WARNING", "MINISERVE_QUANT": quant}
         self.max_batch = max_batch
+        self.repetition_penalty = repetition_penalty  # the caller's, so every mode samples alike
 
     def __enter__(self) -> "QueueBatchRunner":
         self.redis_proc, url = start_redis(Path("/tmp"))
@@ -56,7 +57,7 @@ class QueueBatchRunner:
         def one(text: str):
             trace = submit_and_follow(self.base_url, {"prompt": text, "max_new_tokens": new_tokens,
                                                       "generation_method": "paged",
-                                                      "repetition_penalty": REPETITION_PENALTY})
+                                                      "repetition_penalty": self.repetition_penalty})
             return trace, self.store.get(trace.job_id).result
 
         start = time.perf_counter()

@@ -41,7 +41,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "How fast are `q8` weights against bf16 and llama.cpp, how much memory do they take, and how often do they pick the same tokens?",
               children=("bench.quantization_memory", "bench.quantization_llamacpp", "bench.gguf_kernels")),
     Benchmark("models", "bench.models",
-              "How fast does each bundled model decode at batch 1 and 8, full precision and `q8`, beside llama.cpp on the same GGUF file?"),
+              "How fast does each bundled model decode at batch 1 and 8, full precision and `q8`, beside llama.cpp on the same GGUF file, "
+              "and how do MiniServe and llama.cpp compare on GGUF files from 0.5B to 8B?",
+              children=("bench.model_sizes_ours",)),
     Benchmark("constrained_overhead", "bench.constrained_overhead",
               "What does a JSON-schema grammar cost per token, alone and in a batch?"),
     Benchmark("evaluate_agent", "bench.evaluate_agent",

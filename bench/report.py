@@ -63,8 +63,9 @@ SECTIONS: tuple[Section, ...] = (
              "results/paged_generation.machine.json"), read_paged_generation,
             ("results/paged_generation.png",)),
     Section("models", "Bundled models",
-            "How fast does each bundled model decode at batch 1 and 8, full precision and `q8`, beside llama.cpp on the same GGUF file?",
-            "python -m bench.models", ("results/models.json",), read_models),
+            "How fast does each bundled model decode at batch 1 and 8, full precision and `q8`, beside llama.cpp on the same GGUF file, "
+            "and how do MiniServe and llama.cpp compare on GGUF files from 0.5B to 8B?",
+            "python -m bench.models", ("results/models.json", "results/model_sizes.json"), read_models),
     Section("quantization", "Weight quantization",
             "How fast are `q8` weights against bf16 and llama.cpp, how much memory do they take, and how often do they pick the same tokens?",
             "python -m bench.quantization", ("results/quantization.json",), read_quantization,

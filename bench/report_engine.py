@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report_figures import Figures, Row, load_csv, load_json, num, optional_json, ratio
+from bench.report_sizes import add_sizes
 
 
 def read_batching(root: Path) -> Figures:
@@ -151,12 +152,10 @@ def read_models(root: Path) -> Figures:
                        "batch 1 vs the default model", "batch 1 vs llama.cpp"], rows, data["machine"],
                       "python -m bench.models")
     figures.notes.append(f"llama.cpp: {data.get('llama_cpp', 'not run')}. Its tools build natively from the "
-                         "`llama-cpp-python` sdist: `pip download llama-cpp-python==0.3.36 --no-binary :all: --no-deps`, "
-                         "unpack, then `cmake -S vendor/llama.cpp -B build -DLLAMA_CURL=OFF && cmake --build build "
-                         "--target llama-bench llama-batched-bench llama-server`; pass `--llama-bin build/bin`. "
-                         "On a virtual machine whose CPU hides some of what its compiler detects (an illegal "
-                         "instruction at start), name the features instead: `-DGGML_NATIVE=OFF -DGGML_AVX2=ON "
-                         "-DGGML_FMA=ON -DGGML_F16C=ON`, and `-DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON` where it has them.")
+                         "`llama-cpp-python` sdist with `scripts/build_llama_cpp.sh [PREFIX]` (pinned 0.3.36; "
+                         "cmake and ninja, the CPU features named rather than detected, as a virtual machine's CPU "
+                         "can hide some of what its compiler detects; it installs the binaries and llama.cpp's "
+                         "converter into PREFIX, default `/work/llama-bin`); pass `--llama-bin PREFIX`.")
     figures.notes.append("The batch-1 ratio between the models depends on the CPU, for llama.cpp as for us: the "
                          "small model's 30 layers of small matrices carry a fixed cost per layer (the thread team "
                          "meets at barriers between the pieces of each) that weighs more on some machines; "
@@ -169,4 +168,5 @@ def read_models(root: Path) -> Figures:
         figures.headline.append(f"Second bundled model: SmolLM2-135M under `q8` decodes {num(small['decode_tps_b1'], 1)} "
                                 f"tok/s at batch 1, {ratio(small['b1_vs_default'])} the default model and "
                                 f"{vs_llama(small)} llama.cpp on the same file")
+    add_sizes(figures, root)  # python -m bench.models --sizes: GGUF files of several sizes
     return figures

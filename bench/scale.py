@@ -35,7 +35,7 @@ from typing import Any
 
 import requests
 
-from bench.load import _up, tiny_model
+from bench.local_stack import tiny_model, web_is_up
 from bench.scale_plot import plot
 from bench.scale_redis_cost import part_d
 from bench.stats import cpu_model, machine_summary, percentile, print_table, write_csv, write_json
@@ -98,7 +98,7 @@ class Cluster:
     def start_web(self, **env: str) -> str:
         proc, base = self.stack.start_web(**env)
         self.exit.callback(proc.stop)
-        wait_until(lambda: _up(base), 60, what="web server")
+        wait_until(lambda: web_is_up(base), 60, what="web server")
         return base
 
     def close(self) -> None:

@@ -47,7 +47,7 @@ import redis
 import requests
 
 from bench import soak_memory
-from bench.load import tiny_model
+from bench.local_stack import tiny_model
 from bench.soak_report import attempt_intervals, check_jobs, concurrent_attempts, plot, summarize
 from bench.stats import cpu_model, machine_info, write_json
 from core.events import TERMINAL_EVENTS

@@ -8,16 +8,20 @@ from typing import Any
 # Job states.
 QUEUED, RUNNING = "queued", "running"
 SUCCEEDED, FAILED, CANCELLED, TIMEOUT = "succeeded", "failed", "cancelled", "timeout"
-TERMINAL_STATES = (SUCCEEDED, FAILED, CANCELLED, TIMEOUT)
+# A job still queued at its deadline ends ``expired`` without running (a running one that
+# reaches it ends ``timeout``, with its partial result).
+EXPIRED = "expired"
+TERMINAL_STATES = (SUCCEEDED, FAILED, CANCELLED, TIMEOUT, EXPIRED)
 ALL_STATES = (QUEUED, RUNNING, *TERMINAL_STATES)
 
-# Event types. Exactly one terminal event (done | error | cancelled | timeout) ends a job.
+# Event types. Exactly one terminal event (done | error | cancelled | timeout | expired) ends a job.
 STATE, TOKEN, TOOL_STEP, STATS = "state", "token", "tool_step", "stats"
 # A running job's request waits for the worker's engine loop ({"waiting": true}), then starts
 # ({"waiting": false}); sent only when the wait is noticeable. Its time limit pauses meanwhile.
 WAITING = "waiting"
 DONE, ERROR = "done", "error"
-TERMINAL_EVENT_FOR_STATE = {SUCCEEDED: DONE, FAILED: ERROR, CANCELLED: CANCELLED, TIMEOUT: TIMEOUT}
+TERMINAL_EVENT_FOR_STATE = {SUCCEEDED: DONE, FAILED: ERROR, CANCELLED: CANCELLED, TIMEOUT: TIMEOUT,
+                            EXPIRED: EXPIRED}
 TERMINAL_EVENTS = tuple(TERMINAL_EVENT_FOR_STATE.values())
 
 

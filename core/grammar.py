@@ -13,7 +13,7 @@ anyway and keeps a weak model from looping on spaces.
 
 Tool calls are written as this model writes them unprompted: a bare JSON object
 ``{"name": "fn", "arguments": {...}}`` (one per line when ``parallel_tool_calls``);
-``agent.parsing`` reads that form. A *lazy* constraint (``tool_choice: auto``) leaves the
+``core.tool_calls`` reads that form. A *lazy* constraint (``tool_choice: auto``) leaves the
 model free until its text starts a call (:func:`call_trigger`): a ``<tool_call>`` tag, or
 JSON whose first key is ``"name"`` with a declared tool's name as its value (bare or in a
 fence). JSON that is an answer (``{"city": ...}``, ``{"name": "Ada", ...}``) stays text.

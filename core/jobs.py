@@ -52,10 +52,12 @@ class JobRecord:
     finished_at: float | None = None
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
+    deadline: float | None = None  # unix seconds: queued then -> ``expired``; running -> ``timeout``
+    webhook_url: str | None = None  # POSTed the job's record once it ends (core/webhooks.py)
 
     _JSON_FIELDS = ("request", "result", "error")
     _INT_FIELDS = ("attempt", "max_attempts", "last_seq", "dispatch")
-    _FLOAT_FIELDS = ("created_at", "started_at", "finished_at")
+    _FLOAT_FIELDS = ("created_at", "started_at", "finished_at", "deadline")
 
     @property
     def is_terminal(self) -> bool:
@@ -115,6 +117,17 @@ def _event_body(event_type: str, attempt: int | str, ts: float, data_json: str) 
     return f'"type": {json.dumps(event_type)}, "attempt": {attempt}, "ts": {ts!r}, "data": {data_json}}}'
 
 
+def estimated_start(ahead: int, starts: list[float], now: float, window_s: float = 3600) -> float | None:
+    """When a job with ``ahead`` jobs before it should start: one start per measured interval
+    (the queue's recent ``starts``), the next one counted from the last start. None without
+    two starts in ``window_s``."""
+    recent = sorted(t for t in starts if now - t <= window_s)
+    if len(recent) < 2 or recent[-1] <= recent[0]:
+        return None
+    interval = (recent[-1] - recent[0]) / (len(recent) - 1)
+    return max(now, recent[-1] + interval * (ahead + 1))
+
+
 def new_job_id() -> keys.JobId:
     return keys.JobId(uuid.uuid4().hex)
 
@@ -128,24 +141,29 @@ class JobStore:
     _scripts: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        for name in ("CREATE", "SWEEP_UNDISPATCHED", "APPEND_EVENT", "START_ATTEMPT", "FINISH", "REQUEUE"):
+        for name in ("CREATE", "SWEEP_UNDISPATCHED", "APPEND_EVENT", "START_ATTEMPT", "FINISH", "REQUEUE",
+                     "EXPIRE_QUEUED", "LINE_JOIN"):
             self._scripts[name] = self.client.register_script(getattr(scripts, name))
 
     # ---- creating and reading ----------------------------------------------------------
     def create(self, job_type: str, queue: str, request: dict[str, Any], *, owner: str = "",
-               max_attempts: int = 3, job_id: str | None = None) -> JobRecord:
+               max_attempts: int = 3, job_id: str | None = None, deadline: float | None = None,
+               webhook_url: str | None = None) -> JobRecord:
         """Store a new ``queued`` job. It counts as *undispatched* until :meth:`mark_dispatched`
         confirms its task message was sent (the reaper re-sends it otherwise)."""
         record = self._new_record(job_type, queue, request, owner, max_attempts, job_id)
+        record.deadline, record.webhook_url = deadline, webhook_url
         self._create(record, [], "")
         return record
 
     def create_idempotent(self, job_type: str, queue: str, request: dict[str, Any], *, idempotency_key: str,
-                          owner: str = "", max_attempts: int = 3) -> tuple[JobRecord, bool]:
+                          owner: str = "", max_attempts: int = 3, deadline: float | None = None,
+                          webhook_url: str | None = None) -> tuple[JobRecord, bool]:
         """Like :meth:`create`, with the client's ``Idempotency-Key`` set in the same atomic
         step; returns (job, replayed): an earlier submission's job when the key names one."""
         idem = keys.idempotency_key(owner or "-", idempotency_key)
         record = self._new_record(job_type, queue, request, owner, max_attempts, None)
+        record.deadline, record.webhook_url = deadline, webhook_url
         while True:
             seen = self.client.get(idem) or ""
             earlier = self._existing(seen, owner)
@@ -181,17 +199,37 @@ class JobStore:
     def _create(self, record: JobRecord, idem: list[str], seen: str) -> str:
         fields = [item for pair in record.to_redis().items() for item in pair]
         return str(self._scripts["CREATE"](
-            keys=[keys.job_key(record.id), keys.JOBS_INDEX, keys.UNDISPATCHED, *idem],
-            args=[record.id, repr(record.created_at), self.ttl_s, seen, *fields]))
+            keys=[keys.job_key(record.id), keys.JOBS_INDEX, keys.UNDISPATCHED, keys.DEADLINES, *idem],
+            args=[record.id, repr(record.created_at), self.ttl_s, seen,
+                  "" if record.deadline is None else repr(record.deadline), *fields]))
 
     # ---- dispatch: every queued job has a task message, or the sweeper sends one ---------
-    def mark_dispatched(self, job_id: str) -> None:
-        """The job's task message was sent; it is *pending* until an attempt starts
-        (:mod:`core.deliveries` finds messages stranded on the way)."""
+    def mark_dispatched(self, job_id: str, queue: str | None = None) -> None:
+        """The job's task message was sent (to ``queue``, whose line it then joins); it is
+        *pending* until an attempt starts (:mod:`core.deliveries` finds messages stranded on
+        the way)."""
         pipe = self.client.pipeline(transaction=True)
         pipe.zrem(keys.UNDISPATCHED, job_id)
         pipe.zadd(keys.PENDING, {job_id: time.time()})
         pipe.execute()
+        if queue:
+            self._scripts["LINE_JOIN"](keys=[keys.job_key(job_id), keys.line_key(queue), keys.line_starts_key(queue),
+                                             keys.LINE_SEQ], args=[job_id])
+
+    def place_in_line(self, job_id: str) -> tuple[int, float | None] | None:
+        """(jobs ahead of it in its queue, when it is expected to start) for a queued job
+        whose message was sent, else None. The estimate: the queue's service rate over its
+        last starts (up to 64, within the last hour); None until two have been seen."""
+        line, starts_key = self.client.hmget(keys.job_key(job_id), ["line", "line_starts"])
+        if not line or not starts_key:
+            return None
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zrank(line, job_id)
+        pipe.zrange(starts_key, 0, -1, withscores=True)
+        rank, starts = pipe.execute()
+        if rank is None:
+            return None
+        return int(rank), estimated_start(int(rank), [t for _, t in starts], time.time())
 
     def undispatched(self, older_than_s: float, now: float | None = None, limit: int = 100) -> list[str]:
         """Queued jobs whose task message was not confirmed sent within ``older_than_s``."""
@@ -204,7 +242,7 @@ class JobStore:
         counts as undispatched (and no longer pending) until the re-send is confirmed."""
         self.client.zrem(keys.PENDING, job_id)
         return int(self._scripts["SWEEP_UNDISPATCHED"](
-            keys=self._job_keys(job_id) + [keys.UNDISPATCHED],
+            keys=self._job_keys(job_id) + [keys.UNDISPATCHED, keys.WEBHOOK_OUTBOX, keys.DEADLINES],
             args=[job_id, repr(time.time()), self.ttl_s, max_redispatches]))
 
     def get(self, job_id: str, owner: str | None = None) -> JobRecord:
@@ -280,7 +318,8 @@ class JobStore:
     def start_attempt(self, job_id: str, worker: str, lease_s: int, dispatch: int = 0) -> StartedAttempt:
         now = time.time()
         reply = self._scripts["START_ATTEMPT"](
-            keys=self._job_keys(job_id) + [keys.LEASES, keys.UNDISPATCHED, keys.PENDING],
+            keys=self._job_keys(job_id) + [keys.LEASES, keys.UNDISPATCHED, keys.PENDING, keys.WEBHOOK_OUTBOX,
+                                           keys.DEADLINES],
             args=[job_id, worker, repr(now), repr(now + lease_s), self.ttl_s, dispatch],
         )
         record = JobRecord.from_redis(_pairs(reply[2])) if len(reply) > 2 else None
@@ -314,10 +353,29 @@ class JobStore:
         summary_json = json.dumps(event_summary(stored), ensure_ascii=False)
         field_name = "result" if state == "succeeded" else "error"
         return int(self._scripts["FINISH"](
-            keys=self._job_keys(job_id) + [keys.LEASES],
+            keys=self._job_keys(job_id) + [keys.LEASES, keys.WEBHOOK_OUTBOX, keys.DEADLINES],
             args=[job_id, state, event_type, "" if attempt is None else attempt, repr(ts), data_json,
                   self.ttl_s, field_name, summary_json],
         ))
+
+    def expire_overdue(self, now: float | None = None, limit: int = 100) -> list[str]:
+        """The deadline sweep: end ``expired`` every queued job whose deadline has passed (one
+        script each, so a worker starting the job at the same moment either runs it or finds
+        it ended). Returns the ids it ended."""
+        now = time.time() if now is None else now
+        due = self.client.zrangebyscore(keys.DEADLINES, "-inf", now, start=0, num=limit)
+        expired = []
+        for job_id in due:
+            try:
+                job_keys = self._job_keys(job_id)
+            except keys.InvalidJobId:
+                self.client.zrem(keys.DEADLINES, job_id)
+                continue
+            if int(self._scripts["EXPIRE_QUEUED"](
+                    keys=job_keys + [keys.DEADLINES, keys.UNDISPATCHED, keys.PENDING, keys.WEBHOOK_OUTBOX],
+                    args=[job_id, repr(now), self.ttl_s])):
+                expired.append(job_id)
+        return expired
 
     def renew_lease(self, job_id: str, lease_s: int) -> None:
         """Push the lease deadline on; the job's record and stream keep their TTL from now,

@@ -161,3 +161,37 @@ def file_owner_key(owner: str) -> str:
 def batch_key(batch_id: str) -> str:
     """Hash: a batch's OpenAI object, its owner and its lines (custom id -> job or error)."""
     return f"batch:{_checked(batch_id, _BATCH_ID_SHAPE, 'batch')}"
+
+
+# Deadlines (core/jobs.py): queued jobs the sweep ends ``expired`` once their deadline passed.
+DEADLINES = "jobs:deadlines"  # sorted set: job id -> its deadline (unix seconds), until it ends
+
+# Webhooks (core/webhooks.py). A job with a ``webhook_url`` enters the outbox in the same Lua
+# step that ends it; the outbox score is when its next delivery try is due.
+WEBHOOK_OUTBOX = "webhooks:outbox"  # sorted set: job id -> when its next try is due
+WEBHOOKS_DEAD = "webhooks:dead"  # sorted set: job id -> when its last try failed (dead letters)
+
+
+def webhook_key(job_id: str) -> str:
+    """Hash: one job's webhook delivery (url, tries so far, last answer, state)."""
+    return f"webhook:{JobId(job_id)}"
+
+
+def webhook_try_key(job_id: str, try_id: str) -> str:
+    """Marker (SET NX) that one delivery try has been made: never twice per try id."""
+    return f"webhook:{JobId(job_id)}:try:{try_id}"
+
+
+# A place in line (core/jobs.py): the queued jobs of each Celery queue in the order their
+# messages were sent, which is the order a worker takes them (each queue is a FIFO list).
+LINE_SEQ = "jobs:line_seq"  # counter: the order of sends, across queues
+
+
+def line_key(queue: str) -> str:
+    """Sorted set: the queue's waiting jobs -> their send order (ZRANK is a job's position)."""
+    return f"line:{queue}"
+
+
+def line_starts_key(queue: str) -> str:
+    """Sorted set: the queue's most recently started jobs -> start time (its service rate)."""
+    return f"line:{queue}:starts"

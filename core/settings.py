@@ -117,6 +117,10 @@ class Settings(BaseSettings):
     kv_memory_mb: int = Field(default=0, ge=0)  # >0: size the paged pool from this budget
     max_batch: PositiveInt = 8
     max_batched_tokens: PositiveInt = 512
+    # Prompt tokens a step may add while sequences are decoding: each step's cost is what every
+    # stream waits between two tokens, so a long prompt beside streams goes this slowly (and at
+    # max_batched_tokens once nobody streams). Chosen by bench.fairness --long-prompt.
+    prefill_tokens_while_decoding: PositiveInt = 16
 
     # Speculative decoding (docs/speculative.md): prompt-lookup drafts, verified in one forward.
     speculative: Literal["off", "ngram"] = "off"
@@ -150,6 +154,19 @@ class Settings(BaseSettings):
     # (its blocks are salted with the key's owner id); true shares them across keys.
     share_prefix_cache_across_keys: bool = False
 
+    # Webhooks (docs/scheduling.md): a job with a ``webhook_url`` gets its record POSTed when it
+    # ends, signed as the Standard Webhooks spec says, retried, then dead-lettered.
+    webhook_secret: str = ""  # whsec_<base64>: signs webhooks of keys without their own (none: refused)
+    webhook_secrets: Annotated[dict[str, str], NoDecode] = {}  # per API key: key=whsec_...,key2=whsec_...
+    webhook_urls: Annotated[dict[str, str], NoDecode] = {}  # per API key: its jobs' default webhook_url
+    # Hosts (names or IPs) a webhook may target although they are private or loopback.
+    webhook_allow_hosts: Annotated[tuple[str, ...], NoDecode] = ()
+    webhook_max_tries: PositiveInt = 5  # then the delivery is dead-lettered (GET /webhooks/dead)
+    webhook_backoff_s: float = Field(default=10.0, gt=0)  # before the 2nd try; doubling after each failure
+    webhook_backoff_max_s: float = Field(default=600.0, gt=0)
+    webhook_timeout_s: float = Field(default=10.0, gt=0)  # one try, connect to last byte
+    webhook_max_response_bytes: PositiveInt = 65_536  # more of the receiver's answer is not read
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _upper_level(cls, value: object) -> object:
@@ -165,6 +182,47 @@ class Settings(BaseSettings):
     def _split_keys(cls, value: object) -> object:
         if isinstance(value, str):
             return [key.strip() for key in value.split(",") if key.strip()]
+        return value
+
+    @field_validator("webhook_secrets", "webhook_urls", mode="before")
+    @classmethod
+    def _per_key(cls, value: object) -> object:
+        """"key1=value1,key2=value2" (split at each pair's first ``=``) -> a dict."""
+        if not isinstance(value, str):
+            return value
+        pairs = {}
+        for part in (p.strip() for p in value.split(",")):
+            if not part:
+                continue
+            key, eq, item = part.partition("=")
+            if not eq or not key.strip() or not item.strip():
+                raise ValueError(f"must be key=value pairs separated by commas, not {part[:20]!r}...")
+            pairs[key.strip()] = item.strip()
+        return pairs
+
+    @field_validator("webhook_secret")
+    @classmethod
+    def _secret_shape(cls, value: str) -> str:
+        from core.webhook_sign import secret_bytes
+
+        if value:
+            secret_bytes(value)
+        return value
+
+    @field_validator("webhook_secrets")
+    @classmethod
+    def _secrets_shape(cls, value: dict[str, str]) -> dict[str, str]:
+        from core.webhook_sign import secret_bytes
+
+        for secret in value.values():
+            secret_bytes(secret)
+        return value
+
+    @field_validator("webhook_allow_hosts", mode="before")
+    @classmethod
+    def _host_list(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(h.strip().lower() for h in value.split(",") if h.strip())
         return value
 
     @field_validator("spec_ngram", mode="before")
@@ -194,7 +252,7 @@ class Settings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _redis_url(cls, value: str, info) -> str:
-        from core.redis_conn import parse_redis_url
+        from core.redis_url import parse_redis_url
 
         parse_redis_url(value, info.data.get("redis_sentinel_master", "mymaster"))
         return value

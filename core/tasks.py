@@ -9,3 +9,6 @@ QUEUE_FOR_JOB_TYPE = {"generate": "generation", "chat": "generation", "completio
                       "bench": "bench"}
 TASK_FOR_JOB_TYPE = {"generate": GENERATE, "chat": GENERATE, "completion": GENERATE, "agent": AGENT,
                      "bench": BENCH}
+
+WEBHOOK = "miniserve.webhook"  # one delivery try of a finished job's webhook (core/webhooks.py)
+WEBHOOK_QUEUE = "webhooks"  # its own queue, so deliveries never wait behind generation jobs' messages

@@ -14,6 +14,7 @@ values live:
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -91,8 +92,47 @@ def _new_cache(forward: Qwen2Forward, prompt: Prompt, request: GenerationRequest
     return ContiguousKVCache(forward.config, capacity, forward.weights.dtype, forward.weights.device, ops=forward.ops)
 
 
+@dataclass(frozen=True)
+class PrefillChunks:
+    """A long prompt is prefilled in chunks, handing the loop back between them (``pause``,
+    set for a solo job by the loop), so a long prompt on these methods never holds the loop
+    and the others' streams for its whole prefill. How many tokens a chunk may take comes
+    from ``take`` (the loop's per-turn budget, shared by every solo task: at most
+    ``MINISERVE_MAX_BATCHED_TOKENS`` prompt tokens a turn); without it, ``budget`` a chunk
+    (0: one pass)."""
+
+    budget: int = 0
+    pause: Callable[[], None] | None = None
+    stopped: Callable[[], bool] | None = None  # the run was cancelled: the rest is not computed
+    take: Callable[[int], int] | None = None
+
+    def run(self, forward: Qwen2Forward, ids: torch.Tensor, cache: Any) -> torch.Tensor:
+        total = ids.numel()
+        if self.pause is None or (self.take is None and (self.budget <= 0 or total <= self.budget)):
+            return forward(ids, cache)
+        start, logits = 0, None
+        while start < total:
+            granted = self._grant(total - start)
+            if granted == 0:          # the turn's budget is spent: wait for the next turn
+                self.pause()
+                continue
+            logits = forward(ids[start:start + granted], cache)
+            start += granted
+            if start < total:
+                self.pause()
+                if self.stopped is not None and self.stopped():
+                    break
+        return logits
+
+    def _grant(self, wanted: int) -> int:
+        if self.take is not None:
+            return self.take(wanted)
+        return min(wanted, self.budget)
+
+
 def _run_cached(engine: Any, prompt: Prompt, run: GenerationRun, request: GenerationRequest, penalty: float,
-                prefill: Callable[[Qwen2Forward, Prompt, ContiguousKVCache], tuple[torch.Tensor, int]]) -> int:
+                prefill: Callable[[Qwen2Forward, Prompt, ContiguousKVCache, PrefillChunks],
+                                  tuple[torch.Tensor, int]]) -> int:
     """Prefill into a fresh contiguous cache with ``prefill``, then decode; returns cached tokens."""
     forward = forward_for(engine)
     sampler = _sampler(engine, forward, request, penalty, prompt, run)
@@ -102,7 +142,8 @@ def _run_cached(engine: Any, prompt: Prompt, run: GenerationRun, request: Genera
         if run.cancelled():
             return 0
         cache = _new_cache(forward, prompt, request, spec.num_tokens + 1 if spec else 0)
-        logits, cached = prefill(forward, prompt, cache)
+        chunks = PrefillChunks(engine.settings.max_batched_tokens, run.pause, run.cancelled, run.prefill_allowance)
+        logits, cached = prefill(forward, prompt, cache, chunks)
         if spec is None:
             decode_loop(forward, cache, logits, sampler, run)
         else:
@@ -112,9 +153,10 @@ def _run_cached(engine: Any, prompt: Prompt, run: GenerationRun, request: Genera
     return cached
 
 
-def prefill_all(forward: Qwen2Forward, prompt: Prompt, cache: ContiguousKVCache) -> tuple[torch.Tensor, int]:
-    """The whole prompt in one pass; (last-position logits, 0 cached tokens)."""
-    return forward(torch.tensor(prompt.ids, dtype=torch.long, device=forward.weights.device), cache), 0
+def prefill_all(forward: Qwen2Forward, prompt: Prompt, cache: ContiguousKVCache,
+                chunks: PrefillChunks = PrefillChunks()) -> tuple[torch.Tensor, int]:
+    """The whole prompt (in chunks when long); (last-position logits, 0 cached tokens)."""
+    return chunks.run(forward, torch.tensor(prompt.ids, dtype=torch.long, device=forward.weights.device), cache), 0
 
 
 def run_custom_cache(engine: Any, prompt: Prompt, run: GenerationRun, request: GenerationRequest,
@@ -123,7 +165,8 @@ def run_custom_cache(engine: Any, prompt: Prompt, run: GenerationRun, request: G
 
 
 def prefill_with_prefix(forward: Qwen2Forward, store: PrefixCache, prompt: Prompt,
-                        cache: ContiguousKVCache, salt: str = "") -> tuple[torch.Tensor, int]:
+                        cache: ContiguousKVCache, salt: str = "",
+                        chunks: PrefillChunks = PrefillChunks()) -> tuple[torch.Tensor, int]:
     """Fill ``cache`` with the prompt, reusing or storing its system block.
 
     Miss: the whole prompt in one pass (exactly what ``custom_cache`` does), then a compact copy
@@ -136,21 +179,21 @@ def prefill_with_prefix(forward: Qwen2Forward, store: PrefixCache, prompt: Promp
     key = (salted_root(salt), *prefix) if salt and prefix else prefix
     entry = store.get(key) if prefix else None
     if entry is None:
-        logits, _ = prefill_all(forward, prompt, cache)
+        logits, _ = prefill_all(forward, prompt, cache, chunks)
         if prefix:
             store.put(key, *cache.snapshot(len(prefix)))
         return logits, 0
     cache.load(entry.keys, entry.values)
     rest = torch.tensor(prompt.ids[len(prefix):], dtype=torch.long, device=device)
-    return forward(rest, cache), entry.tokens
+    return chunks.run(forward, rest, cache), entry.tokens
 
 
 def run_prefix_cache(engine: Any, prompt: Prompt, run: GenerationRun, request: GenerationRequest,
                      penalty: float) -> int:
     store = prefix_store(engine)
     return _run_cached(engine, prompt, run, request, penalty,
-                       lambda forward, prompt_, cache: prefill_with_prefix(forward, store, prompt_, cache,
-                                                                           request.cache_salt))
+                       lambda forward, prompt_, cache, chunks: prefill_with_prefix(
+                           forward, store, prompt_, cache, request.cache_salt, chunks))
 
 
 def handwritten_methods() -> dict[str, Callable[..., int]]:

@@ -73,6 +73,8 @@ class RequestHandle:
     result) or just :meth:`result`; stop it with :meth:`cancel`.
     """
 
+    clock: Callable[[], float] = staticmethod(time.monotonic)  # the deadline's clock (a test steps its own)
+
     def __init__(self, request_id: int, request: GenerationRequest, timeout_s: float | None) -> None:
         self.id = request_id
         self.request = request
@@ -80,7 +82,7 @@ class RequestHandle:
         self.outputs: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self.future: Future[GenerationResult] = Future()
         self.started = threading.Event()      # set when the loop picks the request up
-        self.started_at: float | None = None  # time.monotonic() of that moment
+        self.started_at: float | None = None  # clock() at that moment
         self.timed_out = False                # the loop stopped it at its deadline
         self.tokens_streamed = 0              # generated tokens whose text ``stream`` has handed on
         self._cancel = threading.Event()
@@ -122,7 +124,7 @@ class RequestHandle:
                 if not notified and self.started.is_set():
                     notified = True
                     if on_start is not None:
-                        on_start(self.started_at or time.monotonic())
+                        on_start(self.started_at or self.clock())
                 if kind == TEXT:
                     piece, self.tokens_streamed = value
                     if on_text is not None:
@@ -141,7 +143,7 @@ class RequestHandle:
 
     # -- loop side ---------------------------------------------------------------------------
     def begin(self) -> None:
-        self.started_at = time.monotonic()
+        self.started_at = self.clock()
         self.started.set()
 
     def stop_requested(self) -> bool:
@@ -149,7 +151,7 @@ class RequestHandle:
         if self._cancel.is_set():
             return True
         if (self.timeout_s is not None and self.started_at is not None
-                and time.monotonic() - self.started_at >= self.timeout_s):
+                and self.clock() - self.started_at >= self.timeout_s):
             self.timed_out = True
             return True
         return False
@@ -215,6 +217,7 @@ class EngineLoop:
         self._inbox: queue.SimpleQueue[_Job | _Call | None] = queue.SimpleQueue()
         self._solo: deque[_Job] = deque()      # non-batched requests not yet started
         self._running: list[_Job] = []          # started solo tasks, in arrival order
+        self._prefill_left = 0                  # prompt tokens the solo tasks may still compute this turn
         self._held: list[_Job] = []             # paged group members waiting for their leader's prefill
         self._ids = itertools.count(1)
         self._thread: threading.Thread | None = None
@@ -434,10 +437,22 @@ class EngineLoop:
         job.handle.begin()
         job.task = SoloTask(lambda: self.engine.run_solo(job.prompt, job.run, job.handle.request, job.penalty),
                             job.run)
+        job.run.prefill_allowance = self._take_prefill
         self._running.append(job)
 
+    def _take_prefill(self, wanted: int) -> int:
+        """Prompt tokens a solo task may compute now: the solo tasks share one step budget
+        (``MINISERVE_MAX_BATCHED_TOKENS``) per turn, so however many long prompts arrive,
+        a turn spends at most that on them (engine.handwritten.PrefillChunks)."""
+        granted = min(wanted, self._prefill_left)
+        self._prefill_left -= granted
+        return granted
+
     def _advance_solo(self) -> None:
-        """One token (the first: prefill and one token) for each running solo task."""
+        """One token (the first: prefill and one token) for each running solo task; their
+        prompts share one step budget per turn (:meth:`_take_prefill`)."""
+        settings, streaming = self.engine.settings, self._paged is not None and bool(self._paged.scheduler.running)
+        self._prefill_left = settings.prefill_tokens_while_decoding if streaming else settings.max_batched_tokens
         still: list[_Job] = []
         for job in self._running:
             assert job.task is not None

@@ -53,6 +53,7 @@ class GenerationRun:
         self.finish_reason: str | None = None
         self.draft_tokens = self.accepted_draft_tokens = 0
         self.pause: Callable[[], None] | None = None  # set by the loop for a solo task
+        self.prefill_allowance: Callable[[int], int] | None = None  # set by the loop: this turn's prompt budget
         self.constraint: Any = None  # the request's grammar state, compiled once by the loop at submit
 
     @property
@@ -124,7 +125,8 @@ class GenerationRun:
                         accepted_draft_tokens=self.accepted_draft_tokens),
             timings=Timings(ttft_s=ttft, total_s=end - self.started, decode_tokens_per_s=decode_tps),
             method=self.method, token_ids=list(self.token_ids), logprobs=self._token_logprobs(),
-            prompt_logprobs=self.prompt_logprobs)
+            prompt_logprobs=self.prompt_logprobs,
+            stop_sequence=self._stream.stop_string if self.finish_reason == STOP else None)
 
     def _token_logprobs(self) -> list[dict[str, Any]] | None:
         """The sampler's entries for the tokens kept (not a final end-of-sequence id, nor

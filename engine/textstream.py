@@ -62,6 +62,10 @@ class StopMatcher:
         hits = [i for i in (text.find(s, start) for s in self.stops) if i >= 0]
         return min(hits) if hits else -1
 
+    def which(self, text: str, at: int) -> str:
+        """The stop string found at ``at`` (the first listed, when several start there)."""
+        return next(s for s in self.stops if text.startswith(s, at))
+
     def safe_length(self, text: str) -> int:
         """How much of ``text`` can be released: all but a tail that is a prefix of a stop."""
         for keep in range(min(self._longest - 1, len(text)), 0, -1):
@@ -84,6 +88,7 @@ class TextStream:
         self._ends: list[int] = []  # per token: where its text ends in the decoded text
         self._unplaced = 0  # tokens whose text the detokenizer still holds
         self.stopped = False
+        self.stop_string: str | None = None  # the stop string that ended the text, once one hit
 
     @property
     def covered(self) -> int:
@@ -130,6 +135,7 @@ class TextStream:
         if self._stops.stops:
             hit = self._stops.find(self._text, searched_from) if self._pushed >= self._min_tokens else -1
             if hit >= 0:
+                self.stop_string = self._stops.which(self._text, hit)
                 self._text = self._text[:hit]
                 self.stopped = True
                 return self._release(len(self._text)), True

@@ -75,6 +75,7 @@ class GenerationResult:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[str, Any]] | None = None  # one entry per token_ids entry, when asked
     prompt_logprobs: list[dict[str, Any]] | None = None  # one per prompt token (the first: logprob None)
+    stop_sequence: str | None = None  # the request's stop string that ended the text (finish_reason stop)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -32,12 +32,12 @@ from web.sse import format_event
 API_VERSION = "0.1.0"
 REDIS_SPARE_CONNECTIONS = 64  # the pool's room beyond one connection per HTTP connection
 API_MODULES = ("web.routes_jobs", "web.routes_compat", "web.routes_bench", "web.routes_system",
-               "web.routes_health", "web.routes_tokenize")
+               "web.routes_health", "web.routes_tokenize", "web.routes_webhooks")
 # Modules exposing ``register(app: OpenAPI) -> None`` (``app.register_api(api)`` for an
 # APIBlueprint, ``app.register_blueprint(bp)`` for a plain one). Add yours here, e.g.
 # "web.openai_api", "web.monitor", "web.metrics".
-EXTENSION_MODULES: tuple[str, ...] = ("web.openai", "web.ollama", "web.metrics", "web.monitor", "web.routing",
-                                     "web.playground")
+EXTENSION_MODULES: tuple[str, ...] = ("web.openai", "web.anthropic", "web.ollama", "web.metrics", "web.monitor",
+                                     "web.routing", "web.playground")
 
 
 def make_store(settings: Settings) -> JobStore:
@@ -97,12 +97,13 @@ def create_app(settings: Settings | None = None, store: JobStore | None = None,
 
 
 def _security(settings: Settings) -> dict[str, Any]:
-    """With API keys configured, the document says every operation needs a bearer key
-    (``/healthz`` opts out)."""
+    """With API keys configured, the document says every operation needs a key, as a bearer
+    token or in ``x-api-key`` (Anthropic's clients; ``/healthz`` opts out)."""
     if not settings.api_keys:
         return {}
-    return {"security_schemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "openapi_extensions": {"security": [{"bearer": []}]}}
+    return {"security_schemes": {"bearer": {"type": "http", "scheme": "bearer"},
+                                 "x_api_key": {"type": "apiKey", "in": "header", "name": "x-api-key"}},
+            "openapi_extensions": {"security": [{"bearer": []}, {"x_api_key": []}]}}
 
 
 def _swagger_page() -> str:

@@ -7,6 +7,7 @@ from typing import Any
 from core.events import QUEUED
 from core.jobs import JobRecord, JobStore
 from core.logs import log_event
+from web.routes_webhooks import kick
 
 logger = logging.getLogger("miniserve.web.cancel")
 
@@ -17,6 +18,8 @@ def cancel_job(store: JobStore, celery: Any, job_id: str) -> tuple[JobRecord, bo
     whether it was still queued. A running job stops between tokens, its KV blocks freed."""
     was_queued = store.get(job_id).state == QUEUED
     job = store.request_cancel(job_id)
+    if was_queued and job.webhook_url:  # the cancel ended the job here: its webhook is due now
+        kick(job_id)
     if was_queued:
         try:
             celery.control.revoke(job_id)

@@ -3,18 +3,18 @@ size, content type, completeness, JSON syntax, nesting depth and text (:mod:`web
 routes only ever see a parsed JSON object that nothing downstream can overflow the stack
 on or fail to encode.
 
-Public without a key: ``/healthz``, ``/health`` and the documentation (``/``, ``/docs``,
-``/openapi.json``, Swagger UI assets under ``/swagger``): they describe the API and hold
-no job data.
+A key comes as ``Authorization: Bearer <key>`` or as ``x-api-key: <key>``. Public without a
+key: ``/healthz``, ``/health`` and the documentation (``/``, ``/docs``, ``/openapi.json``,
+Swagger UI assets under ``/swagger``): they describe the API and hold no job data.
 """
 from __future__ import annotations
 
-import hashlib
 import hmac
 
 from flask import Flask, current_app, g, request
 
 from core.limits import over_rate_limit
+from core.owners import owner_id  # noqa: F401 - the web's name for it (tests import it from here)
 from web.body import CheckedRequest, load_body, read_body
 from web.context import ctx
 from web.errors import ApiError
@@ -26,11 +26,6 @@ JSON_TYPES = ("application/json",)
 MULTIPART_PATHS = frozenset({"/v1/files"})  # file uploads: multipart, up to max_file_bytes
 MULTIPART_SLACK_BYTES = 64 * 1024  # the form's other parts and boundaries around the file
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
-
-
-def owner_id(api_key: str) -> str:
-    """What a job records as its owner: a hash of the key, never the key itself."""
-    return hashlib.sha256(api_key.encode("utf-8")).hexdigest()[:32]
 
 
 def is_public(path: str) -> bool:
@@ -51,12 +46,10 @@ def _authenticate() -> None:
     g.rate_id = f"ip:{request.remote_addr or '-'}"
     if not api_keys:
         return
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token or not _one_of(token, api_keys):
-        raise ApiError(401, "unauthorized", "a valid 'Authorization: Bearer <key>' header is required",
-                       headers={"WWW-Authenticate": "Bearer"})
+    token = _presented_key()
+    if not token or not _one_of(token, api_keys):
+        raise ApiError(401, "unauthorized", "a valid 'Authorization: Bearer <key>' (or 'x-api-key: <key>') "
+                       "header is required", headers={"WWW-Authenticate": "Bearer"})
     g.owner = g.rate_id = owner_id(token)
     g.admin = _one_of(token, settings.admin_api_keys)
 
@@ -69,6 +62,18 @@ def _one_of(token: str, keys: list[str]) -> bool:
 def is_admin() -> bool:
     """Whether this request's key may see operators' details (hosts, paths, other keys' jobs)."""
     return bool(g.get("admin", False))
+
+
+def _presented_key() -> str:
+    """The key of ``Authorization: Bearer <key>`` or, when there is no ``Authorization``
+    header, of ``x-api-key`` (Anthropic's clients send that one): the same key either way, so
+    the same owner and rate limit. An ``Authorization`` header decides alone: a bad one is
+    not rescued by another header."""
+    header = request.headers.get("Authorization")
+    if header is None:
+        return request.headers.get("X-Api-Key", "").strip()
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
 
 
 def _rate_limit() -> None:

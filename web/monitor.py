@@ -18,8 +18,10 @@ from core import routing
 from core.jobs import JobRecord
 from core.workers import list_workers
 from web.context import ctx, request_owner
+from core.webhooks import webhook_store
 from web.guards import add_public_prefix, is_admin
 from web.routes_jobs import GUARD_ERRORS, job_view
+from web.routes_webhooks import DeadLetter
 from web.worker_view import public_worker, routed_view
 from web.schemas import ErrorResponse, JobListQuery, WorkerView
 
@@ -54,6 +56,8 @@ class Overview(BaseModel):
     routing: dict[str, dict[str, int]] = Field(description="`decisions` counted by the web, `routed_to` per worker")
     jobs: list[JobRow]
     counts: dict[str, int] = Field(description="listed jobs by state")
+    webhooks_dead: list[DeadLetter] = Field(description="webhook deliveries that ran out of tries "
+                                            "(the caller's own; GET /webhooks/dead)")
 
 
 def job_row(job: JobRecord) -> dict[str, Any]:
@@ -85,7 +89,8 @@ def overview(query: JobListQuery):
         workers, routed_to = [public_worker(w) for w in workers], routed_view(routed_to)
     return jsonify({"workers": workers, "queues": store.queue_depths(),
                     "routing": {"decisions": routing.counts(store.client), "routed_to": routed_to},
-                    "jobs": rows, "counts": counts})
+                    "jobs": rows, "counts": counts,
+                    "webhooks_dead": webhook_store(store.client, ctx().settings).dead(owner=request_owner(), limit=20)})
 
 
 def cluster_workers(client) -> list[dict[str, Any]]:

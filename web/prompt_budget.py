@@ -22,7 +22,7 @@ import redis
 from core.model_source import local_model_dir, model_id
 from core.models import seen_models
 from core.settings import Settings
-from web import prompt_text
+import web.prompt_text as prompt_text
 from web.errors import ApiError
 from web.model_texts import ModelTexts, TextModel
 from web.prompt_text import PromptCount

@@ -8,6 +8,7 @@ from flask import jsonify, url_for
 from flask_openapi3 import APIBlueprint, Tag
 
 from core.events import QUEUED
+from core.job_view import public_record
 from core.jobs import JobNotFound, JobRecord
 from core.keys import InvalidJobId, JobId
 from core.logs import log_event
@@ -27,6 +28,7 @@ from web.schemas import (
 )
 from web.sse import resume_point, sse_response, stream_events
 from web.stream_limit import limited, take_stream_slot
+from web.routes_webhooks import kick
 from web.submit import from_job_body, submit
 
 logger = logging.getLogger("miniserve.web.jobs")
@@ -47,16 +49,8 @@ def job_links(job_id: str) -> dict[str, str]:
 
 
 def job_view(job: JobRecord) -> dict[str, Any]:
-    """The public view of a job, with usage and timings lifted out of the result."""
-    view = job.public_view()
-    result = job.result or {}
-    timings: dict[str, Any] = dict(result.get("timings") or {})
-    if job.started_at is not None:
-        timings["queue_wait_s"] = round(job.started_at - job.created_at, 4)
-    if job.finished_at is not None:
-        timings["job_total_s"] = round(job.finished_at - job.created_at, 4)
-    view.update(usage=result.get("usage"), timings=timings, links=job_links(job.id))
-    return view
+    """The public view of a job (core/job_view.py: the same record a webhook POSTs)."""
+    return public_record(job, job_links(job.id))
 
 
 def find_job(text: str) -> JobRecord:
@@ -103,7 +97,14 @@ def list_jobs(query: JobListQuery):
 @api.get("/jobs/<job_id>", summary="One job: state, timings, usage, result or error",
          responses={200: JobView, 404: ErrorResponse, 422: ErrorResponse, **GUARD_ERRORS})
 def get_job(path: JobPath):
-    return jsonify(job_view(find_job(path.job_id)))
+    """A queued job also shows its place in line: ``queue_position`` (jobs ahead of it in its
+    queue; 0 = next) and ``estimated_start`` (unix seconds, from the queue's recent starts)."""
+    job = find_job(path.job_id)
+    view = job_view(job)
+    if job.state == QUEUED:
+        place = ctx().store.place_in_line(job.id)
+        view["queue_position"], view["estimated_start"] = place if place is not None else (None, None)
+    return jsonify(view)
 
 
 @api.post("/jobs/<job_id>/cancel", summary="Cancel a job (queued: revoked; running: stops between tokens)",
@@ -114,6 +115,8 @@ def cancel_job(path: JobPath):
     job = ctx().store.request_cancel(job.id)
     if was_queued:
         _revoke(job.id)
+        if job.webhook_url:
+            kick(job.id)
     log_event(logger, "job_cancel_requested", job_id=job.id, was_queued=was_queued, state=job.state)
     return jsonify(job_view(job))
 

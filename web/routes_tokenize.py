@@ -15,12 +15,10 @@ from flask import jsonify
 from flask_openapi3 import APIBlueprint, Tag
 from pydantic import BaseModel, Field, model_validator
 
-from core.models import ModelUnavailable, UnknownModel
 from web.chat_template import TemplateError
-from web.context import ctx
 from web.errors import ApiError
 from web.model_texts import TextModel
-from web.models import cluster_models, own_model_is_explicit
+from web.text_model import text_model
 from web.prompt_text import render
 from web.openai.convert import stored_messages
 from web.openai.schemas import ChatMessage, ToolDef
@@ -73,7 +71,7 @@ class DetokenizeResponse(BaseModel):
 @api.post("/tokenize", summary="Token ids of a prompt or of chat messages (vLLM-compatible)",
           responses={200: TokenizeResponse, **ERRORS})
 def tokenize(body: TokenizeRequest):
-    model = _model(body.model)
+    model = text_model(body.model)
     text = body.prompt if body.prompt is not None else _render(model, body)
     special = body.add_special_tokens if body.add_special_tokens is not None else body.prompt is not None
     encoding = model.tokenizer.encode(text, add_special_tokens=special)  # lone surrogates: refused by web.guards
@@ -85,30 +83,13 @@ def tokenize(body: TokenizeRequest):
 @api.post("/detokenize", summary="The text of token ids (vLLM-compatible)",
           responses={200: DetokenizeResponse, **ERRORS})
 def detokenize(body: DetokenizeRequest):
-    tokenizer = _model(body.model).tokenizer
+    tokenizer = text_model(body.model).tokenizer
     vocab = tokenizer.get_vocab_size(with_added_tokens=True)
     bad = next((i for i, token in enumerate(body.tokens) if token >= vocab), None)
     if bad is not None:
         raise ApiError(422, "validation_error", f"tokens.{bad}: {body.tokens[bad]} is not a token id "
                        f"(the vocabulary has {vocab})", field=f"tokens.{bad}")
     return jsonify({"prompt": tokenizer.decode(body.tokens, skip_special_tokens=False)})
-
-
-def _model(requested: str | None) -> TextModel:
-    """The named model's text side (default: the cluster's default model)."""
-    models = cluster_models()
-    try:
-        name = models.resolve(requested, own_model_is_explicit())
-    except ModelUnavailable as exc:
-        name = exc.args[0]  # a known model: its published tokenizer still counts
-    except UnknownModel:
-        raise ApiError(404, "model_not_found", f"The model '{requested}' does not exist; this cluster serves "
-                       f"{', '.join(repr(m) for m in models.available()) or 'no model yet'}", field="model") from None
-    found = ctx().budget.model(name)
-    if found is not None:
-        return found
-    raise ApiError(503, "tokenizer_unavailable", f"the tokenizer of '{name}' is not here yet (its worker "
-                   "publishes it once its model has loaded)", retry_after=5)
 
 
 def _render(model: TextModel, body: TokenizeRequest) -> str:

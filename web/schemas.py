@@ -109,7 +109,22 @@ class SamplingFields(Strict, GuidedFields, ModelField, SamplingBase):  # type: i
     return_token_ids: bool = Field(default=False, description="keep the generated token ids in the result")
 
 
-class JobSubmit(SamplingFields):
+class JobOptions(BaseModel):
+    """When a job must be done by, and whom to tell when it is (docs/scheduling.md); checked
+    against the clock and the webhook rules in :func:`web.submit.job_options`."""
+
+    deadline: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, description="unix seconds (as created_at): still queued then, the job ends `expired` "
+        "unrun; still running, it ends `timeout` with its partial result. Not with timeout_s")
+    timeout_s: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, description="the deadline as seconds from now")
+    webhook_url: str | None = Field(
+        default=None, min_length=1, max_length=2048, description="http(s) URL POSTed the job's record (as "
+        "GET /jobs/{id} shows it) once it ends, signed per Standard Webhooks; private and loopback "
+        "addresses are refused (MINISERVE_WEBHOOK_ALLOW_HOSTS)")
+
+
+class JobSubmit(SamplingFields, JobOptions):
     """``POST /jobs``: exactly one of ``prompt`` and ``messages``."""
 
     type: SubmitType = "generate"
@@ -141,7 +156,7 @@ class GenerateBody(SamplingFields):
     stream: bool = False
 
 
-class AgentBody(Strict, ModelField):
+class AgentBody(Strict, ModelField, JobOptions):
     """``POST /agent/run``, as in the original MiniServe."""
 
     prompt: str = Field(min_length=1)
@@ -239,6 +254,12 @@ class JobView(BaseModel):
     request: dict[str, Any]
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
+    deadline: float | None = Field(default=None, description="unix seconds; see JobOptions")
+    webhook_url: str | None = None
+    queue_position: int | None = Field(default=None, description="queued jobs only (GET /jobs/{id}): jobs "
+                                       "ahead of it in its queue, 0 = next; null until its message is sent")
+    estimated_start: float | None = Field(default=None, description="queued jobs only: unix seconds, from the "
+                                          "queue's measured start rate; null until it has one")
     usage: dict[str, Any] | None = None
     timings: dict[str, Any]
     links: JobLinks

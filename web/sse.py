@@ -8,6 +8,7 @@ which is also how a closed connection gets noticed.
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import Callable, Iterable, Iterator
 import redis
 from flask import Response, request, stream_with_context
 
-from core.events import Event
+from core.events import QUEUED, Event
 from core.jobs import JobNotFound, JobRecord, JobStore
 from core.logs import log_event
 from web.errors import ApiError
@@ -24,6 +25,7 @@ from web.feeds import FeedHub, Formatted
 
 logger = logging.getLogger("miniserve.web.sse")
 RETRY_MS = 2000
+LINE_POLL_S = 1.0  # a queued job's stream looks at its place in line this often
 MAX_EVENT_SEQ = 2**63 - 1  # the largest seq a Last-Event-ID / ?after= may name
 CHUNK_CHARS = 64 * 1024  # frames joined into one write up to about this size
 
@@ -54,15 +56,17 @@ def resume_point(after: int | None) -> int:
 def stream_events(store: JobStore, job: JobRecord, after: int, keepalive_s: int,
                   feeds: FeedHub) -> Iterator[str]:
     """Replay (``XRANGE``), then follow the job's shared feed (:mod:`web.feeds`); ends after
-    the terminal event, when the job is gone, or when Redis is."""
+    the terminal event, when the job is gone, or when Redis is. While the job is queued, a
+    ``queued`` event tells its place in line each time it moves up (:class:`_Line`)."""
     yield f"retry: {RETRY_MS}\n\n"
     if job.is_terminal and after >= job.last_seq:
         return
     state, started = _Progress(after), time.perf_counter()
+    line = _Line(store, job.id) if job.state == QUEUED else None
     try:
         yield from state.chunks(Formatted(e, format_event(e)) for e in store.events(job.id, after))
         if not state.ended:
-            yield from _follow(store, job.id, state, keepalive_s, feeds)
+            yield from _follow(store, job.id, state, keepalive_s, feeds, line)
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         _redis_lost(job.id, type(exc).__name__)
     finally:
@@ -97,9 +101,42 @@ class _Progress:
             yield "".join(parts)
 
 
-def _follow(store: JobStore, job_id: str, state: _Progress, keepalive_s: int, feeds: FeedHub) -> Iterator[str]:
+@dataclass
+class _Line:
+    """A queued job's place in line, as ``queued`` SSE events: sent first, then whenever the
+    position drops (never a larger one: positions on the stream only go down), until the job
+    starts or ends. The frames carry no ``id:``, so a reconnect's ``Last-Event-ID`` still
+    names the last stored event (they are not stored: a reconnect gets the current place)."""
+
+    store: JobStore
+    job_id: str
+    shown: int | None = None
+    open: bool = True
+
+    def frame(self) -> str | None:
+        place = self.store.place_in_line(self.job_id)
+        if place is None:
+            try:
+                self.open = self.store.get(self.job_id).state == QUEUED  # not yet sent: ask again
+            except JobNotFound:
+                self.open = False
+            return None
+        position, start = place
+        if self.shown is not None and position >= self.shown:
+            return None
+        self.shown = position
+        data = {"type": "queued", "ts": time.time(),
+                "data": {"queue_position": position, "estimated_start": start}}
+        return f"event: queued\ndata: {json.dumps(data)}\n\n"
+
+
+def _follow(store: JobStore, job_id: str, state: _Progress, keepalive_s: int, feeds: FeedHub,
+            line: _Line | None = None) -> Iterator[str]:
     feed = feeds.join(job_id, state.last, keepalive_s * 1000)
+    wrote = time.monotonic()
     try:
+        if line is not None and (frame := line.frame()):
+            yield frame
         while True:
             items = feed.after(state.last)
             if items is None:  # fell behind the feed's buffer: the gap comes from Redis
@@ -113,9 +150,14 @@ def _follow(store: JobStore, job_id: str, state: _Progress, keepalive_s: int, fe
                 if feed.redis_lost:
                     _redis_lost(job_id, "ConnectionError")
                 return
-            feed.wait(state.last, keepalive_s)
+            waiting = line is not None and line.open
+            feed.wait(state.last, LINE_POLL_S if waiting else keepalive_s)
             if feed.last <= state.last and not feed.done:
-                yield ": keep-alive\n\n"
+                frame = line.frame() if waiting and line is not None else None
+                if frame is None and time.monotonic() - wrote < keepalive_s:
+                    continue
+                yield frame or ": keep-alive\n\n"
+            wrote = time.monotonic()
     finally:
         feeds.leave(feed)
 
@@ -126,7 +168,7 @@ def _redis_lost(job_id: str, exc_type: str) -> None:
     log_event(logger, "sse_redis_lost", level=logging.WARNING, job_id=job_id, exc_type=exc_type)
 
 
-def _stream_over(store: JobStore, job_id: str, last_seq: int) -> bool:
+def stream_over(store: JobStore, job_id: str, last_seq: int) -> bool:
     try:
         job = store.get(job_id)
     except JobNotFound:

@@ -20,13 +20,15 @@ asked for structured output (``web.constraints``).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
-from core import tasks
+from core import tasks, webhook_target
 from core.events import FAILED
 from core.jobs import JobRecord
 from core.logs import log_event
+from core.webhooks import default_url_for, secret_for
 from core.models import SHARED_QUEUES
 from core.prefix_hash import cache_scope
 from web import constraints
@@ -44,11 +46,55 @@ QUEUE_FULL_RETRY_AFTER_S = 5
 
 
 @dataclass(frozen=True)
+class Options:
+    """A job's deadline (unix seconds) and webhook, checked (:func:`job_options`)."""
+
+    deadline: float | None = None
+    webhook_url: str | None = None
+
+
+@dataclass(frozen=True)
 class Submission:
     job_type: str
     request: dict[str, Any]
     input_field: str  # the body field a prompt-length error names
     model: str | None = None  # the body's ``model``; None = the cluster's default (web/models.py)
+    options: Options = Options()
+
+
+def job_options(deadline: float | None = None, timeout_s: float | None = None,
+                webhook_url: str | None = None, *, now: float | None = None) -> Options:
+    """The body's ``deadline`` / ``timeout_s`` as one deadline, and its ``webhook_url`` (or the
+    key's default one) checked against the target rules; a 400 naming the field otherwise."""
+    now = time.time() if now is None else now
+    settings = ctx().settings
+    if deadline is not None and timeout_s is not None:
+        raise ApiError(400, "validation_error", "timeout_s: give deadline or timeout_s, not both", field="timeout_s")
+    name = "timeout_s" if timeout_s is not None else "deadline"
+    if timeout_s is not None:
+        deadline = now + timeout_s
+    if deadline is not None and deadline <= now:
+        raise ApiError(400, "validation_error", f"deadline: {deadline} (unix seconds) has already passed",
+                       field="deadline")
+    if deadline is not None and deadline - now > settings.job_ttl_s:
+        raise ApiError(400, "validation_error", f"{name}: more than MINISERVE_JOB_TTL_S "
+                       f"({settings.job_ttl_s} s) ahead; the job's record would expire first", field=name)
+    return Options(deadline, _webhook(webhook_url))
+
+
+def _webhook(url: str | None) -> str | None:
+    owner = request_owner() or ""
+    url = url if url is not None else default_url_for(ctx().settings, owner)
+    if url is None:
+        return None
+    if not secret_for(ctx().settings, owner):
+        raise ApiError(400, "invalid_webhook_url", "webhook_url: no webhook secret is configured for this key "
+                       "(MINISERVE_WEBHOOK_SECRET or MINISERVE_WEBHOOK_SECRETS)", field="webhook_url")
+    try:
+        webhook_target.check(url, ctx().settings.webhook_allow_hosts)
+    except webhook_target.TargetRefused as exc:
+        raise ApiError(400, "invalid_webhook_url", f"webhook_url: {exc}", field="webhook_url") from None
+    return url
 
 
 @dataclass(frozen=True)
@@ -134,7 +180,8 @@ def from_job_body(body: JobSubmit) -> Submission:
     request = _request(messages, body.prefix, job_sampling(body, body.max_new_tokens, "max_new_tokens", body.model),
                        job_method(body), max_steps, body.return_token_ids,
                        body.speculative, constraint, body.cache_salt)
-    return Submission(body.type, request, field_name, body.model)
+    return Submission(body.type, request, field_name, body.model,
+                      job_options(body.deadline, body.timeout_s, body.webhook_url))
 
 
 def from_generate_body(body: GenerateBody) -> Submission:
@@ -149,7 +196,7 @@ def from_agent_body(body: AgentBody) -> Submission:
     messages = [{"role": "user", "content": body.prompt}]
     method = ctx().settings.default_generation_method
     return Submission("agent", _request(messages, None, _agent_sampling(body), method, body.max_steps), "prompt",
-                      body.model)
+                      body.model, job_options(body.deadline, body.timeout_s, body.webhook_url))
 
 
 def _check_prompt(sub: Submission, model: str | None) -> PromptCount | None:
@@ -203,11 +250,13 @@ def submit(sub: Submission, idempotency_key: str | None = None) -> Submitted:
     target = route_job(sub.request, queue, model, counted)  # cache-aware routing (web/routing.py)
     if idempotency_key:
         job, replayed = store.create_idempotent(sub.job_type, queue, sub.request, idempotency_key=idempotency_key,
-                                                owner=owner, max_attempts=settings.max_attempts)
+                                                owner=owner, max_attempts=settings.max_attempts,
+                                                deadline=sub.options.deadline, webhook_url=sub.options.webhook_url)
         if replayed:
             return _replayed(job)
     else:
-        job = store.create(sub.job_type, queue, sub.request, owner=owner, max_attempts=settings.max_attempts)
+        job = store.create(sub.job_type, queue, sub.request, owner=owner, max_attempts=settings.max_attempts,
+                           deadline=sub.options.deadline, webhook_url=sub.options.webhook_url)
     note_job(job.id)
     try:
         ctx().celery.send_task(tasks.TASK_FOR_JOB_TYPE[sub.job_type], args=[job.id], task_id=job.id, queue=target,
@@ -215,7 +264,7 @@ def submit(sub: Submission, idempotency_key: str | None = None) -> Submitted:
     except Exception:
         _abandon(job.id, idempotency_key, owner)
         raise
-    _confirm_sent(job.id)
+    _confirm_sent(job.id, target)
     return Submitted(job, replayed=False)
 
 
@@ -235,11 +284,11 @@ def _replayed(job: JobRecord) -> Submitted:
     return Submitted(job, replayed=True)
 
 
-def _confirm_sent(job_id: str) -> None:
+def _confirm_sent(job_id: str, queue: str) -> None:
     """Best effort: when Redis fails right here the sweeper sees a queued job without a
     confirmed message and re-sends it with a new dispatch number (this one becomes stale)."""
     try:
-        ctx().store.mark_dispatched(job_id)
+        ctx().store.mark_dispatched(job_id, queue)
     except Exception as exc:  # noqa: BLE001 - the job is queued and its message sent
         log_event(logger, "dispatch_mark_failed", level=logging.WARNING, job_id=job_id, error=type(exc).__name__)
 

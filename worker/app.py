@@ -8,6 +8,7 @@ from kombu import Exchange, Queue
 from core import keys
 from core.model_source import model_id
 from core.models import SHARED_QUEUES
+from core.tasks import WEBHOOK_QUEUE
 from core.redis_conn import celery_redis_options
 from core.settings import Settings, get_settings
 
@@ -41,7 +42,7 @@ def celery_config(settings: Settings) -> dict:
         "worker_hijack_root_logger": False,
         "worker_cancel_long_running_tasks_on_connection_loss": False,
         "imports": ("worker.tasks", "worker.bench_tasks", "worker.agent_eval_tasks", "worker.batch_tasks",
-                    "worker.signals"),
+                    "worker.webhook_tasks", "worker.signals"),
     }
 
 
@@ -61,9 +62,11 @@ app = create_celery_app()
 def _consume_own_queue(sender: str, instance, **_: object) -> None:
     """Each worker also consumes a queue of its own, so the web can route a job to the worker
     that holds its prompt's prefix (core/routing.py), and its model's queues
-    (``generation.<model id>``, ``agent.<model id>``: core/models.py), whatever ``-Q`` says."""
+    (``generation.<model id>``, ``agent.<model id>``: core/models.py), and the ``webhooks``
+    queue (core/webhooks.py), whatever ``-Q`` says."""
     queues = instance.app.amqp.queues
     queues.select_add(keys.worker_queue(sender))
+    queues.select_add(WEBHOOK_QUEUE)
     for queue in model_queues_of(get_settings()):
         queues.select_add(queue)
 

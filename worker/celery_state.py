@@ -11,6 +11,8 @@ job state             Celery state of the task (the task id is the job id)
 ``failed``            FAILURE, exception ``JobError(code)``
 ``timeout``           FAILURE, exception ``JobTimedOut(code)`` (its own type)
 ``cancelled``         REVOKED (reason ``cancelled``), and a ``task-revoked`` event
+``expired``           left as it is: the job never ran (its deadline passed while queued);
+                      the delivery is acknowledged and ignored
 still running         left as it is (a stale or duplicate delivery of a job that another
                       attempt runs): the delivery is acknowledged and ignored
 ====================  =============================================================

@@ -22,8 +22,10 @@ from core.logs import log_event
 from engine.paged.pool import KVPoolExhausted
 from worker.choice_stream import ChoiceStreams
 from worker.runtime import ModelUnavailable, WorkerRuntime
+from worker.webhook_tasks import kick
 
 logger = logging.getLogger("miniserve.worker")
+EXPIRED_CODE = -2  # start_attempt's answer for a job whose deadline passed: ended ``expired``, unrun
 
 
 class BadJobRequest(ValueError):
@@ -55,6 +57,10 @@ class JobContext:
     cancel: threading.Event = field(default_factory=threading.Event)  # set by the worker's CancelWatch
     _paused_at: float | None = None    # the clock is paused while waiting for the engine loop
     _choices: ChoiceStreams | None = None  # per-choice chunks (worker.choice_stream), built on first use
+    # The job's own deadline (its ``deadline``/``timeout_s``, on this process's monotonic clock):
+    # unlike the per-attempt limit above, it does not pause while the request waits for the loop.
+    job_deadline: float | None = None
+    clock: Callable[[], float] = time.monotonic  # the time limits' clock, the engine loop's (a test steps both)
 
     @property
     def job_id(self) -> str:
@@ -109,24 +115,29 @@ class JobContext:
     def pause_clock(self) -> None:
         """Stop counting the time limit (a request now waits for the engine loop)."""
         if self._paused_at is None:
-            self._paused_at = time.monotonic()
+            self._paused_at = self.clock()
 
     def resume_clock(self, at: float | None = None) -> None:
         """Count again from ``at`` (when the loop started the request): the wait is not charged."""
         if self._paused_at is not None:
-            self.deadline += max(0.0, (time.monotonic() if at is None else at) - self._paused_at)
+            self.deadline += max(0.0, (self.clock() if at is None else at) - self._paused_at)
             self._paused_at = None
 
     def time_left(self) -> float:
-        now = self._paused_at if self._paused_at is not None else time.monotonic()
-        return max(0.0, self.deadline - now)
+        now = self._paused_at if self._paused_at is not None else self.clock()
+        left = self.deadline - now
+        if self.job_deadline is not None:
+            left = min(left, self.job_deadline - self.clock())
+        return max(0.0, left)
 
     def should_cancel(self) -> bool:
         """Read between tokens, without Redis: the cancel event (worker/cancel_watch.py), the
-        time limit, a superseded attempt."""
+        time limit and the job's deadline, a superseded attempt."""
         if self.stopped_reason:
             return True
-        if self._paused_at is None and time.monotonic() >= self.deadline:
+        now = self.clock()
+        if (self._paused_at is None and now >= self.deadline) or \
+                (self.job_deadline is not None and now >= self.job_deadline):
             self.stopped_reason = "timeout"
         elif self.cancel.is_set():
             self.stopped_reason = "cancelled"
@@ -176,7 +187,10 @@ def run_job(rt: WorkerRuntime, job_id: str, dispatch: int, body: JobBody) -> End
     """Run one attempt; returns how it ended, or None when skipped (or another ending won)."""
     started = rt.store.start_attempt(job_id, rt.name, rt.settings.lease_s, dispatch)
     if not started.should_run:
-        log_event(logger, "job_skipped", job_id=job_id, dispatch=dispatch, code=started.attempt)
+        log_event(logger, "job_expired" if started.attempt == EXPIRED_CODE else "job_skipped",
+                  job_id=job_id, dispatch=dispatch, code=started.attempt)
+        if started.attempt in (EXPIRED_CODE, -1):  # this start ended the job: its webhook is due
+            kick(rt, job_id)
         return None
     record = started.record or rt.store.get(job_id)  # the script hands the stored request over
     log_event(logger, "job_started", job_id=job_id, job_type=record.type, attempt=started.attempt,
@@ -186,7 +200,8 @@ def run_job(rt: WorkerRuntime, job_id: str, dispatch: int, body: JobBody) -> End
             LeaseKeeper(rt.store, job_id, rt.settings.lease_s):
         ctx = JobContext(rt.store, record, started.attempt,
                          deadline=time.monotonic() + rt.settings.soft_time_limit_s,
-                         text=TextCoalescer(rt.settings.token_event_interval_ms / 1000), cancel=cancel)
+                         text=TextCoalescer(rt.settings.token_event_interval_ms / 1000), cancel=cancel,
+                         job_deadline=monotonic_deadline(record.deadline))
         state, payload = _outcome(ctx, body)
         _flush_text(ctx)
     written = rt.store.finish(job_id, state, payload, attempt=started.attempt,
@@ -195,7 +210,14 @@ def run_job(rt: WorkerRuntime, job_id: str, dispatch: int, body: JobBody) -> End
               attempt=started.attempt, latency_ms=round((time.perf_counter() - began) * 1000, 1),
               completion_tokens=payload.get("usage", {}).get("completion_tokens"),
               recorded=bool(written))
+    if written and record.webhook_url:
+        kick(rt, job_id)
     return Ended(state, payload) if written else None
+
+
+def monotonic_deadline(deadline: float | None) -> float | None:
+    """A job's wall-clock deadline on this process's monotonic clock (what the poll reads)."""
+    return None if deadline is None else time.monotonic() + (deadline - time.time())
 
 
 def _flush_text(ctx: JobContext) -> None:
@@ -233,5 +255,7 @@ def _outcome(ctx: JobContext, body: JobBody) -> tuple[str, dict[str, Any]]:
 
 def _stopped(ctx: JobContext, partial: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
     if ctx.stopped_reason == "timeout":
-        return TIMEOUT, {"code": "timeout", "message": "the job exceeded its time limit", "partial": partial}
+        reached = ctx.job_deadline is not None and ctx.clock() >= ctx.job_deadline
+        message = "the job reached its deadline" if reached else "the job exceeded its time limit"
+        return TIMEOUT, {"code": "timeout", "message": message, "partial": partial}
     return CANCELLED, {"code": "cancelled", "message": "cancelled by request", "partial": partial}

@@ -35,6 +35,7 @@ def forwarded(rt: WorkerRuntime, celery_app, job_id: str, dispatch: int, task: s
         return False
     queue = keys.model_queue(base, wanted)
     celery_app.send_task(task, args=[job_id, dispatch], kwargs={"model": wanted}, task_id=job_id, queue=queue)
+    rt.store.mark_dispatched(job_id, queue)  # its place in line is now in that queue
     log_event(logger, "job_forwarded", job_id=job_id, dispatch=dispatch, model=wanted, served=rt.model_id,
               queue=queue)
     return True

@@ -31,6 +31,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from celery import Celery
 
@@ -39,6 +40,7 @@ from core.deliveries import stranded_jobs
 from core.jobs import JobNotFound, JobStore
 from core.logs import log_event
 from core.routing import rescue_orphans
+from core.webhooks import WebhookStore, task_sender
 
 logger = logging.getLogger("miniserve.reaper")
 SLOW_CALL_S = 1.0  # a ping slower than this rode out a reconnect: the contact clock restarts
@@ -54,6 +56,8 @@ class Reaper:
     interval_s: float
     max_redispatches: int = 3
     grace_s: float | None = None  # default: one lease
+    webhooks: WebhookStore | None = None  # drains the webhook outbox each tick (core/webhooks.py)
+    clock: Callable[[], float] = time.monotonic  # the contact clock (a test steps its own)
     _contact_since: float | None = field(default=None, init=False)
     _last_ok: float | None = field(default=None, init=False)
 
@@ -62,8 +66,14 @@ class Reaper:
         return self.lease_s if self.grace_s is None else self.grace_s
 
     def tick(self) -> dict[str, list[str]]:
-        """One pass: check contact, then (past the grace period) reap and sweep."""
-        if not self._in_touch():
+        """One pass: check contact; end queued jobs past their deadline and send due webhooks
+        (both safe at any time: each is one atomic step); then, past the grace period, reap
+        and sweep."""
+        in_touch = self._in_touch()
+        expire_overdue(self.store)
+        if self.webhooks is not None:
+            self.webhooks.dispatch(task_sender(self.celery_app))
+        if not in_touch:
             return {"requeued": [], "redispatched": []}
         done = {"requeued": reap_once(self.store, self.celery_app),
                 "redispatched": sweep_once(self.store, self.celery_app, self.lease_s, self.max_redispatches)}
@@ -77,9 +87,9 @@ class Reaper:
         self._contact_since = None
 
     def _in_touch(self) -> bool:
-        started = time.monotonic()
+        started = self.clock()
         self.store.ping()
-        now = time.monotonic()
+        now = self.clock()
         gap = self._last_ok is not None and now - self._last_ok > 2 * self.interval_s + SLOW_CALL_S
         if self._contact_since is None or now - started > SLOW_CALL_S or gap:
             if self._contact_since is not None or self._last_ok is not None:
@@ -88,6 +98,15 @@ class Reaper:
             self._contact_since = now
         self._last_ok = now
         return now - self._contact_since >= self.grace
+
+
+def expire_overdue(store: JobStore) -> list[str]:
+    """The deadline sweep: queued jobs past their deadline end ``expired``, unrun, even when no
+    worker takes their message (a worker that does take it later skips it)."""
+    expired = store.expire_overdue()
+    for job_id in expired:
+        log_event(logger, "job_expired", job_id=job_id, reason="deadline_passed_while_queued")
+    return expired
 
 
 def reap_once(store: JobStore, celery_app: Celery) -> list[str]:
@@ -133,14 +152,14 @@ def sweep_once(store: JobStore, celery_app: Celery, older_than_s: float, max_red
 
 def _send(store: JobStore, celery_app: Celery, job_type: str, queue: str, job_id: str, dispatch: int) -> None:
     celery_app.send_task(names.TASK_FOR_JOB_TYPE[job_type], args=[job_id, dispatch], task_id=job_id, queue=queue)
-    store.mark_dispatched(job_id)
+    store.mark_dispatched(job_id, queue)
 
 
 def start_reaper(store: JobStore, celery_app: Celery, interval_s: float, lease_s: float,
-                 max_redispatches: int = 3) -> threading.Event:
+                 max_redispatches: int = 3, webhooks: WebhookStore | None = None) -> threading.Event:
     """Run :meth:`Reaper.tick` every ``interval_s`` in a daemon thread; set the event to stop."""
     stop = threading.Event()
-    reaper = Reaper(store, celery_app, lease_s, interval_s, max_redispatches)
+    reaper = Reaper(store, celery_app, lease_s, interval_s, max_redispatches, webhooks=webhooks)
 
     def loop() -> None:
         while not stop.wait(interval_s):

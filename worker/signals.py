@@ -49,12 +49,15 @@ def _child_started(**_: object) -> None:
 @worker_ready.connect
 def _main_ready(sender=None, **_: object) -> None:
     from worker.app import app
+    from core.webhooks import webhook_store
     from worker.reaper import start_reaper
 
     settings = get_settings()
     configure_logging(settings.log_level, settings.json_logs)
-    start_reaper(rt_module.make_store(settings), app, interval_s=max(1.0, settings.lease_s / 4),
-                 lease_s=settings.lease_s, max_redispatches=settings.max_attempts)
+    store = rt_module.make_store(settings)
+    start_reaper(store, app, interval_s=max(1.0, settings.lease_s / 4),
+                 lease_s=settings.lease_s, max_redispatches=settings.max_attempts,
+                 webhooks=webhook_store(store.client, settings))
     pool = rt_module._pool_info[0]
     if pool != "prefork":  # jobs run in this very process: heartbeat and warm the model here
         rt = rt_module.runtime()

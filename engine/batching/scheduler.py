@@ -10,10 +10,11 @@ Each :meth:`Scheduler.step`
    chunk only, and never the blocks the decoding sequences may still need up to their max
    tokens: a prompt that finds none waits for them (a long prompt never evicts a stream);
 4. admits waiting sequences by priority class, first-come first-served within a class, while the batch has room
-   (``max_batch``), the step's token budget lasts (``max_batched_tokens``: the most prompt
-   tokens one step spends, so every running sequence gets its token each step, whatever
-   arrives) and the pool has blocks for the prompt's cached prefix and first chunk (plus one
-   spare block per running sequence);
+   (``max_batch``), the step's token budget lasts (``max_batched_tokens``; while sequences
+   decode, prompts add at most ``prefill_while_decoding`` tokens to the step, since every
+   stream waits for the whole step: a long prompt beside streams goes slowly, then at full
+   budget once nobody streams) and the pool has blocks for the prompt's cached prefix and
+   first chunk (plus one spare block per running sequence);
 5. runs ONE forward over all scheduled tokens (decodes, chunks and fresh prompts packed
    together), samples a token for each sequence that reached its end, and feeds it to the
    sequence's run (streaming text, stop strings, max tokens, cancellation).
@@ -58,12 +59,14 @@ class StepStats:
 
 class Scheduler:
     def __init__(self, model: PagedQwen2, pool: KVBlockPool, blocks: BlockManager, *,
-                 max_batch: int, max_batched_tokens: int):
+                 max_batch: int, max_batched_tokens: int, prefill_while_decoding: int | None = None):
         if max_batch <= 0 or max_batched_tokens <= 0:
             raise ValueError("max_batch and max_batched_tokens must be positive")
         self.model, self.pool, self.blocks = model, pool, blocks
         self.max_batch = max_batch
         self.max_batched_tokens = max_batched_tokens
+        # prompt tokens a step adds beside decoding sequences (None: the whole budget)
+        self.prefill_while_decoding = prefill_while_decoding or max_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.stats = StepStats()
@@ -191,6 +194,8 @@ class Scheduler:
             budget -= reserve_drafts([seq for seq, _ in plan], self.blocks, budget, spare=len(self.running))
             plan = [(seq, 1 + len(seq.drafts)) for seq, _ in plan]
         spare = sum(self._still_needs(seq) for seq, _ in plan)  # prompts never take a stream's blocks
+        if plan:  # streams wait for this step: prompts add only a little to it
+            budget = min(budget, self.prefill_while_decoding)
         for seq in self.running:                            # 2. prompts mid-prefill
             if budget == 0:
                 break

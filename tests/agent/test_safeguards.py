@@ -1,6 +1,6 @@
 import pytest
 
-from agent.parsing import ToolCall
+from core.tool_calls import ToolCall
 from agent.safeguards import (FORCED, PROMPT_EXPRESSION, REROUTE, analyze_prompt, find_expressions,
                               forced_call, guard_call)
 

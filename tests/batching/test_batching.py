@@ -56,7 +56,9 @@ def test_mixed_batch_equals_solo_runs(paged_engine):
         col = Collector(cancel_after)
         solo.append((paged_engine.generate(request(text, **sampling), col.on_text,
                                            col.should_cancel), col))
-    service = PagedService(_forward(paged_engine), paged_engine.settings)
+    # every prompt admitted in the first step, whole (no throttle beside the decodes): one batch of all six
+    service = PagedService(_forward(paged_engine), paged_engine.settings.model_copy(
+        update={"prefill_tokens_while_decoding": paged_engine.settings.max_batched_tokens}))
     loop = EngineLoop(paged_engine, service)
     gate = threading.Event()
     loop.post(gate.wait)                         # hold the loop: every request joins step 1

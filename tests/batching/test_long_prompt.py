@@ -105,3 +105,30 @@ def test_streams_that_arrive_while_a_long_prompt_prefills_are_never_preempted_fo
     assert all(seq.run.produced == 40 for seq in short) and hog.run.produced == 4
     assert hog.run.token_ids == _solo(paged_engine, long_ids, 4).token_ids
     assert service.blocks.stats().blocks_used == 0
+
+
+def test_beside_streams_a_step_adds_at_most_the_while_decoding_budget_of_prompt(paged_engine):
+    """Every stream waits for the whole step, so while sequences decode a step carries at most
+    MINISERVE_PREFILL_TOKENS_WHILE_DECODING prompt tokens; alone, a prompt takes the full budget."""
+    service = PagedService(_forward(paged_engine), load_settings(
+        kv_block_size=BLOCK, kv_num_blocks=BLOCKS, max_batch=8, max_batched_tokens=BUDGET,
+        prefill_tokens_while_decoding=2), prefix_sharing=False)
+    steps: list[tuple[int, int]] = []   # (decode tokens, prompt tokens) of each forward
+    forward = service.scheduler._forward
+
+    def recording(plan):
+        decodes = sum(1 for seq, _ in plan if seq.is_decoding)
+        steps.append((decodes, sum(count for _, count in plan) - decodes))
+        return forward(plan)
+
+    service.scheduler._forward = recording
+    log: list[str] = []
+    short = [_add(paged_engine, service, [7 + i, 9, 11, 13], 10, log, f"s{i}") for i in range(2)]
+    service.step()                                                    # both prompts, then they stream
+    hog = _add(paged_engine, service, [(7 * i) % 200 + 3 for i in range(60)], 2, log, "hog")
+    while service.scheduler.has_work:
+        service.step()
+    beside = [prompt for decodes, prompt in steps if decodes]
+    assert beside and max(beside) <= 2                                # beside streams: 2 prompt tokens a step
+    assert max(prompt for decodes, prompt in steps if not decodes) == BUDGET  # alone: the whole budget
+    assert hog.run.produced == 2 and all(seq.run.produced == 10 for seq in short)

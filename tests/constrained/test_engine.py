@@ -7,7 +7,7 @@ import jsonschema
 import pytest
 import torch
 
-from agent.parsing import parse_tool_calls
+from core.tool_calls import parse_tool_calls
 from core import grammar
 from core.grammar import ToolSpec
 from engine.constrained import GrammarError, compiler_for, token_constraint

@@ -6,7 +6,7 @@ import json
 import jsonschema
 import pytest
 
-from agent.parsing import parse_tool_calls
+from core.tool_calls import parse_tool_calls
 from core import grammar
 from core.grammar import ToolSpec
 from engine.types import GenerationRequest, SamplingParams

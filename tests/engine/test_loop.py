@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -10,8 +9,9 @@ from core.settings import load_settings
 from engine.batching.scheduler import Scheduler
 from engine.batching.sequence import FINISHED, Sequence
 from engine.engine import Engine
-from engine.loop import EngineLoop
+from engine.loop import EngineLoop, RequestHandle
 from engine.types import GenerationRequest, SamplingParams
+from tests.accepted_tokens import record_accepted
 
 USER = [{"role": "user", "content": "你好 world, compute 12 * 3 please"}]
 
@@ -146,38 +146,62 @@ def test_a_stalled_consumer_does_not_stop_other_sequences(engine):
     assert "".join(stalled_pieces) == stalled.result().text
 
 
-def test_non_batched_jobs_interleave_with_a_batched_job(engine):
-    loop = engine.loop
-    stamps: list[float] = []
-    long_job = loop.submit(_req(text="a long batched answer", max_new_tokens=60))
-    consumer = threading.Thread(
-        target=lambda: long_job.stream(on_text=lambda p: stamps.append(time.monotonic())))
-    consumer.start()
-    while not stamps:
-        time.sleep(0.001)
-    solos = [loop.submit(_req(method)) for method in ("custom_cache", "official", "no_cache")]
-    for handle in solos:
-        assert handle.result(timeout=30).finish_reason in ("length", "stop")
-    done_at = time.monotonic()
-    consumer.join(30)
-    result = long_job.result()
-    assert result.finish_reason in ("length", "stop")
-    if result.finish_reason == "length":          # it was still running when the solos ended
-        assert any(t > done_at for t in stamps)
-    assert min(h.started_at for h in solos) < max(stamps)
-
-
-def test_the_deadline_counts_from_when_the_loop_starts_the_request(engine):
+def test_non_batched_jobs_interleave_with_a_batched_job(engine, monkeypatch):
+    """Read off the loop thread (tests/accepted_tokens.py): the batched job goes on streaming
+    while the solo jobs run, token by token, whatever the machine's speed."""
+    accepted = record_accepted(monkeypatch)
     loop = engine.loop
     gate = threading.Event()
-    loop.post(gate.wait)                                    # the loop is busy for 0.6 s
+    loop.post(gate.wait)                                    # all of it queued before the loop turns
+    long_job = loop.submit(_req(text="a long batched answer", max_new_tokens=60, ignore_eos=True))
+    solos = [loop.submit(_req(method, ignore_eos=True)) for method in ("custom_cache", "official", "no_cache")]
+    gate.set()
+    for handle in solos:
+        assert handle.result(timeout=30).finish_reason == "length"
+    assert long_job.result(timeout=30).usage.completion_tokens == 60
+    methods = [a.method for a in accepted]
+    solo_at = [i for i, m in enumerate(methods) if m != "paged"]
+    paged_at = [i for i, m in enumerate(methods) if m == "paged"]
+    assert len(paged_at) == 60 and len(solo_at) == 3 * 12
+    assert any(solo_at[0] < i < solo_at[-1] for i in paged_at)  # streamed while the solos ran
+
+
+class SteppedClock:
+    """The loop's deadline clock, moved only by the test."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_deadline_counts_from_when_the_loop_starts_the_request(engine, monkeypatch):
+    clock = SteppedClock()
+    monkeypatch.setattr(RequestHandle, "clock", staticmethod(clock))
+    loop = engine.loop
+    gate = threading.Event()
+    loop.post(gate.wait)                                    # the loop is busy until released
     handle = loop.submit(_req("custom_cache", max_new_tokens=6), timeout_s=0.5)
     assert handle.waiting
-    time.sleep(0.6)
+    clock.now += 10.0                                       # far past the deadline, while queued
     assert handle.waiting                                   # still queued: no clock yet
     gate.set()
     result = handle.result(timeout=30)
     assert not handle.timed_out and result.finish_reason in ("length", "stop")
+
+    def ticking(_engine, _prompt, run, _request, _penalty) -> int:
+        while True:                                         # the deadline passes after 3 tokens
+            if run.produced == 3:
+                clock.now += 1.0
+            if run.accept(10):
+                return 0
+
+    engine.register_method("ticking", ticking)
+    stopped = loop.submit(_req("ticking", max_new_tokens=100), timeout_s=0.5)
+    result = stopped.result(timeout=30)
+    assert stopped.timed_out and result.finish_reason == "cancelled"
+    assert 3 <= result.usage.completion_tokens <= 4         # stopped at its next token
     late = loop.submit(_req("custom_cache", max_new_tokens=6), timeout_s=0.0)
     assert late.result(timeout=30).finish_reason == "cancelled" and late.timed_out
 
@@ -222,17 +246,27 @@ def _probe_method(events: list[str], fail_after: int | None = None):
     return runner
 
 
-def test_closing_the_loop_unwinds_running_solo_tasks(engine):
+def test_closing_the_loop_unwinds_running_solo_tasks(engine, monkeypatch):
     from engine.loop import LoopClosedError
+    from engine.run import GenerationRun
 
     events: list[str] = []
     engine.register_method("probe", _probe_method(events))
     loop = engine.loop
+    running: set[int] = set()
+    all_running = threading.Event()
+    accept = GenerationRun.accept
+
+    def noting(run: GenerationRun, token_id: int) -> bool:
+        running.add(id(run))                         # on the loop thread: this task has begun
+        if len(running) == 3:
+            all_running.set()
+        return accept(run, token_id)
+
+    monkeypatch.setattr(GenerationRun, "accept", noting)
     handles = [loop.submit(_req("probe", max_new_tokens=10**6)) for _ in range(2)]
     handles.append(loop.submit(_req("official", max_new_tokens=10**4)))
-    deadline = time.monotonic() + 30
-    while loop.stats()["loop"].get("solo_running", 0) < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert all_running.wait(30)                      # all three mid-run (a safety net, not a measure)
     loop.close()
     assert events == ["unwound", "unwound"]          # their finally blocks ran, on the loop thread
     for handle in handles:

@@ -20,6 +20,7 @@ import pytest
 from core.grammar import regex
 from core.settings import load_settings
 from engine.engine import Engine
+from engine.run import GenerationRun
 from engine.types import GenerationRequest, SamplingParams
 from tests.accepted_tokens import record_accepted
 
@@ -88,3 +89,39 @@ def test_seeded_official_gives_the_same_tokens_interleaved_as_alone(engine):
     assert interleaved.result(timeout=60).token_ids == alone
     for handle in (*others, unseeded, paged):
         assert handle.result(timeout=60).usage.completion_tokens > 0
+
+
+def test_a_long_solo_prompt_is_prefilled_a_budget_at_a_time_between_the_paged_tokens(tiny_model_dir, monkeypatch):
+    """custom_cache and prefix_cache prefill a long prompt in chunks of the step budget and
+    hand the loop back between them: between two tokens of a running paged sequence, the
+    loop spends at most MINISERVE_MAX_BATCHED_TOKENS prompt tokens on them."""
+    from engine.forward import Qwen2Forward
+
+    budget = 16
+    eng = Engine(load_settings(model=str(tiny_model_dir), dtype="float32", device="cpu", quant="none",
+                               max_batched_tokens=budget))
+    try:
+        for method in ("paged", "custom_cache", "prefix_cache"):
+            eng.generate(_req(method, 2, ASCII_WORDS if method == "paged" else None))
+        order: list[tuple[str, int]] = []
+        accept, call = GenerationRun.accept, Qwen2Forward.__call__
+        monkeypatch.setattr(GenerationRun, "accept", lambda run, token: order.append((run.method, 1)) or accept(run, token))
+        monkeypatch.setattr(Qwen2Forward, "__call__", lambda fwd, ids, cache, *a, **k:
+                            order.append(("solo_forward", int(ids.numel()))) or call(fwd, ids, cache, *a, **k))
+        long_prompt = GenerationRequest(messages=[{"role": "user", "content": "word " * 150}], method="custom_cache",
+                                        sampling=SamplingParams(max_new_tokens=3))
+        paged = eng.loop.submit(_req("paged", 120, ASCII_WORDS))
+        solo = [eng.loop.submit(long_prompt), eng.loop.submit(GenerationRequest(
+            messages=[{"role": "user", "content": "word " * 150}], prefix="system " * 40, method="prefix_cache",
+            sampling=SamplingParams(max_new_tokens=3)))]
+        assert paged.result(timeout=60).usage.completion_tokens == 120
+        for handle in solo:
+            assert handle.result(timeout=60).usage.prompt_tokens > 150
+    finally:
+        eng.close()
+    paged_at = [i for i, (what, _) in enumerate(order) if what == "paged"]
+    prompt_chunks = [n for what, n in order if what == "solo_forward" and n > 1]
+    assert len(prompt_chunks) >= 2 * 10 and max(prompt_chunks) <= budget     # both prompts went in chunks
+    for start, end in zip(paged_at, paged_at[1:]):
+        spent = sum(n for what, n in order[start:end] if what == "solo_forward")
+        assert spent <= budget + 2, f"{spent} solo tokens between two paged tokens"  # the budget + 2 decode tokens

@@ -59,7 +59,22 @@ def test_earliest_of_several_stops_wins(tokenizer):
     for i in tokenizer.encode(text, add_special_tokens=False):
         if stream.push(i)[1]:
             break
-    assert stream.text == "The quick "
+    assert stream.text == "The quick " and stream.stop_string == "brown"
+
+
+def test_the_stop_string_that_hit_is_named(tokenizer):
+    text = "one two three four"
+    stream = TextStream(tokenizer, ["four", "two", "tw"])
+    for i in tokenizer.encode(text, add_special_tokens=False):
+        if stream.push(i)[1]:
+            break
+    assert stream.text == "one " and stream.stop_string in ("two", "tw")
+    assert StopMatcher(["four", "two", "tw"]).which(text, 4) == "two"   # several start there: the first listed
+    plain = TextStream(tokenizer, ["never"])
+    for i in tokenizer.encode(text, add_special_tokens=False):
+        plain.push(i)
+    plain.finish()
+    assert plain.stop_string is None
 
 
 def test_stop_matcher_holds_back_only_possible_prefixes():

@@ -16,14 +16,16 @@ class SseEvent:
     data: dict[str, Any]
 
 
-def iter_sse(response: requests.Response) -> Iterator[SseEvent]:
-    """Parse a ``text/event-stream`` response into events (comments and retry lines skipped)."""
+def iter_sse(response: requests.Response, place_frames: bool = False) -> Iterator[SseEvent]:
+    """Parse a ``text/event-stream`` response into events (comments and retry lines skipped;
+    a queued job's place-in-line frames, ``queued`` without an ``id:``, only with
+    ``place_frames``: they are not stored events)."""
     event_id, event_type, data_lines = None, "message", []
     for raw in response.iter_lines(decode_unicode=True):
         if raw is None:
             continue
         if raw == "":
-            if data_lines:
+            if data_lines and (place_frames or event_id is not None or event_type != "queued"):
                 yield SseEvent(event_id, event_type, json.loads("\n".join(data_lines)))
             event_id, event_type, data_lines = None, "message", []
         elif raw.startswith(":") or raw.startswith("retry:"):

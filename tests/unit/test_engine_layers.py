@@ -2,16 +2,18 @@
 functions (an import that runs late still ties the two modules together).
 
 Why a test: a cycle lets a change anywhere reach anywhere, and nothing stops one from
-growing back. The walk reads the source (no imports run): every ``import`` and ``from``
-anywhere in a module, relative imports resolved, ``from package import name`` counted as an
-import of ``package.name`` when that is a module (and of ``package`` itself, whose
-``__init__`` runs).
+growing back. The walk (tests/import_graph.py) reads the source (no imports run): every ``import`` and
+``from`` anywhere in a module, relative imports resolved, ``from package import name``
+counted as an import of ``package.name`` when that is a module (and of ``package`` itself,
+whose ``__init__`` runs).
 """
 from __future__ import annotations
 
 import ast
-from collections import defaultdict
 from pathlib import Path
+
+from tests.import_graph import import_graph as graph_of
+from tests.import_graph import imported, modules, strongly_connected
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "engine"
@@ -79,84 +81,9 @@ LAYER_OF = {
 }
 
 
-def modules() -> dict[str, Path]:
-    found = {}
-    for path in sorted((ROOT / PACKAGE).rglob("*.py")):
-        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
-        found[name.removesuffix(".__init__")] = path
-    return found
-
-
-def _imported(node: ast.AST, module: str, is_package: bool) -> list[str]:
-    """Dotted names an import node may load (resolved against ``module``)."""
-    if isinstance(node, ast.Import):
-        return [alias.name for alias in node.names]
-    if not isinstance(node, ast.ImportFrom):
-        return []
-    base = node.module or ""
-    if node.level:
-        parts = module.split(".") if is_package else module.split(".")[:-1]
-        parts = parts[: len(parts) - node.level + 1]
-        base = ".".join(parts + ([base] if base else []))
-    return [base] + [f"{base}.{alias.name}" for alias in node.names]
-
-
 def import_graph() -> dict[str, set[str]]:
     """module -> the engine modules it imports, anywhere in its body."""
-    known = modules()
-    graph: dict[str, set[str]] = defaultdict(set)
-    for module, path in known.items():
-        tree = ast.parse(path.read_text(), filename=str(path))
-        for node in ast.walk(tree):
-            for name in _imported(node, module, path.name == "__init__.py"):
-                while name and name not in known:          # a name inside a module: the module
-                    name = name.rpartition(".")[0]
-                if name and name != module:
-                    graph[module].add(name)
-        graph.setdefault(module, set())
-    return graph
-
-
-def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Tarjan's components with more than one module (iterative: no recursion limit)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-    for root in sorted(graph):
-        if root in index:
-            continue
-        work = [(root, iter(sorted(graph[root])))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is not None:
-                if child not in index:
-                    index[child] = low[child] = len(index)
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(graph[child]))))
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                component = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.append(member)
-                    if member == node:
-                        break
-                if len(component) > 1:
-                    found.append(sorted(component))
-    return found
+    return graph_of(modules(ROOT, (PACKAGE,)))
 
 
 def layer(module: str) -> int:
@@ -176,7 +103,7 @@ def test_the_walk_finds_a_cycle_and_resolves_relative_imports():
     assert strongly_connected(graph) == [["a", "b", "c"]]
     assert strongly_connected({"a": {"b"}, "b": set()}) == []
     tree = ast.parse("def f():\n    from ..kv_cache import NoCache\n    from . import pool\n")
-    names = [n for node in ast.walk(tree) for n in _imported(node, "engine.paged.forward", False)]
+    names = [n for node in ast.walk(tree) for n in imported(node, "engine.paged.forward", False)]
     assert "engine.kv_cache.NoCache" in names and "engine.paged.pool" in names
 
 

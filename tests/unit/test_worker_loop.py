@@ -13,6 +13,7 @@ from core.events import TOKEN, WAITING
 from core.jobs import JobStore
 from core.settings import load_settings
 from core.workers import list_workers
+from engine.loop import RequestHandle
 from engine.types import GenerationRequest, SamplingParams
 from tests.tiny_model import tiny_model_dir  # noqa: F401  (fixture)
 from worker.job_runner import JobContext
@@ -34,10 +35,20 @@ def store():
     return JobStore(fakeredis.FakeRedis(decode_responses=True), ttl_s=60)
 
 
-def _context(store, limit_s):
+def _context(store, limit_s, clock=time.monotonic):
     job = store.create("generate", "generation", {})
     started = store.start_attempt(job.id, "w1", lease_s=30)
-    return JobContext(store, store.get(job.id), started.attempt, deadline=time.monotonic() + limit_s)
+    return JobContext(store, store.get(job.id), started.attempt, deadline=clock() + limit_s, clock=clock)
+
+
+class SteppedClock:
+    """The job's and the engine loop's clock, moved only by the test."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def _req(method="custom_cache", tokens=6):
@@ -49,12 +60,22 @@ def _events(store, job_id):
     return [(e.type, e.data) for e in store.events(job_id)]
 
 
-def test_waiting_for_the_loop_does_not_start_the_time_limit(engine, store):
+def test_waiting_for_the_loop_does_not_start_the_time_limit(engine, store, monkeypatch):
     engine.generate(_req())                           # warm: model loaded, forward built
-    ctx = _context(store, limit_s=2.0)
+    clock = SteppedClock()
+    monkeypatch.setattr(RequestHandle, "clock", staticmethod(clock))
+    ctx = _context(store, limit_s=2.0, clock=clock)
     gate = threading.Event()
-    engine.loop.post(gate.wait)                       # another request holds the loop for 2.5 s
-    threading.Timer(2.5, gate.set).start()
+    engine.loop.post(gate.wait)                       # another request holds the loop
+    emit = ctx.emit
+
+    def emit_then_release(kind, data):
+        emit(kind, data)
+        if kind == WAITING and data["waiting"]:       # told the client it waits: 100 s pass, then the loop frees
+            clock.now += 100.0
+            gate.set()
+
+    monkeypatch.setattr(ctx, "emit", emit_then_release)
     generator = WorkerGenerator(SimpleNamespace(engine=engine), ctx)
     result = generator.generate(_req(), on_text=ctx.on_text, should_cancel=ctx.should_cancel)
     ctx.flush_text()                                  # as run_job does before the terminal event
@@ -63,7 +84,7 @@ def test_waiting_for_the_loop_does_not_start_the_time_limit(engine, store):
     waits = [data["waiting"] for kind, data in events if kind == WAITING]
     assert waits == [True, False]
     assert "".join(data["text"] for kind, data in events if kind == TOKEN) == result.text
-    assert ctx.time_left() > 0.1                       # the 2.5 s wait was not charged
+    assert ctx.time_left() == pytest.approx(2.0)      # the 100 s wait was not charged
 
 
 def test_the_time_limit_still_ends_a_running_request(engine, store):

@@ -90,8 +90,9 @@ def client(make_app):
     return make_app().test_client()
 
 
-def parse_sse(text: str) -> list[dict[str, Any]]:
-    """SSE frames as dicts: {"id", "event", "data"} (comments and retry lines dropped)."""
+def parse_sse(text: str, place_frames: bool = False) -> list[dict[str, Any]]:
+    """SSE frames as dicts: {"id", "event", "data"} (comments and retry lines dropped; a queued
+    job's place-in-line frames, ``queued`` without an ``id``, only with ``place_frames``)."""
     frames = []
     for block in text.split("\n\n"):
         frame: dict[str, Any] = {}
@@ -100,7 +101,7 @@ def parse_sse(text: str) -> list[dict[str, Any]]:
                 continue
             name, _, value = line.partition(":")
             frame[name] = value[1:] if value.startswith(" ") else value
-        if "data" in frame:
+        if "data" in frame and (place_frames or "id" in frame or frame.get("event") != "queued"):
             frame["data"] = json.loads(frame["data"])
             frames.append(frame)
     return frames

@@ -43,7 +43,9 @@ def test_jobs_are_visible_and_cancellable_only_by_their_key(make_app, store):
 def test_openapi_document_declares_bearer_security_when_keys_are_set(make_app):
     spec = make_app(api_keys=[KEY_A]).test_client().get("/openapi.json").get_json()
     assert spec["components"]["securitySchemes"]["bearer"] == {"type": "http", "scheme": "bearer"}
-    assert spec["security"] == [{"bearer": []}]
+    assert spec["components"]["securitySchemes"]["x_api_key"] == {"type": "apiKey", "in": "header",
+                                                                  "name": "x-api-key"}
+    assert spec["security"] == [{"bearer": []}, {"x_api_key": []}]
     assert spec["paths"]["/healthz"]["get"]["security"] == []
     open_spec = make_app().test_client().get("/openapi.json").get_json()
     assert "security" not in open_spec

@@ -69,16 +69,30 @@ def test_the_document_lists_the_string_fields_of_every_body(client):
     assert len(fields) > 40
 
 
+def _named(path: str, response) -> tuple[int, str, str, str]:
+    """(the status the route's protocol uses, the field named, the message, the code): our
+    own JSON errors, OpenAI's, Ollama's ``{"error": "<field>: ..."}`` and Anthropic's."""
+    body = response.get_json()
+    if path.startswith("/api/"):
+        text = body["error"]
+        return 400, text.split(": ")[0], text, "validation_error"
+    if path.startswith("/v1/messages"):
+        text = body["error"]["message"]
+        return 400, text.split(": ")[0], text, "validation_error"
+    error = body["error"]
+    return 400 if path.startswith("/v1/") else 422, error.get("field", error.get("param")), error["message"], error["code"]
+
+
 def test_a_lone_surrogate_in_every_string_field_is_a_4xx_naming_it(client, celery, store):
     cases = body_fields(client.application)
     for route, path in cases:
         for text in (SURROGATE, f"ok {SURROGATE[0]}", "\udfff and more"):
             response = client.post(route, data=json.dumps(body_at(path, text)), content_type="application/json")
-            error = response.get_json()["error"]
+            status, field, message, code = _named(route, response)
             expected = ".".join(map(str, path))
-            assert response.status_code == (400 if route.startswith("/v1/") else 422), (route, path, error)
-            assert error.get("field", error.get("param")) == expected, (route, path, error)
-            assert error["code"] == "validation_error" and "not valid Unicode" in error["message"]
+            assert response.status_code == status, (route, path, message)
+            assert field == expected, (route, path, message)
+            assert code == "validation_error" and "not valid Unicode" in message
     assert celery.sent == [] and store.client.zcard(keys.JOBS_INDEX) == 0
 
 
@@ -112,9 +126,9 @@ def test_paired_surrogates_are_text(client, celery):
 def test_a_body_that_is_not_an_object_is_422_on_every_route(client, celery, store, body):
     for path in body_routes(client.application):
         response = client.post(path, data=body, content_type="application/json")
-        error = response.get_json()["error"]
-        assert response.status_code == (400 if path.startswith("/v1/") else 422), (path, error)
-        assert error.get("field", error.get("param")) == "body" and "must be a JSON object" in error["message"]
+        status, field, message, _ = _named(path, response)
+        assert response.status_code == status, (path, message)
+        assert field == "body" and "must be a JSON object" in message
     assert celery.sent == [] and store.client.zcard(keys.JOBS_INDEX) == 0
 
 

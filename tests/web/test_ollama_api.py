@@ -230,3 +230,12 @@ def test_the_models_context_check_names_the_ollama_fields(make_app, celery, fim_
     assert long.status_code == 400 and long.get_json()["error"].startswith("prompt: "), long.get_json()
     assert client.post("/api/show", json={"model": "m", "verbose": True}).get_json()["error"].startswith("verbose:")
     assert celery.sent == []
+
+
+def test_ps_names_workers_by_stand_ins_for_keys_that_are_not_admin(make_app, redis_client):
+    write_heartbeat(redis_client, "celery@secret-host", {"model_id": "tiny-chat", "queue": "q2"})
+    client = make_app(api_keys=["user-key"], admin_api_keys=["admin-key"]).test_client()
+    seen = client.get("/api/ps", headers={"Authorization": "Bearer user-key"}).get_json()["models"]
+    assert "secret-host" not in str(seen) and seen[0]["workers"][0].startswith("worker-")
+    admin = client.get("/api/ps", headers={"Authorization": "Bearer admin-key"}).get_json()["models"]
+    assert admin[0]["workers"] == ["celery@secret-host"]

@@ -62,13 +62,16 @@ keyed_schema = schemathesis.openapi.from_wsgi("/openapi.json", _app(api_keys=[AP
 # supported schema, not on agent jobs), for ``/tokenize`` (exactly one of prompt and
 # messages; tools only with messages) and ``/detokenize`` (ids below the model's vocabulary
 # size). Every other check still applies.
+# ``/jobs`` and ``/agent/run``: a ``deadline`` must lie ahead (and not with ``timeout_s``), a
+# ``webhook_url`` must be a public http(s) target with a secret configured for the key.
 # ``/v1/files``: the uploaded file must be UTF-8 text. ``/v1/completions``: best_of only 1 or n,
 # echo not with suffix, prompts x n at most 64, suffix only with FIM tokens (this tokenizer has none).
 # ``/api/chat``, ``/api/generate``: options in the /v1 ranges, format a valid schema and not with
 # tools, system/format not with raw or suffix, suffix only with FIM tokens.
 CROSS_FIELD_RULES = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/api/chat", "/api/generate",
+                     "/v1/messages", "/v1/messages/count_tokens",
                      "/jobs", "/generate", "/tokenize", "/detokenize",
-                     "/v1/files"}
+                     "/v1/files", "/agent/run"}
 SETTINGS = dict(deadline=None, database=None, derandomize=False, suppress_health_check=list(HealthCheck))
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from core.sampling_fields import KNOBS
 from tests.web.conftest import run_job
+from web.anthropic.schemas import MessagesRequest
 from web.openai.completion_schemas import CompletionRequest
 from web.openai.responses_schemas import ResponseRequest
 from web.openai.schemas import ChatCompletionRequest
@@ -25,6 +26,7 @@ SURFACES: dict[str, tuple[Any, dict[str, Any]]] = {
     "/v1/chat/completions": (ChatCompletionRequest, {"messages": [{"role": "user", "content": "Hi"}]}),
     "/v1/completions": (CompletionRequest, {"prompt": "Hi"}),
     "/v1/responses": (ResponseRequest, {"input": "Hi"}),
+    "/v1/messages": (MessagesRequest, {"model": "", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]}),
 }
 JSON_BOUNDS = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum"}
 
@@ -69,8 +71,9 @@ def test_a_value_outside_the_bounds_is_a_4xx_naming_the_field(client, route, nam
     response = client.post(route, json={**SURFACES[route][1], name: value})
     assert response.status_code in (400, 422), (route, name, value)
     error = response.get_json()["error"]
-    assert (error.get("field") or error.get("param")) == name, error
-    assert error["message"].startswith(name), error
+    if error.get("type") != "invalid_request_error" or "param" in error:  # Anthropic's errors name it in the message only
+        assert (error.get("field") or error.get("param")) == name, error
+    assert error["message"].startswith(name + ":"), error
 
 
 @pytest.mark.parametrize("route", sorted(SURFACES))

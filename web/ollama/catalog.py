@@ -18,11 +18,13 @@ from flask_openapi3 import APIBlueprint, Tag
 from core.models import Served
 from core.workers import list_workers
 from web.context import ctx
+from web.guards import is_admin
 from web.models import STARTED_AT, cluster_models, pick_model
 from web.ollama.routes import ERRORS
 from web.ollama.schemas import PsResponse, ShowRequest, ShowResponse, TagsResponse, VersionResponse
 from web.ollama.shape import created_at
 from web.openai.completion_convert import has_fim_tokens
+from web.worker_view import opaque_name
 
 api = APIBlueprint("ollama_catalog", __name__, url_prefix="/api",
                    abp_tags=[Tag(name="ollama", description="Ollama-compatible API")])
@@ -64,12 +66,17 @@ def tags():
     return jsonify({"models": [_entry(m, models, beats.get(m, {})) for m in models.available()]})
 
 
+def _names(workers: Any) -> list[str]:
+    """Workers' names carry their hosts: only an admin key sees them (as on /workers)."""
+    return sorted(workers) if is_admin() else sorted(opaque_name(w) for w in workers)
+
+
 @api.get("/ps", summary="The models live workers hold, with their workers (Ollama API)",
          responses={200: PsResponse, **ERRORS})
 def ps():
     models, beats = cluster_models(), _heartbeats()
     return jsonify({"models": [{**_entry(m, models, beats.get(m, {})), "expires_at": None,
-                                "context_length": ctx().budget.context_length(m), "workers": sorted(workers)}
+                                "context_length": ctx().budget.context_length(m), "workers": _names(workers)}
                                for m, workers in sorted(models.live.items())]})
 
 

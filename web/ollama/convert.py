@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from web.context import ctx
 from web.errors import ApiError, validation_details
-from web.ollama.schemas import OPTIONS, ChatRequest, GenerateRequest, GenerationBase, Message
+from web.ollama.schemas import OPTIONS, ChatRequest, GenerateRequest, GenerationBase, OllamaMessage
 from web.openai.completion_schemas import CompletionRequest
 from web.openai.schemas import ChatCompletionRequest
 
@@ -85,7 +85,7 @@ def _response_format(fmt: str | dict[str, Any] | None) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": {"name": FORMAT_NAME, "schema": fmt}}
 
 
-def _message(message: Message, index: int) -> dict[str, Any]:
+def _message(message: OllamaMessage, index: int) -> dict[str, Any]:
     """One Ollama message as an OpenAI chat message (arguments as JSON text, as OpenAI sends them)."""
     if message.images:
         raise _refuse(f"messages.{index}.images", "not supported: the models here read text only")

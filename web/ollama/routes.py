@@ -22,13 +22,13 @@ from web.ollama.convert import (
     chat_request, generate_chat_request, generate_completion_request, ollama_fields, uses_completion,
 )
 from web.ollama.context import check_num_ctx
-from web.ollama.schemas import ChatRequest, ChatResponse, GenerateRequest, GenerateResponse, OllamaError
+from web.ollama.schemas import ChatRequest, ChatResponse, GenerateRequest, OllamaGenerateResponse, OllamaError
 from web.ollama.shape import Lines, chat_reply, generate_reply, ready
 from web.openai.choices import result_choices
 from web.openai.completion_convert import completion_job
 from web.openai.convert import ChatJob, chat_job
-from web.openai.routes import KEEPALIVE, follow_job
-from web.routes_compat import _finished as finished_job  # waits; maps failed/cancelled/timeout to errors
+from web.openai.follow import KEEPALIVE, follow_job
+from web.job_wait import finished_job  # waits; maps failed/cancelled/timeout to errors
 from web.stream_limit import freed_on_error, limited, take_stream_slot
 from web.submit import Submission, submit
 
@@ -52,7 +52,7 @@ def chat(body: ChatRequest):
 
 
 @api.post("/generate", summary="Generate from a prompt (Ollama API); NDJSON lines unless stream is false",
-          responses={200: GenerateResponse, **ERRORS})
+          responses={200: OllamaGenerateResponse, **ERRORS})
 def generate(body: GenerateRequest):
     if not body.prompt and body.suffix is None:
         return jsonify(ready(pick_model(body.model or None)[0], chat=False))

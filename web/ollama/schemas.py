@@ -66,7 +66,7 @@ class ToolCall(Forbid):
     function: CallFunction
 
 
-class Message(Forbid):
+class OllamaMessage(Forbid):
     role: Literal["system", "user", "assistant", "tool"]
     content: str = ""
     images: list[str] | None = Field(default=None, description="refused: text only")
@@ -93,7 +93,7 @@ class GenerationBase(Forbid):
 class ChatRequest(GenerationBase):
     """``POST /api/chat``."""
 
-    messages: list[Message] = Field(default_factory=list, max_length=256,
+    messages: list[OllamaMessage] = Field(default_factory=list, max_length=256,
                                     description="empty: the model is ready (done_reason load), nothing runs")
     tools: list[dict[str, Any]] | None = Field(default=None, max_length=128,
                                                description="OpenAI-style function tools")
@@ -133,7 +133,7 @@ class OllamaError(BaseModel):
     error: str
 
 
-class AssistantMessage(BaseModel):
+class OllamaAssistantMessage(BaseModel):
     role: Literal["assistant"]
     content: str
     tool_calls: list[dict[str, Any]] | None = None
@@ -161,11 +161,11 @@ class ChatResponse(Counts):
         "content": NDJSON_CONTENT})
     model: str
     created_at: str
-    message: AssistantMessage
+    message: OllamaAssistantMessage
     done: bool
 
 
-class GenerateResponse(Counts):
+class OllamaGenerateResponse(Counts):
     model_config = ConfigDict(openapi_extra={
         "description": "with stream (the default), NDJSON lines of this shape; else one object",
         "content": NDJSON_CONTENT})

@@ -26,6 +26,7 @@ from web.context import ctx
 from web.openai.batch_lines import parse_lines, submit_line
 from web.openai.batch_output import build_files, jobs_of
 from web.openai.responses import model_id
+from web.submit import job_options
 
 logger = logging.getLogger("miniserve.web.batch")
 WINDOW_S = {"24h": 24 * 3600}
@@ -48,19 +49,23 @@ def new_object(batch_id: str, input_file_id: str, endpoint: str, window: str,
 
 
 def start_batch(text: str, input_file_id: str, endpoint: str, window: str,
-                metadata: dict[str, str] | None, owner: str) -> BatchRecord:
+                metadata: dict[str, str] | None, owner: str, webhook_url: str | None = None) -> BatchRecord:
     """Store the batch (``validating``), turn every line into a job or an error entry, then
-    move it to ``in_progress`` (or ``failed`` when the file holds no line at all)."""
+    move it to ``in_progress`` (or ``failed`` when the file holds no line at all). Each line's
+    job has the batch's ``expires_at`` as its deadline, and the batch's webhook."""
     store = batch_store()
     batch_id = new_batch_id()
-    store.create_batch(BatchRecord(batch_id, owner, new_object(batch_id, input_file_id, endpoint, window,
-                                                               metadata), []))
+    batch_object = new_object(batch_id, input_file_id, endpoint, window, metadata)
+    # The lines' deadline: the window's end (or the job TTL's, if shorter: the records go then).
+    deadline = min(float(batch_object["expires_at"]), time.time() + ctx().settings.job_ttl_s - 1)
+    options = job_options(deadline=deadline, webhook_url=webhook_url)
+    store.create_batch(BatchRecord(batch_id, owner, batch_object, []))
     lines = parse_lines(text, endpoint, ctx().settings.max_body_bytes)
     if not lines:
         errors = {"object": "list", "data": [{"code": "empty_file", "message": "the input file holds no request",
                                               "param": "input_file_id", "line": None}]}
         return store.set_entries(batch_id, [], {"status": "failed", "failed_at": int(time.time()), "errors": errors})
-    entries = [submit_line(line, endpoint) for line in lines]
+    entries = [submit_line(line, endpoint, options) for line in lines]
     failed = sum(1 for e in entries if "job_id" not in e)
     record = store.set_entries(batch_id, entries, {
         "status": "in_progress", "in_progress_at": int(time.time()),

@@ -10,7 +10,7 @@ an *entry* holding its error, for the error file; it never fails the batch. A re
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from web.errors import ApiError, validation_details
 from web.openai.batch_endpoints import ENDPOINTS
 from web.openai.errors import openai_error
-from web.submit import submit
+from web.submit import Options, submit
 
 MAX_CUSTOM_ID_CHARS = 512
 
@@ -90,7 +90,7 @@ def _body_error(line: Line, status: int, code: str, message: str, param: str | N
                       "message": message, "param": param}}
 
 
-def submit_line(line: Line, endpoint: str = "/v1/chat/completions") -> dict[str, Any]:
+def submit_line(line: Line, endpoint: str = "/v1/chat/completions", options: Options = Options()) -> dict[str, Any]:
     """The line's entry: its job, or the error a call of ``endpoint`` with its body would
     have answered."""
     if line.error is not None:
@@ -100,7 +100,7 @@ def submit_line(line: Line, endpoint: str = "/v1/chat/completions") -> dict[str,
         body = target.model.model_validate(line.body)
         if getattr(body, "stream", False):
             raise ApiError(400, "validation_error", "stream: not in a batch (results are a file)", field="stream")
-        job = submit(target.job(body).submission).job
+        job = submit(replace(target.job(body).submission, options=options)).job
     except ValidationError as exc:
         first = (validation_details(exc) or [{"field": "body", "message": "invalid"}])[0]
         return _body_error(line, 400, "validation_error", f"{first['field']}: {first['message']}", first["field"])

@@ -21,13 +21,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from core.events import CANCELLED, SUCCEEDED, TIMEOUT
+from core.events import CANCELLED, EXPIRED, SUCCEEDED, TIMEOUT
 from core.jobs import JobNotFound, JobRecord, JobStore
 from web.openai.batch_endpoints import ENDPOINTS
 from web.openai.batch_lines import error_body
 from web.openai.errors import openai_error
 
-STATUS_FOR_JOB_STATE = {CANCELLED: 409, TIMEOUT: 504}  # any other unsuccessful end: 500
+STATUS_FOR_JOB_STATE = {CANCELLED: 409, TIMEOUT: 504, EXPIRED: 504}  # any other unsuccessful end: 500
 ENVELOPE_CODES = ("invalid_json_line", "invalid_custom_id", "invalid_method", "invalid_url", "invalid_body",
                   "invalid_line")
 

@@ -18,7 +18,7 @@ from core.batches import NotFound, StoredFile, new_file_id
 from core.file_quota import FileQuota, QuotaExceeded
 from web.context import ctx, request_owner
 from web.errors import ApiError
-from web.openai import batch_flow
+import web.openai.batch_flow as batch_flow
 from web.openai.batch_schemas import (
     BatchCreate, BatchList, BatchListQuery, BatchObject, BatchPath, FileContent, FileDeleted, FileObject, FilePath,
     FileUpload,
@@ -111,7 +111,7 @@ def create_batch(body: BatchCreate):
     if stored.purpose != "batch":
         raise ApiError(400, "validation_error", "input_file_id: not a file with purpose batch", field="input_file_id")
     record = batch_flow.start_batch(stored.content, stored.id, body.endpoint, body.completion_window,
-                                    body.metadata, _owner())
+                                    body.metadata, _owner(), body.webhook_url)
     return jsonify(record.object)
 
 

@@ -33,8 +33,12 @@ class BatchCreate(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     input_file_id: str = Field(max_length=100)
     endpoint: Literal[ENDPOINTS] = Field(description="the endpoint every line calls")  # type: ignore[valid-type]
-    completion_window: Literal["24h"]
+    completion_window: Literal["24h"] = Field(description="also each line's job's deadline: a line still "
+                                              "queued at the batch's expires_at ends `expired`")
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
+    webhook_url: str | None = Field(default=None, min_length=1, max_length=2048, description=(
+        "MiniServe extension: every line's job POSTs its record here when it ends (as POST /jobs' "
+        "webhook_url; the record's id is the line's request_id in the output file)"))
 
 
 class BatchListQuery(BaseModel):

@@ -2,7 +2,7 @@
 
 A request becomes one ``completion`` job (every prompt and every one of its ``n`` choices),
 queued, cancellable and visible like any other. Without ``stream`` the route waits for the
-job; with it, it follows the job's events (``web.openai.routes.follow_job``) and writes
+job; with it, it follows the job's events (``web.openai.follow.follow_job``) and writes
 ``text_completion`` chunks, each with its ``index`` and, with ``logprobs``, the legacy
 log-probabilities of the tokens it holds.
 """
@@ -21,8 +21,8 @@ from web.openai.completion_answer import CompletionChunkWriter, text_completion
 from web.openai.completion_convert import CompletionJob, completion_job
 from web.openai.completion_schemas import Completion, CompletionRequest
 from web.openai.responses import model_id
-from web.openai.routes import ERRORS, _ending, event_stream, follow_job
-from web.routes_compat import _finished as finished_job
+from web.openai.follow import ERRORS, event_stream, follow_job, stream_ending
+from web.job_wait import finished_job  # waits; maps failed/cancelled/timeout to errors
 from web.stream_limit import freed_on_error, limited, take_stream_slot
 from web.submit import submit
 
@@ -55,4 +55,4 @@ def completions(body: CompletionRequest):
 def stream_text(store: JobStore, celery: Any, job: JobRecord, cjob: CompletionJob, model: str) -> Iterator[str]:
     writer = CompletionChunkWriter(job, cjob, model)
     return follow_job(store, celery, job, writer.opening(), writer.token,
-                      lambda event_type, payload: _ending(writer, event_type, payload, False), writer.error)
+                      lambda event_type, payload: stream_ending(writer, event_type, payload, False), writer.error)

@@ -14,10 +14,12 @@ a valid call of a declared function. ``response_format`` / ``guided_choice`` /
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
+
+from pydantic import ValidationError
 
 from web import constraints
-from web.errors import ApiError
+from web.errors import ApiError, validation_details
 from web.json_depth import InvalidText, JsonTooDeep, parse_json
 from web.openai.schemas import ChatCompletionRequest, ChatMessage
 from web.openai.tool_calls import ToolSet, compile_tools
@@ -150,3 +152,20 @@ def chat_job(body: ChatCompletionRequest) -> ChatJob:
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return ChatJob(Submission("chat", request, "messages", body.model or None), tools, bool(body.stream),
                    include_usage, forced_calls=_forced(body, tools), logprobs=bool(body.logprobs), n=body.n or 1)
+
+
+def chat_job_of(body: dict[str, Any], renamed: Callable[[str | None], str | None]) -> ChatJob:
+    """Another protocol's request (``/v1/responses``, ``/v1/messages``) rewritten as a chat
+    body: validated and built by :func:`chat_job` (one set of checks, grammars and job shape);
+    its errors name the protocol's own fields, as ``renamed`` spells them."""
+    try:
+        return chat_job(ChatCompletionRequest.model_validate(body))
+    except ValidationError as exc:
+        first = validation_details(exc)[0]
+        field = renamed(first["field"])
+        raise ApiError(422, "validation_error", f"{field}: {first['message']}", field=field) from None
+    except ApiError as exc:
+        field = renamed(exc.field)
+        message = exc.message.replace(exc.field, field, 1) if exc.field and field else exc.message
+        raise ApiError(exc.status, exc.code, message, field=field, retry_after=exc.retry_after, extra=exc.extra,
+                       job_id=exc.job_id, headers=exc.headers) from None

@@ -26,7 +26,7 @@ def _null(value: Any) -> bool:
     return value is None
 
 
-def _is(*defaults: Any) -> Callable[[Any], bool]:
+def exactly(*defaults: Any) -> Callable[[Any], bool]:
     """Accepts null and exactly these JSON values (``False`` is not ``0``)."""
     return lambda value: value is None or any(type(value) is type(d) and value == d for d in defaults)
 
@@ -75,8 +75,8 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "n": honoured("1..16 choices in one job (seed + i each); paged: they share the prompt's KV blocks"),
     "logprobs": honoured("after penalties and logit_bias, before the grammar mask and temperature/top-k/top-p"),
     "top_logprobs": honoured("0..20 alternatives per token; needs logprobs: true"),
-    "store": refused("completions are not stored; only false", _is(False)),
-    "modalities": refused("text only; only [\"text\"]", _is(["text"])),
+    "store": refused("completions are not stored; only false", exactly(False)),
+    "modalities": refused("text only; only [\"text\"]", exactly(["text"])),
     "audio": refused("no audio output"),
     "prediction": refused("predicted outputs are not supported"),
     "web_search_options": refused("no web search"),

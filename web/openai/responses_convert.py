@@ -16,16 +16,15 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from core.events import SUCCEEDED
-from web.errors import ApiError, validation_details
-from web.openai.convert import ChatJob, chat_job
+from web.errors import ApiError
+from web.openai.convert import ChatJob, chat_job_of
 from web.openai.responses_schemas import (
     ContentPart, FunctionCallItem, FunctionCallOutputItem, MessageItem, ResponseRequest,
 )
 from web.openai.responses_shape import RESPONSE_PREFIX, assistant_turn, stored_response
-from web.openai.schemas import ChatCompletionRequest
 from web.sampling_base import SHARED_FIELDS
 
 RENAMES = (("max_completion_tokens", "max_output_tokens"), ("response_format.json_schema", "text.format"),
@@ -129,24 +128,6 @@ def renamed(field: str | None) -> str | None:
     return field
 
 
-def _renamed_error(exc: ApiError) -> ApiError:
-    field = renamed(exc.field)
-    message = exc.message.replace(exc.field, field, 1) if exc.field and field else exc.message
-    return ApiError(exc.status, exc.code, message, field=field, retry_after=exc.retry_after, extra=exc.extra,
-                    job_id=exc.job_id, headers=exc.headers)
-
-
-def _chat(body: dict[str, Any]) -> ChatJob:
-    try:
-        return chat_job(ChatCompletionRequest.model_validate(body))
-    except ValidationError as exc:
-        first = validation_details(exc)[0]
-        field = renamed(first["field"])
-        raise ApiError(422, "validation_error", f"{field}: {first['message']}", field=field) from None
-    except ApiError as exc:
-        raise _renamed_error(exc) from None
-
-
 def _meta(body: ResponseRequest, conversation: tuple[int, int]) -> dict[str, Any]:
     """What the answer echoes and a later turn reads (``conversation``: the stored messages
     after the instructions and before any hint the chat path appends)."""
@@ -171,7 +152,7 @@ def response_job(body: ResponseRequest, find: Any) -> ResponseJob:
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     history = previous_conversation(body.previous_response_id, find) if body.previous_response_id else []
     conversation = history + input_messages(body.input)
-    chat = _chat(chat_body(body, system + conversation))
+    chat = chat_job_of(chat_body(body, system + conversation), renamed)
     meta = _meta(body, (len(system), len(system) + len(conversation)))
     chat.submission.request["response"] = meta
     return ResponseJob(replace(chat, submission=replace(chat.submission, input_field="input")), meta)

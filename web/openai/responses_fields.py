@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from web.openai.fields import FieldRule, _is, check_fields, honoured, no_effect, refused, sampling_rules
+from web.openai.fields import FieldRule, check_fields, exactly, honoured, no_effect, refused, sampling_rules
 
 RESPONSE_FIELDS: dict[str, FieldRule] = {
     **sampling_rules(frozenset({"temperature", "top_p"})),  # the Responses API's own sampling fields
@@ -38,9 +38,9 @@ RESPONSE_FIELDS: dict[str, FieldRule] = {
     "background": honoured("true: answered at once (status queued); poll GET /v1/responses/{id}, cancel with "
                            "POST /v1/responses/{id}/cancel; needs store"),
     "background_options": refused("no background mode"),
-    "include": refused("no extra output data; only []", _is([])),
-    "top_logprobs": refused("no log-probabilities on /v1/responses (use /v1/chat/completions); only 0", _is(0)),
-    "truncation": refused("input is never dropped (too long: a 400); only \"disabled\"", _is("disabled")),
+    "include": refused("no extra output data; only []", exactly([])),
+    "top_logprobs": refused("no log-probabilities on /v1/responses (use /v1/chat/completions); only 0", exactly(0)),
+    "truncation": refused("input is never dropped (too long: a 400); only \"disabled\"", exactly("disabled")),
     "reasoning": refused("the model does not reason in a separate channel"),
     "max_tool_calls": refused("calls are capped by parallel_tool_calls only"),
     "conversation": refused("conversations are not kept; use previous_response_id"),

@@ -26,8 +26,8 @@ from web.openai.responses_convert import response_job
 from web.openai.responses_schemas import ResponseIdPath, ResponseObject, ResponseRequest
 from web.openai.responses_shape import response_object, stored_response
 from web.openai.responses_stream import stream_response
-from web.openai.routes import ERRORS, event_stream
-from web.routes_compat import _finished as finished_job
+from web.openai.follow import ERRORS, event_stream
+from web.job_wait import finished_job  # waits; maps failed/cancelled/timeout to errors
 from web.routes_jobs import find_job
 from web.stream_limit import freed_on_error, limited, take_stream_slot
 from web.submit import submit

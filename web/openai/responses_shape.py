@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from core.events import CANCELLED, FAILED, QUEUED, SUCCEEDED, TIMEOUT
+from core.events import CANCELLED, EXPIRED, FAILED, QUEUED, SUCCEEDED, TIMEOUT
 from core.jobs import JobRecord
 from web.errors import ApiError
 from web.openai.call_stream import call_id
@@ -119,11 +119,11 @@ def status_of(job: JobRecord, answer: Recognised | None) -> str:
         return "queued"
     if job.state == CANCELLED:
         return "cancelled"
-    return "failed" if job.state in (FAILED, TIMEOUT) else "in_progress"
+    return "failed" if job.state in (FAILED, TIMEOUT, EXPIRED) else "in_progress"
 
 
 def error_of(job: JobRecord) -> dict[str, Any] | None:
-    if job.state not in (FAILED, TIMEOUT, CANCELLED):
+    if job.state not in (FAILED, TIMEOUT, EXPIRED, CANCELLED):
         return None
     error = job.error or {}
     return {"code": "server_error", "message": str(error.get("message") or error.get("reason") or job.state)}

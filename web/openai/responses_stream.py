@@ -23,7 +23,7 @@ from web.openai.convert import ChatJob
 from web.openai.responses_shape import (
     answer_of, call_item, message_item, output_items, response_object, status_of, text_part,
 )
-from web.openai.routes import KEEPALIVE, follow_job
+from web.openai.follow import KEEPALIVE, follow_job
 
 CLOSING_EVENT = {"completed": "response.completed", "incomplete": "response.incomplete"}
 
@@ -143,7 +143,7 @@ def _skeleton(item: dict[str, Any]) -> dict[str, Any]:
 
 
 def stream_response(store: JobStore, celery: Any, job: JobRecord, chat: ChatJob, model: str) -> Iterator[str]:
-    """The job's events as Responses events (:func:`web.openai.routes.follow_job`: keep-alives,
+    """The job's events as Responses events (:func:`web.openai.follow.follow_job`: keep-alives,
     the terminal event, the job cancelled when the client leaves early)."""
     events = ResponseEvents(job, chat, model)
 

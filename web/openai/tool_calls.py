@@ -1,7 +1,7 @@
 """Tool calls for ``/v1/chat/completions``: check the request's function schemas, then
 recognise calls in the model's final text and validate them.
 
-Recognition is the agent's parser (:mod:`agent.parsing`: ``<tool_call>`` tags, bare JSON,
+Recognition is the agent's parser (:mod:`core.tool_calls`: ``<tool_call>`` tags, bare JSON,
 ```json fences, several calls, truncated output). A call is returned only when it names a
 function the request declared (and the one ``tool_choice`` names, if any) and its
 arguments validate against that function's ``parameters`` schema; if any recognised call
@@ -16,7 +16,7 @@ from typing import Any
 import jsonschema
 from jsonschema.validators import validator_for
 
-from agent.parsing import ToolCall, parse_tool_calls
+from core.tool_calls import ToolCall, parse_tool_calls
 from web.openai.call_stream import call_id
 from web.errors import ApiError
 

@@ -5,8 +5,8 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const TERMINAL_EVENTS = ["done", "error", "cancelled", "timeout"];
-const TERMINAL_STATES = ["succeeded", "failed", "cancelled", "timeout"];
+const TERMINAL_EVENTS = ["done", "error", "cancelled", "timeout", "expired"];
+const TERMINAL_STATES = ["succeeded", "failed", "cancelled", "timeout", "expired"];
 const RECONNECT_MS = 1000;
 const keyInput = $("api-key");
 keyInput.value = localStorage.getItem("miniserve-key") || "";
@@ -85,7 +85,7 @@ function streamJob(jobId, onEvent, onNote = () => {}) {
   let last = 0, ended = false, lostAt = null;
   const seen = (event) => {
     if (lostAt !== null) { onNote("resumed", (performance.now() - lostAt) / 1000, last); lostAt = null; }
-    last = event.seq;
+    if (event.seq !== undefined) last = event.seq;  // a `queued` place-in-line frame has none
     if (TERMINAL_EVENTS.includes(event.type)) ended = true;
     onEvent(event);
   };

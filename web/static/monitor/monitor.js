@@ -57,6 +57,17 @@ function renderQueues(queues) {
     el("div", { class: "queue", "data-queue": name }, name, el("b", {}, n))));
 }
 
+function renderDead(dead) {
+  $("dead-count").textContent = dead.length;
+  $("dead-webhooks").tBodies[0].replaceChildren(...dead.map((d) => {
+    const answer = d.last_answer || {};
+    return el("tr", { "data-job-id": d.job_id }, el("td", {}, el("code", {}, d.job_id.slice(0, 12))),
+      el("td", {}, d.url), el("td", { class: "num" }, `${d.tries} (round ${d.round})`),
+      el("td", {}, answer.status !== undefined ? `HTTP ${answer.status}` : (answer.error ?? "–")),
+      el("td", {}, d.dead_at ? clock(d.dead_at) : "–"));
+  }));
+}
+
 function renderJobs(jobs, counts) {
   $("counts").textContent = Object.entries(counts).map(([s, n]) => `${s}: ${n}`).join(" · ");
   const body = $("jobs").tBodies[0];
@@ -91,6 +102,7 @@ async function refresh() {
     const data = await api("/overview?" + params);
     renderWorkers(data.workers);
     renderQueues(data.queues);
+    renderDead(data.webhooks_dead || []);
     renderJobs(data.jobs, data.counts);
     if (window.renderCluster) window.renderCluster(data);
     $("status").textContent = "updated " + new Date().toLocaleTimeString();

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from agent.parsing import ToolCall, parse_tool_calls
+from core.tool_calls import ToolCall, parse_tool_calls
 
 KNOWN = ["calculator", "retrieve_note"]
 CALC = ToolCall("calculator", {"expression": "1+2"})

@@ -1,0 +1,106 @@
+"""Random-weight GGUF files of a :class:`bench.model_shapes.ModelShape`, built once and cached.
+
+transformers builds the model from the shape's config with random weights (normal, std 0.02,
+bf16) and saves it with a tokenizer (:mod:`bench.model_shapes` says which); llama.cpp's own
+converter (``convert_hf_to_gguf.py``, installed beside the binaries by
+scripts/build_llama_cpp.sh) writes a BF16 GGUF; ``llama-quantize`` makes each asked type from
+it. Files land in ``<cache_dir>/sizes/<shape>-<shape key>-<TYPE>.gguf``; the safetensors folder
+and the BF16 file are deleted once the types are made. One model is built at a time, its
+weights freed before the converter runs (a 3B shape holds 6 GB of bf16 weights while saved).
+"""
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.model_shapes import ModelShape, hf_config
+
+CONVERTER = "convert_hf_to_gguf.py"
+QWEN_TOKENIZER_MODEL = "default"  # the bundled default model: Qwen2.5's 151,936-entry vocabulary
+
+
+def gguf_path(cache_dir: Path, shape: ModelShape, quant: str) -> Path:
+    return Path(cache_dir) / "sizes" / f"{shape.name}-{shape.key()}-{quant.upper()}.gguf"
+
+
+def ensure_files(shape: ModelShape, quants: list[str], llama_bin: Path, cache_dir: Path) -> dict[str, Path]:
+    """Each asked type's file for ``shape``, building what is missing (minutes, once)."""
+    files = {q: gguf_path(cache_dir, shape, q) for q in quants}
+    missing = [q for q, path in files.items() if not path.is_file()]
+    if not missing:
+        return files
+    _require(llama_bin / "llama-quantize")
+    started = time.perf_counter()
+    bf16 = bf16_file(shape, llama_bin, cache_dir)
+    for quant in missing:
+        partial = files[quant].with_suffix(".partial")
+        _run([str(llama_bin / "llama-quantize"), str(bf16), str(partial), quant.upper(), "2"])
+        partial.replace(files[quant])
+    bf16.unlink()
+    print(f"built {shape.name} {', '.join(missing)} in {time.perf_counter() - started:.0f} s", flush=True)
+    return files
+
+
+def bf16_file(shape: ModelShape, llama_bin: Path, cache_dir: Path) -> Path:
+    """The converter's BF16 GGUF of ``shape`` (kept until the asked types are made from it)."""
+    target = gguf_path(cache_dir, shape, "BF16")
+    target = target.with_name("." + target.name)
+    if target.is_file():
+        return target
+    _require(llama_bin / CONVERTER)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".build-{shape.name}-") as tmp:
+        folder = save_random_model(shape, Path(tmp) / "hf", cache_dir)
+        partial = Path(tmp) / "model-bf16.gguf"
+        _run([sys.executable, str(llama_bin / CONVERTER), str(folder), "--outtype", "bf16", "--outfile", str(partial)])
+        partial.replace(target)
+    return target
+
+
+def _require(tool: Path) -> None:
+    if not tool.exists():
+        raise SystemExit(f"{tool} is missing: build llama.cpp's tools with scripts/build_llama_cpp.sh "
+                         f"and pass their folder with --llama-bin")
+
+
+def save_random_model(shape: ModelShape, folder: Path, cache_dir: Path) -> Path:
+    """A safetensors folder of ``shape`` with random bf16 weights and the family's tokenizer."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = hf_config(shape)
+    config_obj = AutoConfig.for_model(**config)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config_obj, dtype=torch.bfloat16)
+    model.save_pretrained(folder)
+    del model
+    gc.collect()
+    tokenizer(shape, cache_dir).save_pretrained(folder)
+    return folder
+
+
+def tokenizer(shape: ModelShape, cache_dir: Path):
+    """The default model's tokenizer for Qwen shapes; SmolLM2's (from its bundled GGUF) for Llama's."""
+    from transformers import AutoTokenizer
+
+    if shape.family == "qwen2":
+        from core.settings import load_settings
+        from engine.prepare_default import prepare_bundled_model
+
+        return AutoTokenizer.from_pretrained(prepare_bundled_model(QWEN_TOKENIZER_MODEL,
+                                                                   load_settings(cache_dir=cache_dir)))
+    from engine.prepare_default import smollm2_gguf_path
+
+    gguf = smollm2_gguf_path()
+    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
+def _run(command: list[str]) -> None:
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{Path(command[0]).name} {' '.join(command[1:3])} exited {done.returncode}: "
+                           f"{(done.stderr or done.stdout)[-800:]}")

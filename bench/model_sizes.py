@@ -1,0 +1,206 @@
+"""``python -m bench.models --sizes``: MiniServe beside llama.cpp on GGUF files from 0.5B to 8B.
+
+Question: on the model sizes people run on CPUs, how fast does MiniServe decode at batch 1
+and 8 and process a 512-token prompt, how much memory does its worker take, and how long
+until it is ready, against llama.cpp's own tools on the same file, and how close is each
+batch-1 decode to the machine's bandwidth floor?
+
+Each shape of :mod:`bench.model_shapes` is built once as random-weight GGUF files in the asked
+types (:mod:`bench.model_build`; decode speed depends on shapes, not values). For each file:
+
+- MiniServe (:mod:`bench.model_sizes_ours`, a child process per start, the worker's own
+  memory): a first start on an empty cache folder (the file's one-time preparation included;
+  ready time and peak memory), then a second start, which is timed;
+- llama.cpp (:mod:`bench.model_sizes_llama`): ``llama-bench`` pp512 and tg, ``llama-server``
+  with one slot per client for batch 8, its ready time and memory;
+- the bandwidth floor (:mod:`bench.bandwidth_floor`): the machine's read bandwidth (measured
+  at the start and the end, ``--threads`` threads, a 1 GB buffer) over the bytes a token reads.
+
+Results are written after every file (a partial run keeps what it measured) to
+``results/model_sizes.json`` and ``.csv``. The machine is shared on some hosts: ``--note``
+records that in the file; ratios measured side by side in one run are what travel.
+
+Run: ``python -m bench.models --sizes [--size qwen2.5-1.5b ...] [--with-8b] [--types Q4_K_M Q8_0]
+[--threads 2] [--tokens 64] [--llama-bin DIR] [--skip-ours] [--skip-llama] [--no-first-start] [--note TEXT]``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from bench.bandwidth_floor import floor_tps, pct_of_floor, read_tensors, token_bytes
+from bench.model_build import ensure_files
+from bench.model_shapes import DEFAULT_SIZES, ModelShape, param_count, resolve
+from bench.stats import machine_info, print_table, read_bandwidth_gbs, write_csv, write_json
+
+SIDES = ("MiniServe", "llama.cpp")
+CLIENTS = 8
+RESULT_PREFIX = "RESULT "
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.models --sizes", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", action="store_true", help=f"all default sizes: {', '.join(DEFAULT_SIZES)}")
+    parser.add_argument("--size", nargs="+", default=[], help="these shapes only (bench.model_shapes.SHAPES)")
+    parser.add_argument("--with-8b", action="store_true", help="also the Llama 3.1 8B shape (a long, large build)")
+    parser.add_argument("--types", nargs="+", default=["Q4_K_M", "Q8_0"])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=64, help="new tokens per decode run")
+    parser.add_argument("--llama-bin", default=os.environ.get("MINISERVE_LLAMA_BIN", "/work/llama-bin"),
+                        help="llama.cpp's binaries and converter (scripts/build_llama_cpp.sh)")
+    parser.add_argument("--cache-dir", default="", help="default: the settings' cache_dir")
+    parser.add_argument("--skip-ours", action="store_true")
+    parser.add_argument("--no-first-start", action="store_true",
+                        help="measure MiniServe's start on the file's kept cache folder only (no first start)")
+    parser.add_argument("--skip-llama", action="store_true")
+    parser.add_argument("--note", default="", help="recorded in the results (a busy machine, say)")
+    parser.add_argument("--out", default="results")
+    args = parser.parse_args(argv)
+    if not args.sizes and not args.size:
+        parser.error("name the shapes: --sizes (all default ones) or --size NAME ...")
+    return args
+
+
+def run_ours(gguf: Path, args: argparse.Namespace, cache: Path) -> dict[str, Any]:
+    """A first start on an empty cache folder (load only), then a measured second start.
+
+    The folder (``<cache>/sizes/.ours-<file>``: the file's prepared weights) is kept, so with
+    ``--no-first-start`` a later run measures a second start at once; where it holds nothing
+    yet, the measured start is a first one and says so (``start``)."""
+    scratch = cache / "sizes" / f".ours-{gguf.stem}"
+    base = [sys.executable, "-m", "bench.model_sizes_ours", "--gguf", str(gguf), "--cache-dir", str(scratch),
+            "--threads", str(args.threads), "--tokens", str(args.tokens), "--clients", str(CLIENTS)]
+    first: dict[str, Any] = {}
+    if not args.no_first_start:
+        shutil.rmtree(scratch, ignore_errors=True)
+        first = child(base + ["--load-only"])
+    start = "second" if (scratch / "models").is_dir() else "first"
+    out = {**child(base), "start": start}
+    if first:
+        out.update(first_ready_s=first["ready_s"], first_peak_load_mb=first["peak_load_mb"],
+                   first_rss_after_load_mb=first["rss_after_load_mb"])
+    return out
+
+
+def child(command: list[str]) -> dict[str, Any]:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+    line = next((l for l in done.stdout.splitlines() if l.startswith(RESULT_PREFIX)), None)
+    if done.returncode != 0 or line is None:
+        raise RuntimeError(f"{' '.join(command[2:4])} exited {done.returncode}: {done.stderr[-800:]}")
+    return json.loads(line[len(RESULT_PREFIX):])
+
+
+def previous_run(path: Path) -> dict[str, Any]:
+    """What an earlier run wrote (empty when none): a partial run adds to it."""
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def carry(entry: dict[str, Any], old: dict[str, Any] | None, args: argparse.Namespace) -> None:
+    """A side this run skips keeps its figures from the earlier run on the same file (said in
+    ``carried``: that side was measured in another run, under that run's load)."""
+    skipped = [side for side, skip in zip(SIDES, (args.skip_ours, args.skip_llama)) if skip]
+    for side in skipped:
+        if old and old.get("gguf") == entry["gguf"] and side in old:
+            entry[side] = old[side]
+            entry.setdefault("carried", []).append(side)
+
+
+def file_info(shape: ModelShape, quant: str, gguf: Path) -> dict[str, Any]:
+    tb = token_bytes(read_tensors(gguf))
+    return {"model": shape.name, "quant": quant, "params_b": round(param_count(shape) / 1e9, 3),
+            "file_mb": round(gguf.stat().st_size / 1e6, 1), "mb_per_token": round(tb.per_token / 1e6, 1),
+            "tied_embeddings": tb.tied, "gguf": gguf.name}
+
+
+def add_floor(entry: dict[str, Any], bandwidth_gbs: float) -> None:
+    """The file's floor and each side's batch-1 decode as a share of it."""
+    floor = floor_tps(bandwidth_gbs, int(entry["mb_per_token"] * 1e6))
+    entry["floor_tps"] = round(floor, 1)
+    for side in SIDES:
+        if side in entry:
+            entry[side]["b1_pct_of_floor"] = pct_of_floor(entry[side].get("b1_tps"), floor)
+
+
+def flat_rows(files: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One CSV row per file and side."""
+    info = ("model", "quant", "params_b", "file_mb", "mb_per_token", "floor_tps")
+    return [{**{k: f[k] for k in info}, "side": side, **{k: v for k, v in f[side].items() if k != "setting"},
+             "setting": f[side].get("setting", "")} for f in files for side in SIDES if side in f]
+
+
+def measure_file(entry: dict[str, Any], gguf: Path, args: argparse.Namespace, cache: Path,
+                 saved: Callable[[], None]) -> None:
+    """Each side not skipped, into ``entry``, ``saved`` after each; a side that fails records its
+    error, and the run goes on."""
+    from bench.model_sizes_llama import measure as llama_measure
+
+    sides = {} if args.skip_ours else {"MiniServe": lambda: run_ours(gguf, args, cache)}
+    if not args.skip_llama:
+        sides["llama.cpp"] = lambda: llama_measure(Path(args.llama_bin), gguf, args.threads, args.tokens, CLIENTS)
+    for side, measure in sides.items():
+        try:
+            entry[side] = measure()
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            entry[side] = {"error": str(exc)[-600:]}
+            print(f"{entry['model']} {entry['quant']} {side} failed: {exc}", flush=True)
+        saved()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from bench.model_sizes_llama import version
+    from core.settings import load_settings
+
+    args = parse(argv)
+    torch.set_num_threads(args.threads)
+    cache = Path(args.cache_dir) if args.cache_dir else Path(load_settings().cache_dir)
+    shapes = resolve(list(DEFAULT_SIZES) if args.sizes and not args.size else args.size, args.with_8b)
+    out = Path(args.out)
+    before = previous_run(out / "model_sizes.json")
+    previous = {(f["model"], f["quant"]): f for f in before.get("files", [])}
+    run = {"llama_cpp": before.get("llama_cpp", "") if args.skip_llama else version(Path(args.llama_bin)),
+           "note": args.note or before.get("note", ""), "bandwidth": [read_bandwidth_gbs(mb=1024)],
+           "load": [round(os.getloadavg()[0], 1)]}
+    print(f"read bandwidth {run['bandwidth'][0]:.1f} GB/s ({args.threads} threads)", flush=True)
+    files: list[dict[str, Any]] = []
+    for shape in shapes:
+        for quant, gguf in ensure_files(shape, args.types, Path(args.llama_bin), cache).items():
+            entry = file_info(shape, quant, gguf)
+            carry(entry, previous.pop((shape.name, quant), None), args)
+            files.append(entry)
+
+            def saved() -> None:
+                add_floor(entry, statistics.median(run["bandwidth"]))
+                write(out, args, files + list(previous.values()), run)
+            measure_file(entry, gguf, args, cache, saved)
+            print(json.dumps(entry), flush=True)
+    run["bandwidth"].append(read_bandwidth_gbs(mb=1024))
+    run["load"].append(round(os.getloadavg()[0], 1))
+    for entry in files:
+        add_floor(entry, statistics.median(run["bandwidth"]))
+    files += previous.values()  # files this run did not ask for keep their earlier figures
+    write(out, args, files, run)
+    print_table(flat_rows(files), ["model", "quant", "side", "b1_tps", "b1_pct_of_floor", f"b{CLIENTS}_tps",
+                                   "pp512_tps", "rss_after_load_mb", "peak_load_mb", "ready_s"])
+    print(f"wrote {out}/model_sizes.json, model_sizes.csv")
+    return 0
+
+
+def write(out: Path, args: argparse.Namespace, files: list[dict[str, Any]], run: dict[str, Any]) -> None:
+    files = sorted(files, key=lambda f: (f["params_b"], f["quant"]))
+    machine = {**machine_info(), "read_bandwidth_gbs": [round(b, 2) for b in run["bandwidth"]],
+               "load_average_1min": run["load"]}  # the other processes' share of the cores, start and end
+    argv = [a for a in sys.argv[1:] if a not in ("--note", args.note)]
+    write_json(out / "model_sizes.json", {"machine": machine, "command": " ".join(["python -m bench.models", *argv]),
+                                          "args": vars(args), "llama_cpp": run["llama_cpp"], "note": run["note"],
+                                          "clients": CLIENTS, "files": files})
+    write_csv(out / "model_sizes.csv", flat_rows(files))

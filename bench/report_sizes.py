@@ -1,0 +1,108 @@
+"""The report's reader for ``python -m bench.models --sizes`` (results/model_sizes.json): MiniServe
+beside llama.cpp on GGUF files of several model sizes, shown as tables of the bundled models' section."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bench.report_figures import Figures, Row, load_json, machine_line, num, ratio
+
+SIZES = "results/model_sizes.json"
+OURS, LLAMA = "MiniServe", "llama.cpp"
+
+
+def _share(a: Any, b: Any) -> str:
+    return ratio(float(a) / float(b)) if a not in (None, "") and b not in (None, "", 0) else "-"
+
+
+def side_rows(data: dict[str, Any]) -> list[Row]:
+    clients = data.get("clients", 8)
+    rows = []
+    for f in data["files"]:
+        for side in (OURS, LLAMA):
+            s = f.get(side)
+            if not s:
+                continue
+            first = (f" (first start {num(s['first_ready_s'], 1)} s)" if "first_ready_s" in s
+                     else " (a first start)" if s.get("start") == "first" else "")
+            first_peak = (f" (first start {num(s['first_peak_load_mb'], 0)})" if "first_peak_load_mb" in s else "")
+            rows.append([f["model"], f["quant"], num(f["file_mb"], 0), side, num(s.get("b1_tps"), 1),
+                         num(s.get("b1_pct_of_floor"), 0), num(s.get(f"b{clients}_tps"), 1), num(s.get("pp512_tps"), 1),
+                         num(s.get("rss_after_load_mb"), 0), num(s.get("peak_load_mb"), 0) + first_peak,
+                         num(s.get("ready_s"), 1) + first])
+    return rows
+
+
+def ratio_rows(data: dict[str, Any]) -> list[Row]:
+    clients = data.get("clients", 8)
+    rows = []
+    for f in data["files"]:
+        ours, llama = f.get(OURS), f.get(LLAMA)
+        if not ours or not llama:
+            continue
+        rows.append([f["model"], f["quant"], num(f["mb_per_token"], 0), num(f["floor_tps"], 1),
+                     _share(ours.get("b1_tps"), llama.get("b1_tps")),
+                     _share(ours.get(f"b{clients}_tps"), llama.get(f"b{clients}_tps")),
+                     _share(ours.get("pp512_tps"), llama.get("pp512_tps")),
+                     _share(ours.get("rss_after_load_mb"), llama.get("rss_after_load_mb")),
+                     _share(ours.get("peak_load_mb"), f["file_mb"])])
+    return rows
+
+
+def add_sizes(figures: Figures, root: Path) -> None:
+    """The sizes' tables and notes, appended to ``figures`` when the results file exists."""
+    if not (root / SIZES).is_file():
+        return
+    data = load_json(root, SIZES)
+    clients = data.get("clients", 8)
+    bandwidth = data["machine"].get("read_bandwidth_gbs", [])
+    figures.tables.append((
+        f"GGUF files of several model sizes, random weights with the real shapes (`{data.get('command', '')}`; "
+        f"{machine_line(data['machine'])})",
+        ["model", "type", "file MB", "side", "decode tok/s, batch 1", "% of floor", f"tok/s, {clients} clients",
+         "pp512 tok/s", "RSS after load MB", "peak while loading MB", "ready s"], side_rows(data)))
+    figures.tables.append((
+        "MiniServe against llama.cpp on the same file (batch 1 against `llama-bench` tg, "
+        f"{clients} clients against `llama-server` with {clients} slots, pp512 against `llama-bench` pp512)",
+        ["model", "type", "MB read per token", "floor tok/s", "batch 1", f"{clients} clients", "pp512",
+         "RSS after load", "peak while loading / file"], ratio_rows(data)))
+    figures.notes.append(
+        f"Sizes: the floor is the read bandwidth ({', '.join(num(b, 1) for b in bandwidth)} GB/s at the start and end, "
+        "the median used) over the bytes a batch-1 token reads: every tensor as stored, the embedding table's one "
+        "row unless it is also the output matrix (tied), KV cache left out. MiniServe's memory is its worker "
+        "process's own (`VmRSS` after the load, `VmHWM` for the peak) with a paged pool of llama-server's context "
+        f"({clients} x 1,024 tokens); its ready time is a second start, the first start (the file's one-time "
+        "preparation included, on an empty cache folder) in brackets. llama-server's ready time runs to `/health` "
+        f"answering. {data.get('llama_cpp', '')}.")
+    for f in data["files"]:
+        if f.get("carried"):
+            figures.notes.append(f"Sizes: the {' and '.join(f['carried'])} figures of {f['model']} {f['quant']} "
+                                 "were measured in a separate run.")
+        via = f.get(LLAMA, {}).get("batch_via", "llama-server")
+        if via != "llama-server":
+            figures.notes.append(f"Sizes: llama.cpp's {clients} sequences on {f['model']} {f['quant']} ran through {via}.")
+        for side in (OURS, LLAMA):
+            if f.get(side, {}).get("error"):
+                figures.notes.append(f"Sizes: {side} failed on {f['model']} {f['quant']}: "
+                                     f"{f[side]['error'].strip().splitlines()[-1][:200]}")
+    load = data["machine"].get("load_average_1min")
+    if data.get("note") or load:
+        figures.notes.append(f"Sizes run note: {data.get('note', '')}"
+                             + (f" (1-minute load average {', '.join(num(x, 1) for x in load)} at the start and end)."
+                                if load else ""))
+    best = _headline_file(data)
+    if best:
+        f, ours, llama = best
+        figures.add_headline(
+            f"Model sizes: on the {f['model']} shape at {f['quant']}, MiniServe decodes {num(ours['b1_tps'], 1)} tok/s "
+            f"at batch 1 ({num(ours.get('b1_pct_of_floor'), 0)}% of the bandwidth floor), "
+            f"{_share(ours['b1_tps'], llama['b1_tps'])} llama-bench; {clients} clients "
+            f"{_share(ours.get(f'b{clients}_tps'), llama.get(f'b{clients}_tps'))} "
+            f"{llama.get('batch_via', 'llama-server').split(' ')[0]}", data["machine"])
+
+
+def _headline_file(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None:
+    """The largest Q4_K_M file both sides measured (Q4_K_M is the type people run)."""
+    both = [f for f in data["files"] if f.get(OURS, {}).get("b1_tps") and f.get(LLAMA, {}).get("b1_tps")]
+    both.sort(key=lambda f: (f["quant"] == "Q4_K_M", f["params_b"]))
+    return (both[-1], both[-1][OURS], both[-1][LLAMA]) if both else None

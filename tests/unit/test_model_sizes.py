@@ -1,0 +1,128 @@
+"""The non-timing parts of ``python -m bench.models --sizes``: the shape table, the bandwidth-floor
+arithmetic, where built files go, and the report's reading of a small results file."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.bandwidth_floor import TensorBytes, floor_tps, pct_of_floor, token_bytes
+from bench.model_build import gguf_path
+from bench.model_shapes import DEFAULT_SIZES, ON_REQUEST, SHAPES, hf_config, param_count, resolve
+from bench.model_sizes import add_floor, flat_rows
+from bench.report_figures import Figures
+from bench.report_sizes import add_sizes
+
+# The parameter counts the model cards publish (tied output matrices counted once).
+PUBLISHED_B = {"qwen2.5-0.5b": 0.49, "qwen2.5-1.5b": 1.54, "qwen2.5-3b": 3.09,
+               "llama3.2-1b": 1.24, "llama3.2-3b": 3.21, "llama3.1-8b": 8.03}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_B))
+def test_each_shape_has_its_published_parameter_count(name):
+    assert param_count(SHAPES[name]) / 1e9 == pytest.approx(PUBLISHED_B[name], abs=0.006)
+
+
+def test_the_config_carries_the_shape_transformers_builds():
+    config = hf_config(SHAPES["llama3.2-3b"])
+    assert (config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]) == (3072, 8192, 28)
+    assert (config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]) == (24, 8, 128)
+    assert config["vocab_size"] == 128256 and config["tie_word_embeddings"] is True
+    assert config["rope_scaling"]["rope_type"] == "llama3"
+    qwen = hf_config(SHAPES["qwen2.5-1.5b"])
+    assert qwen["model_type"] == "qwen2" and qwen["rope_theta"] == 1e6 and "rope_scaling" not in qwen
+
+
+def test_the_8b_shape_is_built_only_on_request():
+    assert "llama3.1-8b" not in DEFAULT_SIZES and "llama3.1-8b" in ON_REQUEST
+    assert [s.name for s in resolve(["qwen2.5-0.5b"], with_8b=True)] == ["qwen2.5-0.5b", "llama3.1-8b"]
+    with pytest.raises(SystemExit, match="qwen9"):
+        resolve(["qwen9"], with_8b=False)
+
+
+def test_cached_files_are_keyed_by_shape_and_type(tmp_path):
+    a = gguf_path(tmp_path, SHAPES["qwen2.5-0.5b"], "q4_k_m")
+    assert a.parent == tmp_path / "sizes" and a.name.endswith("-Q4_K_M.gguf")
+    assert a != gguf_path(tmp_path, SHAPES["qwen2.5-0.5b"], "Q8_0")
+    assert a != gguf_path(tmp_path, SHAPES["qwen2.5-1.5b"], "Q4_K_M")
+    assert SHAPES["qwen2.5-0.5b"].key() != SHAPES["qwen2.5-1.5b"].key()
+
+
+def _tensors(tied: bool) -> list[TensorBytes]:
+    out = [TensorBytes("token_embd.weight", 1000 * 100, 1000), TensorBytes("blk.0.ffn_up.weight", 5000, 10)]
+    return out if tied else out + [TensorBytes("output.weight", 2000, 1000)]
+
+
+def test_a_tied_table_is_read_whole_as_the_output_matrix_plus_one_row():
+    tb = token_bytes(_tensors(tied=True))
+    assert tb.tied and tb.embedding_row == 100
+    assert tb.per_token == 100_000 + 5000 + 100
+
+
+def test_an_untied_table_costs_one_row_per_token():
+    tb = token_bytes(_tensors(tied=False))
+    assert not tb.tied and tb.tensors == 107_000
+    assert tb.per_token == 5000 + 2000 + 100
+
+
+def test_floor_is_bandwidth_over_bytes_per_token():
+    assert floor_tps(40.0, 500_000_000) == pytest.approx(80.0)
+    assert floor_tps(0.0, 500_000_000) == 0.0 and floor_tps(40.0, 0) == 0.0
+    assert pct_of_floor(60.0, 80.0) == 75.0 and pct_of_floor(None, 80.0) is None
+    with pytest.raises(ValueError, match="token_embd"):
+        token_bytes([TensorBytes("blk.0.ffn_up.weight", 5000, 10)])
+
+
+def _results() -> dict:
+    ours = {"b1_tps": 15.0, "b8_tps": 60.0, "pp512_tps": 100.0, "rss_after_load_mb": 2500.0,
+            "peak_load_mb": 3000.0, "ready_s": 12.0, "first_ready_s": 120.0, "first_peak_load_mb": 9000.0}
+    llama = {"b1_tps": 30.0, "b8_tps": 40.0, "pp512_tps": 200.0, "rss_after_load_mb": 2000.0,
+             "peak_load_mb": 2100.0, "ready_s": 3.0}
+    entry = {"model": "qwen2.5-1.5b", "quant": "Q4_K_M", "params_b": 1.544, "file_mb": 1000.0,
+             "mb_per_token": 800.0, "MiniServe": ours, "llama.cpp": llama}
+    add_floor(entry, 40.0)
+    return {"machine": {"cpu_model": "Test CPU", "cpus": 2, "read_bandwidth_gbs": [40.0, 40.0]},
+            "command": "python -m bench.models --size qwen2.5-1.5b", "llama_cpp": "llama.cpp test",
+            "note": "a busy machine", "clients": 8, "files": [entry]}
+
+
+def test_add_floor_gives_each_side_its_share_of_the_floor():
+    entry = _results()["files"][0]
+    assert entry["floor_tps"] == 50.0
+    assert entry["MiniServe"]["b1_pct_of_floor"] == 30.0 and entry["llama.cpp"]["b1_pct_of_floor"] == 60.0
+    assert [r["side"] for r in flat_rows([entry])] == ["MiniServe", "llama.cpp"]
+
+
+def test_the_report_shows_both_sides_and_their_ratios(tmp_path: Path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results/model_sizes.json").write_text(json.dumps(_results()))
+    figures = Figures(["x"], [])
+    add_sizes(figures, tmp_path)
+    (_, _, sides), (_, _, ratios) = figures.tables
+    assert [r[3] for r in sides] == ["MiniServe", "llama.cpp"]
+    ours = sides[0]
+    assert ours[4:8] == ["15.0", "30", "60.0", "100.0"] and "first start 9000" in ours[9] and "120.0" in ours[10]
+    assert ratios == [["qwen2.5-1.5b", "Q4_K_M", "800", "50.0", "0.50x", "1.50x", "0.50x", "1.25x", "3.00x"]]
+    assert any("a busy machine" in note for note in figures.notes)
+    assert "0.50x llama-bench" in figures.headline[0] and "1.50x llama-server" in figures.headline[0]
+
+
+def test_no_results_file_adds_nothing(tmp_path: Path):
+    figures = Figures(["x"], [])
+    add_sizes(figures, tmp_path)
+    assert figures.tables == [] and figures.notes == [] and figures.headline == []
+
+
+def test_a_skipped_side_keeps_the_earlier_runs_figures_for_the_same_file():
+    from argparse import Namespace
+
+    from bench.model_sizes import carry
+
+    old = {"gguf": "a.gguf", "llama.cpp": {"b1_tps": 30.0}, "MiniServe": {"b1_tps": 15.0}}
+    entry = {"gguf": "a.gguf"}
+    carry(entry, old, Namespace(skip_ours=False, skip_llama=True))
+    assert entry == {"gguf": "a.gguf", "llama.cpp": {"b1_tps": 30.0}, "carried": ["llama.cpp"]}
+    rebuilt = {"gguf": "b.gguf"}  # another file (the shape changed): nothing carried over
+    carry(rebuilt, old, Namespace(skip_ours=True, skip_llama=True))
+    assert rebuilt == {"gguf": "b.gguf"}
