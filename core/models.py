@@ -12,6 +12,11 @@ the web's model also consume the shared queues (their ``-Q``). A job's record ke
 queue it was sent to, so a re-queued job returns to a queue of its model. A worker that
 takes a job for another model (misconfigured ``-Q``) forwards it to that model's queue.
 
+Kinds. A model is a chat model or an embedding model (``model_kind`` in each heartbeat,
+core.model_source.model_kind). An embedding model's jobs always go to its queue
+``embedding.<id>``, consumed only by its workers (they take no shared queue); a request
+that names a model of the other kind is refused (400) by the web before anything is queued.
+
 Answers for a request's ``model``: served by a live worker, or the web's own model that no
 worker has served yet (a starting cluster: the job waits) -> its queue; seen before but no
 live worker now -> :class:`ModelUnavailable` (503, retry later); never seen, or not seen for
@@ -20,15 +25,18 @@ live worker now -> :class:`ModelUnavailable` (503, retry later); never seen, or 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 
 from core import keys
+from core.model_source import CHAT
 from core.workers import list_workers
 
 KNOWN_FOR_S = 24 * 3600  # a model unseen this long is forgotten: its id becomes unknown (404)
 SHARED_QUEUES = {"generation": "generation", "agent": "agent"}  # job kind -> shared queue
+EMBEDDING_QUEUE = "embedding"  # base of an embedding model's queue: embedding.<model id>
+MODEL_QUEUE_BASES = (*SHARED_QUEUES, EMBEDDING_QUEUE)
 
 
 class UnknownModel(LookupError):
@@ -46,6 +54,12 @@ class Served:
     own: str  # the web's MINISERVE_MODEL id: its jobs use the shared queues
     live: dict[str, list[str]]  # model id -> names of live workers serving it
     seen: set[str]  # models a worker served within KNOWN_FOR_S
+    kinds: dict[str, str] = field(default_factory=dict)  # model id -> "chat" | "embedding" (live workers)
+    own_kind: str = CHAT  # the kind of the web's own model
+
+    def kind(self, model: str) -> str:
+        """A model's kind, as its live workers say (the web's own model: from its source)."""
+        return self.kinds.get(model) or (self.own_kind if model == self.own else CHAT)
 
     def available(self) -> list[str]:
         """Ids a request may name now: served by a live worker, or the web's own model while
@@ -76,18 +90,21 @@ class Served:
 
 
 def served(client: redis.Redis, own: str, alive_s: float, listed_s: float | None = None,
-           now: float | None = None) -> Served:
+           now: float | None = None, own_kind: str = CHAT) -> Served:
     """Live workers by model (heartbeats younger than ``alive_s``) and the models seen lately.
     ``listed_s`` (default ``alive_s``) is the age beyond which ``list_workers`` prunes index
     entries: pass the web's ``MINISERVE_WORKER_MAX_AGE_S`` so this read prunes no more than
     ``/workers`` does."""
     now = time.time() if now is None else now
     live: dict[str, list[str]] = {}
+    kinds: dict[str, str] = {}
     for worker in list_workers(client, max(alive_s, listed_s or 0.0), now=now):
-        model = (worker.get("info") or {}).get("model_id")
+        info = worker.get("info") or {}
+        model = info.get("model_id")
         if worker["age_s"] <= alive_s and isinstance(model, str) and model:
             live.setdefault(model, []).append(worker["name"])
-    return Served(own, live, seen_models(client, now))
+            kinds[model] = str(info.get("model_kind") or CHAT)
+    return Served(own, live, seen_models(client, now), kinds, own_kind)
 
 
 def seen_models(client: redis.Redis, now: float | None = None) -> set[str]:
@@ -97,4 +114,4 @@ def seen_models(client: redis.Redis, now: float | None = None) -> set[str]:
 
 def model_queues(client: redis.Redis) -> list[str]:
     """Every per-model queue of the models seen lately (queue depths, the sweeper's scan)."""
-    return [keys.model_queue(base, model) for model in sorted(seen_models(client)) for base in SHARED_QUEUES]
+    return [keys.model_queue(base, model) for model in sorted(seen_models(client)) for base in MODEL_QUEUE_BASES]
