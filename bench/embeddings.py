@@ -4,7 +4,8 @@ hybrid note retrieval (BM25 + embeddings, reciprocal rank fusion) helps.
 
 Texts are the sentences of data/notes.json (English, 10-40 tokens). Each way embeds the same
 texts: ``batch 1`` one text per call (per request), ``batch 32`` 32 texts per call; one
-warm-up run, then ``--runs`` runs, texts/s at the p50 run. ``served, 32 clients``: 32
+warm-up call, then ``--runs`` rounds calling every way in turn (a busy neighbour slows all
+alike), texts/s at the p50 round; in-process ways also give texts per CPU-second. ``served, 32 clients``: 32
 concurrent requests of one text each, which the embedding worker runs together (the forwards
 it used are read from its heartbeat). All fp32 with ``--threads`` torch threads (the worker
 gets the same). The vectors are compared too: ours against sentence-transformers', served
@@ -59,16 +60,24 @@ def texts() -> list[str]:
     return out[:BATCH]
 
 
-def rate(calls: Callable[[], None], count: int, runs: int) -> dict[str, float]:
-    """texts/s of ``calls`` (which embeds ``count`` texts): warm-up, then p50 over runs."""
-    calls()
-    seconds = []
+def interleaved(ways: dict[str, Callable[[], None]], count: int, runs: int) -> dict[str, dict[str, float]]:
+    """texts/s of each way (each call embeds ``count`` texts): one warm-up call each, then
+    ``runs`` rounds that call every way once in turn, so a busy neighbour slows all ways
+    alike; the p50 round per way. Also texts per CPU-second of this process (the in-process
+    ways' own work, less sensitive to other load on a shared machine than wall time)."""
+    for call in ways.values():
+        call()
+    wall: dict[str, list[float]] = {name: [] for name in ways}
+    cpu: dict[str, list[float]] = {name: [] for name in ways}
     for _ in range(runs):
-        started = time.perf_counter()
-        calls()
-        seconds.append(time.perf_counter() - started)
-    return {"texts_per_s": count / p50(seconds), "p50_s": p50(seconds), "runs": runs,
-            "spread": (max(seconds) - min(seconds)) / p50(seconds)}
+        for name, call in ways.items():
+            started, cpu_started = time.perf_counter(), time.process_time()
+            call()
+            wall[name].append(time.perf_counter() - started)
+            cpu[name].append(time.process_time() - cpu_started)
+    return {name: {"texts_per_s": count / p50(wall[name]), "p50_s": p50(wall[name]), "runs": runs,
+                   "spread": (max(wall[name]) - min(wall[name])) / p50(wall[name]),
+                   "texts_per_cpu_s": count / p50(cpu[name])} for name in ways}
 
 
 def in_process(model: EmbeddingModel, reference: Any, sample: list[str], runs: int) -> list[dict[str, Any]]:
@@ -80,12 +89,10 @@ def in_process(model: EmbeddingModel, reference: Any, sample: list[str], runs: i
         return lambda: [reference.encode(sample[i:i + batch], batch_size=batch, convert_to_numpy=True)
                         for i in range(0, len(sample), batch)]
 
-    rows = []
-    for batch in (1, BATCH):
-        rows.append({"way": "ours, in-process", "batch": batch, **rate(ours(batch), len(sample), runs)})
-        rows.append({"way": "sentence-transformers, in-process", "batch": batch,
-                     **rate(theirs(batch), len(sample), runs)})
-    return rows
+    ways = {("ours, in-process", 1): ours(1), ("sentence-transformers, in-process", 1): theirs(1),
+            ("ours, in-process", BATCH): ours(BATCH), ("sentence-transformers, in-process", BATCH): theirs(BATCH)}
+    measured = interleaved({f"{way}|{batch}": call for (way, batch), call in ways.items()}, len(sample), runs)
+    return [{"way": way, "batch": batch, **measured[f"{way}|{batch}"]} for way, batch in ways]
 
 
 def served(sample: list[str], runs: int, threads: int, cache_dir: Path) -> tuple[list[dict[str, Any]], np.ndarray]:
@@ -99,8 +106,9 @@ def served(sample: list[str], runs: int, threads: int, cache_dir: Path) -> tuple
     store = job_store(url)
     session = requests.Session()
 
-    def post(inputs: list[str]) -> list[list[float]]:
-        reply = session.post(f"{base}/v1/embeddings", json={"model": EMBEDDING_MODEL, "input": inputs}, timeout=300)
+    def post(inputs: list[str], via: Any = session) -> list[list[float]]:
+        """One request (``via``: the keep-alive session, or ``requests`` from the clients' threads)."""
+        reply = via.post(f"{base}/v1/embeddings", json={"model": EMBEDDING_MODEL, "input": inputs}, timeout=300)
         reply.raise_for_status()
         return [d["embedding"] for d in reply.json()["data"]]
 
@@ -113,18 +121,22 @@ def served(sample: list[str], runs: int, threads: int, cache_dir: Path) -> tuple
         wait_until(lambda: any(w["info"].get("model_id") == EMBEDDING_MODEL
                                for w in list_workers(store.client, 15)), 120, what="embedding worker")
         vectors = np.array(post(sample))  # also loads the model
-        rows = [{"way": "served /v1/embeddings", "batch": 1, **rate(lambda: [post([t]) for t in sample],
-                                                                    len(sample), runs)},
-                {"way": "served /v1/embeddings", "batch": BATCH, **rate(lambda: post(sample), len(sample), runs)}]
         pool = ThreadPoolExecutor(len(sample))
+        time.sleep(6)  # a heartbeat (every 5 s) after that request carries its forward
         before = forwards()
-        row = rate(lambda: list(pool.map(lambda t: post([t]), sample)), len(sample), runs)
-        wait_until(lambda: forwards() >= before + 1, 30, what="a heartbeat")
+        measured = interleaved({"b1": lambda: [post([t]) for t in sample], "b32": lambda: post(sample),
+                                "clients": lambda: list(pool.map(lambda t: post([t], requests), sample))}, len(sample), runs)
+        pool.shutdown()
         time.sleep(6)  # the heartbeat after the last run (every 5 s) carries the final count
         used = forwards() - before
-        rows.append({"way": f"served, {len(sample)} clients x 1 text", "batch": 1, **row,
-                     "inputs_per_forward": round(len(sample) * (runs + 1) / max(1, used), 2)})
-        pool.shutdown()
+        # forwards of all three ways: 32 + 1 per round (+ warm-up) for b1 and b32, the rest the clients'
+        clients_forwards = used - (runs + 1) * (len(sample) + 1)
+        rows = [{"way": "served /v1/embeddings", "batch": 1, **measured["b1"]},
+                {"way": "served /v1/embeddings", "batch": BATCH, **measured["b32"]},
+                {"way": f"served, {len(sample)} clients x 1 text", "batch": 1, **measured["clients"],
+                 "inputs_per_forward": round(len(sample) * (runs + 1) / max(1, clients_forwards), 2)}]
+        for row in rows:
+            row.pop("texts_per_cpu_s")  # the work is in the worker's process, not this one
         return rows, vectors
     finally:
         web.stop()
@@ -191,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         agreement["served_vs_in_process_max_cosine_gap"] = cosine_gap(served_vectors, ours)
     found = retrieval(model)
     tokens = [len(ids) for ids in model.encode(sample, truncate=True)]
-    print_table(rows, ["way", "batch", "texts_per_s", "p50_s", "spread", "inputs_per_forward"])
+    print_table(rows, ["way", "batch", "texts_per_s", "texts_per_cpu_s", "p50_s", "spread", "inputs_per_forward"])
     print(agreement)
     print(found)
     write_json(Path(args.out) / "embeddings.json", {

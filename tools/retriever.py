@@ -73,7 +73,7 @@ class NoteRetriever:
     """Ranks notes with BM25 and keeps only those that cover the query well enough."""
 
     def __init__(self, notes: list[Note], min_coverage: float = 0.5, min_relative_score: float = 0.4,
-                 embed: EmbedFn | None = None, min_similarity: float = 0.5):
+                 embed: EmbedFn | None = None, min_similarity: float = 0.35):
         if not notes:
             raise ValueError("no notes to index")
         self.notes = notes

@@ -64,9 +64,11 @@ keyed_schema = schemathesis.openapi.from_wsgi("/openapi.json", _app(api_keys=[AP
 # size). Every other check still applies.
 # ``/v1/files``: the uploaded file must be UTF-8 text. ``/v1/completions``: best_of only 1 or n,
 # echo not with suffix, prompts x n at most 64, suffix only with FIM tokens (this tokenizer has none).
+# ``/v1/embeddings``, ``/api/embed``: no empty input, and an embedding model must be served (none
+# is here: a body naming no model is a 400 model_required).
 CROSS_FIELD_RULES = {"/v1/chat/completions", "/v1/completions", "/v1/responses",
                      "/jobs", "/generate", "/tokenize", "/detokenize",
-                     "/v1/files"}
+                     "/v1/files", "/v1/embeddings", "/api/embed"}
 SETTINGS = dict(deadline=None, database=None, derandomize=False, suppress_health_check=list(HealthCheck))
 
 
