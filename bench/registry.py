@@ -46,6 +46,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               children=("bench.model_sizes_ours",)),
     Benchmark("constrained_overhead", "bench.constrained_overhead",
               "What does a JSON-schema grammar cost per token, alone and in a batch?"),
+    Benchmark("embeddings", "bench.embeddings",
+              "How many texts/s does the embedding model embed at batch 1 and 32, in-process and through `/v1/embeddings`, beside sentence-transformers? Does hybrid note retrieval help?"),
     Benchmark("evaluate_agent", "bench.evaluate_agent",
               "How often does the agent pick the right tool and reach the right answer on the evaluation cases?"),
     Benchmark("queue_overhead", "bench.queue_overhead",

@@ -22,8 +22,8 @@ from bench.report_engine import (read_batching, read_compare_generation, read_co
                                  read_models, read_paged_generation, read_prefix_cache, read_quantization,
                                  read_speculative)
 from bench.report_figures import Figures, clean_command, machine_kind, machine_line, table
-from bench.report_service import (BATCH_API, CONNECTIONS, SERVED, TOOL_CHOICE, read_agent, read_load,
-                                  read_queue_overhead, read_scale, read_soak)
+from bench.report_service import (BATCH_API, CONNECTIONS, SERVED, TOOL_CHOICE, read_agent, read_embeddings,
+                                  read_load, read_queue_overhead, read_scale, read_soak)
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = Path("docs/benchmarks.md")
@@ -77,6 +77,9 @@ SECTIONS: tuple[Section, ...] = (
             "What does a JSON-schema grammar cost per token, alone and in a batch?",
             "python -m bench.constrained_overhead", ("results/constrained_overhead.json",), read_constrained,
             ("results/constrained_overhead.png",)),
+    Section("embeddings", "Embeddings",
+            "How many texts/s does the embedding model embed at batch 1 and 32, in-process and through `/v1/embeddings`, beside sentence-transformers? Does hybrid note retrieval help?",
+            "python -m bench.embeddings", ("results/embeddings.json",), read_embeddings),
     Section("evaluate_agent", "Agent evaluation",
             "How often does the agent pick the right tool and reach the right answer on the evaluation cases?",
             "python -m bench.evaluate_agent", ("results/agent_eval.json", TOOL_CHOICE), read_agent, ("results/agent_eval.png",)),

@@ -270,3 +270,34 @@ def soak_memory(data: dict[str, Any]) -> tuple[str, list[str], list[Row]]:
              f"is mapped files (libraries, the embedding table): clean pages shared with other processes "
              f"mapping them, which the kernel can drop and re-read; Pss counts a shared page once per sharer")
     return title, ["after", "VmRSS", "anon", "file", "Pss", "peak while running", "VmHWM", "largest file mappings"], rows
+
+
+def read_embeddings(root: Path) -> Figures:
+    """``bench.embeddings``: texts/s per way and batch, each beside sentence-transformers at
+    the same batch; the vectors' agreement; hybrid retrieval against BM25."""
+    data = load_json(root, "results/embeddings.json")
+    reference = {r["batch"]: r["texts_per_s"] for r in data["rows"] if r["way"].startswith("sentence-transformers")}
+    rows = [[r["way"], r["batch"], num(r["texts_per_s"], 1), ratio(r["texts_per_s"] / reference[r["batch"]]),
+             num(r.get("texts_per_cpu_s"), 1), num(r.get("inputs_per_forward"), 1)] for r in data["rows"]]
+    figures = Figures(["way", "batch", "texts/s (p50 round)", "vs sentence-transformers, same batch",
+                       "texts per CPU-second", "inputs per forward"], rows, data["machine"], data.get("command"))
+    agreement = data["agreement"]
+    figures.notes.append(f"{data['model']}, fp32, {data['threads']} torch thread(s), {data['texts']} texts of "
+                         f"{num(data['tokens_per_text_median'], 0)} tokens (median). Largest cosine gap: ours against "
+                         f"sentence-transformers {agreement['ours_vs_sentence_transformers_max_cosine_gap']:.1e}"
+                         + (f", served against in-process {agreement['served_vs_in_process_max_cosine_gap']:.1e}"
+                            if "served_vs_in_process_max_cosine_gap" in agreement else "") + ". "
+                         f"Load average when it ended: {num(data['machine'].get('load_average', [None])[0], 1)} "
+                         "(texts per CPU-second: the in-process ways' own work, less sensitive to it).")
+    retrieval = data["retrieval"]
+    figures.tables.append(("Note retrieval, top note right (or none where none fits)",
+                           ["queries", "count", "BM25", "hybrid (BM25 + embeddings, RRF)"],
+                           [[name, r["queries"], r["bm25"], r["hybrid"]] for name, r in retrieval.items()]))
+    by_way = {(r["way"], r["batch"]): r["texts_per_s"] for r in data["rows"]}
+    ours32, st32 = by_way.get(("ours, in-process", 32)), reference.get(32)
+    served32 = by_way.get(("served /v1/embeddings", 32))
+    if ours32 and st32:
+        figures.headline.append(f"Embeddings ({data['model']}): {num(ours32, 0)} texts/s at batch 32 in-process "
+                                f"(sentence-transformers {num(st32, 0)})"
+                                + (f", {num(served32, 0)} through `/v1/embeddings`" if served32 else ""))
+    return figures

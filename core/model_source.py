@@ -1,12 +1,14 @@
 """Where the served model's files are and what it is called: one answer for every room.
 
 ``MINISERVE_MODEL`` is a bundled model's name (``default``: Qwen2.5-Coder-0.5B-Instruct;
-``smollm2-135m``: SmolLM2-135M-Instruct), prepared once into ``<cache_dir>/models/<name>``;
+``smollm2-135m``: SmolLM2-135M-Instruct; ``all-minilm-l6-v2``: the bundled sentence-embedding
+model), prepared once into ``<cache_dir>/models/<name>``;
 the path of a ``.gguf`` file, prepared once into ``<cache_dir>/models/gguf-<sha256>``; a
 local folder; or a Hugging Face hub id. The engine loads from here, the web counts prompt
 tokens with the tokenizer found here (it never imports the engine), and every room names the
 model with :func:`model_id`: the id a request's ``model`` field, ``/v1/models``, the per-model
-queues and the workers' heartbeats all use.
+queues and the workers' heartbeats all use, and with :func:`model_kind` says whether it is a
+chat model or an embedding model (a folder holding sentence-transformers' ``modules.json``).
 """
 from __future__ import annotations
 
@@ -25,6 +27,9 @@ BUNDLED_ALIASES = {
     DEFAULT_MODEL: (DEFAULT_MODEL, "qwen2.5-coder:0.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m"),
     SMOLLM2_MODEL: (SMOLLM2_MODEL, "smollm2:135m", "SmolLM2-135M-Instruct.Q4_1"),
 }
+# The bundled embedding model (engine/embedding/source.py): its MINISERVE_MODEL value is its id.
+EMBEDDING_MODEL = "all-minilm-l6-v2"
+CHAT, EMBEDDING = "chat", "embedding"  # the kinds of model (heartbeats' ``model_kind``)
 
 
 def bundled_model_dir(cache_dir: Path | str, model: str) -> Path:
@@ -35,6 +40,20 @@ def bundled_model_dir(cache_dir: Path | str, model: str) -> Path:
 def default_model_dir(cache_dir: Path | str) -> Path:
     """Where the prepared default model lives."""
     return bundled_model_dir(cache_dir, DEFAULT_MODEL)
+
+
+def embedding_model_dir(cache_dir: Path | str) -> Path:
+    """Where the bundled embedding model is extracted."""
+    return Path(cache_dir) / "models" / EMBEDDING_MODEL
+
+
+def model_kind(model: str) -> str:
+    """``embedding`` for the bundled embedding model and for a folder in sentence-transformers'
+    layout (``modules.json``), ``chat`` for everything else."""
+    if model == EMBEDDING_MODEL:
+        return EMBEDDING
+    path = Path(model).expanduser()
+    return EMBEDDING if (path / "modules.json").is_file() else CHAT
 
 
 def names_gguf_file(settings: Settings) -> bool:
@@ -58,6 +77,8 @@ def local_model_dir(settings: Settings) -> Path | None:
     """The model's folder on this machine, when there is one (a hub id has none)."""
     if settings.model in BUNDLED_MODELS:
         return bundled_model_dir(settings.cache_dir, settings.model)
+    if settings.model == EMBEDDING_MODEL:
+        return embedding_model_dir(settings.cache_dir)
     path = Path(settings.model).expanduser()
     if names_gguf_file(settings):
         return gguf_model_dir(settings.cache_dir, path) if path.is_file() else None

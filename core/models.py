@@ -19,6 +19,11 @@ tag, all compared without case; ``default`` (unless a model has that alias) and 
 all mean the cluster's default. Any other name answers with the only model when the cluster
 offers one (as llama-server does), and is unknown when it offers several.
 
+Kinds. A model is a chat model or an embedding model (``model_kind`` in each heartbeat,
+core.model_source.model_kind). An embedding model's jobs always go to its queue
+``embedding.<id>``, consumed only by its workers (they take no shared queue); a request
+that names a model of the other kind is refused (400) by the web before anything is queued.
+
 Answers for a resolved id: served by a live worker, or the web's own model that no
 worker has served yet (a starting cluster: the job waits) -> its queue; seen before but no
 live worker now -> :class:`ModelUnavailable` (503, retry later); never seen, or not seen for
@@ -32,11 +37,13 @@ from dataclasses import dataclass, field
 import redis
 
 from core import keys
+from core.model_source import CHAT
 from core.workers import list_workers
 
 KNOWN_FOR_S = 24 * 3600  # a model unseen this long is forgotten: its id becomes unknown (404)
 SHARED_QUEUES = {"generation": "generation", "agent": "agent"}  # job kind -> shared queue
-CHAT = "chat"  # the kind of model of a worker whose heartbeat names none (``model_kind``)
+EMBEDDING_QUEUE = "embedding"  # base of an embedding model's queue: embedding.<model id>
+MODEL_QUEUE_BASES = (*SHARED_QUEUES, EMBEDDING_QUEUE)
 DEFAULT_NAME = "default"  # a request's name for the cluster's default model
 LATEST_TAG = ":latest"  # Ollama's default tag: ``name:latest`` is ``name``
 
@@ -161,4 +168,4 @@ def seen_models(client: redis.Redis, now: float | None = None) -> set[str]:
 
 def model_queues(client: redis.Redis) -> list[str]:
     """Every per-model queue of the models seen lately (queue depths, the sweeper's scan)."""
-    return [keys.model_queue(base, model) for model in sorted(seen_models(client)) for base in SHARED_QUEUES]
+    return [keys.model_queue(base, model) for model in sorted(seen_models(client)) for base in MODEL_QUEUE_BASES]

@@ -3,7 +3,7 @@
 The job hash holds the result (or error) in full: ``GET /jobs/{id}``, ``/generate``, the
 OpenAI routes and the metrics read it there. The terminal event carries a *summary*: the
 same payload without its bulky parts (the text, which the token events already streamed, a
-several-choice job's ``choices``, a prompt's log-probabilities,
+several-choice job's ``choices``, a prompt's log-probabilities, an embedding job's vectors,
 token ids, an agent's trace and raw outputs), plus ``"result": "job"`` saying where the
 full one is. Token ids are dropped from the stored result unless the request asked for
 them (``return_token_ids``): a 2,000-token job kept them twice, as JSON numbers.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-BULKY = ("text", "token_ids", "trace", "outputs", "choices", "prompt_logprobs")
+BULKY = ("text", "token_ids", "trace", "outputs", "choices", "prompt_logprobs", "embeddings")
 RESULT_IN_JOB = {"result": "job"}  # the terminal event's pointer: GET /jobs/{id} has the full payload
 
 

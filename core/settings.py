@@ -122,6 +122,11 @@ class Settings(BaseSettings):
     # max_batched_tokens once nobody streams). Chosen by bench.fairness --long-prompt.
     prefill_tokens_while_decoding: PositiveInt = 16
 
+    # Embedding models (docs/api.md, Embeddings): inputs per forward on an embedding worker
+    # (concurrent requests share them), and the most inputs one request may send.
+    embedding_max_batch: PositiveInt = 32
+    embedding_max_inputs: PositiveInt = 2048
+
     # Speculative decoding (docs/speculative.md): prompt-lookup drafts, verified in one forward.
     speculative: Literal["off", "ngram"] = "off"
     spec_tokens: int = Field(default=8, ge=1, le=16)  # most drafts per step (k; fewer by expected value)

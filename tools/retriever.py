@@ -5,6 +5,14 @@ token. So a note is returned only when it covers most of the query: the IDF-weig
 share of the query's tokens found in the note must reach ``min_coverage`` (tokens the
 corpus never saw count with the highest IDF, as they are the most specific words of the
 query). An off-topic question therefore gets no notes instead of noise.
+
+Hybrid ranking (an option): given an embedding function (``embed(texts) -> vectors``; tools
+never import the engine, so the caller passes one in, e.g. the bundled embedding model run
+in-process or a ``/v1/embeddings`` client), a note also qualifies when its vector's cosine
+with the query's reaches ``min_similarity``, and the qualifying notes of both lists are
+ordered by reciprocal rank fusion (``1 / (RRF_K + rank)`` summed over the two rankings,
+as in Cormack et al., 2009). Note vectors are computed once, from the English title,
+keywords and body (the bundled model reads English).
 """
 from __future__ import annotations
 
@@ -13,7 +21,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import bm25s
 
@@ -23,6 +31,8 @@ from tools.text import is_cjk, tokenize
 NOTES_PATH = Path(__file__).resolve().parent.parent / "data" / "notes.json"
 MAX_RESULTS = 3
 MAX_QUERY_CHARS = 500
+RRF_K = 60  # reciprocal rank fusion's constant: damps the weight of the very top ranks
+EmbedFn = Callable[[list[str]], Sequence[Sequence[float]]]
 
 
 @dataclass(frozen=True)
@@ -37,6 +47,9 @@ class Note:
         # Title and keywords twice: they name the topic, bodies also mention neighbours.
         head = " ".join([self.title, *self.keywords])
         return " ".join([head, head, self.body_zh, self.body_en])
+
+    def embedding_text(self) -> str:
+        return ". ".join([self.title, ", ".join(self.keywords), self.body_en])
 
 
 @dataclass(frozen=True)
@@ -59,10 +72,14 @@ def load_notes(path: Path = NOTES_PATH) -> list[Note]:
 class NoteRetriever:
     """Ranks notes with BM25 and keeps only those that cover the query well enough."""
 
-    def __init__(self, notes: list[Note], min_coverage: float = 0.5, min_relative_score: float = 0.4):
+    def __init__(self, notes: list[Note], min_coverage: float = 0.5, min_relative_score: float = 0.4,
+                 embed: EmbedFn | None = None, min_similarity: float = 0.35):
         if not notes:
             raise ValueError("no notes to index")
         self.notes = notes
+        self.embed = embed
+        self.min_similarity = min_similarity
+        self._note_vectors = [_unit(v) for v in embed([n.embedding_text() for n in notes])] if embed else None
         self.min_coverage = min_coverage
         self.min_relative_score = min_relative_score
         doc_tokens = [tokenize(n.index_text()) for n in notes]
@@ -79,21 +96,39 @@ class NoteRetriever:
         self._unknown_idf = math.log(1 + (n - 0.5) / 1.5)  # as rare as a word in one note
 
     def search(self, query: str, top_k: int = MAX_RESULTS) -> list[Hit]:
+        """BM25's qualifying notes, or with an embedding function the fused ranking."""
+        limit = max(1, min(top_k, MAX_RESULTS))
         q_tokens = tokenize(query)
+        if self._note_vectors is None:
+            chosen = self.bm25_ranking(q_tokens, limit)
+        else:
+            lexical = [i for i, _ in self.bm25_ranking(q_tokens, MAX_RESULTS)]
+            chosen = fuse([lexical, [i for i, _ in self.vector_ranking(query)]])[:limit]
+        hits = []
+        for i, score in chosen:
+            note = self.notes[i]
+            hits.append(Hit(note.title, note.body_zh if is_cjk(query) else note.body_en, score,
+                            self.coverage(q_tokens, i)))
+        return hits
+
+    def bm25_ranking(self, q_tokens: list[str], limit: int) -> list[tuple[int, float]]:
+        """(note, BM25 score) of the top ``limit`` notes that also cover the query, best first."""
         known = [t for t in q_tokens if t in self._vocab]
         if not known:
             return []
         scores = self._bm25.get_scores(known)
         order = sorted(range(len(self.notes)), key=lambda i: -float(scores[i]))
         best = float(scores[order[0]])
-        hits: list[Hit] = []
-        for i in order[: max(1, min(top_k, MAX_RESULTS))]:
-            score, coverage = float(scores[i]), self.coverage(q_tokens, i)
-            if score <= 0 or coverage < self.min_coverage or score < self.min_relative_score * best:
-                continue
-            note = self.notes[i]
-            hits.append(Hit(note.title, note.body_zh if is_cjk(query) else note.body_en, score, coverage))
-        return hits
+        return [(i, float(scores[i])) for i in order[:limit]
+                if float(scores[i]) > 0 and float(scores[i]) >= self.min_relative_score * best
+                and self.coverage(q_tokens, i) >= self.min_coverage]
+
+    def vector_ranking(self, query: str) -> list[tuple[int, float]]:
+        """(note, cosine) of the notes whose vector is near the query's, nearest first."""
+        assert self.embed is not None and self._note_vectors is not None
+        q = _unit(self.embed([query])[0])
+        sims = [(i, sum(a * b for a, b in zip(q, v))) for i, v in enumerate(self._note_vectors)]
+        return sorted([(i, s) for i, s in sims if s >= self.min_similarity], key=lambda pair: -pair[1])[:MAX_RESULTS]
 
     def coverage(self, q_tokens: list[str], doc_index: int) -> float:
         """IDF-weighted share of the query's distinct tokens that occur in the note."""
@@ -102,6 +137,21 @@ class NoteRetriever:
         total = sum(weights.values())
         found = sum(w for t, w in weights.items() if t in self._doc_sets[doc_index])
         return found / total if total else 0.0
+
+
+def fuse(rankings: list[list[int]], k: int = RRF_K) -> list[tuple[int, float]]:
+    """Reciprocal rank fusion: (item, sum of 1 / (k + rank)) over the rankings, best first
+    (ties: the order the items first appear in)."""
+    scores: dict[int, float] = {}
+    for ranking in rankings:
+        for rank, item in enumerate(ranking, start=1):
+            scores[item] = scores.get(item, 0.0) + 1.0 / (k + rank)
+    return sorted(scores.items(), key=lambda pair: -pair[1])
+
+
+def _unit(vector: Sequence[float]) -> list[float]:
+    norm = math.sqrt(sum(float(x) * float(x) for x in vector)) or 1.0
+    return [float(x) / norm for x in vector]
 
 
 def parse_notes(content: str) -> list[dict[str, Any]]:

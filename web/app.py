@@ -37,7 +37,7 @@ API_MODULES = ("web.routes_jobs", "web.routes_compat", "web.routes_bench", "web.
 # APIBlueprint, ``app.register_blueprint(bp)`` for a plain one). Add yours here, e.g.
 # "web.openai_api", "web.monitor", "web.metrics".
 EXTENSION_MODULES: tuple[str, ...] = ("web.openai", "web.anthropic", "web.ollama", "web.metrics", "web.monitor",
-                                     "web.routing", "web.playground")
+                                     "web.routing", "web.playground", "web.embeddings")
 
 
 def make_store(settings: Settings) -> JobStore:

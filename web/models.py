@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from core.model_source import model_aliases, model_id
+from core.model_source import model_aliases, model_id, model_kind
 from core.models import CHAT, ModelUnavailable, Served, UnknownModel, served
 from core.routing import ALIVE_S
 from web.context import ctx
@@ -27,7 +27,8 @@ def cluster_models() -> Served:
     """Live = a heartbeat within ``core.routing.ALIVE_S`` (three missed beats), as routing counts it."""
     settings = ctx().settings
     return served(ctx().store.client, model_id(settings.model), min(ALIVE_S, settings.worker_max_age_s),
-                  settings.worker_max_age_s, own_aliases=model_aliases(settings))
+                  settings.worker_max_age_s, own_aliases=model_aliases(settings),
+                  own_kind=model_kind(settings.model))
 
 
 def own_model_is_explicit() -> bool:

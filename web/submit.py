@@ -29,6 +29,7 @@ from core.events import FAILED
 from core.jobs import JobRecord
 from core.logs import log_event
 from core.webhooks import default_url_for, secret_for
+from core.model_source import EMBEDDING
 from core.models import SHARED_QUEUES
 from core.prefix_hash import cache_scope
 from web import constraints
@@ -60,6 +61,7 @@ class Submission:
     input_field: str  # the body field a prompt-length error names
     model: str | None = None  # the body's ``model``; None = the cluster's default (web/models.py)
     options: Options = Options()
+    queue: str | None = None  # decided by the caller (embedding jobs: their model's queue, web/embeddings)
 
 
 def job_options(deadline: float | None = None, timeout_s: float | None = None,
@@ -201,6 +203,8 @@ def from_agent_body(body: AgentBody) -> Submission:
 
 def _check_prompt(sub: Submission, model: str | None) -> PromptCount | None:
     """The prompt against ``model``'s context, counted with its tokenizer (web/prompt_budget.py)."""
+    if sub.job_type == "embedding":  # no prompt: the embedding worker's tokenizer checks each input
+        return None
     max_new = sub.request["sampling"]["max_new_tokens"]
     prompts = sub.request.get("prompts")
     if prompts:  # a text completion's prompts are separate sequences: each must fit
@@ -271,10 +275,15 @@ def submit(sub: Submission, idempotency_key: str | None = None) -> Submitted:
 def _queue_and_model(sub: Submission) -> tuple[str, str | None]:
     """The job's queue, and for generation and agent jobs the model it is for (stored in the
     request, so its worker can check it: worker/model_guard.py); bench jobs take any worker."""
+    if sub.queue is not None:
+        return sub.queue, sub.request.get("model")
     base = tasks.QUEUE_FOR_JOB_TYPE[sub.job_type]
     if base not in SHARED_QUEUES:
         return base, None
     model, models = pick_model(sub.model)
+    if models.kind(model) == EMBEDDING:
+        raise ApiError(400, "embedding_model", f"model: '{model}' is an embedding model; it serves "
+                       "/v1/embeddings and /api/embed only", field="model")
     sub.request["model"] = model
     return models.queue(base, model), model
 

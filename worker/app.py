@@ -6,8 +6,8 @@ from celery.signals import celeryd_after_setup
 from kombu import Exchange, Queue
 
 from core import keys
-from core.model_source import model_id
-from core.models import SHARED_QUEUES
+from core.model_source import EMBEDDING, model_id, model_kind
+from core.models import EMBEDDING_QUEUE, SHARED_QUEUES
 from core.tasks import WEBHOOK_QUEUE
 from core.redis_conn import celery_redis_options
 from core.settings import Settings, get_settings
@@ -42,7 +42,7 @@ def celery_config(settings: Settings) -> dict:
         "worker_hijack_root_logger": False,
         "worker_cancel_long_running_tasks_on_connection_loss": False,
         "imports": ("worker.tasks", "worker.bench_tasks", "worker.agent_eval_tasks", "worker.batch_tasks",
-                    "worker.webhook_tasks", "worker.signals"),
+                    "worker.webhook_tasks", "worker.embed_tasks", "worker.signals"),
     }
 
 
@@ -63,15 +63,25 @@ def _consume_own_queue(sender: str, instance, **_: object) -> None:
     """Each worker also consumes a queue of its own, so the web can route a job to the worker
     that holds its prompt's prefix (core/routing.py), and its model's queues
     (``generation.<model id>``, ``agent.<model id>``: core/models.py), and the ``webhooks``
-    queue (core/webhooks.py), whatever ``-Q`` says."""
+    queue (core/webhooks.py), whatever ``-Q`` says.
+    An embedding model's worker consumes ``embedding.<model id>`` and nothing else: it drops
+    the shared queues (``generation``, ``agent``, ``bench``: Celery's default ``-Q`` is
+    ``generation``), whose jobs need a chat model."""
     queues = instance.app.amqp.queues
-    queues.select_add(keys.worker_queue(sender))
     queues.select_add(WEBHOOK_QUEUE)
-    for queue in model_queues_of(get_settings()):
+    settings = get_settings()
+    if model_kind(settings.model) == EMBEDDING:
+        for queue in keys.QUEUES:
+            queues.deselect(queue)
+    else:
+        queues.select_add(keys.worker_queue(sender))
+    for queue in model_queues_of(settings):
         queues.select_add(queue)
 
 
 def model_queues_of(settings: Settings) -> list[str]:
     """The queues of the model this worker serves (``MINISERVE_MODEL``)."""
+    if model_kind(settings.model) == EMBEDDING:
+        return [keys.model_queue(EMBEDDING_QUEUE, model_id(settings.model))]
     return [keys.model_queue(base, model_id(settings.model)) for base in SHARED_QUEUES]
 

@@ -20,7 +20,7 @@ from redis.retry import Retry
 from core import keys
 from core.jobs import JobStore
 from core.logs import configure_logging, log_event
-from core.model_source import model_aliases, model_id
+from core.model_source import CHAT, EMBEDDING, model_aliases, model_id, model_kind
 from core.redis_conn import redis_client
 from core.routing import register_queue
 from core.settings import Settings, get_settings
@@ -60,17 +60,18 @@ class WorkerRuntime:
     @property
     def engine(self):
         """The process's engine, loaded on first use (imports torch only here). Its loop thread
-        owns every cache; job threads reach it only through ``engine.loop.submit``."""
+        owns every cache; job threads reach it only through ``engine.loop.submit``. An
+        embedding model's worker holds an ``EmbeddingService`` instead (its batcher's thread
+        owns the model; job threads reach it through ``submit``)."""
         if self._engine is None:
             with self._engine_lock:
                 if self.load_error is not None:   # a start error stays one: no reload per job
                     raise ModelUnavailable(self.load_error)
                 if self._engine is None:
-                    from engine.engine import Engine
                     from engine.errors import ModelLoadError
 
                     started = time.perf_counter()
-                    engine = Engine(self.settings)
+                    engine = _new_engine(self.settings, self.model_kind)
                     try:
                         engine.load()
                     except ModelLoadError as exc:
@@ -100,6 +101,11 @@ class WorkerRuntime:
         return model_id(self.settings.model)
 
     @property
+    def model_kind(self) -> str:
+        """``chat`` or ``embedding`` (core.model_source.model_kind): which engine and queues."""
+        return model_kind(self.settings.model)
+
+    @property
     def batching(self) -> bool:
         """Several jobs run at once in this process (threads pool): they share paged batches."""
         return self.pool != "prefork" and self.concurrency > 1
@@ -117,7 +123,7 @@ class WorkerRuntime:
             "host": socket.gethostname(), "node": self.node, "queue": keys.worker_queue(self.node),
             "pid": os.getpid(), "pool": self.pool, "concurrency": self.concurrency,
             "current_jobs": sorted(self.current_jobs), "model": self.settings.model,
-            "model_id": self.model_id, "model_aliases": model_aliases(self.settings),
+            "model_id": self.model_id, "model_aliases": model_aliases(self.settings), "model_kind": self.model_kind,
             "token_events": self.token_events,
             "engine_loaded": self._engine is not None,
         }
@@ -151,7 +157,7 @@ class WorkerRuntime:
     def publish_text(self) -> None:
         """Once the model has loaded, its tokenizer, template and limits for the web
         (core/model_text.py); a failure is logged and the next heartbeat tries again."""
-        if self._engine is None or self._text_published:
+        if self._engine is None or self._text_published or self.model_kind != CHAT:
             return
         try:
             text = model_text(self._engine.loaded, pool_tokens(self.settings, self._engine.loaded))
@@ -161,6 +167,15 @@ class WorkerRuntime:
                       tokenizer_bytes=len(text.tokenizer_json) if text else 0)
         except Exception as exc:  # noqa: BLE001 - the web falls back to its own files meanwhile
             log_event(logger, "model_text_publish_failed", level=logging.WARNING, error=type(exc).__name__)
+
+
+def _new_engine(settings: Settings, kind: str):
+    """The engine of this worker's kind of model, not loaded yet."""
+    if kind == EMBEDDING:
+        from engine.embedding.service import EmbeddingService
+        return EmbeddingService(settings)
+    from engine.engine import Engine
+    return Engine(settings)
 
 
 def make_store(settings: Settings) -> JobStore:
@@ -199,7 +214,8 @@ def runtime() -> WorkerRuntime:
                 pool, concurrency, hostname = _pool_info
                 _runtime = WorkerRuntime(settings=settings, store=make_store(settings), node=hostname,
                                          name=f"{hostname}:{os.getpid()}", pool=pool, concurrency=concurrency)
-                register_queue(_runtime.store.client, keys.worker_queue(hostname), _runtime.name,
-                               home=keys.model_queue("generation", _runtime.model_id))
+                if _runtime.model_kind == CHAT:  # an embedding worker has no routing queue (worker/app.py)
+                    register_queue(_runtime.store.client, keys.worker_queue(hostname), _runtime.name,
+                                   home=keys.model_queue("generation", _runtime.model_id))
                 _runtime.start_heartbeat()
     return _runtime

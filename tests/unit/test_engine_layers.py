@@ -53,6 +53,9 @@ LAYER_OF = {
     "engine.gguf_meta": 0,
     "engine.prepare_gguf": 1,
     "engine.prepare_default": 1,
+    "engine.embedding": 1,             # the embedding model: its files, encoder and pooling
+    "engine.embedding.batcher": 4,     # the embedding worker's loop: one thread owns the model
+    "engine.embedding.service": 4,     # the model and its loop, as the worker holds them
     "engine.forward": 1,
     "engine.kv_cache": 2,
     "engine.prefix_cache": 2,

@@ -68,10 +68,12 @@ keyed_schema = schemathesis.openapi.from_wsgi("/openapi.json", _app(api_keys=[AP
 # echo not with suffix, prompts x n at most 64, suffix only with FIM tokens (this tokenizer has none).
 # ``/api/chat``, ``/api/generate``: options in the /v1 ranges, format a valid schema and not with
 # tools, system/format not with raw or suffix, suffix only with FIM tokens.
+# ``/v1/embeddings``, ``/api/embed``: no empty input, and an embedding model must be served (none
+# is here: a body naming no model is a 400 model_required).
 CROSS_FIELD_RULES = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/api/chat", "/api/generate",
                      "/v1/messages", "/v1/messages/count_tokens",
                      "/jobs", "/generate", "/tokenize", "/detokenize",
-                     "/v1/files", "/agent/run"}
+                     "/v1/files", "/agent/run", "/v1/embeddings", "/api/embed"}
 SETTINGS = dict(deadline=None, database=None, derandomize=False, suppress_health_check=list(HealthCheck))
 
 
