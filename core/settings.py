@@ -54,8 +54,9 @@ class Settings(BaseSettings):
     # How the model runs.
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    # auto: the quality-matched low-bit plan on CPU, none on CUDA (docs/quantization.md).
-    quant: Literal["auto", "none", "q8"] = "auto"
+    # auto: the quality-matched low-bit plan on CPU, none on CUDA; gguf: a quantized GGUF run on
+    # its own bits from the mapped file (docs/quantization.md).
+    quant: Literal["auto", "none", "q8", "gguf"] = "auto"
     # official (transformers' generate) under q8 or packed bf16 reloads the full-precision weights
     # per job and frees them after it (engine.quant.restore); true keeps them after the first.
     official_keep_weights: bool = False

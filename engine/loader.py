@@ -7,7 +7,9 @@ Decisions made here, once per process:
   the bytes; see docs/engine.md) and bfloat16 on CUDA.
 - threads: ``MINISERVE_THREADS > 0`` sets ``torch.set_num_threads``.
 - quantization: ``MINISERVE_QUANT`` (``auto``: ``q8`` for a bf16 model on CPU, ``none`` on
-  CUDA or in float32; see :func:`apply_quant` and docs/quantization.md).
+  CUDA or in float32; see :func:`apply_quant` and docs/quantization.md). ``gguf`` (or ``auto``
+  with :data:`engine.quant.plan.AUTO_GGUF` on) runs a quantized GGUF from its mapped file
+  instead (:func:`load_gguf_native`): the folder gets the description only, never weights.
 """
 from __future__ import annotations
 
@@ -24,11 +26,14 @@ from core.settings import Settings
 from engine.architecture import ModelSpec, model_spec
 from engine.errors import ModelLoadError
 from engine.packed import packing_available, release_freed_memory
-from engine.prepare_default import prepare_bundled_model
-from engine.prepare_gguf import prepare_gguf_folder
+from engine.gguf_index import read_index
+from engine.gguf_model import meta_model
+from engine.gguf_weights import native_refusal, read_gguf_weights
+from engine.prepare_default import prepare_bundled_gguf, prepare_bundled_model
+from engine.prepare_gguf import prepare_gguf_description, prepare_gguf_folder
 from engine.quant.kernels import QuantKernelError
 from engine.quant.model import pack_model, quantize_model
-from engine.quant.plan import QUANT_CHOICES, resolve_quant
+from engine.quant.plan import GGUF, QUANT_CHOICES, auto_runs_gguf, resolve_quant
 
 logger = logging.getLogger("miniserve.engine.loader")
 
@@ -170,6 +175,22 @@ def drop_init_tables(tokenizer: Any) -> Any:
     return tokenizer
 
 
+def is_gguf_source(settings: Settings) -> bool:
+    """The model comes from a GGUF file: a bundled model or a ``.gguf`` path."""
+    return settings.model in BUNDLED_MODELS or names_gguf_file(settings)
+
+
+def native_gguf(settings: Settings) -> tuple[Path, Path]:
+    """(described folder, GGUF file) of a GGUF source, preparing the description if missing."""
+    if settings.model in BUNDLED_MODELS:
+        return prepare_bundled_gguf(settings.model, settings)
+    gguf = Path(settings.model).expanduser()
+    if not gguf.is_file():
+        raise ModelLoadError(f"MINISERVE_MODEL file {gguf} does not exist")
+    folder = gguf_model_dir(settings.cache_dir, gguf, show_progress=True)
+    return folder, prepare_gguf_description(folder, lambda scratch: gguf)
+
+
 def load_model(settings: Settings) -> LoadedModel:
     """Load model + tokenizer onto the chosen device and dtype, in eval mode."""
     import torch
@@ -179,6 +200,14 @@ def load_model(settings: Settings) -> LoadedModel:
     apply_threads(settings)
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
+    if settings.quant == GGUF and not is_gguf_source(settings):
+        raise ModelLoadError(f"MINISERVE_QUANT=gguf runs a quantized GGUF file, and MINISERVE_MODEL="
+                             f"{settings.model!r} is not one (a .gguf path or a bundled model); "
+                             f"MINISERVE_QUANT must be one of {', '.join(QUANT_CHOICES)}")
+    if is_gguf_source(settings) and auto_runs_gguf(settings.quant, device.type, dtype):
+        loaded = load_gguf_native(settings, device, dtype, started)
+        if loaded is not None:
+            return loaded
     name, source = resolve_model_path(settings)
     try:
         spec = read_spec(source)   # before the weights: an unsupported model fails in a second
@@ -200,6 +229,38 @@ def load_model(settings: Settings) -> LoadedModel:
     log_event(logger, "model_loaded", model=name, architecture=spec.describe(), device=str(device), dtype=str(dtype).replace("torch.", ""),
               quant=quant, latency_ms=int(load_s * 1000))
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, path=source, device=device,
+                       dtype=dtype, load_s=load_s, quant=quant, spec=spec)
+
+
+def load_gguf_native(settings: Settings, device: Any, dtype: Any, started: float) -> LoadedModel | None:
+    """A quantized GGUF run on its own bits from the mapped file (engine.gguf_weights): the
+    description from the prepared folder, a ``meta`` transformers model (engine.gguf_model).
+    None when ``auto`` chose it and the file cannot run natively (an F16 file, a type without a
+    kernel): the q8 path then runs it, as before; an explicit ``gguf`` fails the start instead."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    if device.type != "cpu":
+        raise ModelLoadError(f"MINISERVE_QUANT=gguf runs on the CPU only (device {device}); "
+                             f"MINISERVE_QUANT must be one of {', '.join(QUANT_CHOICES)}")
+    name = served_model_name(settings)
+    folder, gguf = native_gguf(settings)
+    refusal = native_refusal(read_index(gguf))
+    if refusal is not None:
+        if settings.quant == GGUF:
+            raise ModelLoadError(f"MINISERVE_QUANT=gguf cannot run {gguf.name}: {refusal}; "
+                                 f"MINISERVE_QUANT must be one of {', '.join(QUANT_CHOICES)}")
+        log_event(logger, "gguf_native_skipped", reason=refusal)
+        return None
+    spec = read_spec(str(folder))
+    tokenizer = drop_init_tables(AutoTokenizer.from_pretrained(folder))
+    weights = read_gguf_weights(gguf, AutoConfig.from_pretrained(folder), dtype)
+    model = meta_model(folder, weights, dtype)
+    quant = "gguf (auto)" if settings.quant == "auto" else "gguf"
+    release_freed_memory()
+    load_s = time.perf_counter() - started
+    log_event(logger, "model_loaded", model=name, architecture=spec.describe(), device=str(device),
+              dtype=str(dtype).replace("torch.", ""), quant=quant, gguf=str(gguf), latency_ms=int(load_s * 1000))
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name, path=str(folder), device=device,
                        dtype=dtype, load_s=load_s, quant=quant, spec=spec)
 
 

@@ -31,9 +31,9 @@ from core.model_source import BUNDLED_MODELS, SMOLLM2_MODEL, bundled_model_dir
 from core.model_source import default_model_dir as _default_dir
 from core.settings import DEFAULT_MODEL, Settings, get_settings
 from engine.errors import ModelLoadError
-from engine.prepare_gguf import is_prepared, prepare_gguf_folder
+from engine.prepare_gguf import is_prepared, prepare_gguf_description, prepare_gguf_folder
 
-__all__ = ["is_prepared", "prepare_bundled_model", "prepare_default_model"]
+__all__ = ["is_prepared", "prepare_bundled_gguf", "prepare_bundled_model", "prepare_default_model"]
 
 GGUF_NAME = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 GGUF_SIZE = 491_400_064
@@ -165,6 +165,15 @@ def prepare_bundled_model(model: str, settings: Settings | None = None) -> Path:
     settings = settings or get_settings()
     bundled = BUNDLED[model]
     return prepare_gguf_folder(bundled_model_dir(settings.cache_dir, model), bundled.fetch, bundled.overrides)
+
+
+def prepare_bundled_gguf(model: str, settings: Settings | None = None) -> tuple[Path, Path]:
+    """A bundled model's folder with its description only (no weights converted) and the GGUF
+    file to run it from (the default model's assembled file is kept in the folder)."""
+    settings = settings or get_settings()
+    bundled = BUNDLED[model]
+    folder = bundled_model_dir(settings.cache_dir, model)
+    return folder, prepare_gguf_description(folder, bundled.fetch, bundled.overrides)
 
 
 def prepare_default_model(settings: Settings | None = None) -> Path:

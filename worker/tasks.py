@@ -14,6 +14,7 @@ from core.events import TOOL_STEP, WAITING
 from core.methods import BATCHED_METHOD
 from core.routing import note_prefix
 from engine.constrained.compiler import GrammarError
+from engine.errors import InsufficientMemoryError
 from engine.group import IndexedLogprobs, IndexedText, stream_group
 from engine.types import CancelCheck, GenerationRequest, GenerationResult, LogprobsCallback, TextCallback
 from worker.app import app
@@ -104,6 +105,8 @@ def run_generation(ctx: JobContext) -> dict[str, Any]:
             payload = group_result(results, int(ctx.record.request.get("n") or 1))
     except GrammarError as exc:  # the request's grammar, not the worker, is at fault
         raise JobFailed("grammar_error", str(exc)) from None
+    except InsufficientMemoryError as exc:  # official on a GGUF run natively: the MiB it would take
+        raise JobFailed("insufficient_memory", str(exc)) from None
     return {**payload, "model": rt.model_id}
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from core.logs import log_event
+from engine.quant.gguf_linear import BlockEmbedding, BlockLinear
 from engine.quant.kernels import check_kernels
 from engine.quant.layer import QuantizedEmbedding, QuantizedLinear, quantize_linear
 from engine.quant.q8 import GROUP
@@ -212,9 +213,11 @@ def exact_attention(weights: Qwen2Weights) -> bool:
 
 
 def quantized_bytes(weights: Qwen2Weights) -> int:
-    """Bytes held by the low-bit projections (and embedding) of ``weights`` (0 when not quantized)."""
+    """Bytes held by the low-bit projections (and embedding) of ``weights`` (0 when not quantized):
+    ``q8``'s, or a GGUF's own blocks."""
     parts = [getattr(layer, p) for layer in weights.layers for p in PROJECTIONS] + [weights.lm_head, weights.embed]
-    return sum(p.nbytes for p in parts if isinstance(p, (QuantizedLinear, QuantizedEmbedding)))
+    low_bit = (QuantizedLinear, QuantizedEmbedding, BlockLinear, BlockEmbedding)
+    return sum(p.nbytes for p in parts if isinstance(p, low_bit))
 
 
 def bytes_per_token(weights: Qwen2Weights) -> int:
@@ -226,6 +229,6 @@ def bytes_per_token(weights: Qwen2Weights) -> int:
 
     total = size(weights.norm) + weights.embed.shape[1] * weights.embed.element_size()  # one row
     for proj in [getattr(layer, p) for layer in weights.layers for p in PROJECTIONS] + [weights.lm_head]:
-        packed = isinstance(proj, (QuantizedLinear, PackedLinear))
+        packed = isinstance(proj, (QuantizedLinear, PackedLinear, BlockLinear))
         total += proj.nbytes if packed else size(proj.weight) + size(proj.bias)
     return total + sum(size(layer.input_norm) + size(layer.post_norm) for layer in weights.layers)

@@ -1,4 +1,4 @@
-"""Which precision a setting runs: ``MINISERVE_QUANT`` is ``auto``, ``none`` or ``q8``.
+"""Which precision a setting runs: ``MINISERVE_QUANT`` is ``auto``, ``none``, ``q8`` or ``gguf``.
 
 ``q8`` stores every projection, lm_head and the embedding as int8 with an fp16 scale per group
 of 32 inputs (llama.cpp's Q8_0 numbers), run by our own C kernel (:mod:`engine.quant.q8`). It
@@ -7,6 +7,12 @@ with bf16 (``python -m bench.quantization``), so they were removed.
 
 ``auto`` picks :data:`AUTO_CPU_PLAN` (``q8``) for a bf16 model on CPU and ``none`` on CUDA or
 in float32.
+
+``gguf`` runs a quantized GGUF file on its own blocks (Q4_K, Q6_K, Q5_0...), read from the
+mapped file (:mod:`engine.gguf_weights`): no full-precision copy is ever made, so memory is
+about the file's size. It is not a :class:`QuantPlan` (nothing is quantized): the loader
+takes another path for it. :data:`AUTO_GGUF` is the one switch that makes ``auto`` choose it
+for every quantized GGUF (bundled or a user's file); see :func:`auto_runs_gguf`.
 """
 from __future__ import annotations
 
@@ -34,7 +40,21 @@ PLANS = {
 # Only for a bf16 model: float32 is an explicit request for full precision (and the tests'
 # exact-equality setting).
 AUTO_CPU_PLAN = "q8"
-QUANT_CHOICES = ("auto", "none") + tuple(PLANS)
+GGUF = "gguf"
+QUANT_CHOICES = ("auto", "none") + tuple(PLANS) + (GGUF,)
+# Whether ``auto`` runs a quantized GGUF on its own bits. Off while ``block_matmul`` is the
+# gguf-py reference (dequantize + float32 matmul: seconds per token on the default model,
+# where q8 decodes ~40 tokens/s); turn on when the block kernels are in and match q8's speed
+# and agreement (bench.quantization). Until then ``MINISERVE_QUANT=gguf`` asks for it.
+AUTO_GGUF = False
+
+
+def auto_runs_gguf(setting: str, device_type: str, dtype: torch.dtype) -> bool:
+    """Whether ``setting`` runs a quantized GGUF natively: ``gguf`` always; ``auto`` when
+    :data:`AUTO_GGUF` is on, on CPU, for a bf16 model (float32 asks for full precision)."""
+    if setting == GGUF:
+        return True
+    return setting == "auto" and AUTO_GGUF and device_type == "cpu" and dtype == torch.bfloat16
 
 
 def resolve_quant(setting: str, device_type: str, dtype: torch.dtype = torch.bfloat16) -> str:

@@ -62,8 +62,45 @@ def full_weight_bytes(model: Any, embed: bool = False) -> int:
     return sum(m.weight.numel() * m.weight.element_size() for m in quantized_modules(model, embed).values())
 
 
+def register_reload(model: Any, params: list[str], read: Callable[[], dict[str, torch.Tensor]]) -> None:
+    """A model whose parameters ``params`` (full state-dict names) are not in memory (left on
+    the ``meta`` device: a GGUF run on its own bits) until ``official`` asks for them: ``read``
+    returns them then, by name (it may refuse, e.g. for want of memory: the job fails with its
+    error). :func:`full_weights` frees them again after, as for a quantized model."""
+    model.__dict__[_STATE] = {"names": [], "params": list(params), "read": read, "source": None,
+                              "lock": threading.Lock(), "users": 0, "hook": _reload_hook(model)}
+
+
+def _free_params(model: Any, state: dict[str, Any]) -> int:
+    """Put a :func:`register_reload` model's parameters back on the meta device (no memory)."""
+    freed = 0
+    for name in state["params"]:
+        old = model.get_parameter(name)
+        if not old.is_meta:
+            freed += old.numel() * old.element_size()
+        _set_param(model, name, torch.empty(old.shape, dtype=old.dtype, device="meta"))
+    _retie(model)
+    if state.get("done"):
+        state.update(done=False, hook=_reload_hook(model))
+    return freed
+
+
+def _set_param(model: Any, name: str, tensor: torch.Tensor) -> None:
+    owner, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(owner), attr, torch.nn.Parameter(tensor))
+
+
+def _retie(model: Any) -> None:
+    """A tied head is the embedding's parameter itself (replacing one must not untie them)."""
+    if getattr(model.config, "tie_word_embeddings", False):
+        model.lm_head.weight = model.model.embed_tokens.weight
+
+
 def free_full_weights(model: Any, source: str | None, embed: bool = False) -> int:
     """Release the quantized modules' weights (and fused buffers); returns bytes freed."""
+    state = model.__dict__.get(_STATE)
+    if state is not None and "params" in state:
+        return _free_params(model, state)
     if source is None:
         raise ValueError("freeing full-precision weights needs the model source to reload them for official")
     modules = quantized_modules(model, embed)
@@ -138,6 +175,9 @@ def restore_full_weights(model: Any, wait: Callable[[], None] | None = None) -> 
 
 def _read(model: Any, state: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The freed weights as new tensors on the model's device; touches nothing of the model."""
+    if "read" in state:
+        with torch.inference_mode(False):
+            return state["read"]()
     dtype, device = model.model.norm.weight.dtype, model.model.norm.weight.device
     with torch.inference_mode(False):  # see _install: plain tensors, as from_pretrained leaves them
         tensors = _load(state["source"], [f"{name}.weight" for name in state["names"]], dtype)
@@ -145,6 +185,13 @@ def _read(model: Any, state: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 
 def _install(model: Any, state: dict[str, Any], tensors: dict[str, torch.Tensor], started: float) -> None:
+    if "params" in state:
+        with torch.inference_mode(False):
+            for name in state["params"]:
+                _set_param(model, name, tensors[name])
+            _retie(model)
+        _installed(state, tensors, started)
+        return
     modules = quantized_modules(model, embed="model.embed_tokens" in state["names"])
     # Plain tensors with requires_grad, as from_pretrained leaves them (grad mode is off
     # anyway), even when the hook fires inside inference_mode: transformers' generate over
@@ -154,6 +201,10 @@ def _install(model: Any, state: dict[str, Any], tensors: dict[str, torch.Tensor]
     with torch.inference_mode(False):
         for name in state["names"]:
             modules[name].weight = torch.nn.Parameter(tensors[f"{name}.weight"])
+    _installed(state, tensors, started)
+
+
+def _installed(state: dict[str, Any], tensors: dict[str, torch.Tensor], started: float) -> None:
     state["hook"].remove()
     state["done"] = True
     log_event(logger, "full_weights_restored", reason="official", tensors=len(tensors),

@@ -96,7 +96,7 @@ def test_quant_setting_is_validated(monkeypatch):
     assert load_settings().quant == "none"
     for removed in ("int8", "int4", "mixed", "fp8"):
         monkeypatch.setenv("MINISERVE_QUANT", removed)
-        with pytest.raises(SettingsError, match="MINISERVE_QUANT.*'auto', 'none' or 'q8'"):
+        with pytest.raises(SettingsError, match="MINISERVE_QUANT.*'auto', 'none', 'q8' or 'gguf'"):
             load_settings()
 
 

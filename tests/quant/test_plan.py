@@ -12,7 +12,7 @@ from engine.handwritten import forward_for
 from engine.loader import ModelLoadError, load_model
 from engine.ops.fused_ops import CAttentionOps, FusedOps
 from engine.ops.torch_ops import TorchOps
-from engine.quant.plan import QUANT_CHOICES, resolve_quant
+from engine.quant.plan import QUANT_CHOICES, auto_runs_gguf, resolve_quant
 from engine.quant.kernels import QuantKernelError
 from engine.quant.model import forward_weights
 from engine.quant.restore import full_weight_bytes
@@ -31,7 +31,18 @@ def test_auto_is_q8_for_bf16_on_cpu_and_full_precision_elsewhere():
     for removed in ("int8", "int4", "mixed", "int3"):
         with pytest.raises(ValueError, match="MINISERVE_QUANT.*auto, none, q8"):
             resolve_quant(removed, "cpu")
-    assert QUANT_CHOICES == ("auto", "none", "q8")
+    assert QUANT_CHOICES == ("auto", "none", "q8", "gguf")
+
+
+def test_auto_runs_a_gguf_natively_only_behind_its_switch(monkeypatch):
+    from engine.quant import plan
+
+    assert auto_runs_gguf("gguf", "cpu", torch.float32)              # asked for: always
+    assert not auto_runs_gguf("q8", "cpu", torch.bfloat16) and not auto_runs_gguf("none", "cpu", torch.bfloat16)
+    assert auto_runs_gguf("auto", "cpu", torch.bfloat16) == plan.AUTO_GGUF
+    monkeypatch.setattr(plan, "AUTO_GGUF", True)
+    assert auto_runs_gguf("auto", "cpu", torch.bfloat16)
+    assert not auto_runs_gguf("auto", "cpu", torch.float32) and not auto_runs_gguf("auto", "cuda", torch.bfloat16)
 
 
 def _broken_kernels(monkeypatch):

@@ -35,6 +35,8 @@ LAYER_OF = {
     "engine.quant.mapped": 0,
     "engine.quant.gguf_blocks": 0,     # GGUF block formats: the weight and its matmul
     "engine.quant.gguf_native": 0,     # their C kernels (native/gguf.c)
+    "engine.quant.gguf_linear": 0,     # linears and the embedding over a GGUF's blocks
+    "engine.gguf_index": 0,            # a GGUF's tensor table, read fast, its data mapped
     "engine.ops.interface": 0,         # the small operations' one interface
     "engine.ops.torch_ops": 0,         # torch's: the exact reference
     "engine.ops.c_calls": 0,           # one C call per operation (native/decode.c)
@@ -49,6 +51,8 @@ LAYER_OF = {
     "engine.quant.source": 1,
     "engine.quant.step": 1,            # the one-call decode step of the whole model
     "engine.weights": 1,
+    "engine.gguf_weights": 1,          # a quantized GGUF's weights for the forward, from the mapping
+    "engine.gguf_model": 1,            # the meta transformers model of a native GGUF; official on demand
     "engine.loader": 1,
     "engine.gguf_meta": 0,
     "engine.prepare_gguf": 1,

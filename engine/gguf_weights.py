@@ -1,0 +1,178 @@
+"""A quantized GGUF's weights arranged for the hand-written forward, read from the mapped file.
+
+:func:`read_gguf_weights` maps the file read-only (:mod:`engine.gguf_index`, an
+``np.memmap``): every tensor's data is a view of the mapping, and ``torch.from_numpy`` on it copies nothing.
+So the projections, ``lm_head`` and the embedding are the file's own bytes, paged in as a
+step reads them (:class:`~engine.quant.gguf_linear.BlockLinear`,
+:class:`~engine.quant.gguf_linear.BlockEmbedding`); only the norms and biases, a few hundred
+KB, are copied (norms in the model dtype, biases in float32 as the linear adds them).
+
+One exception: llama.cpp's converter permutes the rows of a Llama model's ``attn_q`` and
+``attn_k`` (weights and biases) for its rotary layout, and transformers' GGUF loader undoes it
+(``LlamaTensorProcessor``). Our forward rotates as transformers does, so those rows are put
+back: a row permutation keeps every block whole, so the permuted tensors are heap copies of the
+same bytes (about 15% of a Llama file), never a full-precision matrix.
+
+The fused projections of the forward (q/k/v, gate/up) are one :class:`BlockLinear` each whose
+parts are the separate tensors, whatever their types.
+"""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType
+
+from engine.architecture import UnsupportedArchitecture
+from engine.errors import ModelLoadError
+from engine.gguf_index import GGUFIndex, TensorInfo, read_index
+from engine.quant.gguf_blocks import BLOCK_TYPES, BlockWeight
+from engine.quant.gguf_linear import BlockEmbedding, BlockLinear, Part
+from engine.weights import ForwardConfig, LayerWeights, Qwen2Weights
+
+FLOAT_TYPES = frozenset({GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16})
+# GGUF architectures whose q/k rows llama.cpp's converter permuted (as transformers' TENSOR_PROCESSORS)
+PERMUTED_ARCHITECTURES = ("llama",)
+
+
+class GGUFWeightsError(ModelLoadError):
+    """A GGUF whose tensors the native path cannot run (a type, a missing or misshaped tensor)."""
+
+
+def weight_types(index: GGUFIndex) -> dict[str, GGMLQuantizationType]:
+    """Every matrix's type (2-D tensors: the projections, the embedding and the head)."""
+    return {t.name: t.ggml_type for t in index.tensors.values() if len(t.dims) == 2}
+
+
+def native_refusal(index: GGUFIndex) -> str | None:
+    """Why this file's matrices cannot run on their own bits (a type we have no kernel for, or
+    no block-quantized matrix at all), or None when they can."""
+    types = weight_types(index)
+    unknown = sorted({t.name for t in types.values()} - {t.name for t in BLOCK_TYPES | FLOAT_TYPES})
+    if unknown:
+        return (f"its matrices include type(s) {', '.join(unknown)}; the native path runs "
+                f"{', '.join(sorted(t.name for t in BLOCK_TYPES))} (and F32/F16/BF16)")
+    if not any(t in BLOCK_TYPES for t in types.values()):
+        return "no matrix is block-quantized (an F16/BF16/F32 file is the q8 path's)"
+    return None
+
+
+def _as_tensor(array: np.ndarray) -> torch.Tensor:
+    """A torch view of a read-only mapped array (no copy; writing to it would fault, and nothing does)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "The given NumPy array is not writable"
+        return torch.from_numpy(array)
+
+
+def head_permutation(rows: int, n_head: int) -> np.ndarray:
+    """Row order that undoes llama.cpp's rotary permutation of a q (``n_head`` heads) or k
+    (``n_kv_head``) matrix: new row ``h*2d + j*d + i`` is old row ``h*2d + 2i + j``
+    (transformers' ``_reverse_permute_weights``)."""
+    dim = rows // n_head // 2
+    return np.arange(rows).reshape(n_head, dim, 2).swapaxes(1, 2).reshape(-1)
+
+
+class GGUFTensors:
+    """Tensors of one mapped GGUF by name, as parts for :class:`BlockLinear` or small float copies."""
+
+    def __init__(self, index: GGUFIndex) -> None:
+        self.index = index
+        self.permuted = index.architecture in PERMUTED_ARCHITECTURES
+
+    def has(self, name: str) -> bool:
+        return name in self.index.tensors
+
+    def _tensor(self, name: str) -> TensorInfo:
+        tensor = self.index.tensors.get(name)
+        if tensor is None:
+            raise GGUFWeightsError(f"the GGUF has no tensor {name!r}")
+        return tensor
+
+    def part(self, name: str, rows: int, cols: int, heads: int | None = None) -> Part:
+        """Matrix ``name`` (``[rows, cols]`` as transformers names it) as the file stores it: a
+        :class:`BlockWeight` over the mapped bytes, or a float view. ``heads``: undo llama.cpp's
+        q/k row permutation (a heap copy of the same bytes)."""
+        tensor = self._tensor(name)
+        kind = tensor.ggml_type
+        if tensor.shape != (rows, cols):
+            raise GGUFWeightsError(f"{name} is {list(tensor.shape)}, the config expects [{rows}, {cols}]")
+        data = self.index.data(name)
+        if heads is not None and self.permuted:
+            data = data[head_permutation(rows, heads)]       # fancy indexing: a copy, rows whole
+        if kind in BLOCK_TYPES:
+            return BlockWeight(kind, rows, cols, _as_tensor(data))
+        if kind in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            return _as_tensor(data)
+        if kind == GGMLQuantizationType.BF16:
+            return _as_tensor(data).view(torch.bfloat16).reshape(rows, cols)
+        raise GGUFWeightsError(f"{name} is {kind.name}, which the native path cannot run")
+
+    def vector(self, name: str, dtype: torch.dtype, size: int, heads: int | None = None) -> torch.Tensor:
+        """A small 1-D tensor (norm or bias) copied to ``dtype``."""
+        tensor = self._tensor(name)
+        if tensor.ggml_type not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            raise GGUFWeightsError(f"{name} is {tensor.ggml_type.name}; a norm or bias must be F32 or F16")
+        values = np.asarray(self.index.data(name), dtype=np.float32).reshape(-1)
+        if values.shape != (size,):
+            raise GGUFWeightsError(f"{name} has {values.shape[0]} values, the config expects {size}")
+        if heads is not None and self.permuted:
+            values = values[head_permutation(size, heads)]
+        return torch.tensor(values, dtype=dtype)
+
+    def optional_vector(self, name: str, dtype: torch.dtype, size: int, heads: int | None = None) -> torch.Tensor | None:
+        return self.vector(name, dtype, size, heads) if self.has(name) else None
+
+
+def read_gguf_weights(path: Path | str, config: Any, dtype: torch.dtype) -> Qwen2Weights:
+    """The forward's weights over the mapped file ``path``; ``config``: the transformers config
+    the prepared folder holds (shapes and the architecture description)."""
+    tensors = GGUFTensors(read_index(path))
+    refusal = native_refusal(tensors.index)
+    if refusal is not None:
+        raise GGUFWeightsError(f"GGUF file {path} cannot run on its own bits: {refusal}")
+    cfg = ForwardConfig.from_hf(config)
+    layers = [_layer(tensors, cfg, i, dtype) for i in range(cfg.num_layers)]
+    embed_part = tensors.part("token_embd.weight", cfg.vocab_size, cfg.hidden_size)
+    if cfg.tied or not tensors.has("output.weight"):
+        if not cfg.tied:
+            raise UnsupportedArchitecture("the GGUF has no output.weight but the config does not tie the head")
+        head = BlockLinear((embed_part,))
+    else:
+        head = BlockLinear((tensors.part("output.weight", cfg.vocab_size, cfg.hidden_size),))
+    return Qwen2Weights(config=cfg, embed=BlockEmbedding(embed_part, dtype), layers=layers,
+                        norm=tensors.vector("output_norm.weight", dtype, cfg.hidden_size), lm_head=head)
+
+
+def _layer(tensors: GGUFTensors, cfg: ForwardConfig, index: int, dtype: torch.dtype) -> LayerWeights:
+    blk, hidden, inter = f"blk.{index}.", cfg.hidden_size, cfg.intermediate_size
+    q, kv = cfg.q_size, cfg.kv_size
+    heads = {"attn_q": (q, cfg.num_heads), "attn_k": (kv, cfg.num_kv_heads), "attn_v": (kv, None)}
+    qkv_parts = tuple(tensors.part(f"{blk}{n}.weight", rows, hidden, h) for n, (rows, h) in heads.items())
+    qkv_bias = [tensors.optional_vector(f"{blk}{n}.bias", torch.float32, rows, h) for n, (rows, h) in heads.items()]
+    if any(b is not None for b in qkv_bias) and any(b is None for b in qkv_bias):
+        raise GGUFWeightsError(f"{blk}: some of q/k/v have a bias and some do not")
+    spec = cfg.spec
+    return LayerWeights(
+        input_norm=tensors.vector(f"{blk}attn_norm.weight", dtype, hidden),
+        qkv=BlockLinear(qkv_parts, None if qkv_bias[0] is None else torch.cat(qkv_bias)),
+        o=BlockLinear((tensors.part(f"{blk}attn_output.weight", hidden, q),),
+                      tensors.optional_vector(f"{blk}attn_output.bias", torch.float32, hidden)),
+        post_norm=tensors.vector(f"{blk}ffn_norm.weight", dtype, hidden),
+        gate_up=BlockLinear((tensors.part(f"{blk}ffn_gate.weight", inter, hidden),
+                             tensors.part(f"{blk}ffn_up.weight", inter, hidden)),
+                            _pair_bias(tensors, blk, inter)),
+        down=BlockLinear((tensors.part(f"{blk}ffn_down.weight", hidden, inter),),
+                         tensors.optional_vector(f"{blk}ffn_down.bias", torch.float32, hidden)),
+        q_norm=tensors.vector(f"{blk}attn_q_norm.weight", dtype, cfg.head_dim) if spec.qk_norm else None,
+        k_norm=tensors.vector(f"{blk}attn_k_norm.weight", dtype, cfg.head_dim) if spec.qk_norm else None)
+
+
+def _pair_bias(tensors: GGUFTensors, blk: str, inter: int) -> torch.Tensor | None:
+    gate = tensors.optional_vector(f"{blk}ffn_gate.bias", torch.float32, inter)
+    up = tensors.optional_vector(f"{blk}ffn_up.bias", torch.float32, inter)
+    if (gate is None) != (up is None):
+        raise GGUFWeightsError(f"{blk}: one of ffn_gate/ffn_up has a bias and the other does not")
+    return None if gate is None else torch.cat([gate, up])

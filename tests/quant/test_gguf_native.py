@@ -1,0 +1,235 @@
+"""MINISERVE_QUANT=gguf: a quantized GGUF runs from its own blocks in the mapped file.
+
+The reference is transformers' own GGUF loader: it dequantizes the same file with gguf-py
+(and undoes llama.cpp's q/k row permutation of a Llama file itself), and our float32 forward
+over those weights is what the native path must equal within float tolerance.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from core.settings import load_settings
+from engine import gguf_weights
+from engine.engine import Engine
+from engine.errors import InsufficientMemoryError
+from engine.forward import Qwen2Forward
+from engine.gguf_index import read_index
+from engine.kv_cache import NoCache
+from engine.loader import ModelLoadError, load_model
+from engine.quant.gguf_blocks import BlockWeight
+from engine.quant.gguf_linear import BlockEmbedding, BlockLinear
+from engine.quant.model import forward_weights
+from engine.quant.plan import PROJECTIONS
+from engine.types import GenerationRequest, SamplingParams
+from engine.weights import fuse_projections
+from tests.tiny_gguf import make_tiny_gguf
+
+IDS = torch.tensor([1, 5, 9, 20, 33, 7, 101, 64, 3, 12])
+ATOL = 1e-5  # times the logits' scale: float32 sums in another order
+# name -> (architecture, types, model args): Q8_0 (default), the gguf-py formats, the K formats
+FILES = {
+    "qwen2-q8_0": ("qwen2", None, {}),
+    "llama-q4_0-q4_1-q5_0": ("llama", {"*": "Q4_0", "attn_v": "Q5_0", "ffn_down": "Q4_1", "token_embd": "Q8_0"},
+                             {"tie_word_embeddings": True}),
+    "qwen2-k": ("qwen2", {"*": "Q4_K", "attn_v": "Q6_K", "ffn_down": "Q6_K", "ffn_up": "Q5_K",
+                          "token_embd": "Q6_K", "output": "Q6_K"}, {"hidden_size": 256, "intermediate_size": 512}),
+    "llama-k": ("llama", {"*": "Q4_K", "attn_k": "Q6_K", "token_embd": "Q4_K", "output": "Q6_K"},
+                {"hidden_size": 256, "intermediate_size": 512, "num_heads": 4, "num_kv_heads": 2}),
+}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gguf-native")
+    return {name: make_tiny_gguf(root / f"{name}.gguf", seed=i, architecture=arch, types=types, **args)
+            for i, (name, (arch, types, args)) in enumerate(FILES.items())}
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture
+def exact_matmul(monkeypatch):
+    """The loader's arithmetic checked exactly: every block matmul by gguf-py's dequantization in
+    float32 (the C kernels quantize activations to int8; tests/quant/test_gguf_kernels.py checks
+    them against this reference, and the kernel path's agreement is checked below)."""
+    from engine.quant import gguf_blocks, gguf_linear
+
+    monkeypatch.setattr(gguf_linear, "block_matmul", gguf_blocks.reference_matmul)
+
+
+def _settings(path, cache_dir, dtype="float32", quant="gguf"):
+    return load_settings(model=str(path), cache_dir=str(cache_dir), dtype=dtype, device="cpu", quant=quant)
+
+
+def _reference(path):
+    """transformers' dequantized float32 model of the same file."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+
+
+def _logits(weights, ids=IDS):
+    return Qwen2Forward(weights)(ids, NoCache(), last_only=False).float()
+
+
+@pytest.mark.parametrize("name", list(FILES))
+def test_native_logits_equal_a_float32_forward_over_the_dequantized_file(files, cache_dir, name, exact_matmul):
+    loaded = load_model(_settings(files[name], cache_dir))
+    assert loaded.quant == "gguf"
+    native = _logits(forward_weights(loaded.model))
+    expected = _logits(fuse_projections(_reference(files[name])))
+    scale = max(expected.abs().max().item(), 1.0)
+    assert torch.allclose(native, expected, rtol=0, atol=ATOL * scale), (native - expected).abs().max()
+    assert torch.equal(native.argmax(-1), expected.argmax(-1))
+
+
+@pytest.mark.parametrize("name", list(FILES))
+def test_the_c_kernel_path_agrees_with_the_float32_dequantized_forward(files, cache_dir, name):
+    """With the C block kernels (int8 activations), the top-1 token at each position agrees with
+    the float32 forward over the dequantized file above a floor: reported, not exact."""
+    loaded = load_model(_settings(files[name], cache_dir))
+    native = _logits(forward_weights(loaded.model))
+    expected = _logits(fuse_projections(_reference(files[name])))
+    agreement = (native.argmax(-1) == expected.argmax(-1)).float().mean().item()
+    assert agreement >= 0.75, agreement
+
+
+@pytest.mark.parametrize("name", ["llama-q4_0-q4_1-q5_0", "llama-k"])
+def test_a_llama_file_gets_its_q_k_rows_put_back(files, cache_dir, monkeypatch, name):
+    """The q/k rows equal transformers' un-permuted ones exactly, and would not without it."""
+    path = files[name]
+    reference = _reference(path).model.layers[1].self_attn
+    expected = torch.cat([reference.q_proj.weight, reference.k_proj.weight, reference.v_proj.weight])
+    assert torch.equal(forward_weights(load_model(_settings(path, cache_dir)).model).layers[1].qkv.dequantize(), expected)
+    monkeypatch.setattr(gguf_weights, "PERMUTED_ARCHITECTURES", ())
+    unpermuted = forward_weights(load_model(_settings(path, cache_dir)).model).layers[1].qkv.dequantize()
+    assert not torch.equal(unpermuted, expected)
+    assert torch.equal(unpermuted[-expected.shape[0] // 4:], expected[-expected.shape[0] // 4:])  # v: as stored
+
+
+@pytest.mark.parametrize("name", ["qwen2-k", "llama-k"])
+def test_bf16_greedy_agrees_with_the_float32_dequantized_path(files, cache_dir, name):
+    """bf16 activations round differently: top-1 agreement over a teacher-forced text, against a floor."""
+    loaded = load_model(_settings(files[name], cache_dir, dtype="bfloat16"))
+    assert loaded.quant == "gguf" and loaded.dtype == torch.bfloat16
+    ids = torch.arange(2, 66)
+    native = _logits(forward_weights(loaded.model), ids).argmax(-1)
+    expected = _logits(fuse_projections(_reference(files[name])), ids).argmax(-1)
+    assert (native == expected).float().mean().item() >= 0.85
+
+
+def test_no_full_precision_copy_of_a_projection_exists(files, cache_dir):
+    path = files["qwen2-k"]
+    loaded = load_model(_settings(path, cache_dir, dtype="bfloat16"))
+    weights = forward_weights(loaded.model)
+    mapped = _mapped_ranges(path)
+    linears = [getattr(layer, p) for layer in weights.layers for p in PROJECTIONS] + [weights.lm_head]
+    assert all(isinstance(linear, BlockLinear) for linear in linears)
+    for part in [p for linear in linears for p in linear.parts] + [weights.embed.table]:
+        assert isinstance(part, BlockWeight) and part.data.dtype == torch.uint8
+        address = part.data.data_ptr()
+        assert any(lo <= address < hi for lo, hi in mapped), "a Qwen2 file's blocks are views of its mapping"
+    assert isinstance(weights.embed, BlockEmbedding)
+    # The transformers model holds nothing but the norms (shared with the forward's) and rotary tables.
+    real = {name for name, p in loaded.model.named_parameters() if not p.is_meta}
+    assert real and all("norm" in name for name in real)
+    assert loaded.model.model.norm.weight.data_ptr() == weights.norm.data_ptr()
+
+
+def _mapped_ranges(path) -> list[tuple[int, int]]:
+    """Address ranges of this process's mappings of ``path`` (/proc/self/maps)."""
+    ranges = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].strip() == str(path.resolve()):
+                lo, hi = (int(x, 16) for x in fields[0].split("-"))
+                ranges.append((lo, hi))
+    return ranges
+
+
+def test_llama_q_k_are_heap_copies_of_the_same_bytes(files, cache_dir):
+    path = files["llama-k"]
+    weights = forward_weights(load_model(_settings(path, cache_dir)).model)
+    index = read_index(path)
+    qkv = weights.layers[0].qkv
+    q, k, v = qkv.parts
+    assert q.nbytes == index.tensors["blk.0.attn_q.weight"].nbytes and q.ggml_type.name == "Q4_K"
+    assert k.ggml_type.name == "Q6_K"
+    original = index.data("blk.0.attn_q.weight")
+    rows = gguf_weights.head_permutation(q.out_features, 4)
+    assert np.array_equal(q.data.numpy(), original[rows]) and not np.array_equal(rows, np.arange(len(rows)))
+
+
+def test_embedding_dequantizes_only_the_rows_asked_for(files, cache_dir):
+    from gguf.quants import dequantize
+
+    path = files["qwen2-k"]
+    weights = forward_weights(load_model(_settings(path, cache_dir)).model)
+    table = dequantize(read_index(path).data("token_embd.weight"), weights.embed.table.ggml_type)
+    ids = torch.tensor([[3, 9], [9, 0]])
+    rows = weights.embed_tokens(ids)
+    assert rows.shape == (2, 2, 256) and torch.equal(rows, torch.from_numpy(table[ids.numpy()]))
+
+
+def test_the_folder_holds_the_description_only(files, cache_dir, monkeypatch):
+    from engine import prepare_gguf
+
+    monkeypatch.setattr(prepare_gguf, "convert_gguf", lambda *a: pytest.fail("dequantized the file"))
+    fresh = cache_dir / "fresh"
+    load_model(_settings(files["qwen2-q8_0"], fresh))
+    (folder,) = (fresh / "models").glob("gguf-*")  # beside it: the lock file
+    names = {p.name for p in folder.iterdir()}
+    assert {"config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json"} <= names
+    assert not any(name.endswith((".safetensors", ".gguf")) for name in names)  # a user's file stays where it is
+
+
+def test_gguf_is_refused_for_a_folder_model(tmp_path, quant_model_dir):
+    with pytest.raises(ModelLoadError, match="MINISERVE_QUANT=gguf"):
+        load_model(_settings(quant_model_dir, tmp_path))
+
+
+def test_gguf_is_refused_for_an_unquantized_file(tmp_path):
+    path = make_tiny_gguf(tmp_path / "f32.gguf", types={"*": "F32"})
+    with pytest.raises(ModelLoadError, match="no matrix is block-quantized"):
+        load_model(_settings(path, tmp_path / "cache"))
+
+
+def test_methods_and_official_on_demand(files, cache_dir, exact_matmul):
+    """The hand-written methods run the blocks; official dequantizes the file into the meta
+    model for its job and frees it after: in float32 all agree on the tiny model."""
+    engine = Engine(_settings(files["qwen2-q8_0"], cache_dir)).load()
+    try:
+        model = engine.loaded.model
+        request = GenerationRequest(messages=[{"role": "user", "content": "hello world"}],
+                                    sampling=SamplingParams(max_new_tokens=10, repetition_penalty=1.0))
+        tokens = {m: engine.generate(dataclasses.replace(request, method=m)).token_ids
+                  for m in ("paged", "custom_cache", "official")}
+        assert len(tokens["paged"]) >= 4 and tokens["paged"] == tokens["custom_cache"] == tokens["official"]
+        assert model.lm_head.weight.is_meta and model.model.layers[0].mlp.down_proj.weight.is_meta  # freed again
+    finally:
+        engine.close()
+
+
+def test_official_refuses_when_memory_is_short(files, cache_dir, monkeypatch):
+    from engine import gguf_model
+
+    engine = Engine(_settings(files["qwen2-q8_0"], cache_dir)).load()
+    try:
+        monkeypatch.setattr(gguf_model, "available_bytes", lambda: 300 * 2**20)
+        request = GenerationRequest(messages=[{"role": "user", "content": "hello"}], method="official",
+                                    sampling=SamplingParams(max_new_tokens=4))
+        with pytest.raises(InsufficientMemoryError, match=r"MiB.*available"):
+            engine.generate(request)
+        assert engine.loaded.model.lm_head.weight.is_meta
+        monkeypatch.setattr(gguf_model, "available_bytes", lambda: 64 * 2**30)
+        assert engine.generate(request).token_ids  # the next job, with memory, runs
+    finally:
+        engine.close()
