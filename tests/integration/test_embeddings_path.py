@@ -14,6 +14,7 @@ from celery import Celery
 
 from core.model_source import EMBEDDING_MODEL
 from core.settings import load_settings
+from core.tasks import WEBHOOK_QUEUE
 from core.workers import list_workers
 from tests.harness.stack import wait_until
 from tests.integration.conftest import started_web, wait_for_worker
@@ -134,4 +135,6 @@ def test_the_embedding_worker_consumes_only_its_models_queue(served, shared_stac
                    60, what="the worker's queues")
     finally:
         app.close()
-    assert [q["name"] for q in found[worker["info"]["node"]]] == [f"embedding.{EMBEDDING_MODEL}"]
+    # its model's queue, and the webhooks queue every worker consumes (core/webhooks.py); no shared queue
+    assert sorted(q["name"] for q in found[worker["info"]["node"]]) == sorted([f"embedding.{EMBEDDING_MODEL}",
+                                                                               WEBHOOK_QUEUE])
