@@ -101,7 +101,7 @@ def _started_worker(stack: Stack, store: JobStore, **kwargs):
 def worker(stack, store):
     proc = _started_worker(stack, store)
     yield proc
-    proc.stop()
+    proc.kill()  # teardown: no graceful stop is under test here
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +113,7 @@ def shared_store(shared_stack) -> JobStore:
 def shared_worker(shared_stack, shared_store):
     proc = _started_worker(shared_stack, shared_store)
     yield proc
-    proc.stop()
+    proc.kill()  # teardown: no graceful stop is under test here
 
 
 def submit(store: JobStore, celery_client, request: dict, job_type: str = "generate") -> JobRecord:
@@ -174,4 +174,4 @@ def started_web(stack: Stack, port: int | None = None, **env: str):
 def web(shared_stack):
     proc, base_url = started_web(shared_stack)
     yield base_url
-    proc.stop()
+    proc.kill()  # teardown: no graceful stop is under test here

@@ -38,7 +38,7 @@ def timed_worker(stack, store):
         proc.kill()
         raise AssertionError("worker did not come up:\n" + proc.log()[-4000:])
     yield proc
-    proc.stop()
+    proc.kill()  # teardown: no graceful stop is under test here
 
 
 def celery_state(results: Celery, job_id: str, expected: str, timeout_s: float = 20):

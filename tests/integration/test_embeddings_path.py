@@ -41,8 +41,8 @@ def served(shared_stack, shared_store, cache_dir):
         raise AssertionError("embedding worker did not come up:\n" + worker.log()[-4000:])
     web, base = started_web(shared_stack)
     yield base, worker
-    web.stop()
-    worker.stop()
+    web.kill()  # teardown: no graceful stop is under test here
+    worker.kill()  # teardown: no graceful stop is under test here
 
 
 @pytest.fixture(scope="module")

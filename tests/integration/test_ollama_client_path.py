@@ -38,8 +38,8 @@ def client(fim_stack):
     worker = _started_worker(fim_stack, stack_store(fim_stack))
     web, url = started_web(fim_stack)
     yield ollama.Client(host=url, timeout=120)
-    web.stop()
-    worker.stop()
+    web.kill()  # teardown: no graceful stop is under test here
+    worker.kill()  # teardown: no graceful stop is under test here
 
 
 @pytest.fixture(scope="module")

@@ -43,8 +43,8 @@ def base_url(fim_stack, fim_store):
     worker = _started_worker(fim_stack, fim_store, MINISERVE_KV_BLOCK_SIZE="4")
     web, url = started_web(fim_stack)
     yield url
-    web.stop()
-    worker.stop()
+    web.kill()  # teardown: no graceful stop is under test here
+    worker.kill()  # teardown: no graceful stop is under test here
 
 
 @pytest.fixture(scope="module")

@@ -37,8 +37,8 @@ def web(redis_proc):
         raise AssertionError("worker did not come up:\n" + worker.log()[-4000:])
     proc, base = started_web(stack)
     yield base
-    proc.stop()
-    worker.stop()
+    proc.kill()  # teardown: no graceful stop is under test here
+    worker.kill()  # teardown: no graceful stop is under test here
 
 
 def _chat(base: str, **body) -> dict:

@@ -90,14 +90,14 @@ def hook_worker(hook_stack, shared_store):
         proc.kill()
         raise AssertionError("worker did not come up:\n" + proc.log()[-4000:])
     yield proc
-    proc.stop()
+    proc.kill()  # teardown: no graceful stop is under test here
 
 
 @pytest.fixture(scope="module")
 def hook_web(hook_stack, hook_worker):
     proc, base_url = started_web(hook_stack)
     yield base_url
-    proc.stop()
+    proc.kill()  # teardown: no graceful stop is under test here
 
 
 @pytest.fixture(scope="module")

@@ -32,8 +32,8 @@ def secured(shared_stack, shared_store):
     worker = _started_worker(shared_stack, shared_store)
     web_proc, base = started_web(shared_stack)
     yield base, shared_store
-    web_proc.stop()
-    worker.stop()
+    web_proc.kill()  # teardown: no graceful stop is under test here
+    worker.kill()  # teardown: no graceful stop is under test here
 
 
 def post_job(base: str, headers: dict, body: dict = SHORT, idempotency_key: str | None = None) -> requests.Response:

@@ -27,8 +27,8 @@ def ttl_stack(shared_stack, shared_store):
     worker = _started_worker(shared_stack, shared_store, queues="generation")
     web_proc, base = started_web(shared_stack)
     yield base, shared_store
-    web_proc.stop()
-    worker.stop()
+    web_proc.kill()  # teardown: no graceful stop is under test here
+    worker.kill()  # teardown: no graceful stop is under test here
 
 
 def ttl(store, key: str) -> int:

@@ -30,8 +30,8 @@ def running(own_stack, own_store):
     worker = _started_worker(own_stack, own_store)
     web_proc, base = started_web(own_stack, MINISERVE_MAX_NEW_TOKENS_CAP=str(LONG))
     yield base, worker, web_proc
-    web_proc.stop()
-    worker.stop()
+    web_proc.kill()  # teardown: no graceful stop is under test here
+    worker.kill()  # teardown: no graceful stop is under test here
 
 
 def assert_503_json(reply: requests.Response) -> None:

@@ -44,8 +44,8 @@ def stress_stack(stack, store):
     worker = _started_worker(stack, store, pool="threads", concurrency=40, MINISERVE_MAX_BATCH="32")
     web, base = started_web(stack, MINISERVE_WEB_WORKERS="1")
     yield base, worker
-    web.stop()
-    worker.stop()
+    web.kill()  # teardown: no graceful stop is under test here
+    worker.kill()  # teardown: no graceful stop is under test here
 
 
 def post(base: str, payload: dict) -> str:

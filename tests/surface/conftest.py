@@ -30,14 +30,14 @@ def surface_store(surface_stack) -> JobStore:
 def surface_worker(surface_stack, surface_store):
     proc = _started_worker(surface_stack, surface_store)
     yield proc
-    proc.stop()
+    proc.kill()  # teardown: no graceful stop is under test here
 
 
 @pytest.fixture(scope="package")
 def base_url(surface_stack, surface_worker) -> str:
     proc, url = started_web(surface_stack)
     yield url
-    proc.stop()
+    proc.kill()  # teardown: no graceful stop is under test here
 
 
 @pytest.fixture(scope="package")

@@ -84,8 +84,8 @@ def blip_stack(tmp_path_factory, tiny_model):
     worker = _started_worker(stack, store)
     web, url = started_web(stack)
     yield server, store, url
-    web.stop()
-    worker.stop()
+    web.kill()  # teardown: no graceful stop is under test here
+    worker.kill()  # teardown: no graceful stop is under test here
     if server.proc is not None:
         server.proc.kill()
 
