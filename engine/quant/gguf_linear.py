@@ -16,11 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
-from gguf import GGMLQuantizationType
-from gguf.quants import dequantize as gguf_dequantize
 
+from engine.quant import gguf_native
 from engine.quant.gguf_blocks import BlockWeight, block_matmul, dequantize_rows
 
 Part = BlockWeight | torch.Tensor   # a block-format matrix, or a full-precision [out, in] one
@@ -134,9 +132,8 @@ class BlockEmbedding:
         return rows.reshape(*input_ids.shape, rows.shape[-1])
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """float32 rows ``ids`` of a block-format table (only those rows read and dequantized)."""
+        """float32 rows ``ids`` of a block-format table: only those rows are read, by the C
+        dequantization (gguf-py's numpy one costs more than the rest of a small model's step)."""
         table = self.table
         assert isinstance(table, BlockWeight)
-        raw = table.data.numpy()[ids.cpu().numpy()]   # a copy of just these rows' bytes
-        values = gguf_dequantize(np.ascontiguousarray(raw), GGMLQuantizationType(table.ggml_type))
-        return torch.from_numpy(np.asarray(values, dtype=np.float32).reshape(len(ids), table.in_features))
+        return gguf_native.dequantize(table.ggml_type, table.data, table.in_features, ids=ids.cpu())

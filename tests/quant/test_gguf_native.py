@@ -20,7 +20,7 @@ from engine.forward import Qwen2Forward
 from engine.gguf_index import read_index
 from engine.kv_cache import NoCache
 from engine.loader import ModelLoadError, load_model
-from engine.quant.gguf_blocks import BlockWeight
+from engine.quant.gguf_blocks import BlockWeight, dequantize_rows
 from engine.quant.gguf_linear import BlockEmbedding, BlockLinear
 from engine.quant.model import forward_weights
 from engine.quant.plan import PROJECTIONS
@@ -233,3 +233,15 @@ def test_official_refuses_when_memory_is_short(files, cache_dir, monkeypatch):
         assert engine.generate(request).token_ids  # the next job, with memory, runs
     finally:
         engine.close()
+
+
+def test_an_embedding_lookup_reads_the_reference_values_of_its_rows(files, cache_dir):
+    """The embedding dequantizes only the rows asked for, in C; they equal gguf-py's values."""
+    weights = forward_weights(load_model(_settings(files["qwen2-k"], cache_dir)).model)
+    table = weights.embed.table
+    assert isinstance(table, BlockWeight)
+    ids = torch.tensor([[3, 0], [table.out_features - 1, 3]])
+    got = weights.embed.rows(ids.reshape(-1))
+    expected = torch.stack([dequantize_rows(table, i, i + 1)[0] for i in ids.reshape(-1).tolist()])
+    assert torch.equal(got, expected)
+    assert weights.embed.lookup(ids).shape == (2, 2, table.in_features)
