@@ -1,6 +1,7 @@
 """Loop fairness: does a ``paged`` stream keep its pace while every other method runs?
 
     python -m bench.fairness [--new-tokens 128] [--model default] [--dtype bfloat16] [--threads 0]
+    python -m bench.fairness --long-prompt ...   (a prompt that fills the pool beside streams: bench/long_prompt.py)
 
 One ``paged`` job streams while one job of each other method (``official``, ``no_cache``,
 ``custom_cache``, ``prefix_cache``) runs ``--new-tokens`` tokens on the same engine loop.
@@ -75,6 +76,11 @@ def torch_threads() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--long-prompt" in argv:  # a long prompt beside streams: its own module, same command
+        from bench import long_prompt
+
+        return long_prompt.main([a for a in argv if a != "--long-prompt"])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="bfloat16")
@@ -109,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    command = "python -m bench.fairness " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m bench.fairness " + " ".join(argv)
     write_json(out / "fairness.json", {"command": command.strip(), "machine": machine_info(),
                                        "summary": summary, "methods": rows})
     write_csv(out / "fairness.csv", rows)

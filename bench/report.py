@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Callable
 
 from bench.report_engine import (read_batching, read_compare_generation, read_constrained, read_fairness,
-                                 read_models, read_paged_generation, read_prefix_cache, read_quantization,
-                                 read_speculative)
+                                 read_models, read_paged_generation, read_prefix_cache,
+                                 read_quantization, read_speculative)
 from bench.report_figures import Figures, clean_command, machine_kind, machine_line, table
 from bench.report_service import (BATCH_API, CONNECTIONS, SERVED, TOOL_CHOICE, read_agent, read_embeddings,
                                   read_load, read_queue_overhead, read_scale, read_soak)

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.report_figures import Figures, Row, load_csv, load_json, num, optional_json, ratio
+from bench.report_figures import Figures, Row, load_csv, load_json, machine_line, num, optional_json, ratio
 from bench.report_sizes import add_sizes
 
 
@@ -132,7 +132,29 @@ def read_fairness(root: Path) -> Figures:
     summary = data.get("summary", {})
     rows = [[key, num(value, 2) if isinstance(value, float) else json.dumps(value) if isinstance(value, (dict, list)) else value]
             for key, value in summary.items()]
-    return Figures(["", "value"], rows, data.get("machine", {}), data.get("command"))
+    figures = Figures(["", "value"], rows, data.get("machine", {}), data.get("command"))
+    add_long_prompt(figures, root)
+    return figures
+
+
+def add_long_prompt(figures: Figures, root: Path) -> None:
+    """``bench.fairness --long-prompt`` (results/long_prompt.json, when run): streams beside a
+    prompt that fills the pool, one row per prefill budget, as a table of the fairness section."""
+    if not (root / "results/long_prompt.json").is_file():
+        return
+    data = load_json(root, "results/long_prompt.json")
+    rows = [[r["prefill_tokens_while_decoding"], num(r["unloaded_total_s"], 2), num(r["loaded_total_s"], 2),
+             ratio(r["slowdown"]), num(r["loaded_max_gap_s"], 3), num(r["loaded_median_gap_ms"], 1),
+             r["long_prompt_tokens"], num(r["long_ttft_s"], 1), "yes" if r["meets_targets"] else "no"]
+            for r in data["rows"]]
+    targets = data.get("targets", {})
+    figures.tables.append((
+        f"A prompt that fills the KV pool beside {data.get('streams', 3)} paged streams of {data.get('stream_tokens')} "
+        f"tokens (`{data.get('command', '')}`; {machine_line(data['machine'])})",
+        ["prefill tokens per turn while decoding", "streams alone s", "streams beside it s", "slowdown",
+         "largest gap s", "median gap ms", "long prompt tokens", "its TTFT s", "meets targets"], rows))
+    figures.notes.append(f"Long prompt: targets are a largest gap of at most {targets.get('max_gap_s')} s and the "
+                         f"streams within {targets.get('slowdown')}x their time alone. {data.get('note', '')}".strip())
 
 
 def read_models(root: Path) -> Figures:
