@@ -17,6 +17,10 @@ llama.cpp's own server beside them); writes results/queue_served.json.
 ``/v1`` calls from ``--batch-clients`` clients (``bench/batch_api.py``), on ``--workers``
 workers of the production pool (threads); writes results/batch_api.json.
 
+``--priorities``: an interactive chat's time to first token alone and beside a running Batch
+API file of ``--batch-lines`` lines, with the fair gate on and off (``bench/priorities.py``);
+writes results/priorities.json.
+
 Starts its own redis-server, worker and web server on free ports. Writes
 results/queue_overhead.csv, results/queue_overhead.json and results/queue_overhead.png.
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as futures
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -104,7 +109,17 @@ def main() -> None:
     parser.add_argument("--served-repeats", type=int, default=3, help="--served: interleaved rounds")
     parser.add_argument("--llama-server", default=os.environ.get("MINISERVE_LLAMA_SERVER", ""),
                         help="--served: also run llama.cpp's llama-server binary (or MINISERVE_LLAMA_SERVER)")
+    parser.add_argument("--priorities", action="store_true",
+                        help="an interactive chat beside a Batch API file, fair gate on and off")
+    parser.add_argument("--batch-lines", type=int, default=400, help="--priorities: lines in the batch")
+    parser.add_argument("--probes", type=int, default=6, help="--priorities: chats measured per phase")
     args = parser.parse_args()
+    if args.priorities:
+        from bench import priorities
+
+        priorities.compare(lambda window: _gated_stack(args, window), [2, 0], args.batch_lines, args.probes,
+                           args.max_new_tokens, Path(args.output).with_name("priorities.json"))
+        return None
     if args.served:
         from bench import queue_served
 
@@ -135,6 +150,28 @@ def main() -> None:
         for proc in (web, *workers, redis_proc):
             proc.stop()
     report(args, rows, burst_result)
+
+
+@contextlib.contextmanager
+def _gated_stack(args, window: int):
+    """Redis, one worker of the production pool (threads, 8 slots) and the web, with the fair
+    gate's window set (0: off); yields the web's base URL once the model is loaded."""
+    env = {"MINISERVE_MODEL": args.model, "MINISERVE_THREADS": str(args.threads), "MINISERVE_JSON_LOGS": "true",
+           "MINISERVE_LOG_LEVEL": "WARNING", "MINISERVE_MAX_QUEUE_DEPTH": "0",
+           "MINISERVE_QUEUE_WINDOW": str(window)}
+    redis_proc, url = start_redis(Path("/tmp"))
+    stack = Stack(redis_url=url, env_overrides=env)
+    worker = stack.start_worker(pool="threads", concurrency=8)
+    web, base_url = stack.start_web()
+    store = job_store(url)
+    try:
+        wait_until(lambda: any(w["info"].get("engine_loaded") for w in list_workers(store.client, 15)), 300,
+                   what="the worker")
+        wait_until(lambda: _up(base_url), 30, what="web server")
+        yield base_url
+    finally:
+        for proc in (web, worker, redis_proc):
+            proc.stop()
 
 
 def _up(base_url: str) -> bool:

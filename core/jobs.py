@@ -22,6 +22,7 @@ from core.events import (
     TERMINAL_STATES,
     Event,
 )
+from core.fair_gate import FairGate
 from core.models import model_queues
 from core.payloads import event_summary, stored_payload
 
@@ -218,17 +219,22 @@ class JobStore:
 
     def place_in_line(self, job_id: str) -> tuple[int, float | None] | None:
         """(jobs ahead of it in its queue, when it is expected to start) for a queued job
-        whose message was sent, else None. The estimate: the queue's service rate over its
-        last starts (up to 64, within the last hour); None until two have been seen."""
-        line, starts_key = self.client.hmget(keys.job_key(job_id), ["line", "line_starts"])
-        if not line or not starts_key:
+        whose message was sent or that waits at the fair gate, else None. The estimate: the
+        queue's service rate over its last starts (up to 64, within the last hour); None until
+        two have been seen."""
+        line, starts_key, held = self.client.hmget(keys.job_key(job_id), ["line", "line_starts", "held"])
+        if held:
+            place = FairGate(self.client, 0).held_place(job_id)
+            if place is None:
+                return None
+            rank, starts_key = place.ahead, keys.line_starts_key(place.queue)
+        elif not line or not starts_key:
             return None
-        pipe = self.client.pipeline(transaction=False)
-        pipe.zrank(line, job_id)
-        pipe.zrange(starts_key, 0, -1, withscores=True)
-        rank, starts = pipe.execute()
-        if rank is None:
-            return None
+        else:
+            rank = self.client.zrank(line, job_id)
+            if rank is None:
+                return None
+        starts = self.client.zrange(starts_key, 0, -1, withscores=True)
         return int(rank), estimated_start(int(rank), [t for _, t in starts], time.time())
 
     def undispatched(self, older_than_s: float, now: float | None = None, limit: int = 100) -> list[str]:
@@ -450,9 +456,11 @@ class JobStore:
         return bool(self.client.ping())
 
     def queue_depths(self) -> dict[str, int]:
-        """Messages waiting in each shared queue and in each queue of a model seen lately."""
+        """Jobs waiting in each shared queue and in each queue of a model seen lately: messages
+        in its Celery list, plus jobs held at its fair gate (core/fair_gate.py)."""
         queues = [*keys.QUEUES, *model_queues(self.client)]
         pipe = self.client.pipeline(transaction=False)
         for queue in queues:
             pipe.llen(keys.queue_key(queue))
-        return dict(zip(queues, pipe.execute()))
+        held = self.client.hgetall(keys.HELD_COUNTS)  # jobs waiting at the fair gate count too
+        return {queue: n + int(held.get(queue, 0)) for queue, n in zip(queues, pipe.execute())}

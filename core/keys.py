@@ -41,9 +41,12 @@ class JobId(str):
         return super().__new__(cls, text)
 
 
+JOB_KEY_PREFIX = "job:"
+
+
 def job_key(job_id: str) -> str:
     """Hash holding the job record."""
-    return f"job:{JobId(job_id)}"
+    return f"{JOB_KEY_PREFIX}{JobId(job_id)}"
 
 
 def events_key(job_id: str) -> str:
@@ -190,6 +193,26 @@ LINE_SEQ = "jobs:line_seq"  # counter: the order of sends, across queues
 def line_key(queue: str) -> str:
     """Sorted set: the queue's waiting jobs -> their send order (ZRANK is a job's position)."""
     return f"line:{queue}"
+
+
+# The fair gate (core/fair_gate.py): jobs that wait in Redis before their queue's Celery list.
+HELD_QUEUES = "held:queues"  # set: queues that have held jobs
+HELD_COUNTS = "held:counts"  # hash: queue -> its held jobs
+QUEUED_BY_OWNER = "jobs:queued_by_owner"  # hash: owner id -> its jobs admitted and not yet started or ended
+
+
+def held_prefix(queue: str) -> str:
+    return f"held:{queue}:"
+
+
+def held_owners_key(queue: str, priority: str) -> str:
+    """List: the owners with jobs held in this queue and class, in the order of their turns."""
+    return f"{held_prefix(queue)}{priority}:owners"
+
+
+def held_key(queue: str, priority: str, owner: str) -> str:
+    """List: one owner's held job ids in this queue and class, oldest first."""
+    return f"{held_prefix(queue)}{priority}:owner:{owner}"
 
 
 def line_starts_key(queue: str) -> str:

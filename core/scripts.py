@@ -7,6 +7,7 @@ cancel racing a finishing worker (or a zombie attempt) can never add a second on
 Event payloads arrive pre-serialised from Python as ``"type": ...`` JSON *bodies* (an
 object without its opening brace); the script prefixes the sequence number it allocates.
 """
+from core.keys import QUEUED_BY_OWNER
 
 # Shared by every script: allocate seq, append to the stream, publish live.
 _APPEND = """
@@ -25,6 +26,11 @@ end
 -- A job leaves its queue's line (core/jobs.py, place_in_line) when it starts or ends; the key
 -- names were stored in its hash by LINE_JOIN. A start also counts in the queue's service rate.
 local function leave_line(job, id, started_at)
+  local owner = redis.call('HGET', job, 'queued_owner')
+  if owner then
+    redis.call('HDEL', job, 'queued_owner')
+    redis.call('HINCRBY', '""" + QUEUED_BY_OWNER + """', owner, -1)
+  end
   local line = redis.call('HGET', job, 'line')
   if not line then return end
   redis.call('ZREM', line, id)

@@ -172,6 +172,12 @@ class Settings(BaseSettings):
     webhook_backoff_max_s: float = Field(default=600.0, gt=0)
     webhook_timeout_s: float = Field(default=10.0, gt=0)  # one try, connect to last byte
     webhook_max_response_bytes: PositiveInt = 65_536  # more of the receiver's answer is not read
+    # The fair gate in front of each Celery queue (core/fair_gate.py, docs/scheduling.md): at most
+    # this many task messages wait in a queue; later jobs wait in Redis and are released by
+    # priority class, then by turns between API keys. 0 turns the gate off (plain FIFO).
+    queue_window: int = Field(default=2, ge=0)
+    key_priority_caps: Annotated[dict[str, str], NoDecode] = {}  # per API key: the highest class it may ask
+    key_max_queued: int = Field(default=0, ge=0)  # per API key: queued jobs at once (more: 429); 0 = no cap
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -190,7 +196,7 @@ class Settings(BaseSettings):
             return [key.strip() for key in value.split(",") if key.strip()]
         return value
 
-    @field_validator("webhook_secrets", "webhook_urls", mode="before")
+    @field_validator("webhook_secrets", "webhook_urls", "key_priority_caps", mode="before")
     @classmethod
     def _per_key(cls, value: object) -> object:
         """"key1=value1,key2=value2" (split at each pair's first ``=``) -> a dict."""
@@ -213,6 +219,16 @@ class Settings(BaseSettings):
 
         if value:
             secret_bytes(value)
+        return value
+
+    @field_validator("key_priority_caps")
+    @classmethod
+    def _caps_are_classes(cls, value: dict[str, str]) -> dict[str, str]:
+        from core.priorities import PRIORITY_CLASSES
+
+        for key, cap in value.items():
+            if cap not in PRIORITY_CLASSES:
+                raise ValueError(f"{key[:4]}...={cap}: the class must be one of {', '.join(PRIORITY_CLASSES)}")
         return value
 
     @field_validator("webhook_secrets")

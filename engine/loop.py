@@ -390,7 +390,8 @@ class EngineLoop:
                                            job.penalty, on_finish=lambda s, job=job: self._finish_seq(job, s),
                                            speculative=job.handle.request.speculative,
                                            constraint=job.constraint,
-                                           cache_root=salted_root(job.handle.request.cache_salt))
+                                           cache_root=salted_root(job.handle.request.cache_salt),
+                                           priority=job.handle.request.priority)
         except Exception as exc:  # noqa: BLE001 - e.g. the pool cannot be built: fail this one
             job.handle.resolve(None, exc)
             return

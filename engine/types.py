@@ -45,6 +45,7 @@ class GenerationRequest:
     constraint: Constraint | None = None  # structured output: a grammar the answer must follow
     raw_prompt: str | None = None  # a text completion: this text as is, no chat template (messages unused)
     cache_salt: str = ""  # prefix-cache scope (the web's: the key's owner id, or a request's salt)
+    priority: int = 1  # class rank (core/priorities.py): 0 interactive, 1 default, 2 batch
 
 
 @dataclass

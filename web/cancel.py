@@ -7,6 +7,7 @@ from typing import Any
 from core.events import QUEUED
 from core.jobs import JobRecord, JobStore
 from core.logs import log_event
+from web.admission import release
 from web.routes_webhooks import kick
 
 logger = logging.getLogger("miniserve.web.cancel")
@@ -25,4 +26,5 @@ def cancel_job(store: JobStore, celery: Any, job_id: str) -> tuple[JobRecord, bo
             celery.control.revoke(job_id)
         except Exception as exc:  # noqa: BLE001 - the job already ended cancelled in the store
             log_event(logger, "revoke_failed", level=logging.WARNING, job_id=job_id, error=type(exc).__name__)
+        release(job.queue)  # it left its line: a held job may take its place
     return job, was_queued

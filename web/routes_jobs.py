@@ -12,6 +12,7 @@ from core.job_view import public_record
 from core.jobs import JobNotFound, JobRecord
 from core.keys import InvalidJobId, JobId
 from core.logs import log_event
+from web.cancel import cancel_job as cancel
 from web.context import ctx, note_job, request_owner
 from web.errors import ApiError
 from web.schemas import (
@@ -28,7 +29,6 @@ from web.schemas import (
 )
 from web.sse import resume_point, sse_response, stream_events
 from web.stream_limit import limited, take_stream_slot
-from web.routes_webhooks import kick
 from web.submit import from_job_body, submit
 
 logger = logging.getLogger("miniserve.web.jobs")
@@ -110,24 +110,9 @@ def get_job(path: JobPath):
 @api.post("/jobs/<job_id>/cancel", summary="Cancel a job (queued: revoked; running: stops between tokens)",
           responses={200: JobView, 404: ErrorResponse, 422: ErrorResponse, **BODY_ERRORS, **GUARD_ERRORS})
 def cancel_job(path: JobPath):
-    job = find_job(path.job_id)
-    was_queued = job.state == QUEUED
-    job = ctx().store.request_cancel(job.id)
-    if was_queued:
-        _revoke(job.id)
-        if job.webhook_url:
-            kick(job.id)
+    job, was_queued = cancel(ctx().store, ctx().celery, find_job(path.job_id).id)
     log_event(logger, "job_cancel_requested", job_id=job.id, was_queued=was_queued, state=job.state)
     return jsonify(job_view(job))
-
-
-def _revoke(job_id: str) -> None:
-    """Best effort: the job already ended ``cancelled`` in the store, so a worker that still
-    receives the task skips it; revoking only saves it the trip."""
-    try:
-        ctx().celery.control.revoke(job_id)
-    except Exception as exc:  # broker hiccup: nothing is lost
-        log_event(logger, "revoke_failed", level=logging.WARNING, job_id=job_id, exc_type=type(exc).__name__)
 
 
 @api.get("/jobs/<job_id>/events", summary="The job's events as Server-Sent Events (replay, then live)",

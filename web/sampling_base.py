@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, Field, create_model, field_validator
 
 from core.methods import BATCHED_METHOD, GENERATION_METHODS
+from core.priorities import PRIORITY_CLASSES
 from core.sampling_fields import GREEDY_BELOW, KNOBS, KnobSpec
 
 GenerationMethod = Literal[GENERATION_METHODS]  # type: ignore[valid-type]
@@ -57,6 +58,9 @@ OTHER_NOTES = {
                    "null = MINISERVE_SPECULATIVE",
     "cache_salt": "prefix-cache scope within your key (vLLM's field): only requests with the same salt "
                   "share cached prompt blocks",
+    "priority": f"{' | '.join(PRIORITY_CLASSES)}: which waiting work goes first (docs/scheduling.md); "
+                "null = the surface's default (/v1 and /api: interactive; /jobs, /generate, /agent/run: "
+                "default; Batch API lines: batch); a key may be capped (MINISERVE_KEY_PRIORITY_CAPS)",
 }
 # Every shared field and its note (the knobs' docs first).
 SAMPLING_NOTES: dict[str, str] = {**{spec.name: spec.doc for spec in KNOBS}, **OTHER_NOTES}
@@ -68,7 +72,15 @@ def _greedy_below(cls: type, value: float | None) -> float | None:
     return 0.0 if value is not None and value < GREEDY_BELOW else value
 
 
-class _Others(BaseModel):
+class PriorityField(BaseModel):
+    """The job's priority class: on every sampling surface (through :class:`SamplingBase`)
+    and on ``/agent/run``."""
+
+    priority: Literal[PRIORITY_CLASSES] | None = Field(  # type: ignore[valid-type]
+        default=None, description=OTHER_NOTES["priority"])
+
+
+class _Others(PriorityField):
     """The shared fields that are not knobs of the sampler itself."""
 
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = Field(

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from core.events import ALL_STATES
 from core.jobs import JOB_TYPES
 from web.sampling_base import (  # noqa: F401 - the shared field types, re-exported for the surfaces
-    MAX_LOGIT_BIAS, MAX_STOP_STRINGS, GenerationMethod, SamplingBase, StopString, json_int,
+    MAX_LOGIT_BIAS, MAX_STOP_STRINGS, GenerationMethod, PriorityField, SamplingBase, StopString, json_int,
 )
 
 JobState = Literal[ALL_STATES]  # type: ignore[valid-type]
@@ -156,7 +156,7 @@ class GenerateBody(SamplingFields):
     stream: bool = False
 
 
-class AgentBody(Strict, ModelField, JobOptions):
+class AgentBody(Strict, ModelField, JobOptions, PriorityField):
     """``POST /agent/run``, as in the original MiniServe."""
 
     prompt: str = Field(min_length=1)

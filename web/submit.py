@@ -32,7 +32,7 @@ from core.webhooks import default_url_for, secret_for
 from core.model_source import EMBEDDING
 from core.models import SHARED_QUEUES
 from core.prefix_hash import cache_scope
-from web import constraints
+from web import admission, constraints
 from web.context import ctx, note_job, request_owner
 from web.errors import ApiError
 from web.logit_bias import bias_pairs
@@ -135,23 +135,27 @@ def _agent_sampling(body: AgentBody) -> dict[str, Any]:
 def _request(messages: list[dict[str, str]], prefix: str | None, sampling: dict[str, Any],
              method: str, max_steps: int | None, token_ids: bool = False,
              speculative: bool | None = None, constraint: dict[str, Any] | None = None,
-             cache_salt: str | None = None) -> dict[str, Any]:
+             cache_salt: str | None = None, priority: str | None = None) -> dict[str, Any]:
     request = {"messages": messages, "prefix": prefix, "sampling": sampling, "method": method,
                "tools": None, "max_steps": max_steps}
     if token_ids:
         request["return_token_ids"] = True  # the worker keeps them in the stored result
     if constraint is not None:
         request["constraint"] = constraint
-    return with_speculative(request, speculative, cache_salt)
+    return with_speculative(request, speculative, cache_salt, priority)
 
 
-def with_speculative(request: dict[str, Any], speculative: bool | None, cache_salt: str | None = None) -> dict[str, Any]:
+def with_speculative(request: dict[str, Any], speculative: bool | None, cache_salt: str | None = None,
+                     priority: str | None = None) -> dict[str, Any]:
     """The per-request switches, stored only when given (null = the worker's setting); a
-    ``cache_salt`` joins the key's cache scope at submit (:func:`submit`)."""
+    ``cache_salt`` joins the key's cache scope at submit (:func:`submit`), and a ``priority``
+    is checked against the key's cap there (null: the surface's default)."""
     if speculative is not None:
         request["speculative"] = speculative
     if cache_salt is not None:
         request["cache_salt"] = cache_salt
+    if priority is not None:
+        request["priority"] = priority
     return request
 
 
@@ -181,7 +185,7 @@ def from_job_body(body: JobSubmit) -> Submission:
         raise ApiError(422, "validation_error", "response_format: not for agent jobs", field="response_format")
     request = _request(messages, body.prefix, job_sampling(body, body.max_new_tokens, "max_new_tokens", body.model),
                        job_method(body), max_steps, body.return_token_ids,
-                       body.speculative, constraint, body.cache_salt)
+                       body.speculative, constraint, body.cache_salt, body.priority)
     return Submission(body.type, request, field_name, body.model,
                       job_options(body.deadline, body.timeout_s, body.webhook_url))
 
@@ -190,14 +194,15 @@ def from_generate_body(body: GenerateBody) -> Submission:
     messages = [{"role": "user", "content": body.prompt}]
     request = _request(messages, body.prefix, job_sampling(body, body.max_new_tokens, "max_new_tokens", body.model),
                        job_method(body), None, body.return_token_ids,
-                       body.speculative, _constraint(body), body.cache_salt)
+                       body.speculative, _constraint(body), body.cache_salt, body.priority)
     return Submission("generate", request, "prompt", body.model)
 
 
 def from_agent_body(body: AgentBody) -> Submission:
     messages = [{"role": "user", "content": body.prompt}]
     method = ctx().settings.default_generation_method
-    return Submission("agent", _request(messages, None, _agent_sampling(body), method, body.max_steps), "prompt",
+    request = _request(messages, None, _agent_sampling(body), method, body.max_steps, priority=body.priority)
+    return Submission("agent", request, "prompt",
                       body.model, job_options(body.deadline, body.timeout_s, body.webhook_url))
 
 
@@ -247,6 +252,9 @@ def submit(sub: Submission, idempotency_key: str | None = None) -> Submitted:
     store, settings = ctx().store, ctx().settings
     if idempotency_key and (earlier := store.idempotent_job(idempotency_key, owner)) is not None:
         return _replayed(earlier)
+    sub.request["priority"] = admission.job_priority(sub.request.get("priority"), owner)
+    gate_owner = owner or admission.EVERYONE
+    admission.check_queued_limit(gate_owner)
     _check_queue_depth(queue)
     scope = cache_scope(owner, settings.share_prefix_cache_across_keys, str(sub.request.pop("cache_salt", "") or ""))
     if scope:  # the prefix cache's salt: this key's blocks serve only this key (core/prefix_hash.py)
@@ -262,13 +270,17 @@ def submit(sub: Submission, idempotency_key: str | None = None) -> Submitted:
         job = store.create(sub.job_type, queue, sub.request, owner=owner, max_attempts=settings.max_attempts,
                            deadline=sub.options.deadline, webhook_url=sub.options.webhook_url)
     note_job(job.id)
+    gated = target == queue  # a job routed to one worker's own queue does not pass the gate
+    if gated and admission.gate().admit(job.id, queue, sub.request["priority"], gate_owner) != 1:
+        admission.release(queue)  # held (the line may have drained meanwhile), or already ended
+        return Submitted(job, replayed=False)
     try:
         ctx().celery.send_task(tasks.TASK_FOR_JOB_TYPE[sub.job_type], args=[job.id], task_id=job.id, queue=target,
                                **({"kwargs": {"model": model}} if model else {}))  # the worker's model guard reads it
     except Exception:
         _abandon(job.id, idempotency_key, owner)
         raise
-    _confirm_sent(job.id, target)
+    _confirm_sent(job.id, None if gated else target)  # the gate's admission joined the line
     return Submitted(job, replayed=False)
 
 
@@ -293,7 +305,7 @@ def _replayed(job: JobRecord) -> Submitted:
     return Submitted(job, replayed=True)
 
 
-def _confirm_sent(job_id: str, queue: str) -> None:
+def _confirm_sent(job_id: str, queue: str | None) -> None:
     """Best effort: when Redis fails right here the sweeper sees a queued job without a
     confirmed message and re-sends it with a new dispatch number (this one becomes stale)."""
     try:

@@ -22,6 +22,8 @@ from core.logs import log_event
 from engine.paged.pool import KVPoolExhausted
 from worker.choice_stream import ChoiceStreams
 from worker.runtime import ModelUnavailable, WorkerRuntime
+from worker.app import app
+from worker.gate_release import release
 from worker.webhook_tasks import kick
 
 logger = logging.getLogger("miniserve.worker")
@@ -183,9 +185,20 @@ class Ended:
     payload: dict[str, Any]
 
 
+def _line_moved(rt: WorkerRuntime, job_id: str, record: JobRecord | None) -> None:
+    """The job left its queue's line (started, or found ended): the fair gate's next held
+    job may go out (core/fair_gate.py)."""
+    try:
+        queue = record.queue if record is not None else rt.store.get(job_id).queue
+    except Exception:  # noqa: BLE001 - the job is gone; the reaper's tick releases the queue
+        return
+    release(rt.store, app, rt.settings.queue_window, [queue])
+
+
 def run_job(rt: WorkerRuntime, job_id: str, dispatch: int, body: JobBody) -> Ended | None:
     """Run one attempt; returns how it ended, or None when skipped (or another ending won)."""
     started = rt.store.start_attempt(job_id, rt.name, rt.settings.lease_s, dispatch)
+    _line_moved(rt, job_id, started.record)
     if not started.should_run:
         log_event(logger, "job_expired" if started.attempt == EXPIRED_CODE else "job_skipped",
                   job_id=job_id, dispatch=dispatch, code=started.attempt)

@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from core.grammar import Constraint
+from core.priorities import rank
 from engine.types import GenerationRequest, SamplingParams
 from worker.job_runner import BadJobRequest
 
@@ -65,6 +66,7 @@ def generation_request_from(stored: dict[str, Any], default_max_new_tokens: int,
         speculative=_flag(stored.get("speculative")),
         constraint=Constraint.from_dict(stored["constraint"]) if stored.get("constraint") else None,
         cache_salt=str(stored.get("cache_scope") or ""),
+        priority=rank(stored.get("priority")),
     )
 
 

@@ -55,18 +55,20 @@ class PagedService:
     def new_sequence(self, prompt_ids: list[int], run: GenerationRun, sampling: SamplingParams,
                      penalty: float, on_finish: Callable[[Sequence], None] | None = None,
                      speculative: bool | None = None, constraint: Any = None,
-                     cache_root: int = ROOT_HASH) -> Sequence:
+                     cache_root: int = ROOT_HASH, priority: int = 1) -> Sequence:
         """``speculative``: the request's flag (None: ``MINISERVE_SPECULATIVE`` decides).
         ``constraint``: this sequence's own grammar state (its mask applies to its row only);
         a constrained sequence does not draft (drafts are not checked against the grammar).
-        ``cache_root``: its cache salt's chain root (it shares prefix blocks only within it)."""
+        ``cache_root``: its cache salt's chain root (it shares prefix blocks only within it).
+        ``priority``: its class rank (0 interactive .. 2 batch): admitted first, preempted last."""
         sampler = Sampler(sampling, penalty, self.runner.vocab_size, prompt_ids, self.pool.device,
                           constraint=constraint, record=run.logprobs, eos_ids=run.eos_ids)
         forward = self.runner.forward_model
         spec = spec_config(self.settings, speculative, forward.weights) if constraint is None else None
         return Sequence(seq_id=next(self._ids), prompt_ids=list(prompt_ids), run=run,
                         sampling=sampling, sampler=sampler, on_finish=on_finish,
-                        spec=SpecState.start(spec, prompt_ids) if spec else None, cache_root=cache_root)
+                        spec=SpecState.start(spec, prompt_ids) if spec else None, cache_root=cache_root,
+                        priority=priority)
 
     def add(self, seq: Sequence) -> None:
         self.scheduler.submit(seq)

@@ -102,7 +102,7 @@ def test_queue_depth_back_pressure(secured):
     assert full.status_code == 503 and full.json()["error"]["code"] == "queue_full"
     assert int(full.headers["Retry-After"]) > 0
     assert store.client.zcard(keys.JOBS_INDEX) == before  # the rejected request left no job
-    assert store.client.llen("generation") == QUEUE_LIMIT
+    assert store.queue_depths()["generation"] == QUEUE_LIMIT  # messages, and jobs held at the fair gate
     requests.post(f"{base}/jobs/{blocker}/cancel", headers=B, timeout=10)
     assert wait_terminal(store, blocker, 30).state == CANCELLED
     for job_id in queued:

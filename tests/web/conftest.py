@@ -77,8 +77,11 @@ def celery():
 @pytest.fixture
 def make_app(store, celery, tmp_path):
     def _make(**overrides: Any):
+        # queue_window 0: no fair gate (every job's message is sent at once), since the fake
+        # worker (run_job) does not release held jobs as a worker's start does; the gate's own
+        # web tests set a window (tests/web/test_priorities.py).
         settings = load_settings(**{"cache_dir": tmp_path / "cache", "sse_keepalive_s": 1,
-                                    "wait_timeout_s": 5, **overrides})
+                                    "wait_timeout_s": 5, "queue_window": 0, **overrides})
         app = create_app(settings, store=store, celery_client=celery)
         app.testing = True
         return app

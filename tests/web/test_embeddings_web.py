@@ -58,7 +58,8 @@ def test_a_string_list_becomes_one_job_on_the_models_embedding_queue(client, cel
     (sent,) = celery.sent
     assert sent["name"] == tasks.EMBED and sent["queue"] == f"embedding.{EMBEDDER}"
     job = store.get(reply.headers["X-Job-Id"])
-    assert job.type == "embedding" and job.request == {"texts": ["a", "b"], "truncate": False, "model": EMBEDDER}
+    assert job.type == "embedding" and job.request == {"texts": ["a", "b"], "truncate": False, "model": EMBEDDER,
+                                                  "priority": "interactive"}
 
 
 def test_base64_returns_the_stored_float32_bytes(client, cluster):

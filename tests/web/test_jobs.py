@@ -25,7 +25,8 @@ def test_submit_prompt_answers_202_and_sends_task_by_name(client, celery, store)
         "sampling": {"max_new_tokens": 7, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
                      "repetition_penalty": None, "seed": None, "stop": ["\n"]},
         "method": "paged", "tools": None, "max_steps": None,  # MINISERVE_DEFAULT_GENERATION_METHOD
-        "model": "qwen2.5-coder-0.5b-instruct"}  # none named: the cluster's default
+        "model": "qwen2.5-coder-0.5b-instruct",  # none named: the cluster's default
+        "priority": "default"}  # /jobs' default class
 
 
 def test_submit_messages_with_system_and_prefix_defaults(make_app, store):

@@ -51,7 +51,7 @@ def test_plain_completion_runs_a_chat_job_with_the_stored_request_shape(client, 
     job = store.get(job_id)
     assert job.type == "chat"
     assert job.request == {"messages": USER, "prefix": None, "method": "custom_cache", "tools": None,
-                           "max_steps": None, "model": "qwen2.5-coder-0.5b-instruct",
+                           "max_steps": None, "model": "qwen2.5-coder-0.5b-instruct", "priority": "interactive",
                            "sampling": {"max_new_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 5,
                                         "repetition_penalty": None, "seed": 3, "stop": ["\n\n"]}}
 

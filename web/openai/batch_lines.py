@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from core.priorities import BATCH
 from web.errors import ApiError, validation_details
 from web.openai.batch_endpoints import ENDPOINTS
 from web.openai.errors import openai_error
@@ -100,7 +101,9 @@ def submit_line(line: Line, endpoint: str = "/v1/chat/completions", options: Opt
         body = target.model.model_validate(line.body)
         if getattr(body, "stream", False):
             raise ApiError(400, "validation_error", "stream: not in a batch (results are a file)", field="stream")
-        job = submit(replace(target.job(body).submission, options=options)).job
+        submission = target.job(body).submission
+        submission.request.setdefault("priority", BATCH)  # a line waits behind chats unless it asks otherwise
+        job = submit(replace(submission, options=options)).job
     except ValidationError as exc:
         first = (validation_details(exc) or [{"field": "body", "message": "invalid"}])[0]
         return _body_error(line, 400, "validation_error", f"{first['field']}: {first['message']}", first["field"])

@@ -84,7 +84,7 @@ def completion_job(body: CompletionRequest) -> CompletionJob:
                                "tools": None, "max_steps": None}
     if n > 1:
         request["n"] = n
-    with_speculative(request, body.speculative, body.cache_salt)
+    with_speculative(request, body.speculative, body.cache_salt, body.priority)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return CompletionJob(Submission("completion", request, "prompt", body.model or None), body.prompts, n,
                          bool(body.stream), include_usage, bool(body.echo), body.logprobs)

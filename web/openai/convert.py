@@ -144,7 +144,7 @@ def chat_job(body: ChatCompletionRequest) -> ChatJob:
                "method": job_method(body),
                "tools": [t.model_dump(exclude_none=True) for t in body.tools] if tools else None,
                "max_steps": None}
-    with_speculative(request, body.speculative, body.cache_salt)
+    with_speculative(request, body.speculative, body.cache_salt, body.priority)
     if constraint is not None:
         request["constraint"] = constraint
     if (body.n or 1) > 1:

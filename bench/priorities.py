@@ -1,0 +1,86 @@
+"""An interactive chat beside a running Batch API file, with the fair gate on and off. Run
+as a mode of the queue benchmark::
+
+    python -m bench queue_overhead --priorities [--batch-lines 400] [--probes 6] [--max-new-tokens 16]
+
+For each setting of ``MINISERVE_QUEUE_WINDOW`` (the gate's default, then 0: plain FIFO) a
+fresh stack (redis-server, one worker of the production pool, the web) first answers
+``--probes`` streamed chats alone (time to first token, after a warmup), then gets a batch of
+``--batch-lines`` chat lines and, once the batch has started, the same chats again, one at a
+time. Without the gate a chat waits behind every line sent before it; with it, the chat's
+class (``interactive``) goes before the held ``batch`` lines. The batch is then cancelled.
+Writes results/priorities.json: p50 TTFT alone and beside the batch, and their ratio.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import requests
+
+from bench.batch_api import bodies
+from bench.stats import machine_info, write_json
+from tests.harness.stack import wait_until
+
+PROBE = {"messages": [{"role": "user", "content": "Say hello in five words."}], "stream": True}
+PROBE_TIMEOUT_S = 900
+
+
+def ttft(base_url: str, max_tokens: int) -> float:
+    """Seconds from the request to the first streamed content of one chat."""
+    started = time.perf_counter()
+    with requests.post(f"{base_url}/v1/chat/completions", json={**PROBE, "max_tokens": max_tokens},
+                       stream=True, timeout=PROBE_TIMEOUT_S) as response:
+        response.raise_for_status()
+        for raw in response.iter_lines():
+            if raw.startswith(b"data: {") and b'"content"' in raw:
+                return time.perf_counter() - started
+    raise RuntimeError("the chat streamed no content")
+
+
+def p50(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def start_batch(base_url: str, lines: int, max_tokens: int) -> str:
+    text = "".join(json.dumps({"custom_id": f"b{i}", "method": "POST", "url": "/v1/chat/completions",
+                               "body": body}) + "\n" for i, body in enumerate(bodies(lines, "p", max_tokens)))
+    file_id = requests.post(f"{base_url}/v1/files", data={"purpose": "batch"},
+                            files={"file": ("priorities.jsonl", text.encode())}, timeout=120).json()["id"]
+    batch = requests.post(f"{base_url}/v1/batches", json={"input_file_id": file_id, "completion_window": "24h",
+                                                          "endpoint": "/v1/chat/completions"}, timeout=600).json()
+    return batch["id"]
+
+
+def batch_counts(base_url: str, batch_id: str) -> dict[str, int]:
+    return requests.get(f"{base_url}/v1/batches/{batch_id}", timeout=60).json()["request_counts"]
+
+
+def one_setting(base_url: str, window: int, lines: int, probes: int, max_tokens: int) -> dict[str, Any]:
+    for _ in range(2):  # warmup: the first chats pay for lazy loads
+        ttft(base_url, max_tokens)
+    alone = [ttft(base_url, max_tokens) for _ in range(probes)]
+    batch_id = start_batch(base_url, lines, max_tokens)
+    wait_until(lambda: batch_counts(base_url, batch_id)["completed"] >= 1, 600, interval_s=0.2,
+               what="the batch's first line")
+    beside = [ttft(base_url, max_tokens) for _ in range(probes if window else 1)]  # FIFO: one wait is enough
+    done_before_cancel = batch_counts(base_url, batch_id)["completed"]
+    requests.post(f"{base_url}/v1/batches/{batch_id}/cancel", timeout=60)
+    return {"queue_window": window, "probes": len(beside), "ttft_alone_p50_s": round(p50(alone), 3),
+            "ttft_beside_batch_p50_s": round(p50(beside), 3),
+            "ratio": round(p50(beside) / p50(alone), 2), "batch_lines_done_before_cancel": done_before_cancel}
+
+
+def compare(stack_for: Callable[[int], Any], windows: list[int], lines: int, probes: int, max_tokens: int,
+            output: Path) -> list[dict[str, Any]]:
+    """``stack_for(window)``: a context manager that yields a ready stack's base URL."""
+    rows = []
+    for window in windows:
+        with stack_for(window) as base_url:
+            rows.append(one_setting(base_url, window, lines, probes, max_tokens))
+        print(json.dumps(rows[-1]))
+    write_json(output, {"batch_lines": lines, "max_tokens": max_tokens, "machine": machine_info(), "rows": rows})
+    return rows

@@ -1,0 +1,62 @@
+"""A job's way through the fair gate (core/fair_gate.py): its priority class, its key's
+queued-jobs limit, and whether its message goes out now or waits its turn."""
+from __future__ import annotations
+
+import logging
+
+from flask import has_request_context, request
+
+from core.fair_gate import FairGate, send_released
+from core.logs import log_event
+from core.owners import by_owner
+from core.priorities import DEFAULT, INTERACTIVE, capped, rank
+from web.context import ctx
+from web.errors import ApiError
+
+logger = logging.getLogger("miniserve.web.admission")
+EVERYONE = "-"  # the owner the gate counts when MINISERVE_API_KEYS is empty: everyone is one key
+QUEUED_LIMIT_RETRY_AFTER_S = 5
+
+
+def gate() -> FairGate:
+    return FairGate(ctx().store.client, ctx().settings.queue_window)
+
+
+def surface_default() -> str:
+    """Clients of ``/v1`` and ``/api`` (OpenAI, Anthropic, Ollama) are people waiting on an
+    answer; ``/jobs``, ``/generate`` and ``/agent/run`` are submit-and-poll."""
+    path = request.path if has_request_context() else ""
+    return INTERACTIVE if path.startswith(("/v1/", "/api/")) else DEFAULT
+
+
+def job_priority(asked: str | None, owner: str) -> str:
+    """The class the job runs in: the one it asked for, or its surface's default lowered to
+    the key's cap. Asking above the cap is a 403 naming ``priority``."""
+    cap = by_owner(ctx().settings.key_priority_caps).get(owner) if owner else None
+    if asked is None:
+        return capped(surface_default(), cap)
+    if cap is not None and rank(asked) < rank(cap):
+        raise ApiError(403, "priority_not_allowed", f"priority: this key may ask for '{cap}' or a lower class, "
+                       f"not '{asked}' (MINISERVE_KEY_PRIORITY_CAPS)", field="priority")
+    return asked
+
+
+def check_queued_limit(owner_key: str) -> None:
+    """At most ``MINISERVE_KEY_MAX_QUEUED`` jobs of one key wait at once (429 beyond)."""
+    limit = ctx().settings.key_max_queued
+    if limit <= 0:
+        return
+    queued = gate().queued_by(owner_key)
+    if queued >= limit:
+        raise ApiError(429, "too_many_queued", f"this key has {queued} jobs waiting (limit {limit}, "
+                       "MINISERVE_KEY_MAX_QUEUED); retry when some have started",
+                       retry_after=QUEUED_LIMIT_RETRY_AFTER_S)
+
+
+def release(queue: str) -> None:
+    """Send the messages of ``queue``'s held jobs whose turn came. Best effort: a worker's
+    next start, or its reaper's next tick, releases them otherwise."""
+    try:
+        send_released(gate(), ctx().store, ctx().celery, queue)
+    except Exception as exc:  # noqa: BLE001 - the job is held, not lost
+        log_event(logger, "gate_release_failed", level=logging.WARNING, queue=queue, error=type(exc).__name__)
