@@ -35,7 +35,8 @@ def ttft(base_url: str, max_tokens: int) -> float:
                        stream=True, timeout=PROBE_TIMEOUT_S) as response:
         response.raise_for_status()
         for raw in response.iter_lines():
-            if raw.startswith(b"data: {") and b'"content"' in raw:
+            if raw.startswith(b"data: {") and any(c.get("delta", {}).get("content")
+                                                 for c in json.loads(raw[6:]).get("choices", [])):
                 return time.perf_counter() - started
     raise RuntimeError("the chat streamed no content")
 

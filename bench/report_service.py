@@ -55,10 +55,24 @@ def read_queue_overhead(root: Path) -> Figures:
         served_table(figures, load_json(root, SERVED))
     if (root / BATCH_API).exists():
         figures.tables.append(batch_api_table(load_json(root, BATCH_API)))
+    if (root / PRIORITIES).exists():
+        figures.tables.append(priorities_table(load_json(root, PRIORITIES)))
     return figures
 
 
 BATCH_API = "results/batch_api.json"
+PRIORITIES = "results/priorities.json"
+
+
+def priorities_table(data: dict[str, Any]) -> tuple[str, list[str], list[Row]]:
+    """``--priorities``: an interactive chat's TTFT alone and beside a running batch, gate on and off."""
+    rows = [["fair gate (window " + str(r["queue_window"]) + ")" if r["queue_window"] else "no gate (FIFO)",
+             num(r["ttft_alone_p50_s"], 3), num(r["ttft_beside_batch_p50_s"], 3), ratio(r["ratio"]), r["probes"],
+             r["batch_lines_done_before_cancel"]] for r in data["rows"]]
+    return (f"An interactive chat beside a Batch API file of {data['batch_lines']} lines "
+            f"(`python -m bench queue_overhead --priorities`, {data['max_tokens']} tokens per chat, one worker "
+            "with 8 slots)", ["queue", "p50 TTFT alone s", "p50 TTFT beside the batch s", "ratio", "chats",
+                              "batch lines done before the chats ended"], rows)
 
 
 def batch_api_table(data: dict[str, Any]) -> tuple[str, list[str], list[Row]]:
