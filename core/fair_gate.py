@@ -141,6 +141,17 @@ class FairGate:
     def held_counts(self) -> dict[str, int]:
         return {queue: int(n) for queue, n in self.client.hgetall(keys.HELD_COUNTS).items()}
 
+    def held_by_class(self) -> dict[str, dict[str, dict[str, int]]]:
+        """queue -> class -> owner -> held jobs (the monitor's view of who waits at the gate)."""
+        view: dict[str, dict[str, dict[str, int]]] = {}
+        for queue in self.held_queues():
+            for cls in PRIORITY_CLASSES:
+                owners = self.client.lrange(keys.held_owners_key(queue, cls), 0, -1)
+                counts = {o: int(self.client.llen(keys.held_key(queue, cls, o))) for o in owners}
+                if counts:
+                    view.setdefault(queue, {})[cls] = counts
+        return view
+
     def queued_by(self, owner: str) -> int:
         """The owner's jobs admitted and not yet started or ended (held or waiting in a line)."""
         return int(self.client.hget(keys.QUEUED_BY_OWNER, owner) or 0)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 from core import routing
 from core.jobs import JobRecord
 from core.workers import list_workers
+from web.admission import EVERYONE, gate
 from web.context import ctx, request_owner
 from core.webhooks import webhook_store
 from web.guards import add_public_prefix, is_admin
@@ -52,7 +53,10 @@ class JobRow(BaseModel):
 
 class Overview(BaseModel):
     workers: list[WorkerView] = Field(description="each with `waiting` (its own queue) and `routed_here`")
-    queues: dict[str, int]
+    queues: dict[str, int] = Field(description="jobs waiting per queue: messages in its Celery list plus held ones")
+    held: dict[str, dict[str, dict[str, int]]] = Field(
+        description="jobs held at the fair gate: queue -> priority class -> key (`you`, another key's owner id "
+                    "prefix for admin keys, else `others`) -> count")
     routing: dict[str, dict[str, int]] = Field(description="`decisions` counted by the web, `routed_to` per worker")
     jobs: list[JobRow]
     counts: dict[str, int] = Field(description="listed jobs by state")
@@ -87,10 +91,26 @@ def overview(query: JobListQuery):
     workers, routed_to = cluster_workers(store.client), routing.routed_to(store.client)
     if not is_admin():  # hosts, pids, paths and other keys' job ids are for admin keys only
         workers, routed_to = [public_worker(w) for w in workers], routed_view(routed_to)
-    return jsonify({"workers": workers, "queues": store.queue_depths(),
+    return jsonify({"workers": workers, "queues": store.queue_depths(), "held": held_view(),
                     "routing": {"decisions": routing.counts(store.client), "routed_to": routed_to},
                     "jobs": rows, "counts": counts,
                     "webhooks_dead": webhook_store(store.client, ctx().settings).dead(owner=request_owner(), limit=20)})
+
+
+def held_view() -> dict[str, dict[str, dict[str, int]]]:
+    """Jobs held at the fair gate, per queue, class and key (docs/scheduling.md). A key shows
+    as the first 8 characters of its owner id; other keys than the caller's are summed into
+    ``others`` unless the caller is an admin key."""
+    me, admin = request_owner() or EVERYONE, is_admin()
+    view: dict[str, dict[str, dict[str, int]]] = {}
+    for queue, classes in gate().held_by_class().items():
+        for cls, owners in classes.items():
+            shown: dict[str, int] = {}
+            for owner, n in owners.items():
+                label = "you" if owner == me else (owner[:8] if admin else "others")
+                shown[label] = shown.get(label, 0) + n
+            view.setdefault(queue, {})[cls] = shown
+    return view
 
 
 def cluster_workers(client) -> list[dict[str, Any]]:

@@ -76,3 +76,14 @@ def test_a_held_job_is_stored_placed_and_counted_but_not_sent(make_app, store, c
     client.post(f"/jobs/{first}/cancel")  # the line moves: the held job's turn
     assert [m["task_id"] for m in celery.sent] == [first, held]
     assert client.get(f"/jobs/{held}").get_json()["queue_position"] == 0
+
+
+def test_the_monitor_shows_held_jobs_by_class_and_key_and_hides_other_keys(make_app):
+    client = make_app(api_keys=[KEY_A, KEY_B], admin_api_keys=["admin"], queue_window=1).test_client()
+    job(client, A)  # sent: the window is full after it
+    for headers, priority in ((A, "batch"), (A, "batch"), (B, "batch"), (B, "interactive")):
+        assert job(client, headers, priority=priority).status_code == 202
+    seen_by_a = client.get("/overview", headers=A).get_json()["held"]["generation"]
+    assert seen_by_a == {"interactive": {"others": 1}, "batch": {"you": 2, "others": 1}}
+    seen_by_admin = client.get("/overview", headers={"Authorization": "Bearer admin"}).get_json()["held"]
+    assert sorted(seen_by_admin["generation"]["batch"].values()) == [1, 2]

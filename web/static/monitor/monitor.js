@@ -52,9 +52,15 @@ function renderWorkers(workers) {
   }));
 }
 
-function renderQueues(queues) {
-  $("queues").replaceChildren(...Object.entries(queues).map(([name, n]) =>
-    el("div", { class: "queue", "data-queue": name }, name, el("b", {}, n))));
+// Each queue's waiting jobs; below, those held at the fair gate by class and key
+// (docs/scheduling.md): "batch: you 3 · others 40".
+function renderQueues(queues, held) {
+  $("queues").replaceChildren(...Object.entries(queues).map(([name, n]) => {
+    const classes = Object.entries((held || {})[name] || {}).map(([cls, keys]) =>
+      el("div", { class: "held", "data-class": cls }, `${cls}: ` +
+        Object.entries(keys).map(([key, count]) => `${key} ${count}`).join(" · ")));
+    return el("div", { class: "queue", "data-queue": name }, name, el("b", {}, n), ...classes);
+  }));
 }
 
 function renderDead(dead) {
@@ -101,7 +107,7 @@ async function refresh() {
   try {
     const data = await api("/overview?" + params);
     renderWorkers(data.workers);
-    renderQueues(data.queues);
+    renderQueues(data.queues, data.held);
     renderDead(data.webhooks_dead || []);
     renderJobs(data.jobs, data.counts);
     if (window.renderCluster) window.renderCluster(data);
