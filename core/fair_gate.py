@@ -23,6 +23,7 @@ sweeper (worker/reaper.py), like any unsent job. Jobs routed to one worker's own
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -30,16 +31,35 @@ from typing import Any, Protocol
 import redis
 
 from core import keys, tasks
-from core.priorities import PRIORITY_CLASSES
+from core.model_source import EMBEDDING
+from core.priorities import BATCH, PRIORITY_CLASSES
+
+# How many jobs of class ``cls`` run or wait in the line ``line``: its running set (filled when
+# its jobs start: leave_line in core/scripts.py) is pruned of jobs no longer running first.
+_TAKEN = """
+local function class_taken(line, job_prefix, cls)
+  local running = line .. ':running:' .. cls
+  for _, id in ipairs(redis.call('ZRANGE', running, 0, -1)) do
+    if redis.call('HGET', job_prefix .. id, 'state') ~= 'running' then redis.call('ZREM', running, id) end
+  end
+  local taken = redis.call('ZCARD', running)
+  for _, id in ipairs(redis.call('ZRANGE', line, 0, -1)) do
+    if redis.call('HGET', job_prefix .. id, 'priority') == cls then taken = taken + 1 end
+  end
+  return taken
+end
+"""
 
 # KEYS: job, line, line_starts, seq, held_queues, held_counts, owners, held, undispatched,
-# queued_by_owner. ARGV: job_id, window, queue, owner. Returns 1: send now (the job joined the
-# line), 0: held, -1: the job is no longer queued.
-ADMIT = """
+# queued_by_owner. ARGV: job_id, window, queue, owner, class, the class's cap (-1: none), job
+# key prefix. Returns 1: send now (the job joined the line), 0: held, -1: no longer queued.
+ADMIT = _TAKEN + """
 if redis.call('HGET', KEYS[1], 'state') ~= 'queued' then return -1 end
-redis.call('HSET', KEYS[1], 'queued_owner', ARGV[4])
+redis.call('HSET', KEYS[1], 'queued_owner', ARGV[4], 'priority', ARGV[5])
 redis.call('HINCRBY', KEYS[10], ARGV[4], 1)
-if redis.call('SISMEMBER', KEYS[5], ARGV[3]) == 0 and redis.call('ZCARD', KEYS[2]) < tonumber(ARGV[2]) then
+local cap = tonumber(ARGV[6])
+if redis.call('SISMEMBER', KEYS[5], ARGV[3]) == 0 and redis.call('ZCARD', KEYS[2]) < tonumber(ARGV[2])
+    and (cap < 0 or class_taken(KEYS[2], ARGV[7], ARGV[5]) < cap) then
   local n = redis.call('INCR', KEYS[4])
   redis.call('ZADD', KEYS[2], n, ARGV[1])
   redis.call('HSET', KEYS[1], 'line', KEYS[2], 'line_starts', KEYS[3])
@@ -55,18 +75,22 @@ return 0
 """
 
 # KEYS: line, line_starts, seq, held_queues, held_counts, undispatched, then one owners list
-# per class, most urgent first. ARGV: queue, window, held prefix, job key prefix, now, the
-# class names in KEYS' order. Returns the released job ids, in release order.
-RELEASE = """
+# per class, most urgent first. ARGV: queue, window, held prefix, job key prefix, now, then
+# per class (in KEYS' order) its name and its cap (the most of its jobs running or in the
+# line at once; -1: none). Returns the released job ids, in release order.
+RELEASE = _TAKEN + """
 local released = {}
 local room = tonumber(ARGV[2]) - redis.call('ZCARD', KEYS[1])
 local left = 0
 for c = 1, #KEYS - 6 do
   local owners = KEYS[6 + c]
-  while room > 0 do
+  local cls, cap = ARGV[4 + 2 * c], tonumber(ARGV[5 + 2 * c])
+  local budget = room
+  if cap >= 0 then budget = math.min(room, cap - class_taken(KEYS[1], ARGV[4], cls)) end
+  while room > 0 and budget > 0 do
     local owner = redis.call('LMOVE', owners, owners, 'LEFT', 'RIGHT')
     if not owner then break end
-    local held = ARGV[3] .. ARGV[5 + c] .. ':owner:' .. owner
+    local held = ARGV[3] .. cls .. ':owner:' .. owner
     local id = redis.call('LPOP', held)
     if redis.call('LLEN', held) == 0 then redis.call('LREM', owners, -1, owner) end
     if id then
@@ -80,6 +104,7 @@ for c = 1, #KEYS - 6 do
         redis.call('ZADD', KEYS[6], ARGV[5], id)
         table.insert(released, id)
         room = room - 1
+        budget = budget - 1
       end
     end
   end
@@ -109,31 +134,46 @@ class HeldPlace:
 class FairGate:
     """Admit and release jobs for one Redis; ``window`` 0 admits everything at once."""
 
-    def __init__(self, client: redis.Redis, window: int) -> None:
+    def __init__(self, client: redis.Redis, window: int, reserved_slots: int = 0) -> None:
         self.client = client
         self.window = window
+        self.reserved_slots = reserved_slots
         self._admit = client.register_script(ADMIT)
         self._release = client.register_script(RELEASE)
 
-    def admit(self, job_id: str, queue: str, priority: str, owner: str) -> int:
-        """1: send the job's message now (it joined the line); 0: held; -1: not queued any more."""
+    def admit(self, job_id: str, queue: str, priority: str, owner: str, slots: int | None = None) -> int:
+        """1: send the job's message now (it joined the line); 0: held; -1: not queued any more.
+        ``slots``: as for :meth:`release`."""
         window = self.window if self.window > 0 else 2**31
+        cap = self.batch_cap(queue if slots is None else slots) if priority == BATCH else -1
         return int(self._admit(
             keys=[keys.job_key(job_id), keys.line_key(queue), keys.line_starts_key(queue), keys.LINE_SEQ,
                   keys.HELD_QUEUES, keys.HELD_COUNTS, keys.held_owners_key(queue, priority),
                   keys.held_key(queue, priority, owner), keys.UNDISPATCHED, keys.QUEUED_BY_OWNER],
-            args=[job_id, window, queue, owner]))
+            args=[job_id, window, queue, owner, priority, cap, keys.JOB_KEY_PREFIX]))
 
-    def release(self, queue: str, now: float | None = None) -> list[str]:
+    def release(self, queue: str, now: float | None = None, slots: int | None = None) -> list[str]:
         """Held jobs of ``queue`` whose turn came, as many as the window has room for: each
-        joined the line and counts as undispatched until its message is confirmed sent."""
+        joined the line and counts as undispatched until its message is confirmed sent.
+        ``slots``: the worker slots that take the queue's messages (None: the live workers'
+        heartbeats say); ``batch`` jobs leave ``reserved_slots`` of them to the other classes."""
         window = self.window if self.window > 0 else 2**31
+        caps = {BATCH: self.batch_cap(queue if slots is None else slots)}
+        per_class = [item for c in PRIORITY_CLASSES for item in (c, caps.get(c, -1))]
         return list(self._release(
             keys=[keys.line_key(queue), keys.line_starts_key(queue), keys.LINE_SEQ, keys.HELD_QUEUES,
                   keys.HELD_COUNTS, keys.UNDISPATCHED,
                   *(keys.held_owners_key(queue, c) for c in PRIORITY_CLASSES)],
             args=[queue, window, keys.held_prefix(queue), keys.JOB_KEY_PREFIX,
-                  repr(time.time() if now is None else now), *PRIORITY_CLASSES]))
+                  repr(time.time() if now is None else now), *per_class]))
+
+    def batch_cap(self, queue_or_slots: str | int) -> int:
+        """The most ``batch`` jobs of a queue running or waiting in its line at once: its
+        slots less the reserved ones, at least one; -1 (no cap) without a reserve or slots."""
+        if self.reserved_slots <= 0 or self.window <= 0:  # no reserve, or no gate at all
+            return -1
+        slots = queue_or_slots if isinstance(queue_or_slots, int) else queue_slots(self.client, queue_or_slots)
+        return max(1, slots - self.reserved_slots) if slots > 0 else -1
 
     def held_queues(self) -> list[str]:
         return sorted(self.client.smembers(keys.HELD_QUEUES))
@@ -180,6 +220,31 @@ class FairGate:
                          if o != owner)
             break
         return HeldPlace(ahead, queue)
+
+
+def queue_slots(client: redis.Redis, queue: str, alive_s: float = 15.0) -> int:
+    """Worker slots that take ``queue``'s messages, from heartbeats younger than ``alive_s``
+    (read only: the web's listing prunes the index): a model's queue (``generation.<model
+    id>``) is its model's workers'; a shared one every chat worker's."""
+    _, dot, model = queue.partition(".")
+    names = client.zrangebyscore(keys.WORKERS_INDEX, time.time() - alive_s, "+inf")
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.hmget(keys.worker_key(name), "concurrency", "model_id", "model_kind", "pool")
+    total = 0
+    for concurrency, model_id, kind, pool in pipe.execute():
+        served, kind = _json(model_id), _json(kind)
+        if (served == model) if dot else (kind != EMBEDDING):
+            # A prefork child beats on its own (one slot each); a threads worker has them all.
+            total += 1 if _json(pool) == "prefork" else int(_json(concurrency) or 1)
+    return total
+
+
+def _json(value: str | None) -> Any:
+    try:
+        return json.loads(value) if value is not None else None
+    except ValueError:
+        return value
 
 
 def send_released(gate: FairGate, store: Any, celery: TaskSender, queue: str) -> list[str]:

@@ -34,6 +34,12 @@ local function leave_line(job, id, started_at)
   local line = redis.call('HGET', job, 'line')
   if not line then return end
   redis.call('ZREM', line, id)
+  -- The fair gate's count of a class's running jobs (core/fair_gate.py: a batch cap).
+  local class = redis.call('HGET', job, 'priority')
+  if class then
+    if started_at then redis.call('ZADD', line .. ':running:' .. class, started_at, id)
+    else redis.call('ZREM', line .. ':running:' .. class, id) end
+  end
   if started_at then
     local starts = redis.call('HGET', job, 'line_starts')
     redis.call('ZADD', starts, started_at, id)

@@ -121,7 +121,7 @@ class Settings(BaseSettings):
     # Prompt tokens a step may add while sequences are decoding: each step's cost is what every
     # stream waits between two tokens, so a long prompt beside streams goes this slowly (and at
     # max_batched_tokens once nobody streams). Chosen by bench.fairness --long-prompt.
-    prefill_tokens_while_decoding: PositiveInt = 16
+    prefill_tokens_while_decoding: PositiveInt = 2
 
     # Embedding models (docs/api.md, Embeddings): inputs per forward on an embedding worker
     # (concurrent requests share them), and the most inputs one request may send.
@@ -176,6 +176,9 @@ class Settings(BaseSettings):
     # this many task messages wait in a queue; later jobs wait in Redis and are released by
     # priority class, then by turns between API keys. 0 turns the gate off (plain FIFO).
     queue_window: int = Field(default=2, ge=0)
+    # Worker slots of each queue that batch-class jobs leave free for the other classes (a cap
+    # on batch jobs running or waiting in the list: the queue's slots, from heartbeats, less these).
+    reserved_slots: int = Field(default=1, ge=0)
     key_priority_caps: Annotated[dict[str, str], NoDecode] = {}  # per API key: the highest class it may ask
     key_max_queued: int = Field(default=0, ge=0)  # per API key: queued jobs at once (more: 429); 0 = no cap
 

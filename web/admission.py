@@ -19,7 +19,7 @@ QUEUED_LIMIT_RETRY_AFTER_S = 5
 
 
 def gate() -> FairGate:
-    return FairGate(ctx().store.client, ctx().settings.queue_window)
+    return FairGate(ctx().store.client, ctx().settings.queue_window, ctx().settings.reserved_slots)
 
 
 def surface_default() -> str:

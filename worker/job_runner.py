@@ -186,13 +186,13 @@ class Ended:
 
 
 def _line_moved(rt: WorkerRuntime, job_id: str, record: JobRecord | None) -> None:
-    """The job left its queue's line (started, or found ended): the fair gate's next held
-    job may go out (core/fair_gate.py)."""
+    """The job left its queue's line (started, or found ended) or its worker slot (ended):
+    the fair gate's next held job may go out (core/fair_gate.py)."""
     try:
         queue = record.queue if record is not None else rt.store.get(job_id).queue
     except Exception:  # noqa: BLE001 - the job is gone; the reaper's tick releases the queue
         return
-    release(rt.store, app, rt.settings.queue_window, [queue])
+    release(rt.store, app, rt.settings, [queue])
 
 
 def run_job(rt: WorkerRuntime, job_id: str, dispatch: int, body: JobBody) -> Ended | None:
@@ -219,6 +219,7 @@ def run_job(rt: WorkerRuntime, job_id: str, dispatch: int, body: JobBody) -> End
         _flush_text(ctx)
     written = rt.store.finish(job_id, state, payload, attempt=started.attempt,
                               keep_token_ids=bool(record.request.get("return_token_ids")))
+    _line_moved(rt, job_id, record)  # a slot is free: a class held back by its cap may go
     log_event(logger, "job_finished", job_id=job_id, job_type=record.type, state=state,
               attempt=started.attempt, latency_ms=round((time.perf_counter() - began) * 1000, 1),
               completion_tokens=payload.get("usage", {}).get("completion_tokens"),

@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from celery import Celery
 
@@ -58,7 +58,7 @@ class Reaper:
     max_redispatches: int = 3
     grace_s: float | None = None  # default: one lease
     webhooks: WebhookStore | None = None  # drains the webhook outbox each tick (core/webhooks.py)
-    gate_window: int | None = None  # releases held jobs each tick (core/fair_gate.py); None: not here
+    gate_settings: Any = None  # releases held jobs each tick (core/fair_gate.py); None: not here
     clock: Callable[[], float] = time.monotonic  # the contact clock (a test steps its own)
     _contact_since: float | None = field(default=None, init=False)
     _last_ok: float | None = field(default=None, init=False)
@@ -73,8 +73,8 @@ class Reaper:
         and sweep."""
         in_touch = self._in_touch()
         expire_overdue(self.store)
-        if self.gate_window is not None:  # held jobs whose turn came (core/fair_gate.py)
-            release(self.store, self.celery_app, self.gate_window)
+        if self.gate_settings is not None:  # held jobs whose turn came (core/fair_gate.py)
+            release(self.store, self.celery_app, self.gate_settings)
         if self.webhooks is not None:
             self.webhooks.dispatch(task_sender(self.celery_app))
         if not in_touch:
@@ -161,11 +161,11 @@ def _send(store: JobStore, celery_app: Celery, job_type: str, queue: str, job_id
 
 def start_reaper(store: JobStore, celery_app: Celery, interval_s: float, lease_s: float,
                  max_redispatches: int = 3, webhooks: WebhookStore | None = None,
-                 gate_window: int | None = None) -> threading.Event:
+                 gate_settings: Any = None) -> threading.Event:
     """Run :meth:`Reaper.tick` every ``interval_s`` in a daemon thread; set the event to stop."""
     stop = threading.Event()
     reaper = Reaper(store, celery_app, lease_s, interval_s, max_redispatches, webhooks=webhooks,
-                    gate_window=gate_window)
+                    gate_settings=gate_settings)
 
     def loop() -> None:
         while not stop.wait(interval_s):

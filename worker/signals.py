@@ -57,7 +57,7 @@ def _main_ready(sender=None, **_: object) -> None:
     store = rt_module.make_store(settings)
     start_reaper(store, app, interval_s=max(1.0, settings.lease_s / 4),
                  lease_s=settings.lease_s, max_redispatches=settings.max_attempts,
-                 webhooks=webhook_store(store.client, settings), gate_window=settings.queue_window)
+                 webhooks=webhook_store(store.client, settings), gate_settings=settings)
     pool = rt_module._pool_info[0]
     if pool != "prefork":  # jobs run in this very process: heartbeat and warm the model here
         rt = rt_module.runtime()

@@ -14,8 +14,11 @@ BLOCK, BLOCKS, BUDGET = 4, 40, 12          # a pool of 160 tokens, 12 tokens a s
 
 
 def _service(engine, blocks: int = BLOCKS) -> PagedService:
+    # Prompts may fill the whole step beside decodes here (the default budget while decoding
+    # is smaller: the last test of the file checks that bound on its own).
     return PagedService(_forward(engine), load_settings(kv_block_size=BLOCK, kv_num_blocks=blocks, max_batch=8,
-                                                        max_batched_tokens=BUDGET), prefix_sharing=False)
+                                                        max_batched_tokens=BUDGET,
+                                                        prefill_tokens_while_decoding=BUDGET), prefix_sharing=False)
 
 
 def _add(engine, service, ids, max_new, log, name):

@@ -138,3 +138,53 @@ def test_released_jobs_are_sent_with_their_task_and_model_and_confirmed(store):
     assert celery.sent == [("miniserve.generate", [held], {"model": "m"}, QUEUE)]
     assert store.client.zscore(keys.UNDISPATCHED, held) is None
     assert store.client.zscore(keys.PENDING, held) is not None
+
+
+def test_batch_jobs_leave_the_reserved_slots_to_the_other_classes(store):
+    """3 slots, 1 reserved: at most 2 batch jobs run or wait in the line; an interactive job
+    arriving then goes out with the release that follows its hold, and a batch job's end
+    lets the next batch job go."""
+    gate = FairGate(store.client, window=10, reserved_slots=1)
+    batch = [_job_on(store, gate, "batch", slots=3) for _ in range(4)]
+    assert [admitted for _, admitted in batch] == [1, 1, 0, 0]
+    _start(store, batch[0][0])
+    _start(store, batch[1][0])
+    assert gate.release(QUEUE, slots=3) == []  # two batch jobs run: the cap
+    urgent, admitted = _job_on(store, gate, "interactive", slots=3)
+    assert admitted == 0 and gate.release(QUEUE, slots=3) == [urgent]  # held behind no one: out at once
+    store.finish(batch[0][0], "succeeded", {"text": ""}, attempt=1)
+    assert gate.release(QUEUE, slots=3) == [batch[2][0]]
+
+
+def test_the_running_count_forgets_jobs_that_ended_without_a_word(store):
+    """A job requeued after its worker died is no longer running: the cap does not count it."""
+    gate = FairGate(store.client, window=10, reserved_slots=1)
+    first, _ = _job_on(store, gate, "batch", slots=2)
+    held, admitted = _job_on(store, gate, "batch", slots=2)
+    assert admitted == 0
+    _start(store, first)
+    store.client.hset(keys.job_key(first), "state", "queued")  # as the reaper's requeue leaves it
+    assert gate.release(QUEUE, slots=2) == [held]
+
+
+def test_queue_slots_count_live_chat_workers_and_one_per_prefork_child(store):
+    import json
+    import time as clock
+
+    def beat(name, **info):
+        store.client.zadd(keys.WORKERS_INDEX, {name: clock.time()})
+        store.client.hset(keys.worker_key(name), mapping={k: json.dumps(v) for k, v in info.items()})
+
+    beat("a:1", pool="threads", concurrency=8, model_id="m", model_kind="chat")
+    beat("b:1", pool="prefork", concurrency=4, model_id="m", model_kind="chat")
+    beat("b:2", pool="prefork", concurrency=4, model_id="m", model_kind="chat")
+    beat("e:1", pool="threads", concurrency=8, model_id="e", model_kind="embedding")
+    from core.fair_gate import queue_slots
+
+    assert queue_slots(store.client, "generation") == 10
+    assert queue_slots(store.client, "generation.m") == 10 and queue_slots(store.client, "embedding.e") == 8
+
+
+def _job_on(store, gate, priority, slots):
+    job = store.create("generate", QUEUE, {"priority": priority}, owner="a")
+    return job.id, gate.admit(job.id, QUEUE, priority, "a", slots=slots)
