@@ -3,8 +3,8 @@ as a mode of the queue benchmark::
 
     python -m bench queue_overhead --priorities [--batch-lines 400] [--probes 6] [--max-new-tokens 16]
 
-For each setting of ``MINISERVE_QUEUE_WINDOW`` (the gate's default, then 0: plain FIFO) a
-fresh stack (redis-server, one worker of the production pool, the web) first answers
+For each setting (the gate with its defaults; the gate without a reserved slot,
+``MINISERVE_RESERVED_SLOTS=0``; no gate, ``MINISERVE_QUEUE_WINDOW=0``: plain FIFO) a fresh stack (redis-server, one worker of the production pool, the web) first answers
 ``--probes`` streamed chats alone (time to first token, after a warmup), then gets a batch of
 ``--batch-lines`` chat lines and, once the batch has started, the same chats again, one at a
 time. Without the gate a chat waits behind every line sent before it; with it, the chat's
@@ -60,7 +60,8 @@ def batch_counts(base_url: str, batch_id: str) -> dict[str, int]:
     return requests.get(f"{base_url}/v1/batches/{batch_id}", timeout=60).json()["request_counts"]
 
 
-def one_setting(base_url: str, window: int, lines: int, probes: int, max_tokens: int) -> dict[str, Any]:
+def one_setting(base_url: str, window: int, reserved: int, lines: int, probes: int,
+                max_tokens: int) -> dict[str, Any]:
     for _ in range(2):  # warmup: the first chats pay for lazy loads
         ttft(base_url, max_tokens)
     alone = [ttft(base_url, max_tokens) for _ in range(probes)]
@@ -70,18 +71,21 @@ def one_setting(base_url: str, window: int, lines: int, probes: int, max_tokens:
     beside = [ttft(base_url, max_tokens) for _ in range(probes if window else 1)]  # FIFO: one wait is enough
     done_before_cancel = batch_counts(base_url, batch_id)["completed"]
     requests.post(f"{base_url}/v1/batches/{batch_id}/cancel", timeout=60)
-    return {"queue_window": window, "probes": len(beside), "ttft_alone_p50_s": round(p50(alone), 3),
+    return {"queue_window": window, "reserved_slots": reserved, "probes": len(beside), "ttft_alone_p50_s": round(p50(alone), 3),
             "ttft_beside_batch_p50_s": round(p50(beside), 3),
             "ratio": round(p50(beside) / p50(alone), 2), "batch_lines_done_before_cancel": done_before_cancel}
 
 
-def compare(stack_for: Callable[[int], Any], windows: list[int], lines: int, probes: int, max_tokens: int,
+SETTINGS = ((2, 1), (2, 0), (0, 0))  # (MINISERVE_QUEUE_WINDOW, MINISERVE_RESERVED_SLOTS)
+
+
+def compare(stack_for: Callable[[int, int], Any], lines: int, probes: int, max_tokens: int,
             output: Path) -> list[dict[str, Any]]:
-    """``stack_for(window)``: a context manager that yields a ready stack's base URL."""
+    """``stack_for(window, reserved)``: a context manager that yields a ready stack's base URL."""
     rows = []
-    for window in windows:
-        with stack_for(window) as base_url:
-            rows.append(one_setting(base_url, window, lines, probes, max_tokens))
+    for window, reserved in SETTINGS:
+        with stack_for(window, reserved) as base_url:
+            rows.append(one_setting(base_url, window, reserved, lines, probes, max_tokens))
         print(json.dumps(rows[-1]))
     write_json(output, {"batch_lines": lines, "max_tokens": max_tokens, "machine": machine_info(), "rows": rows})
     return rows

@@ -117,8 +117,8 @@ def main() -> None:
     if args.priorities:
         from bench import priorities
 
-        priorities.compare(lambda window: _gated_stack(args, window), [2, 0], args.batch_lines, args.probes,
-                           args.max_new_tokens, Path(args.output).with_name("priorities.json"))
+        priorities.compare(lambda window, reserved: _gated_stack(args, window, reserved), args.batch_lines,
+                           args.probes, args.max_new_tokens, Path(args.output).with_name("priorities.json"))
         return None
     if args.served:
         from bench import queue_served
@@ -153,12 +153,13 @@ def main() -> None:
 
 
 @contextlib.contextmanager
-def _gated_stack(args, window: int):
+def _gated_stack(args, window: int, reserved: int):
     """Redis, one worker of the production pool (threads, 8 slots) and the web, with the fair
-    gate's window set (0: off); yields the web's base URL once the model is loaded."""
+    gate's window (0: off) and reserved slots set; yields the web's base URL once the model
+    is loaded."""
     env = {"MINISERVE_MODEL": args.model, "MINISERVE_THREADS": str(args.threads), "MINISERVE_JSON_LOGS": "true",
            "MINISERVE_LOG_LEVEL": "WARNING", "MINISERVE_MAX_QUEUE_DEPTH": "0",
-           "MINISERVE_QUEUE_WINDOW": str(window)}
+           "MINISERVE_QUEUE_WINDOW": str(window), "MINISERVE_RESERVED_SLOTS": str(reserved)}
     redis_proc, url = start_redis(Path("/tmp"))
     stack = Stack(redis_url=url, env_overrides=env)
     worker = stack.start_worker(pool="threads", concurrency=8)

@@ -64,9 +64,15 @@ BATCH_API = "results/batch_api.json"
 PRIORITIES = "results/priorities.json"
 
 
+def _gate_label(row: dict[str, Any]) -> str:
+    if not row["queue_window"]:
+        return "no gate (FIFO)"
+    return f"fair gate, window {row['queue_window']}, {row.get('reserved_slots', 0)} reserved slot(s)"
+
+
 def priorities_table(data: dict[str, Any]) -> tuple[str, list[str], list[Row]]:
     """``--priorities``: an interactive chat's TTFT alone and beside a running batch, gate on and off."""
-    rows = [["fair gate (window " + str(r["queue_window"]) + ")" if r["queue_window"] else "no gate (FIFO)",
+    rows = [[_gate_label(r),
              num(r["ttft_alone_p50_s"], 3), num(r["ttft_beside_batch_p50_s"], 3), ratio(r["ratio"]), r["probes"],
              r["batch_lines_done_before_cancel"]] for r in data["rows"]]
     return (f"An interactive chat beside a Batch API file of {data['batch_lines']} lines "

@@ -122,6 +122,9 @@ class Settings(BaseSettings):
     # stream waits between two tokens, so a long prompt beside streams goes this slowly (and at
     # max_batched_tokens once nobody streams). Chosen by bench.fairness --long-prompt.
     prefill_tokens_while_decoding: PositiveInt = 2
+    # ...besides which prompts whose rest is at most this many tokens are computed whole, up
+    # to this many tokens a step: a chat starts answering at once beside streams. 0: none.
+    short_prompt_tokens: int = Field(default=64, ge=0)
 
     # Embedding models (docs/api.md, Embeddings): inputs per forward on an embedding worker
     # (concurrent requests share them), and the most inputs one request may send.

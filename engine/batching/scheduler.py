@@ -13,7 +13,8 @@ Each :meth:`Scheduler.step`
    (``max_batch``), the step's token budget lasts (``max_batched_tokens``; while sequences
    decode, prompts add at most ``prefill_while_decoding`` tokens to the step, since every
    stream waits for the whole step: a long prompt beside streams goes slowly, then at full
-   budget once nobody streams) and the pool has blocks for the prompt's cached prefix and
+   budget once nobody streams; prompts whose rest is at most ``short_prompt_tokens`` share
+   that many tokens of the step on top, whole, so a chat starts answering at once) and the pool has blocks for the prompt's cached prefix and
    first chunk (plus one spare block per running sequence);
 5. runs ONE forward over all scheduled tokens (decodes, chunks and fresh prompts packed
    together), samples a token for each sequence that reached its end, and feeds it to the
@@ -57,9 +58,37 @@ class StepStats:
     accepted_draft_tokens: int = 0
 
 
+@dataclass
+class _PromptBudget:
+    """The prompt tokens one step may still add: ``total`` (the step's token budget after its
+    decodes), of which long prompts' chunks may take ``chunk`` while sequences decode, and
+    prompts whose whole rest fits ``short`` take that rest at once from ``short``."""
+
+    total: int
+    chunk: int
+    short: int
+
+    @property
+    def left(self) -> bool:
+        return self.total > 0 and (self.chunk > 0 or self.short > 0)
+
+    def grant(self, rest: int) -> int:
+        if 0 < rest <= min(self.short, self.total):
+            return rest
+        return min(rest, self.chunk, self.total)
+
+    def spend(self, rest: int, count: int) -> None:
+        self.total -= count
+        if 0 < rest <= self.short and count == rest:
+            self.short -= count
+        else:
+            self.chunk = max(0, self.chunk - count)
+
+
 class Scheduler:
     def __init__(self, model: PagedQwen2, pool: KVBlockPool, blocks: BlockManager, *,
-                 max_batch: int, max_batched_tokens: int, prefill_while_decoding: int | None = None):
+                 max_batch: int, max_batched_tokens: int, prefill_while_decoding: int | None = None,
+                 short_prompt_tokens: int = 0):
         if max_batch <= 0 or max_batched_tokens <= 0:
             raise ValueError("max_batch and max_batched_tokens must be positive")
         self.model, self.pool, self.blocks = model, pool, blocks
@@ -67,6 +96,9 @@ class Scheduler:
         self.max_batched_tokens = max_batched_tokens
         # prompt tokens a step adds beside decoding sequences (None: the whole budget)
         self.prefill_while_decoding = prefill_while_decoding or max_batched_tokens
+        # ...except that prompts whose rest is this short share this many tokens of a step on
+        # top: a chat's prompt starts answering at once instead of a few tokens a step
+        self.short_prompt_tokens = short_prompt_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.stats = StepStats()
@@ -194,24 +226,25 @@ class Scheduler:
             budget -= reserve_drafts([seq for seq, _ in plan], self.blocks, budget, spare=len(self.running))
             plan = [(seq, 1 + len(seq.drafts)) for seq, _ in plan]
         spare = sum(self._still_needs(seq) for seq, _ in plan)  # prompts never take a stream's blocks
-        if plan:  # streams wait for this step: prompts add only a little to it
-            budget = min(budget, self.prefill_while_decoding)
+        prompts = _PromptBudget(budget, self.prefill_while_decoding if plan else budget,  # streams wait for
+                                self.short_prompt_tokens if plan else 0)                # this step
         for seq in self.running:                            # 2. prompts mid-prefill
-            if budget == 0:
+            if not prompts.left:
                 break
             if not seq.is_decoding and all(seq is not p for p, _ in plan):
-                count = self._grow(seq, min(seq.num_pending, budget), spare)
+                count = self._grow(seq, prompts.grant(seq.num_pending), spare)
                 if count:
                     plan.append((seq, count))
-                    budget -= count
-        while self.waiting and budget > 0 and len(self.running) < self.max_batch:  # 3. admit
+                    prompts.spend(seq.num_pending, count)
+        while self.waiting and prompts.left and len(self.running) < self.max_batch:  # 3. admit
             seq = self.waiting[0]
-            count = self._admit(seq, budget)
+            rest = len(seq.tokens) - self.blocks.cached_prefix_tokens(seq.tokens, root=seq.cache_root)
+            count = self._admit(seq, prompts.grant(rest))
             if count is None:
                 break
             if count:
                 plan.append((seq, count))
-                budget -= count
+                prompts.spend(rest, count)
         return plan
 
     def _admit(self, seq: Sequence, budget: int) -> int | None:

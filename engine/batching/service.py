@@ -47,7 +47,8 @@ class PagedService:
         self.scheduler = Scheduler(self.runner, self.pool, self.blocks,
                                    max_batch=settings.max_batch,
                                    max_batched_tokens=settings.max_batched_tokens,
-                                   prefill_while_decoding=settings.prefill_tokens_while_decoding)
+                                   prefill_while_decoding=settings.prefill_tokens_while_decoding,
+                                   short_prompt_tokens=settings.short_prompt_tokens)
         self._ids = itertools.count(1)
         log_event(logger, "paged_pool_ready", num_blocks=blocks,
                   block_size=settings.kv_block_size, pool_mib=round(self.pool.nbytes / 2**20, 1))

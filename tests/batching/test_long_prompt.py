@@ -115,16 +115,8 @@ def test_beside_streams_a_step_adds_at_most_the_while_decoding_budget_of_prompt(
     MINISERVE_PREFILL_TOKENS_WHILE_DECODING prompt tokens; alone, a prompt takes the full budget."""
     service = PagedService(_forward(paged_engine), load_settings(
         kv_block_size=BLOCK, kv_num_blocks=BLOCKS, max_batch=8, max_batched_tokens=BUDGET,
-        prefill_tokens_while_decoding=2), prefix_sharing=False)
-    steps: list[tuple[int, int]] = []   # (decode tokens, prompt tokens) of each forward
-    forward = service.scheduler._forward
-
-    def recording(plan):
-        decodes = sum(1 for seq, _ in plan if seq.is_decoding)
-        steps.append((decodes, sum(count for _, count in plan) - decodes))
-        return forward(plan)
-
-    service.scheduler._forward = recording
+        prefill_tokens_while_decoding=2, short_prompt_tokens=0), prefix_sharing=False)
+    steps = _recorded_steps(service)
     log: list[str] = []
     short = [_add(paged_engine, service, [7 + i, 9, 11, 13], 10, log, f"s{i}") for i in range(2)]
     service.step()                                                    # both prompts, then they stream
@@ -135,3 +127,39 @@ def test_beside_streams_a_step_adds_at_most_the_while_decoding_budget_of_prompt(
     assert beside and max(beside) <= 2                                # beside streams: 2 prompt tokens a step
     assert max(prompt for decodes, prompt in steps if not decodes) == BUDGET  # alone: the whole budget
     assert hog.run.produced == 2 and all(seq.run.produced == 10 for seq in short)
+
+
+def _recorded_steps(service) -> list[tuple[int, int]]:
+    """(decode tokens, prompt tokens) of each forward the service runs from now on."""
+    steps: list[tuple[int, int]] = []
+    forward = service.scheduler._forward
+
+    def recording(plan):
+        decodes = sum(1 for seq, _ in plan if seq.is_decoding)
+        steps.append((decodes, sum(count for _, count in plan) - decodes))
+        return forward(plan)
+
+    service.scheduler._forward = recording
+    return steps
+
+
+def test_beside_streams_a_short_prompt_goes_whole_and_a_long_ones_last_chunk_too(paged_engine):
+    """Prompts whose rest is at most MINISERVE_SHORT_PROMPT_TOKENS are computed whole beside
+    streams (a chat answers at once); a long prompt goes 2 tokens a step until its rest is
+    that short, then finishes in one step."""
+    service = PagedService(_forward(paged_engine), load_settings(
+        kv_block_size=BLOCK, kv_num_blocks=BLOCKS, max_batch=8, max_batched_tokens=BUDGET,
+        prefill_tokens_while_decoding=2, short_prompt_tokens=8), prefix_sharing=False)
+    steps = _recorded_steps(service)
+    log: list[str] = []
+    short = [_add(paged_engine, service, [7 + i, 9, 11, 13], 30, log, f"s{i}") for i in range(2)]
+    service.step()                                                    # both prompts, then they stream
+    chat = _add(paged_engine, service, [5, 6, 7, 8, 9, 10], 2, log, "chat")
+    service.step()
+    assert steps[-1] == (2, 6)                                        # the chat's 6 tokens at once
+    hog = _add(paged_engine, service, [(7 * i) % 200 + 3 for i in range(20)], 2, log, "hog")
+    while service.scheduler.has_work:
+        service.step()
+    hog_steps = [prompt for decodes, prompt in steps[2:] if decodes and prompt]
+    assert hog_steps == [2] * 6 + [8]                                 # 20 = 6 chunks of 2, then the last 8
+    assert chat.run.produced == 2 and hog.run.produced == 2 and all(seq.run.produced == 30 for seq in short)
