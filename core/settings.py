@@ -121,7 +121,7 @@ class Settings(BaseSettings):
     # Prompt tokens a step may add while sequences are decoding: each step's cost is what every
     # stream waits between two tokens, so a long prompt beside streams goes this slowly (and at
     # max_batched_tokens once nobody streams). Chosen by bench.fairness --long-prompt.
-    prefill_tokens_while_decoding: PositiveInt = 2
+    prefill_tokens_while_decoding: PositiveInt = 1
     # ...besides which prompts whose rest is at most this many tokens are computed whole, up
     # to this many tokens a step: a chat starts answering at once beside streams. 0: none.
     short_prompt_tokens: int = Field(default=64, ge=0)
