@@ -218,6 +218,7 @@ class EngineLoop:
         self._solo: deque[_Job] = deque()      # non-batched requests not yet started
         self._running: list[_Job] = []          # started solo tasks, in arrival order
         self._prefill_left = 0                  # prompt tokens the solo tasks may still compute this turn
+        self._short_left = 0                    # ...and short prompts beside them (MINISERVE_SHORT_PROMPT_TOKENS)
         self._held: list[_Job] = []             # paged group members waiting for their leader's prefill
         self._ids = itertools.count(1)
         self._thread: threading.Thread | None = None
@@ -444,7 +445,13 @@ class EngineLoop:
     def _take_prefill(self, wanted: int) -> int:
         """Prompt tokens a solo task may compute now: the solo tasks share one step budget
         (``MINISERVE_MAX_BATCHED_TOKENS``) per turn, so however many long prompts arrive,
-        a turn spends at most that on them (engine.handwritten.PrefillChunks)."""
+        a turn spends at most that on them (engine.handwritten.PrefillChunks). Beside paged
+        streams the budget is the small one, and a rest of at most
+        ``MINISERVE_SHORT_PROMPT_TOKENS`` goes whole from a pool of its own, as in the paged
+        scheduler."""
+        if 0 < wanted <= self._short_left:
+            self._short_left -= wanted
+            return wanted
         granted = min(wanted, self._prefill_left)
         self._prefill_left -= granted
         return granted
@@ -454,6 +461,7 @@ class EngineLoop:
         prompts share one step budget per turn (:meth:`_take_prefill`)."""
         settings, streaming = self.engine.settings, self._paged is not None and bool(self._paged.scheduler.running)
         self._prefill_left = settings.prefill_tokens_while_decoding if streaming else settings.max_batched_tokens
+        self._short_left = settings.short_prompt_tokens if streaming else 0
         still: list[_Job] = []
         for job in self._running:
             assert job.task is not None

@@ -231,15 +231,17 @@ class Scheduler:
         for seq in self.running:                            # 2. prompts mid-prefill
             if not prompts.left:
                 break
-            if not seq.is_decoding and all(seq is not p for p, _ in plan):
-                count = self._grow(seq, prompts.grant(seq.num_pending), spare)
+            granted = prompts.grant(seq.num_pending)
+            if granted and not seq.is_decoding and all(seq is not p for p, _ in plan):
+                count = self._grow(seq, granted, spare)
                 if count:
                     plan.append((seq, count))
                     prompts.spend(seq.num_pending, count)
         while self.waiting and prompts.left and len(self.running) < self.max_batch:  # 3. admit
             seq = self.waiting[0]
             rest = len(seq.tokens) - self.blocks.cached_prefix_tokens(seq.tokens, root=seq.cache_root)
-            count = self._admit(seq, prompts.grant(rest))
+            granted = prompts.grant(rest)
+            count = self._admit(seq, granted) if granted else None  # no room for it this step
             if count is None:
                 break
             if count:
