@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,17 +29,34 @@ PROBE = {"messages": [{"role": "user", "content": "Say hello in five words."}], 
 PROBE_TIMEOUT_S = 900
 
 
-def ttft(base_url: str, max_tokens: int) -> float:
+@dataclass(frozen=True)
+class Probe:
+    """One chat: the client's time to first token, and the job's own split of it (the wait
+    from accepted to started, and the engine's time to first token once started)."""
+
+    ttft_s: float
+    queue_wait_s: float
+    engine_ttft_s: float
+
+
+def ttft(base_url: str, max_tokens: int) -> Probe:
     """Seconds from the request to the first streamed content of one chat."""
     started = time.perf_counter()
+    first, job_id = None, ""
     with requests.post(f"{base_url}/v1/chat/completions", json={**PROBE, "max_tokens": max_tokens},
                        stream=True, timeout=PROBE_TIMEOUT_S) as response:
         response.raise_for_status()
         for raw in response.iter_lines():
-            if raw.startswith(b"data: {") and any(c.get("delta", {}).get("content")
-                                                 for c in json.loads(raw[6:]).get("choices", [])):
-                return time.perf_counter() - started
-    raise RuntimeError("the chat streamed no content")
+            if not raw.startswith(b"data: {"):
+                continue
+            chunk = json.loads(raw[6:])
+            job_id = job_id or chunk.get("id", "").removeprefix("chatcmpl-")
+            if first is None and any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
+                first = time.perf_counter() - started
+    if first is None:
+        raise RuntimeError("the chat streamed no content")
+    timings = requests.get(f"{base_url}/jobs/{job_id}", timeout=60).json().get("timings", {})
+    return Probe(first, timings.get("queue_wait_s", float("nan")), timings.get("ttft_s", float("nan")))
 
 
 def p50(values: list[float]) -> float:
@@ -64,16 +82,22 @@ def one_setting(base_url: str, window: int, reserved: int, lines: int, probes: i
                 max_tokens: int) -> dict[str, Any]:
     for _ in range(2):  # warmup: the first chats pay for lazy loads
         ttft(base_url, max_tokens)
-    alone = [ttft(base_url, max_tokens) for _ in range(probes)]
+    alone_probes = [ttft(base_url, max_tokens) for _ in range(probes)]
+    alone = [p.ttft_s for p in alone_probes]
     batch_id = start_batch(base_url, lines, max_tokens)
     wait_until(lambda: batch_counts(base_url, batch_id)["completed"] >= 1, 600, interval_s=0.2,
                what="the batch's first line")
-    beside = [ttft(base_url, max_tokens) for _ in range(probes if window else 1)]  # FIFO: one wait is enough
+    beside_probes = [ttft(base_url, max_tokens) for _ in range(probes if window else 1)]  # FIFO: one wait is enough
+    beside = [p.ttft_s for p in beside_probes]
     done_before_cancel = batch_counts(base_url, batch_id)["completed"]
     requests.post(f"{base_url}/v1/batches/{batch_id}/cancel", timeout=60)
     return {"queue_window": window, "reserved_slots": reserved, "probes": len(beside), "ttft_alone_p50_s": round(p50(alone), 3),
             "ttft_beside_batch_p50_s": round(p50(beside), 3),
-            "ratio": round(p50(beside) / p50(alone), 2), "batch_lines_done_before_cancel": done_before_cancel}
+            "ratio": round(p50(beside) / p50(alone), 2), "batch_lines_done_before_cancel": done_before_cancel,
+            "beside_queue_wait_p50_s": round(p50([p.queue_wait_s for p in beside_probes]), 3),
+            "beside_engine_ttft_p50_s": round(p50([p.engine_ttft_s for p in beside_probes]), 3),
+            "alone_queue_wait_p50_s": round(p50([p.queue_wait_s for p in alone_probes]), 3),
+            "alone_engine_ttft_p50_s": round(p50([p.engine_ttft_s for p in alone_probes]), 3)}
 
 
 SETTINGS = ((2, 1), (2, 0), (0, 0))  # (MINISERVE_QUEUE_WINDOW, MINISERVE_RESERVED_SLOTS)

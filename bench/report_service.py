@@ -73,12 +73,14 @@ def _gate_label(row: dict[str, Any]) -> str:
 def priorities_table(data: dict[str, Any]) -> tuple[str, list[str], list[Row]]:
     """``--priorities``: an interactive chat's TTFT alone and beside a running batch, gate on and off."""
     rows = [[_gate_label(r),
-             num(r["ttft_alone_p50_s"], 3), num(r["ttft_beside_batch_p50_s"], 3), ratio(r["ratio"]), r["probes"],
+             num(r["ttft_alone_p50_s"], 3), num(r["ttft_beside_batch_p50_s"], 3), ratio(r["ratio"]),
+             num(r.get("beside_queue_wait_p50_s"), 3), num(r.get("beside_engine_ttft_p50_s"), 3), r["probes"],
              r["batch_lines_done_before_cancel"]] for r in data["rows"]]
     return (f"An interactive chat beside a Batch API file of {data['batch_lines']} lines "
             f"(`python -m bench queue_overhead --priorities`, {data['max_tokens']} tokens per chat, one worker "
-            "with 8 slots)", ["queue", "p50 TTFT alone s", "p50 TTFT beside the batch s", "ratio", "chats",
-                              "batch lines done before the chats ended"], rows)
+            "with 8 slots; beside the batch, the job's own wait to start and its engine TTFT once started)",
+            ["queue", "p50 TTFT alone s", "p50 TTFT beside the batch s", "ratio", "waited to start s",
+             "engine TTFT s", "chats", "batch lines done before the chats ended"], rows)
 
 
 def batch_api_table(data: dict[str, Any]) -> tuple[str, list[str], list[Row]]:
