@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as futures
-import contextlib
 import os
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ from pathlib import Path
 import requests
 
 from bench import batch_api
+from bench.local_stack import serving_stack
 from bench.stats import machine_info, print_table, pyplot, summarize, write_csv, write_json
 from core.events import TERMINAL_EVENTS
 from core.jobs import JobStore
@@ -152,27 +152,13 @@ def main() -> None:
     report(args, rows, burst_result)
 
 
-@contextlib.contextmanager
 def _gated_stack(args, window: int, reserved: int):
-    """Redis, one worker of the production pool (threads, 8 slots) and the web, with the fair
-    gate's window (0: off) and reserved slots set; yields the web's base URL once the model
-    is loaded."""
+    """A serving stack (one 8-slot worker) with the fair gate's window (0: off) and reserved
+    slots set; yields the web's base URL once the model is loaded."""
     env = {"MINISERVE_MODEL": args.model, "MINISERVE_THREADS": str(args.threads), "MINISERVE_JSON_LOGS": "true",
            "MINISERVE_LOG_LEVEL": "WARNING", "MINISERVE_MAX_QUEUE_DEPTH": "0",
            "MINISERVE_QUEUE_WINDOW": str(window), "MINISERVE_RESERVED_SLOTS": str(reserved)}
-    redis_proc, url = start_redis(Path("/tmp"))
-    stack = Stack(redis_url=url, env_overrides=env)
-    worker = stack.start_worker(pool="threads", concurrency=8)
-    web, base_url = stack.start_web()
-    store = job_store(url)
-    try:
-        wait_until(lambda: any(w["info"].get("engine_loaded") for w in list_workers(store.client, 15)), 300,
-                   what="the worker")
-        wait_until(lambda: _up(base_url), 30, what="web server")
-        yield base_url
-    finally:
-        for proc in (web, worker, redis_proc):
-            proc.stop()
+    return serving_stack(env, up=_up, load_s=300)
 
 
 def _up(base_url: str) -> bool:

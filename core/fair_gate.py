@@ -24,6 +24,7 @@ sweeper (worker/reaper.py), like any unsent job. Jobs routed to one worker's own
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -31,6 +32,7 @@ from typing import Any, Protocol
 import redis
 
 from core import keys, tasks
+from core.logs import log_event
 from core.model_source import EMBEDDING
 from core.priorities import BATCH, PRIORITY_CLASSES
 
@@ -49,6 +51,8 @@ local function class_taken(line, job_prefix, cls)
   return taken
 end
 """
+
+logger = logging.getLogger("miniserve.fair_gate")
 
 # KEYS: job, line, line_starts, seq, held_queues, held_counts, owners, held, undispatched,
 # queued_by_owner. ARGV: job_id, window, queue, owner, class, the class's cap (-1: none), job
@@ -134,6 +138,10 @@ class HeldPlace:
 class FairGate:
     """Admit and release jobs for one Redis; ``window`` 0 admits everything at once."""
 
+    @classmethod
+    def from_settings(cls, client: redis.Redis, settings: Any) -> "FairGate":
+        return cls(client, settings.queue_window, settings.reserved_slots)
+
     def __init__(self, client: redis.Redis, window: int, reserved_slots: int = 0) -> None:
         self.client = client
         self.window = window
@@ -157,6 +165,8 @@ class FairGate:
         joined the line and counts as undispatched until its message is confirmed sent.
         ``slots``: the worker slots that take the queue's messages (None: the live workers'
         heartbeats say); ``batch`` jobs leave ``reserved_slots`` of them to the other classes."""
+        if not self.client.sismember(keys.HELD_QUEUES, queue):
+            return []  # nothing held here: no heartbeat read, no script
         window = self.window if self.window > 0 else 2**31
         caps = {BATCH: self.batch_cap(queue if slots is None else slots)}
         per_class = [item for c in PRIORITY_CLASSES for item in (c, caps.get(c, -1))]
@@ -203,8 +213,7 @@ class FairGate:
         held = self.client.hget(keys.job_key(job_id), "held")
         if not held:
             return None
-        prefix, _, owner = held.partition(":owner:")
-        queue, _, priority = prefix[len("held:"):].rpartition(":")
+        queue, priority, owner = keys.held_key_parts(held)
         index = self.client.lpos(held, job_id)
         if index is None:
             return None
@@ -258,4 +267,17 @@ def send_released(gate: FairGate, store: Any, celery: TaskSender, queue: str) ->
                          **({"kwargs": {"model": model}} if model else {}))
         store.mark_dispatched(job_id)
         sent.append(job_id)
+    return sent
+
+
+def release_queues(gate: FairGate, store: Any, celery: TaskSender, queues: list[str] | None = None) -> int:
+    """:func:`send_released` for each of ``queues`` (every queue with held jobs when None);
+    returns how many were sent. Best effort: held jobs stay held, and a released job whose
+    send failed is the sweeper's (it counts as undispatched)."""
+    sent = 0
+    for queue in gate.held_queues() if queues is None else queues:
+        try:
+            sent += len(send_released(gate, store, celery, queue))
+        except Exception as exc:  # noqa: BLE001 - a later start, end or reaper tick releases them
+            log_event(logger, "gate_release_failed", level=logging.WARNING, queue=queue, error=type(exc).__name__)
     return sent

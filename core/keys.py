@@ -215,6 +215,13 @@ def held_key(queue: str, priority: str, owner: str) -> str:
     return f"{held_prefix(queue)}{priority}:owner:{owner}"
 
 
+def held_key_parts(key: str) -> tuple[str, str, str]:
+    """(queue, class, owner) of a :func:`held_key` (a queue name may hold ':'; a class not)."""
+    prefix, _, owner = key.partition(":owner:")
+    queue, _, priority = prefix[len("held:"):].rpartition(":")
+    return queue, priority, owner
+
+
 def line_starts_key(queue: str) -> str:
     """Sorted set: the queue's most recently started jobs -> start time (its service rate)."""
     return f"line:{queue}:starts"

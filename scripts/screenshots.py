@@ -20,8 +20,7 @@ from typing import Callable
 import requests
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from core.workers import list_workers
-from tests.harness.stack import Stack, job_store, start_redis, wait_until
+from bench.local_stack import serving_stack
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -147,19 +146,8 @@ def main() -> None:
     if args.base:
         take_all(args.base.rstrip("/"), Path(args.out), views)
         return
-    redis_proc, url = start_redis(Path("/tmp"))
-    stack = Stack(redis_url=url, env_overrides={"MINISERVE_MODEL": args.model, "MINISERVE_LOG_LEVEL": "WARNING"})
-    worker_proc = stack.start_worker(pool="threads", concurrency=8)
-    web, base = stack.start_web()
-    store = job_store(url)
-    try:
-        wait_until(lambda: any(w["info"].get("engine_loaded") for w in list_workers(store.client, 15)), 600,
-                   what="the worker to load its model")
-        wait_until(lambda: answers(base), 60, what="the web")
+    with serving_stack({"MINISERVE_MODEL": args.model, "MINISERVE_LOG_LEVEL": "WARNING"}, up=answers) as base:
         take_all(base, Path(args.out), views)
-    finally:
-        for proc in (web, worker_proc, redis_proc):
-            proc.stop()
 
 
 if __name__ == "__main__":

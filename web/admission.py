@@ -2,24 +2,20 @@
 queued-jobs limit, and whether its message goes out now or waits its turn."""
 from __future__ import annotations
 
-import logging
-
 from flask import has_request_context, request
 
-from core.fair_gate import FairGate, send_released
-from core.logs import log_event
+from core.fair_gate import FairGate, release_queues
 from core.owners import by_owner
 from core.priorities import DEFAULT, INTERACTIVE, capped, rank
 from web.context import ctx
 from web.errors import ApiError
 
-logger = logging.getLogger("miniserve.web.admission")
 EVERYONE = "-"  # the owner the gate counts when MINISERVE_API_KEYS is empty: everyone is one key
 QUEUED_LIMIT_RETRY_AFTER_S = 5
 
 
 def gate() -> FairGate:
-    return FairGate(ctx().store.client, ctx().settings.queue_window, ctx().settings.reserved_slots)
+    return FairGate.from_settings(ctx().store.client, ctx().settings)
 
 
 def surface_default() -> str:
@@ -54,9 +50,6 @@ def check_queued_limit(owner_key: str) -> None:
 
 
 def release(queue: str) -> None:
-    """Send the messages of ``queue``'s held jobs whose turn came. Best effort: a worker's
-    next start, or its reaper's next tick, releases them otherwise."""
-    try:
-        send_released(gate(), ctx().store, ctx().celery, queue)
-    except Exception as exc:  # noqa: BLE001 - the job is held, not lost
-        log_event(logger, "gate_release_failed", level=logging.WARNING, queue=queue, error=type(exc).__name__)
+    """Send the messages of ``queue``'s held jobs whose turn came (best effort: a worker's
+    next start, or its reaper's next tick, releases them otherwise)."""
+    release_queues(gate(), ctx().store, ctx().celery, [queue])

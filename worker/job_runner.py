@@ -16,6 +16,7 @@ from typing import Any, Callable
 from celery.exceptions import SoftTimeLimitExceeded
 
 from core.coalesce import TextCoalescer
+from core.fair_gate import FairGate, release_queues
 from core.events import CANCELLED, FAILED, SUCCEEDED, TIMEOUT, TOKEN
 from core.jobs import JobRecord, JobStore
 from core.logs import log_event
@@ -23,7 +24,6 @@ from engine.paged.pool import KVPoolExhausted
 from worker.choice_stream import ChoiceStreams
 from worker.runtime import ModelUnavailable, WorkerRuntime
 from worker.app import app
-from worker.gate_release import release
 from worker.webhook_tasks import kick
 
 logger = logging.getLogger("miniserve.worker")
@@ -192,7 +192,7 @@ def _line_moved(rt: WorkerRuntime, job_id: str, record: JobRecord | None) -> Non
         queue = record.queue if record is not None else rt.store.get(job_id).queue
     except Exception:  # noqa: BLE001 - the job is gone; the reaper's tick releases the queue
         return
-    release(rt.store, app, rt.settings, [queue])
+    release_queues(FairGate.from_settings(rt.store.client, rt.settings), rt.store, app, [queue])
 
 
 def run_job(rt: WorkerRuntime, job_id: str, dispatch: int, body: JobBody) -> Ended | None:

@@ -37,11 +37,11 @@ from celery import Celery
 
 from core import tasks as names
 from core.deliveries import stranded_jobs
+from core.fair_gate import FairGate, release_queues
 from core.jobs import JobNotFound, JobStore
 from core.logs import log_event
 from core.routing import rescue_orphans
 from core.webhooks import WebhookStore, task_sender
-from worker.gate_release import release
 
 logger = logging.getLogger("miniserve.reaper")
 SLOW_CALL_S = 1.0  # a ping slower than this rode out a reconnect: the contact clock restarts
@@ -74,7 +74,7 @@ class Reaper:
         in_touch = self._in_touch()
         expire_overdue(self.store)
         if self.gate_settings is not None:  # held jobs whose turn came (core/fair_gate.py)
-            release(self.store, self.celery_app, self.gate_settings)
+            release_queues(FairGate.from_settings(self.store.client, self.gate_settings), self.store, self.celery_app)
         if self.webhooks is not None:
             self.webhooks.dispatch(task_sender(self.celery_app))
         if not in_touch:
