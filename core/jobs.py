@@ -398,12 +398,13 @@ class JobStore:
     def expired_leases(self, now: float | None = None) -> list[str]:
         return list(self.client.zrangebyscore(keys.LEASES, "-inf", now or time.time()))
 
-    def requeue(self, job_id: str, attempt: int) -> int:
-        """Put a running job whose lease expired back to ``queued``; returns the new dispatch
-        number to re-send the task with, or 0 when the job was no longer running that attempt."""
+    def requeue(self, job_id: str, attempt: int, reason: str = "lease_expired") -> int:
+        """Put a running job whose attempt died back to ``queued`` (``reason``: its lease
+        expired, or its worker stopped beating); returns the new dispatch number to re-send
+        the task with, or 0 when the job was no longer running that attempt."""
         return int(self._scripts["REQUEUE"](
             keys=self._job_keys(job_id) + [keys.LEASES, keys.UNDISPATCHED],
-            args=[job_id, attempt, repr(time.time()), self.ttl_s],
+            args=[job_id, attempt, repr(time.time()), self.ttl_s, reason],
         ))
 
     def trim_index(self, batch: int = 500, max_batches: int = 20) -> int:

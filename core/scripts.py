@@ -192,8 +192,9 @@ ended(KEYS[1], ARGV[1], ARGV[5], KEYS[5], KEYS[6])
 return seq
 """
 
-# KEYS: job, events, channel, leases, undispatched. ARGV: job_id, attempt, ts, ttl.
-# Puts a running job whose lease expired back to queued and bumps its dispatch number, so
+# KEYS: job, events, channel, leases, undispatched. ARGV: job_id, attempt, ts, ttl, reason
+#   ('lease_expired' | 'worker_dead').
+# Puts a running job whose lease expired (or whose worker stopped beating) back to queued and bumps its dispatch number, so
 # the dead attempt's message, if the broker ever re-delivers it, is recognised as stale.
 # Returns the new dispatch number (the caller re-sends the task with it), or 0. Until the
 # caller confirms the re-send, the job waits in ``undispatched``.
@@ -208,7 +209,7 @@ redis.call('EXPIRE', KEYS[1], ARGV[4])
 local dispatch = redis.call('HINCRBY', KEYS[1], 'dispatch', 1)
 redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('ZADD', KEYS[5], ARGV[3], ARGV[1])
-local data = '{"state": "queued", "reason": "lease_expired"}'
+local data = cjson.encode({state = 'queued', reason = ARGV[5]})
 local body = '"type": "state", "attempt": ' .. ARGV[2] .. ', "ts": ' .. ARGV[3] .. ', "data": ' .. data .. '}'
 append(KEYS[1], KEYS[2], KEYS[3], 'state', ARGV[2], ARGV[3], data, body, ARGV[4])
 return dispatch

@@ -147,6 +147,9 @@ class Settings(BaseSettings):
     soft_time_limit_s: PositiveInt = 600
     hard_time_limit_s: PositiveInt = 660
     lease_s: PositiveInt = 120
+    # A worker that has not beaten (every 5 s) for this long is dead: its running jobs are
+    # re-queued, and a generation continues where its stream stopped (worker/resume.py).
+    worker_dead_s: Annotated[int, Field(ge=10)] = 15
     # A worker's Redis client retries a lost connection this long before a job gives up on
     # its attempt (the job's lease then expires and the reaper re-queues it).
     worker_redis_retry_s: PositiveInt = 60

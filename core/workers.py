@@ -63,3 +63,28 @@ def _decode(value: str) -> Any:
         return json.loads(value)
     except (TypeError, ValueError):
         return value
+
+
+def jobs_of_dead_workers(client: redis.Redis, dead_after_s: float, now: float | None = None) -> list[str]:
+    """Running jobs (those holding a lease) whose worker has not beaten for ``dead_after_s``
+    (or has left the index), among attempts started at least that long ago: the worker died
+    with them. A lease only expires a whole lease after its last renewal; heartbeats tell
+    within a few beats (worker/reaper.py)."""
+    now = time.time() if now is None else now
+    job_ids = client.zrange(keys.LEASES, 0, -1)
+    if not job_ids:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for job_id in job_ids:
+        pipe.hmget(keys.job_key(job_id), "worker", "started_at")
+    rows = pipe.execute()
+    names = sorted({worker for worker, _ in rows if worker})
+    beats = dict(zip(names, client.zmscore(keys.WORKERS_INDEX, names))) if names else {}
+    dead = []
+    for job_id, (worker, started_at) in zip(job_ids, rows):
+        if not worker or not started_at or now - float(started_at) < dead_after_s:
+            continue
+        beat = beats.get(worker)
+        if beat is None or now - float(beat) > dead_after_s:
+            dead.append(job_id)
+    return dead

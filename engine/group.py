@@ -50,8 +50,8 @@ def stream_group(handles: list[RequestHandle], on_text: IndexedText | None = Non
                     continue
                 moved = True
                 kind, value = item
-                if kind == TEXT:  # (piece, the run's generated tokens so far), as RequestHandle.stream reads it
-                    piece, handles[index].tokens_streamed = value
+                if kind == TEXT:  # (piece, generated, covered tokens so far), as RequestHandle.stream reads it
+                    piece, handles[index].tokens_streamed, handles[index].tokens_covered = value
                     if on_text is not None:
                         on_text(index, piece)
                 elif kind == LOGPROBS and on_logprobs is not None:

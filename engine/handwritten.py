@@ -54,7 +54,7 @@ def _sampler(engine: Any, forward: Qwen2Forward, request: GenerationRequest, pen
              prompt: Prompt, run: GenerationRun) -> Sampler:
     return Sampler(request.sampling, penalty, forward.config.vocab_size, prompt.ids, forward.weights.device,
                    constraint=run_constraint(engine, run, request.constraint), record=run.logprobs,
-                   eos_ids=run.eos_ids)
+                   eos_ids=run.eos_ids, resumed=run.token_ids[:run.resumed])
 
 
 def decode_loop(forward: Qwen2Forward, cache: Any, logits: torch.Tensor, sampler: Sampler,

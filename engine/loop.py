@@ -85,6 +85,7 @@ class RequestHandle:
         self.started_at: float | None = None  # clock() at that moment
         self.timed_out = False                # the loop stopped it at its deadline
         self.tokens_streamed = 0              # generated tokens whose text ``stream`` has handed on
+        self.tokens_covered = 0               # of those, leading ones whose text is all out
         self._cancel = threading.Event()
         self._run: GenerationRun | None = None
 
@@ -126,7 +127,7 @@ class RequestHandle:
                     if on_start is not None:
                         on_start(self.started_at or self.clock())
                 if kind == TEXT:
-                    piece, self.tokens_streamed = value
+                    piece, self.tokens_streamed, self.tokens_covered = value
                     if on_text is not None:
                         on_text(piece)
                 elif kind == LOGPROBS and on_logprobs is not None:
@@ -161,7 +162,13 @@ class RequestHandle:
         self._run = run
 
     def push_text(self, piece: str) -> None:
-        self.outputs.put((TEXT, (piece, self._run.produced if self._run is not None else 0)))
+        run = self._run
+        self.outputs.put((TEXT, (piece, run.generated if run is not None else 0, run.covered if run is not None else 0)))
+
+    def covered_ids(self, start: int) -> list[int]:
+        """The generated ids from ``start`` up to the last piece handed on whose text is all out
+        (``tokens_covered``): what a continuation may skip (worker/resume.py)."""
+        return list(self._run.token_ids[start:self.tokens_covered]) if self._run is not None else []
 
     def push_logprobs(self, entries: list[dict[str, Any]]) -> None:
         self.outputs.put((LOGPROBS, entries))
@@ -275,7 +282,7 @@ class EngineLoop:
         self.submitted += 1
         if should_cancel is not None and should_cancel():
             handle.cancel()
-        if request.sampling.max_new_tokens <= 0:
+        if run.max_new_tokens <= 0:
             handle.begin()
             handle.resolve(run.result(prompt_tokens=len(prompt.ids)))
             return handle, None

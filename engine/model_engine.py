@@ -106,6 +106,8 @@ class ModelEngine:
         started = time.perf_counter()
         loaded = self.loaded
         prompt = self.prompt(request)
+        if request.resume is not None:  # an earlier attempt's answer so far is prefilled with the prompt
+            prompt = Prompt(ids=prompt.ids + list(request.resume.ids), prefix_len=prompt.prefix_len)
         sampling = request.sampling
         penalty = sampling.repetition_penalty
         if penalty is None:
@@ -115,6 +117,8 @@ class ModelEngine:
                             stops=sampling.stop, min_tokens=sampling.min_tokens, on_text=on_text,
                             should_cancel=should_cancel,
                             started=started, logprobs=sampling.logprobs, on_logprobs=on_logprobs)
+        if request.resume is not None:
+            run.resume(request.resume)
         return prompt, run, penalty
 
     def run_solo(self, prompt: Prompt, run: GenerationRun, request: GenerationRequest,

@@ -55,8 +55,6 @@ def generate_official(model: Any, prompt_ids: list[int], run: GenerationRun, sam
     device = next(model.parameters()).device
     input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     kwargs = generate_kwargs(sampling, repetition_penalty, sorted(run.eos_ids), model.generation_config.pad_token_id)
-    if not sampling.greedy and sampling.seed is not None:
-        torch.manual_seed(sampling.seed)  # generate samples from the global generator
     recorder = LogprobRecorder(run.logprobs, sampling.top_logprobs) if run.logprobs is not None else None
     kwargs["logits_processor"] = processors(sampling, len(prompt_ids), model.config.vocab_size, constraint, recorder,
                                             sorted(run.eos_ids))

@@ -20,7 +20,7 @@ from transformers import (LogitsProcessor, LogitsProcessorList, MinPLogitsWarper
 from engine.constrained.processor import GrammarLogitsProcessor
 from engine.logprobs import LogprobRecorder
 from engine.penalties import check_bias, penalize_counts
-from engine.sampling import hold_eos, safe_temperature
+from engine.sampling import hold_eos, position_seed, safe_temperature
 from engine.types import SamplingParams
 
 NEUTRAL_WARPERS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}  # generate builds none of its own
@@ -74,6 +74,19 @@ class EosHoldProcessor(LogitsProcessor):
         return hold_eos(scores.clone(), self.eos_ids.to(scores.device), keep_if_alone=self.constrained)
 
 
+class PositionSeedProcessor(LogitsProcessor):
+    """Seeds the global generator, which ``generate`` samples from, for the token it is about
+    to draw, as the hand-written sampler seeds its own (:func:`engine.sampling.position_seed`).
+    Last in the list: nothing draws between it and the sample."""
+
+    def __init__(self, seed: int, prompt_len: int) -> None:
+        self.seed, self.prompt_len = seed, prompt_len
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        torch.manual_seed(position_seed(self.seed, input_ids.shape[-1] - self.prompt_len))
+        return scores
+
+
 def warpers(sampling: SamplingParams) -> list[Any]:
     """Temperature, top-k, top-p, min-p as ``generate`` would build them, for placing last."""
     out: list[Any] = []
@@ -103,4 +116,6 @@ def processors(sampling: SamplingParams, prompt_len: int, vocab_size: int, const
         out.append(EosHoldProcessor(sampling, prompt_len, eos_ids, constrained=constraint is not None))
     if not sampling.greedy:
         out.extend(warpers(sampling))
+        if sampling.seed is not None:
+            out.append(PositionSeedProcessor(sampling.seed, prompt_len))
     return LogitsProcessorList(out)

@@ -17,6 +17,11 @@ result's entries, each with the text of its token.
 
 Counting: ``token_ids`` are the generated tokens without a final end-of-sequence id;
 ``usage.completion_tokens`` counts every token the model produced, that id included.
+
+Resuming (:meth:`GenerationRun.resume`): a request that continues an earlier attempt's
+answer starts with that answer's ids already taken (their text is not handed out again);
+``produced`` and ``max_new_tokens`` count this attempt's tokens, so every method and the
+scheduler's block budget stay as they are, and the result counts the whole answer.
 """
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ import time
 from typing import Any, Callable, Iterable
 
 from engine.textstream import TextStream
-from engine.types import (CANCELLED, LENGTH, STOP, CancelCheck, GenerationResult, LogprobsCallback,
+from engine.types import (CANCELLED, LENGTH, STOP, CancelCheck, GenerationResult, LogprobsCallback, Resume,
                           TextCallback, Timings, Usage)
 
 
@@ -49,12 +54,35 @@ class GenerationRun:
         self.first_token_at: float | None = None
         self.last_token_at: float | None = None
         self.token_ids: list[int] = []
-        self.produced = 0
+        self.produced = 0     # tokens this attempt produced
+        self.resumed = 0      # tokens an earlier attempt produced and streamed (resume)
         self.finish_reason: str | None = None
         self.draft_tokens = self.accepted_draft_tokens = 0
         self.pause: Callable[[], None] | None = None  # set by the loop for a solo task
         self.prefill_allowance: Callable[[int], int] | None = None  # set by the loop: this turn's prompt budget
         self.constraint: Any = None  # the request's grammar state, compiled once by the loop at submit
+
+    def resume(self, resume: Resume) -> None:
+        """Start after an earlier attempt's streamed tokens: they count as generated (and,
+        with log-probabilities, bring their entries); only what follows is streamed."""
+        ids = [int(i) for i in resume.ids]
+        self._stream.prime(ids, resume.text_chars)
+        self.token_ids = list(ids)
+        self.resumed = len(ids)
+        self.max_new_tokens -= len(ids)
+        if self.logprobs is not None:
+            self.logprobs.extend(resume.logprobs)
+            self._logprobs_sent = len(self.logprobs)
+
+    @property
+    def generated(self) -> int:
+        """Tokens of the whole answer so far (an earlier attempt's included)."""
+        return self.resumed + self.produced
+
+    @property
+    def covered(self) -> int:
+        """Leading generated tokens whose text has all been handed out."""
+        return min(self._stream.covered, len(self.token_ids))
 
     @property
     def done(self) -> bool:
@@ -118,10 +146,13 @@ class GenerationRun:
         if self.produced > 1 and self.last_token_at and self.first_token_at:
             span = self.last_token_at - self.first_token_at
             decode_tps = (self.produced - 1) / span if span > 0 else 0.0
+        prompt_tokens -= self.resumed  # the resumed ids were prefilled, but they are the answer's
+        if self.prompt_logprobs is not None:
+            self.prompt_logprobs = self.prompt_logprobs[:prompt_tokens]
         return GenerationResult(
             text=self._stream.text, finish_reason=self.finish_reason,
-            usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=self.produced,
-                        cached_tokens=cached_tokens, draft_tokens=self.draft_tokens,
+            usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=self.generated,
+                        cached_tokens=min(cached_tokens, prompt_tokens), draft_tokens=self.draft_tokens,
                         accepted_draft_tokens=self.accepted_draft_tokens),
             timings=Timings(ttft_s=ttft, total_s=end - self.started, decode_tokens_per_s=decode_tps),
             method=self.method, token_ids=list(self.token_ids), logprobs=self._token_logprobs(),

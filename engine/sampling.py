@@ -19,8 +19,10 @@ End-of-sequence is held back (its ids' scores set to -inf, as llama.cpp does for
 generated, or for the whole answer with ``ignore_eos``; right after the grammar mask, and not
 when the grammar allows nothing else (a finished structured answer still ends).
 
-Each request samples from its own ``torch.Generator`` seeded from ``seed``, so a seed
-reproduces a sample regardless of what else the process did.
+Each request samples from its own ``torch.Generator``. With a ``seed``, the generator is
+seeded afresh for every position from (seed, position) (:func:`position_seed`), so a seed
+reproduces a sample regardless of what else the process did, and an answer continued by a
+later attempt from its n-th token (``resumed``) draws exactly what an uninterrupted run would.
 
 Robust to extreme values: ``temperature`` and ``repetition_penalty`` are clamped to at least
 :data:`MIN_TEMPERATURE` / :data:`MIN_PENALTY` (the web accepts only ``>= 0.01`` anyway, see
@@ -151,6 +153,14 @@ def constrain(scores: torch.Tensor, constraint: LogitsConstraint | None) -> torc
     return scores if constraint is None else constraint.mask(scores)
 
 
+def position_seed(seed: int, position: int) -> int:
+    """The generator seed for the ``position``-th generated token of a seeded request (a
+    splitmix64 step: nearby seeds and positions give unrelated streams)."""
+    z = (seed * 0x9E3779B97F4A7C15 + (position + 1) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (z ^ (z >> 31)) & 0x7FFFFFFFFFFFFFFF
+
+
 class Sampler:
     """Per-request token chooser; call :meth:`observe` with every generated id (the prompt's
     come with the constructor)."""
@@ -158,7 +168,8 @@ class Sampler:
     def __init__(self, params: SamplingParams, repetition_penalty: float, vocab_size: int,
                  prompt_ids: Sequence[int], device: torch.device | str = "cpu",
                  constraint: LogitsConstraint | None = None,
-                 record: list[dict] | None = None, eos_ids: Sequence[int] = ()) -> None:
+                 record: list[dict] | None = None, eos_ids: Sequence[int] = (),
+                 resumed: Sequence[int] = ()) -> None:
         self.params = params
         self.constraint = constraint
         self.generated = 0  # tokens observed since the prompt (min_tokens counts them)
@@ -174,20 +185,30 @@ class Sampler:
         self.generator: torch.Generator | None = None
         if not params.greedy:
             self.generator = torch.Generator(device=device)
-            if params.seed is not None:
-                self.generator.manual_seed(params.seed)
-            else:
+            if params.seed is None:
                 self.generator.seed()
+        for token_id in resumed:  # an earlier attempt's tokens (already among prompt_ids' seen ids)
+            self._follow(token_id)
 
     def observe(self, token_id: int) -> None:
         self.seen[token_id] = True
+        self._follow(token_id)
+        if self.recorder is not None:
+            self.recorder.take(token_id)
+
+    def _follow(self, token_id: int) -> None:
+        """What a generated token changes besides the seen mask and the recorded entries."""
         self.generated += 1
         if self.openai is not None:
             self.openai.observe(token_id)
-        if self.recorder is not None:
-            self.recorder.take(token_id)
         if self.constraint is not None:
             self.constraint.accept(token_id)
+
+    def rng(self) -> torch.Generator | None:
+        """The generator for the next token's draws (re-seeded for its position when seeded)."""
+        if self.generator is not None and self.params.seed is not None:
+            self.generator.manual_seed(position_seed(self.params.seed, self.generated))
+        return self.generator
 
     def process(self, logits: torch.Tensor) -> torch.Tensor:
         """The final scores ``generate`` would sample from (float32, ``[vocab]``)."""
@@ -221,4 +242,4 @@ class Sampler:
             finite = torch.nan_to_num(scores, nan=float("-inf"))
             return argmax(finite)
         probs = torch.softmax(scores, dim=-1)
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+        return int(torch.multinomial(probs, 1, generator=self.rng()))

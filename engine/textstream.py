@@ -97,6 +97,13 @@ class TextStream:
             return len(self._ends) + self._unplaced
         return bisect_right(self._ends, self._emitted)
 
+    def prime(self, ids: Sequence[int], emitted_chars: int) -> None:
+        """Replay tokens whose text a client already holds (``emitted_chars`` of it): the
+        detokenizer and the stop matcher see them, and nothing of them is handed out again."""
+        for token_id in ids:
+            self.push(token_id)
+        self._emitted = max(self._emitted, emitted_chars)
+
     def _place(self, decoded_len: int) -> None:
         """Tokens held by the detokenizer end where the text just released ends."""
         self._ends.extend([decoded_len] * self._unplaced)

@@ -30,6 +30,20 @@ class SamplingParams(SamplingKnobs):
 
 
 @dataclass(frozen=True)
+class Resume:
+    """What an earlier attempt of this request already streamed to its client: the generated
+    ``ids`` whose text was all handed out, the ``text_chars`` the client holds (at least
+    those ids' text; more when a stop string's possible start was held back mid-token), and
+    the ``logprobs`` entries of those ids when the request records them. The run prefills
+    the prompt plus ``ids`` and goes on from there (worker/resume.py), so the stream repeats
+    and loses nothing, and the result is the whole answer."""
+
+    ids: tuple[int, ...] = ()
+    text_chars: int = 0
+    logprobs: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """One generation: chat ``messages`` (OpenAI-style dicts), optional ``prefix`` (the
     system part, which ``prefix_cache`` keys on), optional OpenAI function-tool schemas
@@ -46,6 +60,7 @@ class GenerationRequest:
     raw_prompt: str | None = None  # a text completion: this text as is, no chat template (messages unused)
     cache_salt: str = ""  # prefix-cache scope (the web's: the key's owner id, or a request's salt)
     priority: int = 1  # class rank (core/priorities.py): 0 interactive, 1 default, 2 batch
+    resume: Resume | None = None  # continue after what an earlier attempt streamed (worker/resume.py)
 
 
 @dataclass

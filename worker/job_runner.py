@@ -56,6 +56,9 @@ class JobContext:
     tokens_done: int = 0             # generated tokens of this job's finished engine requests
     _streaming: Any = None           # the engine request streaming now (its ``tokens_streamed``)
     _counting: bool = False          # token events say how many tokens the job has generated
+    record_ids: bool = False         # token events carry the ids they complete (worker/resume.py)
+    _ids_sent: int = 0               # generated ids already carried by this attempt's events
+    _ids_from: Any = None            # the engine request whose ids they are (kept past its end: the last flush)
     cancel: threading.Event = field(default_factory=threading.Event)  # set by the worker's CancelWatch
     _paused_at: float | None = None    # the clock is paused while waiting for the engine loop
     _choices: ChoiceStreams | None = None  # per-choice chunks (worker.choice_stream), built on first use
@@ -98,7 +101,9 @@ class JobContext:
 
     def follow_tokens(self, handle: Any) -> None:
         """Count this engine request's tokens (``handle.tokens_streamed``) in token events."""
-        self._streaming, self._counting = handle, True
+        self._streaming, self._ids_from, self._counting = handle, handle, True
+        resume = handle.request.resume if self.record_ids else None
+        self._ids_sent = len(resume.ids) if resume is not None else 0
 
     def end_tokens(self, completion_tokens: int) -> None:
         """The request ended with ``completion_tokens`` (an agent's next call counts on)."""
@@ -108,11 +113,18 @@ class JobContext:
     def _with_tokens(self, data: dict[str, Any]) -> dict[str, Any]:
         """``tokens``: the job's generated tokens up to this chunk's end, so a client can plot
         tokens (not characters) over time; a chunk may hold several tokens' text. Single-choice
-        jobs only (a job of several choices streams them side by side)."""
+        jobs only (a job of several choices streams them side by side). ``ids`` (generation
+        jobs): the token ids whose text this chunk completes, so a later attempt can continue
+        the answer where the stream stopped (worker/resume.py)."""
         if not self._counting or "index" in data:
             return data
         streaming = self._streaming.tokens_streamed if self._streaming is not None else 0
-        return {**data, "tokens": self.tokens_done + streaming}
+        data = {**data, "tokens": self.tokens_done + streaming}
+        if self.record_ids and self._ids_from is not None:
+            ids = self._ids_from.covered_ids(self._ids_sent)
+            self._ids_sent += len(ids)
+            data["ids"] = ids
+        return data
 
     def pause_clock(self) -> None:
         """Stop counting the time limit (a request now waits for the engine loop)."""

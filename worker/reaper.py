@@ -1,17 +1,21 @@
-"""Notices jobs whose worker died with them (main process and pool), via expired leases, and
-queued jobs whose task message was never sent.
+"""Notices jobs whose worker died with them (main process and pool), via missing heartbeats
+and expired leases, and queued jobs whose task message was never sent.
 
-A pool child killed mid-job is handled by Celery itself (``task_reject_on_worker_lost``
-re-delivers the message at once). When the whole worker is lost nobody re-delivers the
-message until the broker's visibility timeout (an hour-scale wait): the lease is what
-notices it within ``MINISERVE_LEASE_S``. Every worker's main process runs this loop; the
+When a worker is lost nobody re-delivers its message until the broker's visibility timeout
+(an hour-scale wait). Its heartbeats stop: a running job whose worker has not beaten for
+``MINISERVE_WORKER_DEAD_S`` (three beats) is re-queued, and its next attempt continues the
+answer where the stream stopped (worker/resume.py). The lease stays as the fence (a stale
+attempt can write nothing) and as the backstop for a worker that beats but whose job
+thread is stuck: an expired lease re-queues the job too. Every worker's main process runs this loop; the
 requeue is atomic, so two reapers never re-send the same job twice. The same loop trims
 expired ids from the jobs index (records expire by TTL; the index would not).
 
-**Fair after an outage.** While Redis is unreachable no worker can renew a lease, so when
-it comes back every lease looks expired. The reaper therefore reaps only after it has been
-in touch with Redis, without a gap, for a grace period (one lease): a failed tick, a tick
-whose Redis call was held up by reconnect retries, or a stalled loop restarts that clock.
+**Fair after an outage.** While Redis is unreachable no worker can renew a lease or beat,
+so when it comes back every lease looks expired and every worker dead. The reaper therefore
+reaps only after it has been in touch with Redis, without a gap, for a grace period: one
+lease for expired leases, ``MINISERVE_WORKER_DEAD_S`` for missing heartbeats (a live
+worker beats again within one beat of Redis coming back). A failed tick, a tick whose Redis
+call was held up by reconnect retries, or a stalled loop restarts that clock.
 Meanwhile live workers renew (the lease keeper retries every second after a failed
 renewal), so only leases of attempts that really died are still expired when reaping
 resumes. The same clock holds back the sweeper.
@@ -41,6 +45,7 @@ from core.fair_gate import FairGate, release_queues
 from core.jobs import JobNotFound, JobStore
 from core.logs import log_event
 from core.routing import rescue_orphans
+from core.workers import jobs_of_dead_workers
 from core.webhooks import WebhookStore, task_sender
 
 logger = logging.getLogger("miniserve.reaper")
@@ -59,6 +64,7 @@ class Reaper:
     grace_s: float | None = None  # default: one lease
     webhooks: WebhookStore | None = None  # drains the webhook outbox each tick (core/webhooks.py)
     gate_settings: Any = None  # releases held jobs each tick (core/fair_gate.py); None: not here
+    dead_after_s: float | None = None  # re-queue jobs of workers silent this long; None: leases only
     clock: Callable[[], float] = time.monotonic  # the contact clock (a test steps its own)
     _contact_since: float | None = field(default=None, init=False)
     _last_ok: float | None = field(default=None, init=False)
@@ -71,16 +77,20 @@ class Reaper:
         """One pass: check contact; end queued jobs past their deadline and send due webhooks
         (both safe at any time: each is one atomic step); then, past the grace period, reap
         and sweep."""
-        in_touch = self._in_touch()
+        contact_s = self._contact_s()
         expire_overdue(self.store)
         if self.gate_settings is not None:  # held jobs whose turn came (core/fair_gate.py)
             release_queues(FairGate.from_settings(self.store.client, self.gate_settings), self.store, self.celery_app)
         if self.webhooks is not None:
             self.webhooks.dispatch(task_sender(self.celery_app))
-        if not in_touch:
-            return {"requeued": [], "redispatched": []}
-        done = {"requeued": reap_once(self.store, self.celery_app),
-                "redispatched": sweep_once(self.store, self.celery_app, self.lease_s, self.max_redispatches)}
+        done: dict[str, list[str]] = {"requeued": [], "redispatched": []}
+        if self.dead_after_s is not None and contact_s >= self.dead_after_s:
+            dead = jobs_of_dead_workers(self.store.client, self.dead_after_s)
+            done["requeued"] += reap_once(self.store, self.celery_app, dead, "worker_dead")
+        if contact_s < self.grace:
+            return done
+        done["requeued"] += reap_once(self.store, self.celery_app)
+        done["redispatched"] = sweep_once(self.store, self.celery_app, self.lease_s, self.max_redispatches)
         moved = rescue_orphans(self.store.client)  # routed jobs left in a dead worker's own queue
         if moved:
             log_event(logger, "routed_jobs_rescued", count=moved)
@@ -90,7 +100,8 @@ class Reaper:
     def lost_contact(self) -> None:
         self._contact_since = None
 
-    def _in_touch(self) -> bool:
+    def _contact_s(self) -> float:
+        """Seconds of unbroken contact with Redis, this tick's ping included."""
         started = self.clock()
         self.store.ping()
         now = self.clock()
@@ -101,7 +112,7 @@ class Reaper:
                           ping_ms=round((now - started) * 1000, 1))
             self._contact_since = now
         self._last_ok = now
-        return now - self._contact_since >= self.grace
+        return now - self._contact_since
 
 
 def expire_overdue(store: JobStore) -> list[str]:
@@ -113,21 +124,23 @@ def expire_overdue(store: JobStore) -> list[str]:
     return expired
 
 
-def reap_once(store: JobStore, celery_app: Celery) -> list[str]:
-    """Re-queue (or, past the attempt budget, let the next start fail) expired jobs."""
+def reap_once(store: JobStore, celery_app: Celery, job_ids: list[str] | None = None,
+              reason: str = "lease_expired") -> list[str]:
+    """Re-queue (or, past the attempt budget, let the next start fail) the jobs whose attempt
+    died: ``job_ids`` (default: those whose lease expired)."""
     requeued = []
-    for job_id in store.expired_leases():
+    for job_id in store.expired_leases() if job_ids is None else job_ids:
         try:
             record = store.get(job_id)
         except JobNotFound:
             store.drop_lease(job_id)
             continue
-        dispatch = store.requeue(job_id, record.attempt)
+        dispatch = store.requeue(job_id, record.attempt, reason)
         if not dispatch:
             continue
         _send(store, celery_app, record.type, record.queue, job_id, dispatch)
         log_event(logger, "job_requeued", job_id=job_id, attempt=record.attempt, dispatch=dispatch,
-                  reason="lease_expired")
+                  reason=reason, worker=record.worker)
         requeued.append(job_id)
     return requeued
 
@@ -161,11 +174,11 @@ def _send(store: JobStore, celery_app: Celery, job_type: str, queue: str, job_id
 
 def start_reaper(store: JobStore, celery_app: Celery, interval_s: float, lease_s: float,
                  max_redispatches: int = 3, webhooks: WebhookStore | None = None,
-                 gate_settings: Any = None) -> threading.Event:
+                 gate_settings: Any = None, dead_after_s: float | None = None) -> threading.Event:
     """Run :meth:`Reaper.tick` every ``interval_s`` in a daemon thread; set the event to stop."""
     stop = threading.Event()
     reaper = Reaper(store, celery_app, lease_s, interval_s, max_redispatches, webhooks=webhooks,
-                    gate_settings=gate_settings)
+                    gate_settings=gate_settings, dead_after_s=dead_after_s)
 
     def loop() -> None:
         while not stop.wait(interval_s):

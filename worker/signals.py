@@ -55,9 +55,10 @@ def _main_ready(sender=None, **_: object) -> None:
     settings = get_settings()
     configure_logging(settings.log_level, settings.json_logs)
     store = rt_module.make_store(settings)
-    start_reaper(store, app, interval_s=max(1.0, settings.lease_s / 4),
+    start_reaper(store, app, interval_s=max(1.0, min(settings.lease_s / 4, settings.worker_dead_s / 3)),
                  lease_s=settings.lease_s, max_redispatches=settings.max_attempts,
-                 webhooks=webhook_store(store.client, settings), gate_settings=settings)
+                 webhooks=webhook_store(store.client, settings), gate_settings=settings,
+                 dead_after_s=settings.worker_dead_s)
     pool = rt_module._pool_info[0]
     if pool != "prefork":  # jobs run in this very process: heartbeat and warm the model here
         rt = rt_module.runtime()

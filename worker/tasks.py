@@ -5,12 +5,15 @@ the sweeper and the reaper after a worker died. The web writes it once, and the 
 it back in the same round trip that starts the attempt (``START_ATTEMPT``)."""
 from __future__ import annotations
 
+import logging
+from dataclasses import replace
 from typing import Any
 
 from celery import Task
 
 from core import tasks as names
 from core.events import TOOL_STEP, WAITING
+from core.logs import log_event
 from core.methods import BATCHED_METHOD
 from core.routing import note_prefix
 from engine.constrained.compiler import GrammarError
@@ -23,8 +26,10 @@ from worker.choices import group_result
 from worker.job_runner import JobContext, JobFailed, run_job
 from worker.model_guard import forwarded
 from worker.requests import group_from
+from worker.resume import streamed_answer
 from worker.runtime import WorkerRuntime, runtime
 
+logger = logging.getLogger("miniserve.worker")
 WAITING_AFTER_S = 0.1  # a request not started by then gets a ``waiting`` event
 
 
@@ -93,6 +98,9 @@ def run_generation(ctx: JobContext) -> dict[str, Any]:
     prefix_key = (ctx.record.request.get("routing") or {}).get("prefix_key")
     if prefix_key:  # this worker is about to cache the prompt's prefix: say so (core/routing.py)
         note_prefix(rt.store.client, prefix_key, rt.name, rt.settings.route_ttl_s)
+    if len(requests) == 1:
+        ctx.record_ids = True
+        requests = [continued(rt, ctx, requests[0])]
     generator = WorkerGenerator(rt, ctx)
     try:
         if len(requests) == 1:
@@ -108,6 +116,17 @@ def run_generation(ctx: JobContext) -> dict[str, Any]:
     except InsufficientMemoryError as exc:  # official on a GGUF run natively: the MiB it would take
         raise JobFailed("insufficient_memory", str(exc)) from None
     return {**payload, "model": rt.model_id}
+
+
+def continued(rt: WorkerRuntime, ctx: JobContext, request: GenerationRequest) -> GenerationRequest:
+    """A later attempt goes on from what the earlier ones streamed (worker/resume.py)."""
+    if ctx.attempt <= 1:
+        return request
+    resume = streamed_answer(rt.store.events(ctx.job_id), ctx.attempt)
+    if resume is None or (request.sampling.logprobs and len(resume.logprobs) != len(resume.ids)):
+        return request
+    log_event(logger, "job_resumed", job_id=ctx.job_id, attempt=ctx.attempt, tokens=len(resume.ids))
+    return replace(request, resume=resume)
 
 
 def counted_choice(rt: WorkerRuntime, on_text):

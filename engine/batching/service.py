@@ -63,7 +63,8 @@ class PagedService:
         ``cache_root``: its cache salt's chain root (it shares prefix blocks only within it).
         ``priority``: its class rank (0 interactive .. 2 batch): admitted first, preempted last."""
         sampler = Sampler(sampling, penalty, self.runner.vocab_size, prompt_ids, self.pool.device,
-                          constraint=constraint, record=run.logprobs, eos_ids=run.eos_ids)
+                          constraint=constraint, record=run.logprobs, eos_ids=run.eos_ids,
+                          resumed=run.token_ids[:run.resumed])
         forward = self.runner.forward_model
         spec = spec_config(self.settings, speculative, forward.weights) if constraint is None else None
         return Sequence(seq_id=next(self._ids), prompt_ids=list(prompt_ids), run=run,

@@ -48,7 +48,8 @@ def _judge(sampler: Sampler, row: torch.Tensor, draft: int) -> tuple[int, bool]:
         token = int(torch.argmax(scores))
         return token, token == draft
     probs = torch.softmax(scores, dim=-1)
-    u = float(torch.rand((), generator=sampler.generator, device=probs.device))
+    rng = sampler.rng()
+    u = float(torch.rand((), generator=rng, device=probs.device))
     if u < float(probs[draft]):
         return draft, True
     residual = probs.clone()
@@ -56,5 +57,5 @@ def _judge(sampler: Sampler, row: torch.Tensor, draft: int) -> tuple[int, bool]:
     total = float(residual.sum())
     if total <= 0.0:          # p(t) == 1 up to rounding: nothing else can be drawn
         return draft, True
-    token = int(torch.multinomial(residual / total, 1, generator=sampler.generator))
+    token = int(torch.multinomial(residual / total, 1, generator=rng))
     return token, False

@@ -9,7 +9,7 @@ import pytest
 
 from core.events import CANCELLED, FAILED, RUNNING, SUCCEEDED, TIMEOUT
 from tests.integration.conftest import (
-    gen_request, sleep_until_tokens, submit, wait_for_worker, wait_state, wait_terminal,
+    _started_worker, gen_request, sleep_until_tokens, submit, wait_for_worker, wait_state, wait_terminal,
 )
 
 pytestmark = pytest.mark.integration
@@ -70,23 +70,42 @@ def test_sigkill_of_pool_child_reruns_job(store, celery_client, stack, worker):
     assert record.state == SUCCEEDED and record.attempt == 2
     restarts = [e for e in store.events(job.id) if e.type == "state" and e.data.get("restart")]
     assert len(restarts) == 1 and restarts[0].attempt == 2
-    final_tokens = [e for e in store.events(job.id) if e.type == "token" and e.attempt == 2]
-    assert "".join(e.data["text"] for e in final_tokens) == record.result["text"]
+    assert events_text(store, job.id) == record.result["text"]  # attempt 2 went on from attempt 1's text
 
 
-def test_sigkill_of_whole_worker_requeues_after_lease(store, celery_client, stack, worker):
-    job = submit(store, celery_client, gen_request(max_new_tokens=400))
+def test_a_dead_workers_stream_goes_on_where_it_stopped(stack, store, celery_client):
+    """SIGKILL a whole worker mid-stream (a threads worker: the job runs in its main process).
+    Its heartbeats stop, so another worker's reaper re-queues the job long before the lease
+    (ten minutes here) would; the next attempt continues from the streamed tokens. The client's
+    text (every token event in order) is the stored result, nothing repeated or lost, and a
+    seeded answer is the one an uninterrupted run gives. The dying worker is frozen (SIGSTOP)
+    before the kill, so what it streamed is fixed while the test reads it."""
+    env = {"MINISERVE_LEASE_S": "600", "MINISERVE_WORKER_DEAD_S": "10"}
+    request = {"messages": [{"role": "user", "content": "Tell me a long story."}], "method": "paged",
+               "return_token_ids": True,
+               "sampling": {"max_new_tokens": LONG, "temperature": 0.8, "seed": 11, "ignore_eos": True}}
+    first = _started_worker(stack, store, name="w1", pool="threads", concurrency=2, **env)
+    job = submit(store, celery_client, request)
     sleep_until_tokens(store, job.id, 3)
-    worker.kill()  # main process and pool, as when the host is lost
-    assert store.get(job.id).state == RUNNING
-    replacement = stack.start_worker(name="w2")
+    os.kill(first.popen.pid, signal.SIGSTOP)
+    assert store.get(job.id).state == RUNNING, "the job ended before the test could stop its worker"
+    streamed = [e for e in store.events(job.id) if e.type == "token"]
+    first.kill()
+    second = _started_worker(stack, store, name="w2", pool="threads", concurrency=2, **env)
     try:
-        record = wait_terminal(store, job.id, 90)  # lease 4 s: far below the visibility timeout
-        assert record.state == SUCCEEDED and record.attempt == 2, replacement.log()[-3000:]
-        reasons = [e.data.get("reason") for e in store.events(job.id) if e.type == "state"]
-        assert "lease_expired" in reasons
+        record = wait_terminal(store, job.id, 120)
+        assert record.state == SUCCEEDED and record.attempt == 2, second.log()[-3000:]
+        events = store.events(job.id)
+        assert [e.data.get("reason") for e in events if e.type == "state"].count("worker_dead") == 1
+        tokens = [e for e in events if e.type == "token"]
+        assert tokens[:len(streamed)] == streamed and {e.attempt for e in tokens[len(streamed):]} == {2}
+        assert "".join(e.data["text"] for e in tokens) == record.result["text"]
+        assert [i for e in tokens for i in e.data["ids"]] == record.result["token_ids"]
+        assert record.result["usage"]["completion_tokens"] == len(record.result["token_ids"]) == LONG
+        again = wait_terminal(store, submit(store, celery_client, request).id, 120)
+        assert again.result["token_ids"] == record.result["token_ids"]  # seeded per position
     finally:
-        replacement.stop()
+        second.kill()
 
 
 def test_graceful_stop_finishes_running_job(store, celery_client, worker):

@@ -1,0 +1,151 @@
+"""A worker SIGKILLed mid-stream: how long does the client wait, and is its text the answer?
+
+    python -m bench worker_death [--reps 3] [--tokens 300] [--kill-after 40] [--model default]
+
+Two real-model workers (threads pool) and the web, on a Redis of their own. Each rep streams
+one seeded, sampled ``/v1/chat/completions`` answer of ``--tokens`` tokens (``ignore_eos``);
+after ``--kill-after`` content chunks the worker running it is SIGKILLed (main process and
+pool) and a replacement is started. Measured per rep, from the client's side: the largest gap
+between two chunks (the target: at most 30 s), the kill to the next chunk, whether the text
+the client assembled equals the job's stored result, whether the chunk count and ``usage``
+agree with it (nothing repeated, nothing lost), and whether the answer equals the same request
+run without a kill (seeded per position: it must). From the job's events: the kill to the
+re-queue (``worker_dead``), which ``MINISERVE_WORKER_DEAD_S`` (15 s) bounds.
+Writes ``results/worker_death.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from bench.scale import Cluster
+from bench.stats import machine_info, print_table, write_json
+from core.events import RUNNING
+from tests.harness.stack import wait_until
+
+MAX_GAP_S = 30.0
+PROMPT = "Tell me a long story about a lighthouse keeper and the ships she guides home."
+
+
+def _body(tokens: int, seed: int) -> dict[str, Any]:
+    return {"model": "default", "messages": [{"role": "user", "content": PROMPT}], "stream": True,
+            "max_tokens": tokens, "temperature": 0.8, "seed": seed, "ignore_eos": True,
+            "stream_options": {"include_usage": True}}
+
+
+def _stream(base: str, body: dict[str, Any], on_chunk=None) -> dict[str, Any]:
+    """Follow one streamed chat: the text, the arrival time of every content chunk, usage."""
+    text, times, usage = [], [], None
+    with requests.post(f"{base}/v1/chat/completions", json=body, stream=True, timeout=600) as reply:
+        reply.raise_for_status()
+        for line in reply.iter_lines(decode_unicode=True):
+            if not line or not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices") or ():
+                piece = (choice.get("delta") or {}).get("content")
+                if piece:
+                    text.append(piece)
+                    times.append(time.monotonic())
+                    if on_chunk is not None:
+                        on_chunk(len(times))
+    return {"text": "".join(text), "times": times, "usage": usage}
+
+
+def _running_job(cluster: Cluster) -> Any:
+    """The one job running now (each rep runs one at a time)."""
+    found: list[Any] = []
+    wait_until(lambda: bool(found.extend(cluster.store.list(state=RUNNING, limit=1)) or found), 60,
+               what="the running job")
+    return found[0]
+
+
+def _kill_rep(cluster: Cluster, base: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    killed: dict[str, Any] = {}
+
+    def on_chunk(count: int) -> None:
+        if count == args.kill_after and not killed:
+            record = _running_job(cluster)
+            pid = int(record.worker.rsplit(":", 1)[1])
+            os.kill(pid, signal.SIGKILL)
+            killed.update(job=record, at=time.monotonic(), wall=time.time(), pid=pid)
+
+    seen = _stream(base, _body(args.tokens, seed), on_chunk)
+    _replace_dead_worker(cluster, killed["pid"])
+    record = cluster.store.get(killed["job"].id)
+    requeued = [e.ts for e in cluster.store.events(record.id) if e.type == "state"
+                and e.data.get("reason") == "worker_dead"]
+    times = seen["times"]
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    after_kill = [t for t in times if t > killed["at"]]
+    return {"seed": seed, "attempts": record.attempt, "chunks": len(times),
+            "max_gap_s": round(max(gaps), 2), "kill_to_next_chunk_s": round(after_kill[0] - killed["at"], 2),
+            "kill_to_requeue_s": round(requeued[0] - killed["wall"], 2) if requeued else None,
+            "text_equals_result": seen["text"] == record.result["text"],
+            "usage_equals_result": (seen["usage"] or {}).get("completion_tokens") ==
+            record.result["usage"]["completion_tokens"] == args.tokens,
+            "text": seen["text"]}
+
+
+def _replace_dead_worker(cluster: Cluster, pid: int) -> None:
+    """Start a worker for the one killed, so the next rep again has two."""
+    for proc in list(cluster.workers):
+        if proc.popen.poll() is None and proc.popen.pid != pid:
+            continue
+        proc.kill()
+        cluster.workers.remove(proc)
+    cluster.start_workers([f"r{len(cluster.workers)}-{int(time.time())}"], concurrency=8)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench worker_death", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=300)
+    parser.add_argument("--kill-after", type=int, default=40, help="content chunks before the kill")
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--out", default="results")
+    args = parser.parse_args(argv)
+    env = {"MINISERVE_MODEL": args.model, "MINISERVE_DTYPE": "bfloat16", "MINISERVE_JSON_LOGS": "true"}
+    with tempfile.TemporaryDirectory(prefix="worker-death-") as folder:
+        cluster = Cluster(Path(folder), env)
+        try:
+            cluster.start_workers(["w1", "w2"], concurrency=8)
+            base = cluster.start_web()
+            _stream(base, _body(16, 0))  # warm-up
+            rows = []
+            for rep in range(args.reps):
+                row = _kill_rep(cluster, base, args, seed=100 + rep)
+                alone = _stream(base, _body(args.tokens, 100 + rep))
+                row["equals_uninterrupted"] = row.pop("text") == alone["text"]
+                rows.append(row)
+                print_table([row], list(row))
+        finally:
+            cluster.close()
+    summary = {"p50_max_gap_s": statistics.median(r["max_gap_s"] for r in rows),
+               "worst_max_gap_s": max(r["max_gap_s"] for r in rows),
+               "all_text_equals_result": all(r["text_equals_result"] for r in rows),
+               "all_equal_uninterrupted": all(r["equals_uninterrupted"] for r in rows)}
+    summary["meets_target"] = summary["worst_max_gap_s"] <= MAX_GAP_S and summary["all_text_equals_result"]
+    print_table(rows, list(rows[0]))
+    print(summary)
+    command = "python -m bench worker_death " + " ".join(sys.argv[1:] if argv is None else argv)
+    write_json(Path(args.out) / "worker_death.json", {
+        "command": command.strip(), "machine": machine_info(), "tokens": args.tokens, "kill_after": args.kill_after,
+        "target_max_gap_s": MAX_GAP_S, "rows": rows, "summary": summary})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
