@@ -38,7 +38,7 @@ def test_files_and_batches_through_the_openai_client(client):
     assert client.files.retrieve(uploaded.id).bytes == uploaded.bytes
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
                                   completion_window="24h", metadata={"suite": "surface"})
-    assert isinstance(batch, Batch) and batch.status == "in_progress" and batch.metadata == {"suite": "surface"}
+    assert isinstance(batch, Batch) and batch.status == "validating" and batch.metadata == {"suite": "surface"}
     deadline = time.monotonic() + 90
     while batch.status not in ("completed", "failed", "cancelled", "expired") and time.monotonic() < deadline:
         time.sleep(0.5)
