@@ -17,6 +17,10 @@ llama.cpp's own server beside them); writes results/queue_served.json.
 ``/v1`` calls from ``--batch-clients`` clients (``bench/batch_api.py``), on ``--workers``
 workers of the production pool (threads); writes results/batch_api.json.
 
+``--batch-create``: ``POST /v1/batches`` answer time, the intake's time to read every line,
+and each web process's RSS growth, for a ``--create-lines`` file and one ~20 MB line
+(``bench/batch_create.py``; redis and the web only); writes results/batch_create.json.
+
 ``--priorities``: an interactive chat's time to first token alone and beside a running Batch
 API file of ``--batch-lines`` lines, with the fair gate on and off (``bench/priorities.py``);
 writes results/priorities.json.
@@ -113,7 +117,15 @@ def main() -> None:
                         help="an interactive chat beside a Batch API file, fair gate on and off")
     parser.add_argument("--batch-lines", type=int, default=400, help="--priorities: lines in the batch")
     parser.add_argument("--probes", type=int, default=6, help="--priorities: chats measured per phase")
+    parser.add_argument("--batch-create", action="store_true",
+                        help="POST /v1/batches time and web RSS growth for a large file and a 20 MB line")
+    parser.add_argument("--create-lines", type=int, default=50_000, help="--batch-create: lines in the file")
     args = parser.parse_args()
+    if args.batch_create:
+        from bench import batch_create
+
+        batch_create.run(args.model, args.create_lines, Path(args.output).with_name("batch_create.json"))
+        return None
     if args.priorities:
         from bench import priorities
 

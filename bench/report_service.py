@@ -57,10 +57,25 @@ def read_queue_overhead(root: Path) -> Figures:
         figures.tables.append(batch_api_table(load_json(root, BATCH_API)))
     if (root / PRIORITIES).exists():
         figures.tables.append(priorities_table(load_json(root, PRIORITIES)))
+    if (root / BATCH_CREATE).exists():
+        figures.tables.append(batch_create_table(load_json(root, BATCH_CREATE)))
     return figures
 
 
 BATCH_API = "results/batch_api.json"
+BATCH_CREATE = "results/batch_create.json"
+
+
+def batch_create_table(data: dict[str, Any]) -> tuple[str, list[str], list[Row]]:
+    """``--batch-create``: what ``POST /v1/batches`` costs the web, answer and intake apart."""
+    rows = [[c["case"], num(c["file_bytes"] / 1e6, 1), c["post_status"], num(c["post_seconds"], 3),
+             num(c["intake_seconds"], 1), c["status"], c["request_counts"]["total"], c["request_counts"]["failed"],
+             " / ".join(num(p["growth_mb"], 1) for p in c["processes"])] for c in data["cases"]]
+    return (f"`POST /v1/batches` (`python -m bench queue_overhead --batch-create`, {data['model']} tokenizer, "
+            f"{data['web_workers']} web processes, no worker): the answer, the intake reading every line after it, "
+            "and each web process's peak RSS growth meanwhile",
+            ["file", "MB", "answered", "POST s", "until validated s", "then", "lines", "refused",
+             "RSS growth per web process MB"], rows)
 PRIORITIES = "results/priorities.json"
 
 

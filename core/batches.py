@@ -2,9 +2,12 @@
 
 A batch is an OpenAI ``batch`` object plus its *entries*: one per input line, either the
 job the line became (``{"custom_id", "job_id", "body"}``) or the error that stopped it
-(``{"custom_id", "error": {...}}``). Nothing else is stored: progress and the output file
-are read from the jobs themselves (``web.openai.batch_output``), so a worker killed
-mid-batch (its job is re-run by the reaper) or a restarted web changes nothing.
+(``{"custom_id", "error": {...}}``). The entries are a Redis list appended chunk by chunk
+while the input is read (``append_entries``), so neither the reader nor a ``GET`` of a
+batch still validating holds them all; ``progress_at`` says when the reader last appended
+(a batch whose reader stopped is found by it). Nothing else is stored: progress and the
+output file are read from the jobs themselves (``web.openai.batch_output``), so a worker
+killed mid-batch (its job is re-run by the reaper) or a restarted web changes nothing.
 
 Everything here is plain Redis; the web and the ``celery`` CLI task share it.
 """
@@ -64,7 +67,7 @@ class BatchRecord:
     id: str
     owner: str
     object: dict[str, Any]  # OpenAI's batch object, as GET /v1/batches/{id} shows it
-    entries: list[dict[str, Any]]
+    progress_at: float = 0.0  # unix time the batch was created, then each time its intake appended entries
 
     @property
     def status(self) -> str:
@@ -93,19 +96,22 @@ class BatchStore:
         pipe.execute()
         return stored
 
-    def get_file(self, file_id: str, owner: str | None = None) -> StoredFile:
+    def get_file(self, file_id: str, owner: str | None = None, content: bool = True) -> StoredFile:
+        """The file; ``content=False`` reads its metadata only (``content`` is then ``""``):
+        ``POST /v1/batches`` checks a 20 MB input without holding it."""
+        fields = ["purpose", "filename", "created_at", "owner"] + (["content"] if content else [])
         try:
-            raw = self.client.hgetall(keys.file_key(file_id))
+            raw = dict(zip(fields, self.client.hmget(keys.file_key(file_id), fields)))
         except keys.InvalidJobId:
             raise NotFound(file_id) from None
-        if not raw or "purpose" not in raw or (owner is not None and raw.get("owner", "") != owner):
+        if raw["purpose"] is None or (owner is not None and (raw["owner"] or "") != owner):
             raise NotFound(file_id)
-        return StoredFile(file_id, raw["purpose"], raw.get("filename", ""), int(raw["created_at"]),
-                          raw.get("owner", ""), raw.get("content", ""))
+        return StoredFile(file_id, raw["purpose"], raw["filename"] or "", int(raw["created_at"] or 0),
+                          raw["owner"] or "", raw.get("content") or "")
 
     def delete_file(self, file_id: str, owner: str | None = None) -> None:
         """Remove a file (its owner's quota frees with it: the quota counts existing files)."""
-        stored = self.get_file(file_id, owner)
+        stored = self.get_file(file_id, owner, content=False)
         pipe = self.client.pipeline(transaction=True)
         pipe.delete(keys.file_key(stored.id))
         pipe.zrem(keys.FILES_INDEX, stored.id)
@@ -114,28 +120,44 @@ class BatchStore:
 
     # ---- batches ---------------------------------------------------------------------
     def create_batch(self, record: BatchRecord) -> None:
+        """Store a new batch (no entries yet: the intake appends them)."""
         key = keys.batch_key(record.id)
         pipe = self.client.pipeline(transaction=True)
         pipe.hset(key, mapping={"owner": record.owner, "object": json.dumps(record.object),
-                                "entries": json.dumps(record.entries, ensure_ascii=False)})
+                                "progress_at": record.progress_at or time.time()})
         pipe.expire(key, self.ttl_s)
         pipe.zadd(keys.BATCHES_INDEX, {record.id: time.time()})  # finer than created_at: order within a second
         pipe.execute()
 
-    def set_entries(self, batch_id: str, entries: list[dict[str, Any]], changes: dict[str, Any]) -> BatchRecord:
-        """The lines' jobs and errors, written once when the input has been read, with the
-        object changes that go with them (``validating`` -> ``in_progress``)."""
-        self.client.hset(keys.batch_key(batch_id), "entries", json.dumps(entries, ensure_ascii=False))
-        return self.update(batch_id, lambda obj: {**obj, **changes})
+    def append_entries(self, batch_id: str, entries: list[dict[str, Any]]) -> str:
+        """Append the next lines' entries and stamp the progress, in one step; returns the
+        batch's status as it was then (the intake stops when it is no longer ``validating``)."""
+        key, list_key = keys.batch_key(batch_id), keys.batch_entries_key(batch_id)
+        pipe = self.client.pipeline(transaction=True)
+        if entries:
+            pipe.rpush(list_key, *(json.dumps(e, ensure_ascii=False) for e in entries))
+        pipe.expire(list_key, self.ttl_s)
+        pipe.hset(key, "progress_at", time.time())
+        pipe.hget(key, "object")
+        raw = pipe.execute()[-1]
+        if raw is None:
+            raise NotFound(batch_id)
+        return str(json.loads(raw)["status"])
+
+    def entries(self, batch_id: str) -> list[dict[str, Any]]:
+        """Every entry, in input order."""
+        return [json.loads(e) for e in self.client.lrange(keys.batch_entries_key(batch_id), 0, -1)]
 
     def get_batch(self, batch_id: str, owner: str | None = None) -> BatchRecord:
+        """The batch's object (its entries are read apart: :meth:`entries`)."""
         try:
-            raw = self.client.hgetall(keys.batch_key(batch_id))
+            found_owner, raw, progress_at = self.client.hmget(keys.batch_key(batch_id),
+                                                              ["owner", "object", "progress_at"])
         except keys.InvalidJobId:
             raise NotFound(batch_id) from None
-        if not raw or (owner is not None and raw.get("owner", "") != owner):
+        if raw is None or (owner is not None and (found_owner or "") != owner):
             raise NotFound(batch_id)
-        return BatchRecord(batch_id, raw.get("owner", ""), json.loads(raw["object"]), json.loads(raw["entries"]))
+        return BatchRecord(batch_id, found_owner or "", json.loads(raw), float(progress_at or 0))
 
     def update(self, batch_id: str, change: Callable[[dict[str, Any]], dict[str, Any] | None]) -> BatchRecord:
         """Apply ``change`` to the batch object atomically (WATCH/MULTI, retried on a race);

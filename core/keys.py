@@ -162,8 +162,14 @@ def file_owner_key(owner: str) -> str:
 
 
 def batch_key(batch_id: str) -> str:
-    """Hash: a batch's OpenAI object, its owner and its lines (custom id -> job or error)."""
+    """Hash: a batch's OpenAI object, its owner, and when its intake last made progress."""
     return f"batch:{_checked(batch_id, _BATCH_ID_SHAPE, 'batch')}"
+
+
+def batch_entries_key(batch_id: str) -> str:
+    """List: a batch's entries in input order, one JSON per line (its job or its error),
+    appended chunk by chunk while the input is read."""
+    return f"batch:{_checked(batch_id, _BATCH_ID_SHAPE, 'batch')}:entries"
 
 
 # Deadlines (core/jobs.py): queued jobs the sweep ends ``expired`` once their deadline passed.

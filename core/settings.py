@@ -79,6 +79,14 @@ class Settings(BaseSettings):
     max_queue_depth: int = Field(default=1000, ge=0)  # 0 = unbounded
     max_body_bytes: PositiveInt = 1_000_000
     max_file_bytes: PositiveInt = 20_000_000  # a /v1/files upload (batch input), stored in Redis
+    # A batch still ``validating`` whose intake (the web process reading its input) has not
+    # appended a line for this long lost that process: it is failed, its queued jobs cancelled.
+    batch_intake_stale_s: PositiveInt = 120
+    # Where the ``celery`` CLI's ``miniserve.batch`` task finds the web's /v1/files and
+    # /v1/batches ("": http://127.0.0.1:<port>, the web of ``make run``), and the API key it
+    # sends there ("": none; needed when api_keys is set).
+    web_url: str = ""
+    web_api_key: str = ""
     # Per key, what /v1/files may hold at once (files expire with the job TTL or DELETE).
     max_files_per_key: PositiveInt = 100
     max_file_store_bytes_per_key: PositiveInt = 100_000_000

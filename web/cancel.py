@@ -28,3 +28,10 @@ def cancel_job(store: JobStore, celery: Any, job_id: str) -> tuple[JobRecord, bo
             log_event(logger, "revoke_failed", level=logging.WARNING, job_id=job_id, error=type(exc).__name__)
         release(job.queue)  # it left its line: a held job may take its place
     return job, was_queued
+
+
+def cancel_jobs(store: JobStore, celery: Any, job_ids: list[str], reason: str) -> None:
+    """Cancel a batch's open jobs as ``POST /jobs/{id}/cancel`` does (``reason`` is logged)."""
+    for job_id in job_ids:
+        cancel_job(store, celery, job_id)
+    log_event(logger, "batch_jobs_cancelled", jobs=len(job_ids), reason=reason)

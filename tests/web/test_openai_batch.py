@@ -9,6 +9,7 @@ import pytest
 
 from core.events import FAILED
 from core.workers import write_heartbeat
+from tests.harness.stack import wait_until
 from tests.web.conftest import run_job
 
 
@@ -27,6 +28,25 @@ def start(client, text: str, **extra):
     file_id = upload(client, text).get_json()["id"]
     body = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h", **extra}
     return client.post("/v1/batches", json=body)
+
+
+def started(client, text: str, headers: dict | None = None, **extra) -> dict:
+    """POST the batch (it answers ``validating``), then the batch once its intake has read
+    every line (the intake is a thread of the app: :mod:`web.openai.batch_intake`)."""
+    answer = start(client, text, **extra).get_json()
+    assert answer["status"] == "validating" and answer["request_counts"]["total"] == 0, answer
+    return intake_done(client, answer["id"], headers)
+
+
+def intake_done(client, batch_id: str, headers: dict | None = None) -> dict:
+    seen: dict = {}
+
+    def read() -> bool:
+        seen.update(client.get(f"/v1/batches/{batch_id}", headers=headers or {}).get_json())
+        return seen["status"] != "validating"
+
+    wait_until(read, 30, interval_s=0.01, what="the batch's intake")  # a safety net: ends on the state
+    return seen
 
 
 def content(client, file_id: str) -> list[dict]:
@@ -72,7 +92,7 @@ def test_lines_become_jobs_and_bad_lines_become_error_lines(client, store, celer
     text = "\n".join([line("ok1"), line("bad-field", store=True), "{not json", line("ok2"),
                       line("ok1"), line("long", max_tokens=10**6), line("streamed", stream=True),
                       json.dumps({"custom_id": "u", "method": "POST", "url": "/v1/embeddings", "body": {}})])
-    batch = start(client, text).get_json()
+    batch = started(client, text)
     assert batch["status"] == "in_progress" and batch["request_counts"] == {"total": 8, "completed": 0, "failed": 6}
     assert [store.get(s["task_id"]).type for s in celery.sent] == ["chat", "chat"]
     for sent in celery.sent:
@@ -96,7 +116,7 @@ def test_lines_become_jobs_and_bad_lines_become_error_lines(client, store, celer
 
 
 def test_failed_jobs_go_to_the_error_file_and_progress_counts_them(client, store, celery):
-    batch = start(client, "\n".join(line(f"r{i}") for i in range(3))).get_json()
+    batch = started(client, "\n".join(line(f"r{i}") for i in range(3)))
     run_job(store, celery.sent[0]["task_id"])
     partial = client.get(f"/v1/batches/{batch['id']}").get_json()
     assert partial["status"] == "in_progress" and partial["request_counts"]["completed"] == 1
@@ -110,7 +130,7 @@ def test_failed_jobs_go_to_the_error_file_and_progress_counts_them(client, store
 
 
 def test_cancel_stops_open_jobs_and_ends_cancelled(client, store, celery):
-    batch = start(client, "\n".join(line(f"r{i}") for i in range(3))).get_json()
+    batch = started(client, "\n".join(line(f"r{i}") for i in range(3)))
     run_job(store, celery.sent[0]["task_id"])
     cancelled = client.post(f"/v1/batches/{batch['id']}/cancel").get_json()
     assert cancelled["status"] == "cancelled" and cancelled["cancelling_at"] and cancelled["cancelled_at"]
@@ -122,9 +142,9 @@ def test_cancel_stops_open_jobs_and_ends_cancelled(client, store, celery):
 
 
 def test_an_empty_file_fails_the_batch_and_the_list_pages(client):
-    failed = start(client, "\n\n").get_json()
+    failed = started(client, "\n\n")
     assert failed["status"] == "failed" and failed["errors"]["data"][0]["code"] == "empty_file"
-    second = start(client, line("a")).get_json()
+    second = started(client, line("a"))
     page = client.get("/v1/batches?limit=1").get_json()
     assert [b["id"] for b in page["data"]] == [second["id"]] and page["has_more"] is True
     rest = client.get(f"/v1/batches?after={second['id']}").get_json()
@@ -145,7 +165,8 @@ def test_files_and_batches_are_private_to_their_key(make_app):
     assert client.get(f"/v1/files/{created['id']}", headers=b).status_code == 404
     body = {"input_file_id": created["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
     assert client.post("/v1/batches", headers=b, json=body).status_code == 404
-    batch = client.post("/v1/batches", headers=a, json=body).get_json()
+    batch = intake_done(client, client.post("/v1/batches", headers=a, json=body).get_json()["id"], a)
+    assert batch["status"] == "in_progress" and batch["request_counts"]["total"] == 1
     assert client.get(f"/v1/batches/{batch['id']}", headers=b).status_code == 404
     assert client.post(f"/v1/batches/{batch['id']}/cancel", headers=b).status_code == 404
     assert client.get("/v1/batches", headers=b).get_json()["data"] == []
@@ -154,7 +175,7 @@ def test_files_and_batches_are_private_to_their_key(make_app):
 
 def test_a_line_the_limits_refuse_at_finalizing_still_gets_its_answer(make_app, store, celery):
     """The cap fell after the line was queued: the job's text is still its answer."""
-    batch = start(make_app().test_client(), line("a", max_tokens=100)).get_json()
+    batch = started(make_app().test_client(), line("a", max_tokens=100))
     run_job(store, celery.sent[0]["task_id"])
     done = make_app(max_new_tokens_cap=10).test_client().get(f"/v1/batches/{batch['id']}").get_json()
     [item] = content(make_app().test_client(), done["output_file_id"])
@@ -163,7 +184,7 @@ def test_a_line_the_limits_refuse_at_finalizing_still_gets_its_answer(make_app, 
 
 def test_a_line_naming_an_unknown_model_is_a_404_error_line(client, store, celery, redis_client):
     write_heartbeat(redis_client, "b@h:1", {"model_id": "other-model", "queue": "q"})  # two models: names matter
-    batch = start(client, "\n".join([line("known"), line("other", model="no-such-model")])).get_json()
+    batch = started(client, "\n".join([line("known"), line("other", model="no-such-model")]))
     run_job(store, celery.sent[0]["task_id"])
     done = client.get(f"/v1/batches/{batch['id']}").get_json()
     [error] = content(client, done["error_file_id"])
@@ -199,7 +220,7 @@ def test_a_line_larger_than_one_request_may_be_is_an_error_line(make_app, store,
     """A batch line over MINISERVE_MAX_BODY_BYTES is refused before it is parsed or tokenized:
     one line can cost the web no more than the same request sent alone."""
     client = make_app(max_body_bytes=2000).test_client()
-    batch = start(client, "\n".join([line("small"), line("huge", content="x " * 2000)])).get_json()
+    batch = started(client, "\n".join([line("small"), line("huge", content="x " * 2000)]))
     assert batch["request_counts"] == {"total": 2, "completed": 0, "failed": 1} and len(celery.sent) == 1
     for sent in celery.sent:
         run_job(store, sent["task_id"])

@@ -15,6 +15,7 @@ from core.model_source import model_id
 from core.workers import write_heartbeat
 from tests.tiny_model import make_tiny_model_dir
 from tests.web.test_openai_api import data_lines
+from tests.web.test_openai_batch import intake_done
 from web.openai.completion_fields import COMPLETION_FIELDS
 from web.openai.completion_schemas import CompletionRequest
 from web.tokenizer import load_tokenizer
@@ -295,6 +296,7 @@ def test_a_batch_of_completions(app_client, store, celery, fim_folder):
     batch = app_client.post("/v1/batches", json={"input_file_id": file_id, "endpoint": "/v1/completions",
                                                  "completion_window": "24h"}).get_json()
     assert batch["endpoint"] == "/v1/completions", batch
+    assert intake_done(app_client, batch["id"])["request_counts"]["total"] == 3
     for sent in list(celery.sent):
         celery.runner(sent["task_id"])
     done = app_client.get(f"/v1/batches/{batch['id']}").get_json()

@@ -9,11 +9,12 @@ import time
 
 import pytest
 
+from core.batches import BatchStore
 from core import keys
 from core.events import SUCCEEDED
 from core.tasks import WEBHOOK, WEBHOOK_QUEUE
 from core.webhooks import WebhookStore
-from tests.web.test_openai_batch import line, start
+from tests.web.test_openai_batch import intake_done, line, start
 from web.guards import owner_id
 
 SECRET = "whsec_" + base64.b64encode(b"0123456789abcdef0123").decode()
@@ -127,8 +128,8 @@ def test_dead_letters_are_listed_and_replayed_per_key(make_app, store, celery):
 
 def test_batch_lines_get_the_window_as_deadline_and_the_batch_webhook(make_app, store):
     client = make_app(webhook_secret=SECRET, webhook_allow_hosts="127.0.0.1").test_client()
-    batch = start(client, line("a") + "\n" + line("b") + "\n", webhook_url=HOOK).get_json()
-    entries = json.loads(store.client.hget(keys.batch_key(batch["id"]), "entries"))
+    batch = intake_done(client, start(client, line("a") + "\n" + line("b") + "\n", webhook_url=HOOK).get_json()["id"])
+    entries = BatchStore(store.client).entries(batch["id"])
     jobs = [store.get(entry["job_id"]) for entry in entries]
     assert len(jobs) == 2
     assert all(j.deadline == batch["expires_at"] and j.webhook_url == HOOK for j in jobs)

@@ -34,9 +34,9 @@ def _owner() -> str:
     return request_owner() or ""
 
 
-def _file(file_id: str) -> StoredFile:
+def _file(file_id: str, content: bool = True) -> StoredFile:
     try:
-        return batch_flow.batch_store().get_file(file_id, owner=request_owner())
+        return batch_flow.batch_store().get_file(file_id, owner=request_owner(), content=content)
     except NotFound:
         raise ApiError(404, "file_not_found", f"no file '{file_id[:100]}'", field="file_id") from None
 
@@ -88,7 +88,7 @@ def _reserve(file_id: str, size: int) -> None:
 @api.delete("/files/<file_id>", summary="Delete a file (frees its bytes from the key's quota)",
             responses={200: FileDeleted, **ERRORS})
 def delete_file(path: FilePath):
-    stored = _file(path.file_id)
+    stored = _file(path.file_id, content=False)
     batch_flow.batch_store().delete_file(stored.id, owner=request_owner())
     return jsonify({"id": stored.id, "object": "file", "deleted": True})
 
@@ -104,14 +104,14 @@ def file_content(path: FilePath):
     return Response(_file(path.file_id).content, mimetype="application/jsonl")
 
 
-@api.post("/batches", summary="Start a batch: each line of the input file becomes a job",
+@api.post("/batches", summary="Start a batch (answers `validating`; its lines become jobs right after)",
           responses={200: BatchObject, **ERRORS})
 def create_batch(body: BatchCreate):
-    stored = _file(body.input_file_id)
+    stored = _file(body.input_file_id, content=False)  # the lines are read after the answer (batch_intake)
     if stored.purpose != "batch":
         raise ApiError(400, "validation_error", "input_file_id: not a file with purpose batch", field="input_file_id")
-    record = batch_flow.start_batch(stored.content, stored.id, body.endpoint, body.completion_window,
-                                    body.metadata, _owner(), body.webhook_url)
+    record = batch_flow.start_batch(stored.id, body.endpoint, body.completion_window, body.metadata, _owner(),
+                                    body.webhook_url)
     return jsonify(record.object)
 
 

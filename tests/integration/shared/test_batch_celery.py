@@ -1,5 +1,7 @@
 """The Batch API from the celery CLI's side: ``miniserve.batch`` by name with a JSONL path
-and with a list of bodies; ``miniserve.batch_summary`` returns the ended batch."""
+and with a list of bodies; ``miniserve.batch_summary`` returns the ended batch. The task is
+an HTTP client of the web's /v1/files and /v1/batches (``MINISERVE_WEB_URL``), so a web runs
+beside the worker."""
 from __future__ import annotations
 
 import json
@@ -7,10 +9,23 @@ import json
 import pytest
 from celery import Celery
 
+from celery.exceptions import CeleryError
+
 from core.batches import BatchStore
+from tests.integration.conftest import _started_worker, started_web
 from worker.batch_tasks import BATCH_START
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def worker(shared_stack, shared_store):
+    """A web first, then a worker that knows where it is."""
+    web, base_url = started_web(shared_stack)
+    proc = _started_worker(shared_stack, shared_store, MINISERVE_WEB_URL=base_url)
+    yield proc
+    proc.kill()  # teardown: no graceful stop is under test here
+    web.kill()
 
 
 @pytest.fixture
@@ -29,7 +44,7 @@ def test_a_jsonl_path_runs_as_a_batch_and_the_summary_names_its_files(client, wo
     path.write_text("\n".join([json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
                                            "body": body("One?")}), "not json"]))
     started = client.send_task(BATCH_START, args=[str(path)], queue="bench").get(timeout=60)
-    assert started["request_counts"] == {"total": 2, "completed": 0, "failed": 1}
+    assert started["status"] == "validating" and started["request_counts"]["total"] == 0  # the web reads the lines after
     summary = client.AsyncResult(started["summary_task_id"]).get(timeout=120)
     assert summary["id"] == started["batch_id"] and summary["status"] == "completed"
     assert summary["request_counts"] == {"total": 2, "completed": 1, "failed": 1}
@@ -55,3 +70,10 @@ def test_a_list_of_completion_bodies_with_the_endpoint(client, worker, store):
     lines = [json.loads(x) for x in BatchStore(store.client).get_file(summary["output_file_id"]).content.splitlines()]
     assert [len(x["response"]["body"]["choices"]) for x in lines] == [1, 2]
     assert all(x["response"]["body"]["object"] == "text_completion" for x in lines)
+
+
+def test_an_endpoint_the_web_refuses_fails_the_task_naming_the_field(client, worker):
+    with pytest.raises((ValueError, CeleryError)) as refused:
+        client.send_task(BATCH_START, args=[[body("A?")]], kwargs={"endpoint": "/v1/embeddings"},
+                         queue="bench").get(timeout=60)
+    assert "400" in str(refused.value) and "param endpoint" in str(refused.value)
