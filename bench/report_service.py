@@ -268,6 +268,11 @@ def read_soak(root: Path) -> Figures:
     figures.headline.append(f"Soak: {data['accepted_jobs']} jobs in {num(data['minutes'], 0)} minutes with a worker "
                             f"killed and Redis down for {data['outage_s']} s: {data['lost']} lost, "
                             f"{data['http_5xx_outside_outage']} server errors outside the outage")
+    if "batches_started" in data:
+        rows.insert(6, ["Batch API batches started (not ended by the drain)",
+                        f"{data['batches_started']} ({data['batches_not_ended']})"])
+    if (root / WORKER_DEATH).exists():
+        figures.tables.append(worker_death_table(load_json(root, WORKER_DEATH)))
     if (root / SOAK_MEMORY).exists():
         memory = load_json(root, SOAK_MEMORY)
         figures.tables.append(soak_memory(memory))
@@ -280,6 +285,31 @@ def read_soak(root: Path) -> Figures:
 
 
 SOAK_MEMORY = "results/soak_memory.json"  # python -m bench.soak --memory; shown when committed
+WORKER_DEATH = "results/worker_death.json"  # python -m bench worker_death; shown when committed
+
+
+def worker_death_table(data: dict[str, Any]) -> tuple[str, list[str], list[Row]]:
+    """A worker SIGKILLed mid-stream: the client's gap, and whether its text is the answer."""
+    yes = lambda flag: "yes" if flag else "no"  # noqa: E731
+    rows = [[r["dtype"], r["seed"], r["attempts"], num(r["max_gap_s"], 1), num(r["kill_to_requeue_s"], 1),
+             yes(r["text_equals_result"]), yes(r["usage_equals_result"]), r["resumed_at_token"],
+             _first_difference(r)] for r in data["rows"]]
+    return (f"A worker SIGKILLed mid-stream (`{clean_command(data['command'])}`: a seeded {data['tokens']}-token "
+            f"`/v1` stream, killed after {data['kill_after']} chunks, two workers; target: largest gap at most "
+            f"{num(data['target_max_gap_s'], 0)} s). The last column compares the answer with the same seeded request "
+            "run again without a kill: in float32 they are equal; in bfloat16 two runs may part anywhere, the kill "
+            "or not, where prefills of other shapes (a prefix-cache hit, the resumed prefill) round a draw apart",
+            ["dtype", "seed", "attempts", "largest gap s", "kill to re-queue s", "client text = result",
+             "usage = result", "resumed after token", "first token unlike an uninterrupted run's"], rows)
+
+
+def _first_difference(row: dict[str, Any]) -> str:
+    """Where the answer parts from the same seeded request run again without a kill (before
+    the resume point: not the continuation's doing)."""
+    if row["equals_uninterrupted"]:
+        return "none (equal)"
+    first = row["resumed_at_token"] + row["same_tokens_after_resume"]
+    return f"{first} ({'before' if first < row['resumed_at_token'] else 'after'} the resume point)"
 
 
 def official_reload_note(events: list[dict[str, Any]]) -> list[str]:
