@@ -57,10 +57,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "Does `/health` stay fast beside thousands of open streams?"),
     Benchmark("scale", "bench.scale",
               "How does throughput grow with worker processes, and how fast do a dead worker's jobs move?"),
-    Benchmark("worker_death", "bench.worker_death",
-              "When a worker dies mid-stream, how long does the client wait, and is the text it assembled the stored answer?"),
     Benchmark("soak", "bench.soak",
-              "Over minutes of mixed and hostile traffic with a worker killed and Redis down, is any job lost or any answer a 500, and how much memory does a worker hold?"),
+              "Over minutes of mixed and hostile traffic with a worker killed and Redis down, is any job lost or any answer a 500? "
+              "How long does a stream wait when its worker dies, and how much memory does a worker hold?"),
     Benchmark("report", "bench.report",
               "What do the results files say? Writes docs/benchmarks.md from them."),
 )

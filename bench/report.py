@@ -96,7 +96,8 @@ SECTIONS: tuple[Section, ...] = (
             "python -m bench.scale", ("results/scale.json", "results/scale_routing.json", "results/scale_redis_cost.json"),
             read_scale, ("results/scale.png", "results/scale_routing.png")),
     Section("soak", "Soak",
-            "Over minutes of mixed and hostile traffic with a worker killed and Redis down, is any job lost or any answer a 500, and how much memory does a worker hold?",
+            "Over minutes of mixed and hostile traffic with a worker killed and Redis down, is any job lost or any answer a 500? "
+            "How long does a stream wait when its worker dies, and how much memory does a worker hold?",
             "python -m bench.soak --minutes 10", ("results/soak.json",), read_soak, ("results/soak.png",)),
     Section("fairness", "Loop fairness",
             "While jobs of every other method run, how long does a `paged` job wait between two tokens?",

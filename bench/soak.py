@@ -10,7 +10,10 @@ random-weight test model (the soak measures the service, not the model). Each cl
 until the time is up: 90% submit a generation job (``POST /jobs``) and follow its SSE
 stream to the end, reconnecting with ``Last-Event-ID`` (as ``EventSource`` does) when the
 stream breaks; 10% are hostile: bad bodies (deep JSON, wrong types, unknown fields), a
-1 MB agent prompt, an out-of-range ``Last-Event-ID``, or a job cancelled at a random moment.
+1 MB agent prompt, an out-of-range ``Last-Event-ID``, a job cancelled at a random moment, or
+one of the shared-service probe's (:mod:`bench.soak_hostile`: a prompt past the context, a
+``/v1`` stream through the faults, a Batch API file with a line over the cap, a file flood
+against the per-key quota).
 Submissions that meet a 503 (Redis down) are retried with the same ``Idempotency-Key``.
 
 Faults: at 30% of the run worker 0 gets SIGKILL (main process and pool) and is started again
@@ -21,6 +24,11 @@ Faults: at 30% of the run worker 0 gets SIGKILL (main process and pool) and is s
 is the memory mode instead (:mod:`bench.soak_memory`): one worker with the default model and
 settings, its resident memory after start, after 100 mixed jobs and after an ``official``
 job (``results/soak_memory.json``).
+
+    python -m bench.soak --worker-death [--reps 3] [--tokens 300] [--kill-after 40]
+
+is the worker-death mode (:mod:`bench.worker_death`): a worker SIGKILLed mid-stream, the
+client's largest gap and whether its text is the stored answer (``results/worker_death.json``).
 
 Reported (``results/soak.json`` + ``.png``): jobs accepted / ended by state; *lost* (accepted,
 but not ended when the run drained, or gone from Redis); *duplicated terminal events* (a
@@ -33,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as futures
+import functools
 import random
 import sys
 import tempfile
@@ -46,7 +55,7 @@ from pathlib import Path
 import redis
 import requests
 
-from bench import soak_memory
+from bench import soak_hostile, soak_memory, worker_death
 from bench.local_stack import tiny_model
 from bench.soak_report import attempt_intervals, check_jobs, concurrent_attempts, plot, summarize
 from bench.stats import cpu_model, machine_info, write_json
@@ -73,6 +82,7 @@ class Tally:
     client_errors: Counter = field(default_factory=Counter)
     timeline: list[tuple[float, str]] = field(default_factory=list)  # (t, event)
     unexpected: list[str] = field(default_factory=list)
+    batches: list[str] = field(default_factory=list)  # Batch API batches started (bench.soak_hostile)
 
     def status(self, code: int, t: float) -> None:
         with self.lock:
@@ -103,7 +113,7 @@ class Soak:
             with self.tally.lock:
                 self.tally.by_kind[kind] += 1
             try:
-                getattr(self, f"do_{kind}")(http, rng, f"c{index}-{n}")
+                self.action(kind)(http, rng, f"c{index}-{n}")
             except Exception as exc:  # noqa: BLE001 - a client's failure is a result, not a crash
                 with self.tally.lock:
                     self.tally.client_errors[f"{kind}:{type(exc).__name__}"] += 1
@@ -111,7 +121,12 @@ class Soak:
     def pick(self, rng: random.Random) -> str:
         if rng.random() >= self.args.hostile:
             return "generate"
-        return rng.choice(["bad_body", "huge_prompt", "bad_event_id", "cancel"])
+        return rng.choice(["bad_body", "huge_prompt", "bad_event_id", "cancel", *soak_hostile.KINDS])
+
+    def action(self, kind: str):
+        """This client's ``do_<kind>``: a method here, or one of bench.soak_hostile's."""
+        own = getattr(self, f"do_{kind}", None)
+        return own if own is not None else functools.partial(getattr(soak_hostile, f"do_{kind}"), self)
 
     def request(self, http: requests.Session, method: str, path: str, **kwargs) -> requests.Response:
         reply = http.request(method, f"{self.base}{path}", timeout=60, **kwargs)
@@ -245,7 +260,7 @@ def start_stack(args, folder: Path) -> tuple[SoakStack, str, JobStore]:
            "MINISERVE_THREADS": "1", "MINISERVE_LOG_LEVEL": "INFO", "MINISERVE_JSON_LOGS": "true",
            "MINISERVE_MAX_QUEUE_DEPTH": "100000", "MINISERVE_WEB_WORKERS": "2",
            "MINISERVE_MAX_BATCH": str(args.concurrency), "MINISERVE_LEASE_S": str(args.lease_s),
-           "MINISERVE_MAX_BODY_BYTES": "2000000"}
+           "MINISERVE_MAX_BODY_BYTES": "2000000", "MINISERVE_MAX_FILES_PER_KEY": str(args.flood_files - 5)}
     soak = SoakStack(Stack(redis_url=f"redis://127.0.0.1:{port}/0", env_overrides=env, log_dir=folder),
                      folder / "redis", port)
     soak.redis_dir.mkdir()
@@ -302,8 +317,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--flood-files", type=int, default=25, help="uploads a file-flood client tries (quota: 5 fewer)")
     parser.add_argument("--output", default="results/soak")
     soak_memory.add_arguments(parser)
+    worker_death.add_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -311,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.memory:
         return soak_memory.main(args)
+    if args.worker_death:
+        return worker_death.main(args, argv if argv is not None else sys.argv[1:])
     folder = Path(tempfile.mkdtemp(prefix="miniserve-soak-"))
     soak_stack, base, store = start_stack(args, folder)
     stop, faults_done = threading.Event(), []
@@ -325,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         stop.set()
         wait_until(lambda: _up(base), 60, what="web after the run")
         jobs = check_jobs(store, soak.tally)
+        jobs["open_batches"] = soak_hostile.batches_ended(base, soak.tally.batches)
         logs = sorted(folder.glob("worker-*.log"))
         killed_log = folder / f"{soak_stack.workers[0].name}.log"
         runs = attempt_intervals(logs, killed_log, soak_stack.killed_at, time.time())
@@ -341,11 +361,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.output)
     write_json(out.with_suffix(".json"), summary)
     plot(soak.tally, summary, ends, out.with_suffix(".png"))
-    for key in ("accepted_jobs", "job_states", "lost", "duplicated_terminal_events", "repeated_sse_seqs", "re_run",
+    for key in ("accepted_jobs", "job_states", "lost", "batches_started", "batches_not_ended", "duplicated_terminal_events", "repeated_sse_seqs", "re_run",
                 "concurrent_attempts", "http_500", "http_503", "http_5xx_outside_outage", "responses_by_class", "unexpected", "client_errors"):
         print(f"{key:>28}: {summary[key]}")
     print(f"wrote {out.with_suffix('.json')}, {out.with_suffix('.png')} (process logs in {folder})")
     return 0 if not (summary["lost"] or summary["duplicated_terminal_events"] or summary["concurrent_attempts"]
+                     or summary["batches_not_ended"] or summary["unexpected"]
                      or summary["http_500"] or summary["http_5xx_outside_outage"]) else 1
 
 

@@ -1,6 +1,7 @@
-"""A worker SIGKILLed mid-stream: how long does the client wait, and is its text the answer?
+"""The soak's worker-death mode: a worker SIGKILLed mid-stream, how long does the client
+wait, and is its text the answer?
 
-    python -m bench worker_death [--reps 3] [--tokens 300] [--kill-after 40] [--model default]
+    python -m bench soak --worker-death [--reps 3] [--tokens 300] [--kill-after 40] [--dtypes bfloat16 float32]
 
 Two real-model workers (threads pool) and the web, on a Redis of their own. Each rep streams
 one seeded, sampled ``/v1/chat/completions`` answer of ``--tokens`` tokens (``ignore_eos``);
@@ -22,7 +23,6 @@ import json
 import os
 import signal
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -147,16 +147,19 @@ def _run(args: argparse.Namespace, dtype: str) -> list[dict[str, Any]]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench worker_death", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--tokens", type=int, default=300)
-    parser.add_argument("--kill-after", type=int, default=40, help="content chunks before the kill")
-    parser.add_argument("--model", default="default")
-    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
-    parser.add_argument("--out", default="results")
-    args = parser.parse_args(argv)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("worker-death mode (--worker-death)")
+    group.add_argument("--worker-death", action="store_true",
+                       help="SIGKILL a worker mid-stream instead, and measure the client's gap")
+    group.add_argument("--reps", type=int, default=3)
+    group.add_argument("--tokens", type=int, default=300, help="max_tokens of the stream (ignore_eos)")
+    group.add_argument("--kill-after", type=int, default=40, help="content chunks before the kill")
+    group.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
+
+
+def main(args: argparse.Namespace, argv: list[str]) -> int:
+    """Run the reps per dtype (the model: ``--model``, or the default one); write the results."""
+    args.model = args.model or "default"
     rows = [row for dtype in args.dtypes for row in _run(args, dtype)]
     summary = {"p50_max_gap_s": statistics.median(r["max_gap_s"] for r in rows),
                "worst_max_gap_s": max(r["max_gap_s"] for r in rows),
@@ -165,12 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     summary["meets_target"] = summary["worst_max_gap_s"] <= MAX_GAP_S and summary["all_text_equals_result"]
     print_table(rows, list(rows[0]))
     print(summary)
-    command = "python -m bench worker_death " + " ".join(sys.argv[1:] if argv is None else argv)
-    write_json(Path(args.out) / "worker_death.json", {
-        "command": command.strip(), "machine": machine_info(), "tokens": args.tokens, "kill_after": args.kill_after,
-        "target_max_gap_s": MAX_GAP_S, "rows": rows, "summary": summary})
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    write_json(Path(args.output).with_name("worker_death.json"), {
+        "command": "python -m bench soak " + " ".join(argv), "machine": machine_info(), "tokens": args.tokens,
+        "kill_after": args.kill_after, "target_max_gap_s": MAX_GAP_S, "rows": rows, "summary": summary})
+    return 0 if summary["meets_target"] else 1
