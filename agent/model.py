@@ -41,8 +41,9 @@ class EngineChatModel:
 
     def __init__(self, generator: TextGenerator, method: str = "official",
                  should_cancel: Callable[[], bool] | None = None, early_stop: bool = True,
-                 constrained: bool = True):
+                 constrained: bool = True, priority: int = 1):
         self.generator = generator
+        self.priority = priority  # the engine's class rank for every call (core/priorities.py)
         self.constrained = constrained
         self.method = method
         self.should_cancel = should_cancel
@@ -55,7 +56,8 @@ class EngineChatModel:
              max_new_tokens: int) -> str:
         request = GenerationRequest(messages=messages, tools=tools or None, method=self.method,
                                     sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0),
-                                    constraint=tool_grammar(tools) if tools and self.constrained else None)
+                                    constraint=tool_grammar(tools) if tools and self.constrained else None,
+                                    priority=self.priority)
         watcher = _CallWatcher(bool(tools) and self.early_stop)
         outer_cancel = self.should_cancel
 

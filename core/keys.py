@@ -231,3 +231,8 @@ def held_key_parts(key: str) -> tuple[str, str, str]:
 def line_starts_key(queue: str) -> str:
     """Sorted set: the queue's most recently started jobs -> start time (its service rate)."""
     return f"line:{queue}:starts"
+
+
+def token_rate_key(owner: str, minute: int) -> str:
+    """Tokens an API key was charged in one minute (core/token_rate.py; expires after two)."""
+    return f"tpm:{owner}:{minute}"

@@ -195,6 +195,9 @@ class Settings(BaseSettings):
     reserved_slots: int = Field(default=1, ge=0)
     key_priority_caps: Annotated[dict[str, str], NoDecode] = {}  # per API key: the highest class it may ask
     key_max_queued: int = Field(default=0, ge=0)  # per API key: queued jobs at once (more: 429); 0 = no cap
+    # Per API key: prompt plus max new tokens of the jobs accepted in the last minute (more: 429
+    # with Retry-After; a request bigger than this alone: 400). 0 = no cap.
+    key_tokens_per_minute: int = Field(default=0, ge=0)
 
     @field_validator("log_level", mode="before")
     @classmethod

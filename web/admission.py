@@ -1,5 +1,5 @@
 """A job's way through the fair gate (core/fair_gate.py): its priority class, its key's
-queued-jobs limit, and whether its message goes out now or waits its turn."""
+queued-jobs and tokens-per-minute limits, and whether its message goes out now or waits its turn."""
 from __future__ import annotations
 
 from flask import has_request_context, request
@@ -7,6 +7,7 @@ from flask import has_request_context, request
 from core.fair_gate import FairGate, release_queues
 from core.owners import by_owner
 from core.priorities import DEFAULT, INTERACTIVE, capped, rank
+from core.token_rate import TokenRate
 from web.context import ctx
 from web.errors import ApiError
 
@@ -47,6 +48,25 @@ def check_queued_limit(owner_key: str) -> None:
         raise ApiError(429, "too_many_queued", f"this key has {queued} jobs waiting (limit {limit}, "
                        "MINISERVE_KEY_MAX_QUEUED); retry when some have started",
                        retry_after=QUEUED_LIMIT_RETRY_AFTER_S)
+
+
+def charge_tokens(owner_key: str, cost: int) -> None:
+    """A key's jobs of the last minute may cost at most ``MINISERVE_KEY_TOKENS_PER_MINUTE``
+    tokens (core/token_rate.py): beyond, a 429 with ``Retry-After``; a request that alone
+    costs more, a 400 naming its token cap."""
+    limit = ctx().settings.key_tokens_per_minute
+    if limit <= 0:
+        return
+    if cost > limit:
+        field = "max_tokens" if surface_default() == INTERACTIVE else "max_new_tokens"
+        raise ApiError(400, "request_too_large", f"{field}: this request may cost {cost} tokens (prompt plus "
+                       f"the tokens it may generate), more than this key's {limit} per minute "
+                       "(MINISERVE_KEY_TOKENS_PER_MINUTE)", field=field)
+    charged = TokenRate(ctx().store.client, limit).charge(owner_key, cost)
+    if not charged.admitted:
+        raise ApiError(429, "tokens_per_minute_exceeded", f"this key was charged {int(charged.used)} tokens in "
+                       f"the last minute; this request needs {cost} more (limit {limit}, "
+                       "MINISERVE_KEY_TOKENS_PER_MINUTE)", retry_after=charged.retry_after_s)
 
 
 def release(queue: str) -> None:

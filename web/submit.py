@@ -221,6 +221,14 @@ def _check_prompt(sub: Submission, model: str | None) -> PromptCount | None:
     return ctx().budget.check(sub.request, sub.request["sampling"]["max_new_tokens"], sub.input_field, model)
 
 
+def _possible_tokens(sub: Submission, counted: PromptCount | None) -> int:
+    """What a job may cost, as the tokens-per-minute limit charges it: its counted prompt
+    tokens plus the tokens each of its sequences may generate."""
+    sequences = max(1, len(sub.request.get("prompts") or ())) * max(1, int(sub.request.get("n") or 1))
+    max_new = int((sub.request.get("sampling") or {}).get("max_new_tokens") or 0)
+    return (counted.tokens if counted is not None else 0) + sequences * max_new
+
+
 def _check_agent_chars(chars: int, field_name: str) -> None:
     """Agent prompts are capped in characters before any token is counted: a long run of one
     character is few tokens but still has to be read by the agent's prompt analysis."""
@@ -256,6 +264,7 @@ def submit(sub: Submission, idempotency_key: str | None = None) -> Submitted:
     gate_owner = owner or admission.EVERYONE
     admission.check_queued_limit(gate_owner)
     _check_queue_depth(queue)
+    admission.charge_tokens(gate_owner, _possible_tokens(sub, counted))
     scope = cache_scope(owner, settings.share_prefix_cache_across_keys, str(sub.request.pop("cache_salt", "") or ""))
     if scope:  # the prefix cache's salt: this key's blocks serve only this key (core/prefix_hash.py)
         sub.request["cache_scope"] = scope

@@ -23,6 +23,7 @@ from celery.result import GroupResult
 
 from agent.evaluation import Case, load_cases, run_case, summarize
 from core.methods import BATCHED_METHOD, CUSTOM_CACHE
+from core.priorities import BATCH, rank
 from worker.app import app
 from worker.tasks import WorkerGenerator
 from worker.runtime import runtime
@@ -47,7 +48,7 @@ def evaluate_case(case: dict[str, Any], max_steps: int = 3, max_new_tokens: int 
 
     rt = runtime()
     method = BATCHED_METHOD if rt.batching else CUSTOM_CACHE
-    model = EngineChatModel(WorkerGenerator(rt), method=method)
+    model = EngineChatModel(WorkerGenerator(rt), method=method, priority=rank(BATCH))  # beside live traffic: last
     return run_case(model, _registry(), Case.from_dict(case), max_steps, max_new_tokens)
 
 

@@ -15,6 +15,7 @@ from core import tasks as names
 from core.events import TOOL_STEP, WAITING
 from core.logs import log_event
 from core.methods import BATCHED_METHOD
+from core.priorities import rank
 from core.routing import note_prefix
 from engine.constrained.compiler import GrammarError
 from engine.errors import InsufficientMemoryError
@@ -157,7 +158,7 @@ def run_agent(ctx: JobContext) -> dict[str, Any]:
     stored = ctx.record.request
     prompt = next(m["content"] for m in reversed(stored["messages"]) if m["role"] == "user")
     model = EngineChatModel(WorkerGenerator(rt, ctx), method=stored.get("method") or BATCHED_METHOD,
-                            should_cancel=ctx.should_cancel)
+                            should_cancel=ctx.should_cancel, priority=rank(stored.get("priority")))
     runner = AgentRunner(model, create_default_registry())
     result = runner.run(prompt, max_steps=stored.get("max_steps"),
                         max_new_tokens=(stored.get("sampling") or {}).get("max_new_tokens"),

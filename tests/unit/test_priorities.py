@@ -29,3 +29,21 @@ def test_a_cap_that_is_not_a_class_is_refused_at_start():
     with pytest.raises(ValueError, match="MINISERVE_KEY_PRIORITY_CAPS"):
         load_settings(key_priority_caps="k1=urgent")
     assert load_settings(key_priority_caps="k1=batch, k2=default").key_priority_caps == {"k1": "batch", "k2": "default"}
+
+
+def test_an_agents_engine_calls_carry_its_class():
+    """Each model call of an agent run (and of the CLI evaluation, class ``batch``) reaches
+    the engine with the job's class, which its scheduler admits and preempts by."""
+    from agent.model import EngineChatModel
+    from engine.types import GenerationResult, Timings, Usage
+
+    seen = []
+
+    class Recorder:
+        def generate(self, request, on_text=None, should_cancel=None):
+            seen.append(request.priority)
+            return GenerationResult("4", "stop", Usage(), Timings(), "paged")
+
+    EngineChatModel(Recorder(), method="paged", priority=rank("batch")).chat(
+        [{"role": "user", "content": "2+2?"}], None, 8)
+    assert seen == [rank("batch")]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from core import keys
 from tests.web.conftest import run_job
-from tests.web.test_openai_batch import line, start
+from tests.web.test_openai_batch import line, started
 
 KEY_A, KEY_B = "key-a", "key-b"
 A = {"Authorization": f"Bearer {KEY_A}"}
@@ -29,8 +29,8 @@ def test_each_surface_has_its_default_class_and_a_body_may_name_one(make_app, st
     client.post("/agent/run", json={"prompt": "2+2?", "priority": "interactive"})
     assert stored_priority(store, celery.sent[-1]["task_id"]) == "interactive"
     celery.runner = None
-    created = start(client, "\n".join(line(f"r{i}") for i in range(2))).get_json()
-    assert created["status"] in ("validating", "in_progress")
+    created = started(client, "\n".join(line(f"r{i}") for i in range(2)))
+    assert created["status"] == "in_progress"
     lines = [m["task_id"] for m in celery.sent[-2:]]
     assert [stored_priority(store, job_id) for job_id in lines] == ["batch", "batch"]
 
@@ -87,3 +87,16 @@ def test_the_monitor_shows_held_jobs_by_class_and_key_and_hides_other_keys(make_
     assert seen_by_a == {"interactive": {"others": 1}, "batch": {"you": 2, "others": 1}}
     seen_by_admin = client.get("/overview", headers={"Authorization": "Bearer admin"}).get_json()["held"]
     assert sorted(seen_by_admin["generation"]["batch"].values()) == [1, 2]
+
+
+def test_a_keys_tokens_per_minute_are_capped_and_other_keys_go_on(make_app, celery):
+    client = make_app(api_keys=[KEY_A, KEY_B], key_tokens_per_minute=200).test_client()
+    sent = [job(client, A, max_new_tokens=60).status_code for _ in range(4)]
+    assert sent[:2] == [202, 202] and sent[-1] == 429  # each costs its prompt's tokens plus 60
+    limited = job(client, A, max_new_tokens=60)
+    assert limited.get_json()["error"]["code"] == "tokens_per_minute_exceeded"
+    assert 1 <= int(limited.headers["Retry-After"]) <= 60
+    assert job(client, B, max_new_tokens=60).status_code == 202
+    too_big = job(client, B, max_new_tokens=500)
+    assert too_big.status_code == 400 and too_big.get_json()["error"]["field"] == "max_new_tokens"
+    assert len(celery.sent) == sum(code == 202 for code in sent) + 1
