@@ -8,6 +8,11 @@ earlier run). The user question changes every round, so only the prefix can be r
 Reports p50 time to first token and end-to-end latency, the miss/hit speed-up, and whether
 the three produced the same tokens. Writes ``results/prefix_cache.csv``, ``.summary.csv``
 and ``.png``.
+
+    python -m bench.prefix_cache --isolation
+
+probes the cache's side channel between two API keys through the web instead
+(:mod:`bench.cache_isolation`, ``results/cache_isolation.json``).
 """
 from __future__ import annotations
 
@@ -41,7 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--model", default="default")
     parser.add_argument("--out", default="results")
+    parser.add_argument("--isolation", action="store_true",
+                        help="probe the cache's side channel between two API keys instead (bench.cache_isolation)")
     args = parser.parse_args(argv)
+    if args.isolation:
+        from bench import cache_isolation
+
+        return cache_isolation.main(args)
 
     from engine.engine import Engine
     from engine.handwritten import prefix_store

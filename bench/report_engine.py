@@ -57,7 +57,21 @@ def read_prefix_cache(root: Path) -> Figures:
     hit = next(r for r in rows if r[0] == "long" and r[1] == "hit")
     figures.headline.append(f"Prefix cache: a {hit[2]}-token prompt whose {hit[3]} tokens are cached starts "
                             f"answering {hit[5]} sooner than a miss ({hit[4]} ms to first token)")
+    if (root / CACHE_ISOLATION).exists():
+        figures.tables.append(isolation_table(load_json(root, CACHE_ISOLATION)))
     return figures
+
+
+CACHE_ISOLATION = "results/cache_isolation.json"
+
+
+def isolation_table(data: dict) -> tuple[str, list[str], list[list]]:
+    """``--isolation``: what key-b's ``cached_tokens`` says about key-a's system prompts."""
+    rows = [[r["cache"], *(r[case] for case in data["cases"]), "yes" if r["leaks"] else "no"] for r in data["rows"]]
+    return (f"The cache's side channel between two API keys (`{data['command']}`): the `cached_tokens` key-b sees "
+            "guessing a system prompt key-a never sent, one key-a sent, and one key-a sent with its last sentence "
+            "changed",
+            ["prefix cache", *(f"{case}: cached tokens" for case in data["cases"]), "key-b learns something"], rows)
 
 
 def read_paged_generation(root: Path) -> Figures:
