@@ -108,7 +108,7 @@ def batch8(engine: Any, log: ConstraintLog, tokens: int, mixed: bool) -> dict[st
     loop, gate = engine.loop, threading.Event()
 
     def counters() -> tuple[int, int]:
-        stats = loop.paged.scheduler.stats
+        stats = loop.paged.stats
         return stats.steps, stats.sampled
 
     steps_before, sampled_before = loop.call(counters)

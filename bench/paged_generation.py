@@ -33,7 +33,7 @@ from pathlib import Path
 
 from bench.stats import RESULTS, machine_info, machine_line, p50, print_table, pyplot, write_csv, write_json
 from core.settings import load_settings
-from engine.batching import PagedService
+from engine.batching import Scheduler
 from engine.engine import Engine
 from engine.handwritten import forward_for
 from engine.loop import EngineLoop
@@ -148,7 +148,7 @@ def real_sharing(engine: Engine, n: int, new_tokens: int) -> list[dict]:
     rows = []
     for sharing in (False, True):
         forward = engine.loop.call(lambda: forward_for(engine))
-        service = PagedService(forward, engine.settings, prefix_sharing=sharing)
+        service = Scheduler.for_model(forward, engine.settings, prefix_sharing=sharing)
         batch = EngineLoop(engine, service)
         start = time.perf_counter()
         first = batch.submit(req(QUESTIONS[0], "paged", new_tokens, system)).result()
@@ -170,7 +170,7 @@ def choices(engine: Engine, n: int, new_tokens: int) -> list[dict]:
     rows = []
     for mode in ("separate", "group"):
         forward = engine.loop.call(lambda: forward_for(engine))
-        service = PagedService(forward, engine.settings)
+        service = Scheduler.for_model(forward, engine.settings)
         batch = EngineLoop(engine, service)
         # no drafts: every token past the prompts is then one decode (the prompt count below is exact)
         requests = [replace(req(QUESTIONS[0], "paged", new_tokens, system), speculative=False) for _ in range(n)]
@@ -178,7 +178,7 @@ def choices(engine: Engine, n: int, new_tokens: int) -> list[dict]:
         handles = batch.submit_group(requests) if mode == "group" else [batch.submit(r) for r in requests]
         results = [h.result() for h in handles]
         wall = time.perf_counter() - start
-        stats = batch.call(service.stats)
+        stats = batch.call(service.snapshot)
         batch.close()
         prompt = results[0].usage.prompt_tokens
         generated = sum(r.usage.completion_tokens for r in results)

@@ -33,7 +33,7 @@ import torch
 
 from bench.stats import RESULTS, machine_summary, print_table, pyplot, write_csv, write_json
 from core.settings import load_settings
-from engine.batching.service import PagedService
+from engine.batching import Scheduler
 from engine.engine import Engine
 from engine.handwritten import forward_for
 from engine.quant.plan import resolve_quant
@@ -55,7 +55,7 @@ class Runner:
         self.engine = Engine(self.settings)
         self.loaded = self.engine.loaded
         # no prefix sharing: a repeated prompt must not find its blocks from the previous run
-        self.service = PagedService(forward_for(self.engine), self.settings, prefix_sharing=False)
+        self.service = Scheduler.for_model(forward_for(self.engine), self.settings, prefix_sharing=False)
 
     def sequence(self, text: str, speculative: bool, new_tokens: int) -> Any:
         request = GenerationRequest(messages=[{"role": "user", "content": text}], method="paged",
@@ -71,7 +71,7 @@ class Runner:
         seqs = [self.sequence(text, speculative, new_tokens) for text in texts]
         start = time.perf_counter()
         for seq in seqs:
-            self.service.add(seq)
+            self.service.submit(seq)
         while not all(seq.finished for seq in seqs):
             self.service.step()
         wall = time.perf_counter() - start
@@ -94,7 +94,7 @@ def closed_loop(runner: Runner, texts: list[str], speculative: bool, new_tokens:
         while pending and len(active) < slots:
             index, text = pending.pop(0)
             seq = runner.sequence(text, speculative, new_tokens)
-            runner.service.add(seq)
+            runner.service.submit(seq)
             active.append((index, seq))
         runner.service.step()
         for index, seq in [a for a in active if a[1].finished]:

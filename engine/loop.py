@@ -11,7 +11,8 @@ lock guards it and nothing is built twice.  Each turn of the loop
    ``max_batch`` run: one prefill per turn at most, so a burst of arrivals cannot stall;
 3. resumes every running solo task, in arrival order, for ONE token each: the methods keep
    their own code (``official`` is transformers' ``generate``) and pause in ``run.accept``;
-4. takes ONE batched step of the paged scheduler (every running sequence advances);
+4. takes ONE batched step of the paged scheduler (every running sequence advances) and hands
+   out what the step returned: each streaming sequence's text, then each ended one's result;
 5. publishes a stats snapshot (a plain dict swapped in whole) for the heartbeat.
 
 Several requests may be submitted as one *group* (:meth:`EngineLoop.submit_group`: a job's
@@ -46,7 +47,7 @@ import torch
 from core.logs import log_event
 from core.methods import BATCHED_METHOD
 from core.prefix_hash import salted_root
-from engine.batching.service import PagedService
+from engine.batching.scheduler import Scheduler, StepOutput
 from engine.constrained import token_constraint
 from engine.handwritten import forward_for
 from engine.model_engine import ModelEngine
@@ -163,7 +164,8 @@ class RequestHandle:
 
     def push_text(self, piece: str) -> None:
         run = self._run
-        self.outputs.put((TEXT, (piece, run.generated if run is not None else 0, run.covered if run is not None else 0)))
+        counts = (run.shown or (run.generated, run.covered)) if run is not None else (0, 0)
+        self.outputs.put((TEXT, (piece, *counts)))
 
     def covered_ids(self, start: int) -> list[int]:
         """The generated ids from ``start`` up to the last piece handed on whose text is all out
@@ -212,15 +214,16 @@ class _Call:
 class EngineLoop:
     """The owner thread of one :class:`~engine.model_engine.ModelEngine`'s state (see the module doc).
 
-    ``paged`` may be a ready :class:`~engine.batching.service.PagedService` (benchmarks
+    ``paged`` may be a ready :class:`~engine.batching.scheduler.Scheduler` (benchmarks
     compare pool settings in extra loops over one engine; such a loop must be given one);
-    by default (``engine.loop``) the loop builds the engine's one service on its own
+    by default (``engine.loop``) the loop builds the engine's one scheduler on its own
     thread, on first use.
     """
 
-    def __init__(self, engine: ModelEngine, paged: PagedService | None = None) -> None:
+    def __init__(self, engine: ModelEngine, paged: Scheduler | None = None) -> None:
         self.engine = engine
         self._paged = paged
+        self._paged_jobs: dict[int, _Job] = {}  # the paged scheduler's sequences, by id: whose handle
         self._inbox: queue.SimpleQueue[_Job | _Call | None] = queue.SimpleQueue()
         self._solo: deque[_Job] = deque()      # non-batched requests not yet started
         self._running: list[_Job] = []          # started solo tasks, in arrival order
@@ -307,11 +310,11 @@ class EngineLoop:
         return self.post(fn).result(timeout)
 
     @property
-    def paged(self) -> PagedService:
-        """The paged service (built on first use). Loop thread only, or before it starts."""
+    def paged(self) -> Scheduler:
+        """The paged scheduler and its cache (built on first use). Loop thread only, or before it starts."""
         self.check_owner()
         if self._paged is None:
-            self._paged = PagedService(forward_for(self.engine), self.engine.settings)
+            self._paged = Scheduler.for_model(forward_for(self.engine), self.engine.settings)
         return self._paged
 
     def stats(self) -> dict[str, Any]:
@@ -355,7 +358,7 @@ class EngineLoop:
             self._abandon()
 
     def _turn(self) -> None:
-        scheduler = self._paged.scheduler if self._paged is not None else None
+        scheduler = self._paged
         busy = bool(self._solo or self._running or self._held) or (scheduler is not None and scheduler.has_work)
         if not busy:
             release_thread_team()  # idle: leave the CPUs' spinning OpenMP workers to a busy loop
@@ -369,9 +372,17 @@ class EngineLoop:
             self._start_solo(self._solo.popleft())
         self._advance_solo()
         self._release_held()
-        if self._paged is not None and self._paged.scheduler.has_work:
-            self._paged.step()
+        if self._paged is not None and self._paged.has_work:
+            self._hand_out(self._paged.step())
         self._publish()
+
+    def _hand_out(self, out: StepOutput) -> None:
+        """What the paged step produced goes to its requests: each streaming sequence's text,
+        then each ended one's result (or error)."""
+        for seq in out.streamed:
+            seq.run.hand_out()
+        for seq in out.finished:
+            self._finish_seq(self._paged_jobs.pop(seq.seq_id), seq)
 
     def _drain(self, block: bool) -> None:
         try:
@@ -393,21 +404,22 @@ class EngineLoop:
             self._solo.append(job)
             return
         try:
-            service = self.paged
-            job.seq = service.new_sequence(job.prompt.ids, job.run, job.handle.request.sampling,
-                                           job.penalty, on_finish=lambda s, job=job: self._finish_seq(job, s),
-                                           speculative=job.handle.request.speculative,
-                                           constraint=job.constraint,
-                                           cache_root=salted_root(job.handle.request.cache_salt),
-                                           priority=job.handle.request.priority)
+            scheduler = self.paged
+            job.seq = scheduler.new_sequence(job.prompt.ids, job.run, job.handle.request.sampling, job.penalty,
+                                             speculative=job.handle.request.speculative,
+                                             constraint=job.constraint,
+                                             cache_root=salted_root(job.handle.request.cache_salt),
+                                             priority=job.handle.request.priority)
         except Exception as exc:  # noqa: BLE001 - e.g. the pool cannot be built: fail this one
             job.handle.resolve(None, exc)
             return
+        job.run.defer_output()  # the step returns; _hand_out passes its text on
+        self._paged_jobs[job.seq.seq_id] = job
         job.handle.begin()
         if job.leader is not None and not self._leader_ready(job):
             self._held.append(job)
             return
-        service.add(job.seq)
+        scheduler.submit(job.seq)
 
     def _score_prompt(self, job: _Job) -> bool:
         """The prompt's own log-probabilities when asked (module engine.prompt_logprobs);
@@ -437,7 +449,7 @@ class EngineLoop:
         still = []
         for job in self._held:
             if self._leader_ready(job):
-                self.paged.add(job.seq)
+                self.paged.submit(job.seq)
             else:
                 still.append(job)
         self._held = still
@@ -466,7 +478,7 @@ class EngineLoop:
     def _advance_solo(self) -> None:
         """One token (the first: prefill and one token) for each running solo task; their
         prompts share one step budget per turn (:meth:`_take_prefill`)."""
-        settings, streaming = self.engine.settings, self._paged is not None and bool(self._paged.scheduler.running)
+        settings, streaming = self.engine.settings, self._paged is not None and bool(self._paged.running)
         self._prefill_left = settings.prefill_tokens_while_decoding if streaming else settings.max_batched_tokens
         self._short_left = settings.short_prompt_tokens if streaming else 0
         still: list[_Job] = []
@@ -495,7 +507,7 @@ class EngineLoop:
     def _publish(self) -> None:
         snap: dict[str, Any] = self.engine.local_stats()
         if self._paged is not None:
-            snap[BATCHED_METHOD] = self._paged.stats()
+            snap[BATCHED_METHOD] = self._paged.snapshot()
         snap["loop"] = {"solo_waiting": len(self._solo), "solo_running": len(self._running)}
         self.snapshot = snap
 
@@ -519,4 +531,4 @@ class EngineLoop:
             else:
                 job.handle.resolve(None, error)
         if self._paged is not None:
-            self._paged.abort_all(error)
+            self._hand_out(StepOutput(finished=self._paged.abort_all(error)))

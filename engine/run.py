@@ -61,6 +61,8 @@ class GenerationRun:
         self.pause: Callable[[], None] | None = None  # set by the loop for a solo task
         self.prefill_allowance: Callable[[int], int] | None = None  # set by the loop: this turn's prompt budget
         self.constraint: Any = None  # the request's grammar state, compiled once by the loop at submit
+        self._outbox: list[tuple[Any, Any, int, int]] | None = None  # held hand-outs (defer_output)
+        self.shown: tuple[int, int] | None = None  # (generated, covered) as of the piece being handed out
 
     def resume(self, resume: Resume) -> None:
         """Start after an earlier attempt's streamed tokens: they count as generated (and,
@@ -125,19 +127,41 @@ class GenerationRun:
         self.draft_tokens += drafted
         self.accepted_draft_tokens += accepted
 
+    def defer_output(self) -> None:
+        """Hold text and log-probabilities until :meth:`hand_out` (the paged scheduler's runs:
+        its step returns, then the loop hands out what each sequence produced)."""
+        self._outbox = []
+
+    def hand_out(self) -> None:
+        """Pass on what was held, in order, each piece with the counts as of its token
+        (``shown``, which a consumer reads instead of the run's latest)."""
+        box, self._outbox = self._outbox or [], []
+        for callback, value, generated, covered in box:
+            self.shown = (generated, covered)
+            callback(value)
+        self.shown = None
+
     def _emit(self, piece: str, upto: int | None = None) -> None:
         """``piece`` to ``on_text``, after the log-probabilities of the tokens it completes."""
         if self._on_logprobs is not None and self.logprobs is not None:
             end = min(self._stream.covered if upto is None else upto, len(self.logprobs), len(self.token_ids))
             if end > self._logprobs_sent:
                 entries, self._logprobs_sent = self.logprobs[self._logprobs_sent:end], end
-                self._on_logprobs(entries)
+                self._pass(self._on_logprobs, entries)
         if piece and self._on_text is not None:
-            self._on_text(piece)
+            self._pass(self._on_text, piece)
+
+    def _pass(self, callback: Callable[[Any], None], value: Any) -> None:
+        if self._outbox is None:
+            callback(value)
+        else:
+            self._outbox.append((callback, value, self.generated, self.covered))
 
     def result(self, prompt_tokens: int, cached_tokens: int = 0) -> GenerationResult:
         """Flush held-back text and build the result (call once, at the end)."""
         self._emit(self._stream.finish(), upto=len(self.token_ids))
+        if self._outbox is not None:
+            self.hand_out()
         if self.finish_reason is None:
             self.finish_reason = LENGTH
         end = time.perf_counter()

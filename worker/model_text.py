@@ -13,7 +13,7 @@ from typing import Any
 
 from core.model_text import ModelText
 from core.settings import Settings
-from engine.batching.service import pool_blocks
+from engine.batching.scheduler import pool_blocks
 from engine.paged.pool import KVGeometry
 
 FALLBACK_CONTEXT = 32_768  # as web/prompt_budget.py assumes for a config without the field

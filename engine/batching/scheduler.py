@@ -20,69 +20,40 @@ Each :meth:`Scheduler.step`
    together), samples a token for each sequence that reached its end, and feeds it to the
    sequence's run (streaming text, stop strings, max tokens, cancellation).
 A sequence that finishes, fails or is cancelled gives back its blocks and leaves; the others
-carry on untouched.  Not thread-safe by design: one thread (the engine loop,
+carry on untouched. The step returns what it did (:class:`StepOutput`, as nano-vllm's
+``step()`` does): the sequences that took tokens (their runs hold the text to hand out) and
+those that ended; the caller hands them out, nothing is called back from inside the step.
+Not thread-safe by design: one thread (the engine loop,
 :mod:`engine.loop`) owns a scheduler. The first :meth:`step` records that thread, and a step
 from any other thread raises (cheap guard against reintroducing shared driving).
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections import deque
-from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from core.logs import log_event
+from core.prefix_hash import ROOT_HASH
 from engine.batching.sequence import FINISHED, RUNNING, WAITING, Sequence
+from engine.batching.step_types import StepOutput, StepStats, PromptBudget
+from engine.forward import Qwen2Forward
 from engine.paged.attention import SeqChunk, build_batch
 from engine.paged.block_manager import BlockManager
 from engine.paged.forward import PagedQwen2
-from engine.paged.pool import KVBlockPool, KVPoolExhausted
+from engine.paged.pool import KVBlockPool, KVGeometry, KVPoolExhausted, blocks_for_budget
+from engine.run import GenerationRun
+from engine.sampling import Sampler
+from engine.speculative.config import spec_config
 from engine.speculative.paged import reserve_drafts, settle_drafts
+from engine.speculative.policy import SpecState
+from engine.types import SamplingParams
 
 logger = logging.getLogger("miniserve.engine.scheduler")
-
-
-@dataclass
-class StepStats:
-    steps: int = 0
-    tokens: int = 0            # tokens run through the forward
-    sampled: int = 0           # tokens produced
-    preemptions: int = 0
-    last_batch_size: int = 0
-    last_num_tokens: int = 0
-    max_batch_size: int = 0
-    finished: int = 0
-    draft_tokens: int = 0      # speculative drafts verified
-    accepted_draft_tokens: int = 0
-
-
-@dataclass
-class _PromptBudget:
-    """The prompt tokens one step may still add: ``total`` (the step's token budget after its
-    decodes), of which long prompts' chunks may take ``chunk`` while sequences decode, and
-    prompts whose whole rest fits ``short`` take that rest at once from ``short``."""
-
-    total: int
-    chunk: int
-    short: int
-
-    @property
-    def left(self) -> bool:
-        return self.total > 0 and (self.chunk > 0 or self.short > 0)
-
-    def grant(self, rest: int) -> int:
-        if 0 < rest <= min(self.short, self.total):
-            return rest
-        return min(rest, self.chunk, self.total)
-
-    def spend(self, rest: int, count: int) -> None:
-        self.total -= count
-        if 0 < rest <= self.short and count == rest:
-            self.short -= count
-        else:
-            self.chunk = max(0, self.chunk - count)
 
 
 class Scheduler:
@@ -103,6 +74,53 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.stats = StepStats()
         self.owner: int | None = None   # ident of the one thread that steps this scheduler
+        self._ended: list[Sequence] = []  # ended since the last step returned them
+        self._ids = itertools.count(1)
+        self.settings: Any = None       # set by for_model: speculative decoding reads it
+
+    @classmethod
+    def for_model(cls, forward: Qwen2Forward, settings: Any, *, num_blocks: int | None = None,
+                  prefix_sharing: bool = True) -> "Scheduler":
+        """One engine loop's paged cache: the block pool (sized from settings), the block
+        manager and the scheduler over them, built on the loop thread."""
+        model = PagedQwen2(forward)
+        blocks = num_blocks or pool_blocks(settings, model.geometry, model.dtype)
+        scheduler = cls(model, model.make_pool(blocks, settings.kv_block_size),
+                        BlockManager(blocks, settings.kv_block_size, prefix_sharing=prefix_sharing),
+                        max_batch=settings.max_batch, max_batched_tokens=settings.max_batched_tokens,
+                        prefill_while_decoding=settings.prefill_tokens_while_decoding,
+                        short_prompt_tokens=settings.short_prompt_tokens)
+        scheduler.settings = settings
+        log_event(logger, "paged_pool_ready", num_blocks=blocks, block_size=settings.kv_block_size,
+                  pool_mib=round(scheduler.pool.nbytes / 2**20, 1))
+        return scheduler
+
+    def new_sequence(self, prompt_ids: list[int], run: GenerationRun, sampling: SamplingParams, penalty: float,
+                     speculative: bool | None = None, constraint: Any = None, cache_root: int = ROOT_HASH,
+                     priority: int = 1) -> Sequence:
+        """``speculative``: the request's flag (None: ``MINISERVE_SPECULATIVE`` decides).
+        ``constraint``: this sequence's own grammar state (its mask applies to its row only);
+        a constrained sequence does not draft (drafts are not checked against the grammar).
+        ``cache_root``: its cache salt's chain root (it shares prefix blocks only within it).
+        ``priority``: its class rank (0 interactive .. 2 batch): admitted first, preempted last."""
+        sampler = Sampler(sampling, penalty, self.model.vocab_size, prompt_ids, self.pool.device,
+                          constraint=constraint, record=run.logprobs, eos_ids=run.eos_ids,
+                          resumed=run.token_ids[:run.resumed])
+        forward = self.model.forward_model
+        spec = spec_config(self.settings, speculative, forward.weights) if constraint is None else None
+        return Sequence(seq_id=next(self._ids), prompt_ids=list(prompt_ids), run=run, sampling=sampling,
+                        sampler=sampler, spec=SpecState.start(spec, prompt_ids) if spec else None,
+                        cache_root=cache_root, priority=priority)
+
+    def snapshot(self) -> dict[str, Any]:
+        """For logs and the monitor: queue sizes, batch figures and block usage."""
+        s = self.stats
+        return {"running": len(self.running), "waiting": len(self.waiting),
+                "batch_size": s.last_batch_size, "max_batch_size": s.max_batch_size,
+                "steps": s.steps, "tokens_computed": s.tokens, "tokens_sampled": s.sampled,
+                "preemptions": s.preemptions, "finished": s.finished,
+                "draft_tokens": s.draft_tokens, "accepted_draft_tokens": s.accepted_draft_tokens,
+                "blocks": self.blocks.stats().to_dict(), "block_map": self.blocks.block_map()}
 
     # ------------------------------------------------------------------ queue
     def submit(self, seq: Sequence) -> None:
@@ -126,20 +144,20 @@ class Scheduler:
             raise RuntimeError("Scheduler.step called from a second thread")
 
     # ------------------------------------------------------------------ one step
-    def step(self) -> int:
-        """Advance every scheduled sequence by one forward; returns tokens computed (0: idle)."""
+    def step(self) -> StepOutput:
+        """Advance every scheduled sequence by one forward; returns what it did."""
         self._check_owner()
         self._drop_cancelled()
         plan = self._schedule()
         if not plan:
-            return 0
+            return StepOutput(finished=self._take_ended())
         try:
             logits = self._forward(plan)
         except Exception as exc:  # noqa: BLE001 - fail this step's sequences, keep serving
             log_event(logger, "batch_step_failed", error=type(exc).__name__, batch=len(plan))
             for seq, _ in plan:
                 self._finish(seq, error=exc)
-            return 0
+            return StepOutput(finished=self._take_ended())
         row = 0
         for seq, count in plan:
             if seq.drafts:                  # rows: the pending token's and each draft's
@@ -158,7 +176,11 @@ class Scheduler:
         s.tokens += num_tokens
         s.last_batch_size, s.last_num_tokens = len(plan), num_tokens
         s.max_batch_size = max(s.max_batch_size, len(plan))
-        return num_tokens
+        return StepOutput(num_tokens, [seq for seq, _ in plan if not seq.finished], self._take_ended())
+
+    def _take_ended(self) -> list[Sequence]:
+        ended, self._ended = self._ended, []
+        return ended
 
     def _forward(self, plan: list[tuple[Sequence, int]]) -> torch.Tensor:
         """One forward over the plan; logits of each sequence's last token, or of its
@@ -226,7 +248,7 @@ class Scheduler:
             budget -= reserve_drafts([seq for seq, _ in plan], self.blocks, budget, spare=len(self.running))
             plan = [(seq, 1 + len(seq.drafts)) for seq, _ in plan]
         spare = sum(self._still_needs(seq) for seq, _ in plan)  # prompts never take a stream's blocks
-        prompts = _PromptBudget(budget, self.prefill_while_decoding if plan else budget,  # streams wait for
+        prompts = PromptBudget(budget, self.prefill_while_decoding if plan else budget,  # streams wait for
                                 self.short_prompt_tokens if plan else 0)                # this step
         for seq in self.running:                            # 2. prompts mid-prefill
             if not prompts.left:
@@ -372,10 +394,17 @@ class Scheduler:
         seq.error = error        # before FINISHED: a reader seeing FINISHED also sees the error
         seq.status = FINISHED
         self.stats.finished += 1
-        if seq.on_finish is not None:
-            seq.on_finish(seq)
+        self._ended.append(seq)
 
-    def abort_all(self, error: BaseException) -> None:
-        """Finish every sequence with ``error`` (the owner is shutting down)."""
+    def abort_all(self, error: BaseException) -> list[Sequence]:
+        """Finish every sequence with ``error`` (the owner is shutting down); returns them."""
         for seq in [*self.running, *self.waiting]:
             self._finish(seq, error=error)
+        return self._take_ended()
+
+
+def pool_blocks(settings: Any, geometry: KVGeometry, dtype: Any) -> int:
+    """``kv_memory_mb`` when set, else ``kv_num_blocks``."""
+    if settings.kv_memory_mb > 0:
+        return blocks_for_budget(settings.kv_memory_mb * 2**20, settings.kv_block_size, geometry, dtype)
+    return settings.kv_num_blocks

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
-
 import torch
 
 from core.prefix_hash import ROOT_HASH
@@ -27,7 +25,6 @@ class Sequence:
     run: GenerationRun
     sampling: SamplingParams
     sampler: Sampler
-    on_finish: Callable[["Sequence"], None] | None = None
     tokens: list[int] = field(default_factory=list)
     num_computed: int = 0
     cached_tokens: int | None = None   # prefix hit at first admission (usage.cached_tokens)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 
 from core.settings import load_settings
-from engine.batching import PagedService
+from engine.batching import Scheduler
 from engine.handwritten import forward_for
 from engine.loop import EngineLoop
 from engine.run import GenerationRun
@@ -57,7 +57,7 @@ def test_mixed_batch_equals_solo_runs(paged_engine):
         solo.append((paged_engine.generate(request(text, **sampling), col.on_text,
                                            col.should_cancel), col))
     # every prompt admitted in the first step, whole (no throttle beside the decodes): one batch of all six
-    service = PagedService(_forward(paged_engine), paged_engine.settings.model_copy(
+    service = Scheduler.for_model(_forward(paged_engine), paged_engine.settings.model_copy(
         update={"prefill_tokens_while_decoding": paged_engine.settings.max_batched_tokens}))
     loop = EngineLoop(paged_engine, service)
     gate = threading.Event()
@@ -79,7 +79,7 @@ def test_mixed_batch_equals_solo_runs(paged_engine):
     for t in threads:
         t.join(60)
     loop.close()
-    assert service.scheduler.stats.max_batch_size >= len(plans)
+    assert service.stats.max_batch_size >= len(plans)
     for (want, want_col), got, col in zip(solo, results, collectors):
         assert "".join(col.pieces) == got.text            # streamed == result
         if col.cancel_after is not None:   # a cancel reaches the loop a token or two later
@@ -96,7 +96,7 @@ def test_mixed_batch_equals_solo_runs(paged_engine):
 
 
 def _solo(engine, prompt_ids, max_new):
-    service = PagedService(_forward(engine), load_settings(
+    service = Scheduler.for_model(_forward(engine), load_settings(
         kv_block_size=4, kv_num_blocks=256, max_batch=1, max_batched_tokens=512))
     return _run(engine, service, [prompt_ids], max_new)[0]
 
@@ -111,9 +111,9 @@ def _run(engine, service, prompts, max_new):
         run = GenerationRun(loaded.tokenizer, method="paged", max_new_tokens=max_new,
                             eos_ids=[], on_text=pieces.append)
         seq = service.new_sequence(ids, run, sampling, 1.1)
-        service.add(seq)
+        service.submit(seq)
         seqs.append(seq)
-    while service.scheduler.has_work:
+    while service.has_work:
         service.step()
     out = []
     for seq, pieces in zip(seqs, texts):
@@ -125,12 +125,12 @@ def _run(engine, service, prompts, max_new):
 
 def test_preemption_under_a_tiny_pool_keeps_outputs(paged_engine):
     prompts = [[5 + i, 17, 9, 44, 2, 91, 7, 7, 12, 5 + 2 * i] for i in range(4)]
-    service = PagedService(_forward(paged_engine), load_settings(
+    service = Scheduler.for_model(_forward(paged_engine), load_settings(
         kv_block_size=4, kv_num_blocks=16, max_batch=4, max_batched_tokens=64),
         prefix_sharing=False)
     batched = _run(paged_engine, service, prompts, max_new=22)   # 4 x 32 tokens > 64 slots
-    assert service.scheduler.stats.preemptions > 0
-    assert service.scheduler.stats.max_batch_size >= 2
+    assert service.stats.preemptions > 0
+    assert service.stats.max_batch_size >= 2
     for ids, got in zip(prompts, batched):
         want = _solo(paged_engine, ids, 22)
         assert got.token_ids == want.token_ids and len(got.token_ids) == 22
@@ -138,7 +138,7 @@ def test_preemption_under_a_tiny_pool_keeps_outputs(paged_engine):
 
 
 def test_request_larger_than_the_pool_fails_alone(paged_engine):
-    service = PagedService(_forward(paged_engine), load_settings(
+    service = Scheduler.for_model(_forward(paged_engine), load_settings(
         kv_block_size=4, kv_num_blocks=4, max_batch=4, max_batched_tokens=64))
     loop = EngineLoop(paged_engine, service)
     big = loop.submit(request(QUESTIONS[3]))               # prompt > 16 tokens
@@ -170,3 +170,29 @@ def test_concurrent_submitters_from_threads(paged_engine):
         assert res.token_ids == solo.token_ids
     paged = stats["paged"]
     assert paged["running"] == 0 and paged["waiting"] == 0 and paged["blocks"]["blocks_used"] == 0
+
+
+def test_a_step_returns_what_it_did_and_held_text_waits_for_the_hand_out(paged_engine):
+    """The step calls nothing back: it returns the sequences that took tokens and those that
+    ended, and a run that holds its output (as the loop's runs do) passes its text on only
+    when the caller hands it out."""
+    service = Scheduler.for_model(_forward(paged_engine), load_settings(
+        kv_block_size=4, kv_num_blocks=64, max_batch=4, max_batched_tokens=64))
+    pieces: list[str] = []
+    run = GenerationRun(paged_engine.loaded.tokenizer, method="paged", max_new_tokens=6, eos_ids=[],
+                        on_text=pieces.append)
+    run.defer_output()
+    seq = service.new_sequence([5, 17, 9, 44, 2, 91], run, SamplingParams(max_new_tokens=6), 1.0)
+    service.submit(seq)
+    outputs = []
+    while service.has_work:
+        before = list(pieces)
+        out = service.step()
+        assert pieces == before                      # nothing passed on inside the step
+        outputs.append(out)
+        for streaming in out.streamed:
+            streaming.run.hand_out()
+    assert [out.finished for out in outputs] == [[]] * (len(outputs) - 1) + [[seq]]
+    assert all(out.streamed == [seq] for out in outputs[:-1]) and outputs[-1].streamed == []
+    result = run.result(prompt_tokens=6)              # the held tail goes out with the result
+    assert "".join(pieces) == result.text and len(result.token_ids) == 6

@@ -89,7 +89,7 @@ def test_constrained_and_free_sequences_share_a_batch(tiny_engine):
     assert [h.result(300).text for h in mixed] == alone
     for handle in constrained:
         jsonschema.validate(json.loads(handle.result(300).text), ORDER)
-    assert loop.call(lambda: loop.paged.scheduler.stats.max_batch_size) >= 6
+    assert loop.call(lambda: loop.paged.stats.max_batch_size) >= 6
 
 
 def test_compiled_grammars_are_cached_by_hash(tiny_engine):

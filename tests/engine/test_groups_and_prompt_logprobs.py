@@ -53,7 +53,7 @@ def test_paged_followers_take_the_leaders_prompt_blocks(engine):
     full_blocks = (prompt_len - 1) // 4 * 4
     assert results[0].usage.cached_tokens == 0
     assert [r.usage.cached_tokens for r in results[1:]] == [full_blocks] * 3
-    stats = engine.loop.call(lambda: engine.loop.paged.stats())
+    stats = engine.loop.call(lambda: engine.loop.paged.snapshot())
     # the leader's prompt ran once; each follower only its tail past the last full block
     assert stats["tokens_computed"] == prompt_len + 3 * (prompt_len - full_blocks) + 4 * 5
 

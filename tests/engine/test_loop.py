@@ -60,12 +60,10 @@ def test_only_the_loop_thread_touches_engine_state(engine, monkeypatch):
 
 
 def test_cold_engine_hit_by_8_threads_builds_one_paged_pool(engine, monkeypatch):
-    from engine.batching import service
-
     built = []
-    init = service.PagedService.__init__
-    monkeypatch.setattr(service.PagedService, "__init__",
-                        lambda self, *a, **k: (built.append(1), init(self, *a, **k))[1])
+    build = Scheduler.for_model.__func__
+    monkeypatch.setattr(Scheduler, "for_model",
+                        classmethod(lambda cls, *a, **k: (built.append(1), build(cls, *a, **k))[1]))
     barrier = threading.Barrier(8)
 
     def job(i):
@@ -112,12 +110,13 @@ def test_finish_sets_the_error_before_finished():
             return False
 
     sched = Scheduler.__new__(Scheduler)
-    sched.blocks, sched.running, sched.waiting = Blocks(), [], []
+    sched.blocks, sched.running, sched.waiting, sched._ended = Blocks(), [], [], []
     from engine.batching.scheduler import StepStats
     sched.stats = StepStats()
     seq = Watched(seq_id=1, prompt_ids=[1], run=None, sampling=SamplingParams(), sampler=None)
     sched._finish(seq, error=ValueError("x"))
     assert isinstance(observed[0], ValueError)
+    assert sched._take_ended() == [seq]  # the next step returns it (StepOutput.finished)
 
 
 def test_a_stalled_consumer_does_not_stop_other_sequences(engine):

@@ -1,4 +1,4 @@
-"""The paged pool and its block tables driven as the batching service drives them (allocate,
+"""The paged pool and its block tables driven as the batching scheduler drives them (allocate,
 write the new tokens' K/V to their slots, commit), for tests of the two parts together."""
 from __future__ import annotations
 

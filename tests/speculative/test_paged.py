@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from core.settings import load_settings
-from engine.batching.service import PagedService
+from engine.batching import Scheduler
 from engine.handwritten import forward_for
 from engine.run import GenerationRun
 from engine.types import GenerationRequest, SamplingParams
@@ -21,9 +21,9 @@ PROMPTS = [
 ]
 
 
-def _service(engine, **overrides) -> PagedService:
+def _service(engine, **overrides) -> Scheduler:
     settings = load_settings(**{**engine.settings.model_dump(), **overrides})
-    return PagedService(forward_for(engine), settings)
+    return Scheduler.for_model(forward_for(engine), settings)
 
 
 def _seq(service, engine, text, speculative, **sampling):
@@ -42,13 +42,13 @@ def _seq(service, engine, text, speculative, **sampling):
 
 def _drive(service, seqs, budget=None):
     for seq in seqs:
-        service.add(seq)
+        service.submit(seq)
     steps = 0
     while not all(seq.finished for seq in seqs):
         service.step()
         steps += 1
         if budget is not None:
-            assert service.scheduler.stats.last_num_tokens <= budget
+            assert service.stats.last_num_tokens <= budget
         assert steps < 2000
     for seq in seqs:
         assert seq.error is None, seq.error
@@ -89,7 +89,7 @@ def test_a_mixed_batch_matches_speculation_off(spec_engine, budget, blocks):
     for (want, want_pieces), (have, have_pieces) in zip(expected, got):
         assert have.token_ids == want.token_ids and have_pieces == want_pieces
         assert have.finish_reason == want.finish_reason
-    stats = service.scheduler.stats
+    stats = service.stats
     assert stats.draft_tokens > 0 and 0 < stats.accepted_draft_tokens <= stats.draft_tokens
     assert sum(r.usage.draft_tokens for r, _ in got) == stats.draft_tokens
     if blocks == 60:
