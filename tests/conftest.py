@@ -8,19 +8,35 @@ kept alive by their loop threads: real-model fixtures now ``close()`` their engi
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import gc
 import os
 
 import pytest
 
 
+GREW_MB = 64  # a module whose run grew the process by less than this leaves nothing worth a full collection
+
+
+def _rss_mb() -> float:
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return float("inf")  # unknown: always collect
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _release_memory_after_module():
+    """Only after a module that grew the process: a full ``gc.collect()`` in a process that has
+    run a few hundred tests takes about a second, and most modules (web, unit) allocate little,
+    so collecting after each cost about a minute of ``make test-fast``."""
+    before = _rss_mb()
     yield
+    if _rss_mb() - before < GREW_MB:
+        return
     gc.collect()
     try:  # glibc only (engine.packed.release_freed_memory does the same; importing it loads torch)
-        ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError, TypeError):
         pass
 
