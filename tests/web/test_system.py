@@ -13,6 +13,7 @@ from redis.retry import Retry
 from core import keys
 from core.jobs import JobStore
 from core.workers import list_workers, remove_worker, write_heartbeat
+from tests.harness.bounded import returns
 from tests.web.conftest import FakeCelery
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +33,7 @@ def test_workers_lists_fresh_heartbeats_only(client, redis_client):
     workers = client.get("/workers").get_json()["workers"]
     assert [w["name"] for w in workers] == ["new"]
     assert workers[0]["info"] == {"pid": 2, "cache": {"prefix_hits": 3}}
-    assert 0 <= workers[0]["age_s"] < 5
+    assert 0 <= workers[0]["age_s"] < 30  # fresh (the old one was 300 s old, and is pruned)
     assert redis_client.zscore(keys.WORKERS_INDEX, "old") is None  # pruned
     remove_worker(redis_client, "new")
     assert list_workers(redis_client, 30) == []
@@ -99,10 +100,8 @@ def test_broker_down_with_store_up_is_503_fast_and_the_job_is_not_left_queued(ma
     from web.celery_client import make_celery_client
     settings = load_settings(redis_url="redis://127.0.0.1:1/0", cache_dir=tmp_path)
     client = create_app(settings, store=store, celery_client=make_celery_client(settings)).test_client()
-    started = time.monotonic()
-    response = client.post("/jobs", json={"prompt": "hi"})
+    response = returns(lambda: client.post("/jobs", json={"prompt": "hi"}))
     assert response.status_code == 503 and response.get_json()["error"]["code"] == "redis_unavailable"
-    assert time.monotonic() - started < 5
     [job] = store.list()
     assert job.state == "failed" and job.error["code"] == "enqueue_failed"
 
