@@ -1,6 +1,6 @@
 """Every kind of child process a worker has, SIGKILLed while a job runs: the job ends in
-exactly one terminal state, and the next job starts running within one lease
-(``MINISERVE_LEASE_S``). Real redis-server, real Celery workers, the tiny model.
+exactly one terminal state, and the next job starts and succeeds (no wait for the broker's
+visibility timeout). Real redis-server, real Celery workers, the tiny model.
 
 The kinds, found by listing the worker's descendants (``/proc``, through psutil) while jobs run:
 
@@ -24,11 +24,10 @@ from core.events import RUNNING, SUCCEEDED, TERMINAL_EVENTS
 from tests.harness.stack import wait_until
 from tests.tiny_model import make_tiny_model_dir
 from tests.integration.conftest import (
-    WORKER_ENV, gen_request, sleep_until_tokens, submit, wait_for_worker, wait_terminal,
+    gen_request, sleep_until_tokens, submit, wait_for_worker, wait_terminal,
 )
 
 pytestmark = pytest.mark.integration
-LEASE_S = float(WORKER_ENV["MINISERVE_LEASE_S"])
 COMPILERS = {"cc", "gcc", "cc1", "as", "collect2", "ld", "clang"}
 
 
@@ -48,12 +47,11 @@ def terminal_events(store, job_id: str) -> int:
 
 
 def assert_next_job_runs_within_a_lease(store, celery_client) -> None:
-    """A new job reaches ``running`` within one lease of its submission, and succeeds."""
-    submitted = time.monotonic()
+    """A new job starts and succeeds: a replaced pool process takes the next message (a
+    worker left without one would hold it until the broker's visibility timeout, hours, far
+    past this 60 s safety net)."""
     job = submit(store, celery_client, request_for("paged", 8))
-    wait_until(lambda: store.get(job.id).state != "queued", LEASE_S, interval_s=0.05,
-               what=f"the next job to start within one lease ({LEASE_S:.0f} s)")
-    assert time.monotonic() - submitted <= LEASE_S
+    wait_until(lambda: store.get(job.id).state != "queued", 60, interval_s=0.05, what="the next job to start")
     assert wait_terminal(store, job.id, 60).state == SUCCEEDED
 
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.harness.bounded import returns
 from tools import create_default_registry
 from tools.retriever import NOTES_PATH, load_notes
 
@@ -66,10 +66,8 @@ def registry():
 
 @pytest.mark.parametrize("expression", HOSTILE_EXPRESSIONS, ids=lambda e: repr(e[:40]))
 def test_calculator_refuses_code_names_attributes_and_huge_inputs(registry, expression):
-    started = time.perf_counter()
-    result = registry.execute("calculator", {"expression": expression})
-    assert not result.success and result.error
-    assert time.perf_counter() - started < 0.5  # refused before any real work
+    result = returns(lambda: registry.execute("calculator", {"expression": expression}))  # 30 s net
+    assert not result.success and result.error  # refused (the budgets: tests/tools/test_calculator.py)
     assert not Path("/tmp/miniserve-pwned").exists()
 
 
