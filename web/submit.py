@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from flask import has_request_context, request
+
 from core import tasks, webhook_target
 from core.events import FAILED
 from core.jobs import JobRecord
@@ -43,6 +45,7 @@ from web.sampling_base import SamplingBase, stop_list, stored_knobs
 from web.schemas import AgentBody, GenerateBody, JobSubmit, SamplingFields
 
 logger = logging.getLogger("miniserve.web.submit")
+MAX_IDEMPOTENCY_KEY = 200  # characters, as /jobs' schema declares
 QUEUE_FULL_RETRY_AFTER_S = 5
 
 
@@ -254,6 +257,7 @@ def submit(sub: Submission, idempotency_key: str | None = None) -> Submitted:
     The job (and its key) are created in one atomic step, then its task is sent, then the
     send is confirmed (:meth:`JobStore.mark_dispatched`). A crash in between leaves a queued
     job without a confirmed message: the workers' sweeper re-sends it (``worker/reaper.py``)."""
+    idempotency_key = idempotency_key or _idempotency_header()
     queue, model = _queue_and_model(sub)
     counted = _check_prompt(sub, model)
     owner = request_owner() or ""
@@ -291,6 +295,19 @@ def submit(sub: Submission, idempotency_key: str | None = None) -> Submitted:
         raise
     _confirm_sent(job.id, None if gated else target)  # the gate's admission joined the line
     return Submitted(job, replayed=False)
+
+
+def _idempotency_header() -> str | None:
+    """The request's ``Idempotency-Key`` on every surface (``/jobs`` declares it in its schema;
+    ``/v1``, ``/api`` and the Anthropic route read it here): a retried request with the same key
+    gets the first job back, its answer or its stream replayed."""
+    if not has_request_context():
+        return None
+    key = request.headers.get("Idempotency-Key")
+    if key is not None and not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
+        raise ApiError(400, "invalid_idempotency_key", f"Idempotency-Key: 1 to {MAX_IDEMPOTENCY_KEY} characters",
+                       field="Idempotency-Key")
+    return key
 
 
 def _queue_and_model(sub: Submission) -> tuple[str, str | None]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from core import keys
+from tests.web.conftest import run_job
 from web.guards import owner_id
 
 KEY_A, KEY_B = "key-a-secret", "key-b-secret"
@@ -158,3 +159,19 @@ def test_a_request_cache_salt_narrows_the_scope_within_its_key(make_app, store):
         assert stored["cache_scope"] == f"{owner_id(KEY_A)}|tenant-7" and "cache_salt" not in stored
     bad = client.post("/jobs", json={"prompt": "hi", "cache_salt": ""}, headers=A)
     assert bad.status_code in (400, 422) and "cache_salt" in str(bad.get_json())
+
+
+def test_idempotency_key_on_v1_chat_replays_the_first_job(make_app, celery, store):
+    """``Idempotency-Key`` counts on ``/v1`` too: a retried chat gets the first job's answer
+    (the same job id), and no second job is sent."""
+    client = make_app().test_client()
+    celery.runner = lambda job_id: run_job(store, job_id)
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+    first = client.post("/v1/chat/completions", json=body, headers={"Idempotency-Key": "k1"})
+    again = client.post("/v1/chat/completions", json=body, headers={"Idempotency-Key": "k1"})
+    assert first.status_code == again.status_code == 200
+    assert first.headers["X-Job-Id"] == again.headers["X-Job-Id"]
+    assert first.get_json()["choices"] == again.get_json()["choices"] and len(celery.sent) == 1
+    too_long = client.post("/v1/chat/completions", json=body, headers={"Idempotency-Key": "x" * 201})
+    assert too_long.status_code == 400 and "Idempotency-Key" in too_long.get_data(as_text=True)
+    assert len(celery.sent) == 1
