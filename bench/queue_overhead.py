@@ -25,6 +25,9 @@ and each web process's RSS growth, for a ``--create-lines`` file and one ~20 MB 
 API file of ``--batch-lines`` lines, with the fair gate on and off (``bench/priorities.py``);
 writes results/priorities.json.
 
+``--fair-share``: key B's jobs beside key A's flood of ``--flood``, gate on and off, and the
+error of queued jobs' estimated starts (``bench/fair_share.py``); writes results/fair_share.json.
+
 Starts its own redis-server, worker and web server on free ports. Writes
 results/queue_overhead.csv, results/queue_overhead.json and results/queue_overhead.png.
 """
@@ -117,6 +120,10 @@ def main() -> None:
                         help="an interactive chat beside a Batch API file, fair gate on and off")
     parser.add_argument("--batch-lines", type=int, default=400, help="--priorities: lines in the batch")
     parser.add_argument("--probes", type=int, default=6, help="--priorities: chats measured per phase")
+    parser.add_argument("--fair-share", action="store_true",
+                        help="key B's jobs beside key A's flood, gate on and off, and the estimated starts' error")
+    parser.add_argument("--flood", type=int, default=300, help="--fair-share: key A's jobs")
+    parser.add_argument("--guests", type=int, default=10, help="--fair-share: key B's jobs")
     parser.add_argument("--batch-create", action="store_true",
                         help="POST /v1/batches time and web RSS growth for a large file and a 20 MB line")
     parser.add_argument("--create-lines", type=int, default=50_000, help="--batch-create: lines in the file")
@@ -125,6 +132,12 @@ def main() -> None:
         from bench import batch_create
 
         batch_create.run(args.model, args.create_lines, Path(args.output).with_name("batch_create.json"))
+        return None
+    if args.fair_share:
+        from bench import fair_share
+
+        fair_share.compare(lambda window, reserved: _gated_stack(args, window, reserved, keys="key-a,key-b"),
+                           args.flood, args.guests, args.max_new_tokens, Path(args.output).with_name("fair_share.json"))
         return None
     if args.priorities:
         from bench import priorities
@@ -164,11 +177,11 @@ def main() -> None:
     report(args, rows, burst_result)
 
 
-def _gated_stack(args, window: int, reserved: int):
+def _gated_stack(args, window: int, reserved: int, keys: str = ""):
     """A serving stack (one 8-slot worker) with the fair gate's window (0: off) and reserved
-    slots set; yields the web's base URL once the model is loaded."""
+    slots set (and ``keys``: API keys); yields the web's base URL once the model is loaded."""
     env = {"MINISERVE_MODEL": args.model, "MINISERVE_THREADS": str(args.threads), "MINISERVE_JSON_LOGS": "true",
-           "MINISERVE_LOG_LEVEL": "WARNING", "MINISERVE_MAX_QUEUE_DEPTH": "0",
+           "MINISERVE_LOG_LEVEL": "WARNING", "MINISERVE_MAX_QUEUE_DEPTH": "0", "MINISERVE_API_KEYS": keys,
            "MINISERVE_QUEUE_WINDOW": str(window), "MINISERVE_RESERVED_SLOTS": str(reserved)}
     return serving_stack(env, up=_up, load_s=300)
 

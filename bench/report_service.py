@@ -59,11 +59,28 @@ def read_queue_overhead(root: Path) -> Figures:
         figures.tables.append(priorities_table(load_json(root, PRIORITIES)))
     if (root / BATCH_CREATE).exists():
         figures.tables.append(batch_create_table(load_json(root, BATCH_CREATE)))
+    if (root / FAIR_SHARE).exists():
+        figures.tables.append(fair_share_table(load_json(root, FAIR_SHARE)))
     return figures
 
 
 BATCH_API = "results/batch_api.json"
 BATCH_CREATE = "results/batch_create.json"
+FAIR_SHARE = "results/fair_share.json"
+
+
+def fair_share_table(data: dict[str, Any]) -> tuple[str, list[str], list[Row]]:
+    """``--fair-share``: key B's jobs beside key A's flood, and the estimated starts' error."""
+    rows = [[_gate_label(r), num(r["b_alone_p50_s"], 2), num(r["b_beside_flood_p50_s"], 2), ratio(r["ratio"]),
+             f"{r['a_jobs_succeeded']} of {r['flood_jobs']}", r["estimates"], num(r["estimate_error_p50"], 2),
+             num(r["estimate_error_p90"], 2)] for r in data["rows"]]
+    first = data["rows"][0]
+    return (f"Fair share (`{data['command']}`: key A submits {first['flood_jobs']} jobs at once, then key B "
+            f"{first['guest_jobs']}; {data['max_tokens']} tokens each, one worker with 8 slots; target: B within "
+            f"{num(data['target_ratio'], 0)}x of alone). The estimate's error is |estimated - real start| over the "
+            "real wait, for queued jobs that got one",
+            ["queue", "B alone p50 s", "B beside A's flood p50 s", "ratio", "A's jobs succeeded",
+             "estimates", "estimate error p50", "p90"], rows)
 
 
 def batch_create_table(data: dict[str, Any]) -> tuple[str, list[str], list[Row]]:
