@@ -3,6 +3,7 @@ method, on the tiny model in fp32, against a transformers forward of the same se
 from __future__ import annotations
 
 import json
+import threading
 
 import jsonschema
 import pytest
@@ -131,7 +132,10 @@ def test_each_row_of_a_paged_batch_has_its_own_bias(tiny_engine):
     alone = tiny_engine.generate(_req("paged", max_new_tokens=1, logprobs=True, top_logprobs=3))
     first, second, third = [i for i, _ in alone.logprobs[0]["top"]]
     biases = {"a": ((first, -100.0),), "b": ((first, -100.0), (second, -100.0))}
+    gate = threading.Event()
+    tiny_engine.loop.post(gate.wait)  # hold the loop: both requests join the same first step
     handles = {k: tiny_engine.loop.submit(_req("paged", max_new_tokens=6, logit_bias=b)) for k, b in biases.items()}
+    gate.set()
     got = {k: h.result(timeout=60) for k, h in handles.items()}
     assert got["a"].token_ids[0] == second and got["b"].token_ids[0] == third
     for key, bias in biases.items():  # each row's whole answer is what it gives alone
