@@ -162,6 +162,10 @@ class Settings(BaseSettings):
     # its attempt (the job's lease then expires and the reaper re-queues it).
     worker_redis_retry_s: PositiveInt = 60
     max_attempts: PositiveInt = 3
+    # Tests only: a worker's engine loop waits, before its first turn, until this many
+    # requests are queued for it (at most 60 s), so a test sees them start in one step
+    # however busy the machine is. 0 (the default): no hold.
+    test_loop_hold: Annotated[int, Field(ge=0)] = 0
     job_ttl_s: PositiveInt = 7 * 24 * 3600
 
     # Cache-aware routing (docs/deployment.md): a job whose system prompt a worker recently

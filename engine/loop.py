@@ -309,6 +309,15 @@ class EngineLoop:
         to read or reset engine state without racing the loop)."""
         return self.post(fn).result(timeout)
 
+    def hold_until_queued(self, count: int, limit_s: float = 60.0) -> "Future[Any]":
+        """Hold the loop (a test's gate) until ``count`` more items are queued behind the hold,
+        or ``limit_s`` passes: requests that arrive while it holds all start in the next turn."""
+        def hold() -> None:
+            deadline = time.monotonic() + limit_s
+            while self._inbox.qsize() < count and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return self.post(hold)
+
     @property
     def paged(self) -> Scheduler:
         """The paged scheduler and its cache (built on first use). Loop thread only, or before it starts."""
