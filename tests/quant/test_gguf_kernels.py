@@ -72,7 +72,7 @@ def expected(x: torch.Tensor, weight: BlockWeight) -> tuple[np.ndarray, np.ndarr
 
 
 @pytest.mark.parametrize("ggml_type", FORMATS, ids=lambda t: t.name)
-@pytest.mark.parametrize("m", [1, 2, 7, 33])
+@pytest.mark.parametrize("m", [1, 2, 7, 13, 33])
 def test_kernel_equals_its_float64_arithmetic(ggml_type: T, m: int) -> None:
     weight = random_weight(ggml_type, 37, blocks=3, seed=int(ggml_type) * 100 + m)
     x = torch.randn(m, weight.in_features, generator=torch.Generator().manual_seed(m))

@@ -42,7 +42,7 @@
 enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
 #define QK 32     /* inputs per block of the 32-input formats */
 #define QKK 256   /* inputs per super-block of the K formats */
-#define ROWS 4    /* activation rows per pass over a weight block */
+#define ROWS 8    /* activation rows per pass over a weight block */
 #define TILE 16   /* weight rows per unit of work shared among the threads */
 
 int ms_gguf_simd(void) { return G_VNNI ? 2 : (G_SIMD ? 1 : 0); }
@@ -780,7 +780,11 @@ static void NAME(const uint8_t *w, int64_t w_stride, int64_t n0, int64_t n1, con
         switch (rest) {                                                                           \
         case 1: DOT(w + n * w_stride, a->nb, a, i, 1, out); break;                                \
         case 2: DOT(w + n * w_stride, a->nb, a, i, 2, out); break;                                \
-        default: DOT(w + n * w_stride, a->nb, a, i, 3, out); break;                               \
+        case 3: DOT(w + n * w_stride, a->nb, a, i, 3, out); break;                                \
+        case 4: DOT(w + n * w_stride, a->nb, a, i, 4, out); break;                                \
+        case 5: DOT(w + n * w_stride, a->nb, a, i, 5, out); break;                                \
+        case 6: DOT(w + n * w_stride, a->nb, a, i, 6, out); break;                                \
+        default: DOT(w + n * w_stride, a->nb, a, i, 7, out); break;                               \
         }                                                                                         \
         for (int r = 0; r < rest; r++) y[(i + r) * y_stride + n] = out[r];                        \
     }                                                                                             \
