@@ -21,7 +21,7 @@ Results are written after every file (a partial run keeps what it measured) to
 records that in the file; ratios measured side by side in one run are what travel.
 
 Run: ``python -m bench.models --sizes [--size qwen2.5-1.5b ...] [--with-8b] [--types Q4_K_M Q8_0]
-[--threads 2] [--tokens 64] [--llama-bin DIR] [--skip-ours] [--skip-llama] [--no-first-start] [--note TEXT]``.
+[--threads 2] [--tokens 64] [--llama-bin DIR] [--ours-quant auto q8 gguf] [--skip-ours] [--skip-llama] [--no-first-start] [--note TEXT]``.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ from bench.model_build import ensure_files
 from bench.model_shapes import DEFAULT_SIZES, ModelShape, param_count, resolve
 from bench.stats import machine_info, print_table, read_bandwidth_gbs, write_csv, write_json
 
-SIDES = ("MiniServe", "llama.cpp")
+OURS, LLAMA = "MiniServe", "llama.cpp"
 CLIENTS = 8
 RESULT_PREFIX = "RESULT "
 
@@ -57,6 +57,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--llama-bin", default=os.environ.get("MINISERVE_LLAMA_BIN", "/work/llama-bin"),
                         help="llama.cpp's binaries and converter (scripts/build_llama_cpp.sh)")
     parser.add_argument("--cache-dir", default="", help="default: the settings' cache_dir")
+    parser.add_argument("--ours-quant", nargs="+", default=["auto"], choices=["auto", "q8", "gguf"],
+                        help="MINISERVE_QUANT of MiniServe's side; several: one side each (auto is 'MiniServe')")
     parser.add_argument("--skip-ours", action="store_true")
     parser.add_argument("--no-first-start", action="store_true",
                         help="measure MiniServe's start on the file's kept cache folder only (no first start)")
@@ -69,7 +71,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def run_ours(gguf: Path, args: argparse.Namespace, cache: Path) -> dict[str, Any]:
+def ours_side(quant: str) -> str:
+    """The side's name: ``MiniServe`` for the default setting, ``MiniServe gguf`` for another."""
+    return OURS if quant == "auto" else f"{OURS} {quant}"
+
+
+def sides_of(entry: dict[str, Any]) -> list[str]:
+    """The sides measured on a file, ours first."""
+    return [k for k in entry if k.startswith(OURS)] + ([LLAMA] if LLAMA in entry else [])
+
+
+def run_ours(gguf: Path, args: argparse.Namespace, cache: Path, quant: str = "auto") -> dict[str, Any]:
     """A first start on an empty cache folder (load only), then a measured second start.
 
     The folder (``<cache>/sizes/.ours-<file>``: the file's prepared weights) is kept, so with
@@ -78,20 +90,21 @@ def run_ours(gguf: Path, args: argparse.Namespace, cache: Path) -> dict[str, Any
     scratch = cache / "sizes" / f".ours-{gguf.stem}"
     base = [sys.executable, "-m", "bench.model_sizes_ours", "--gguf", str(gguf), "--cache-dir", str(scratch),
             "--threads", str(args.threads), "--tokens", str(args.tokens), "--clients", str(CLIENTS)]
+    env = {**os.environ, "MINISERVE_QUANT": quant}
     first: dict[str, Any] = {}
     if not args.no_first_start:
         shutil.rmtree(scratch, ignore_errors=True)
-        first = child(base + ["--load-only"])
+        first = child(base + ["--load-only"], env)
     start = "second" if (scratch / "models").is_dir() else "first"
-    out = {**child(base), "start": start}
+    out = {**child(base, env), "start": start}
     if first:
         out.update(first_ready_s=first["ready_s"], first_peak_load_mb=first["peak_load_mb"],
                    first_rss_after_load_mb=first["rss_after_load_mb"])
     return out
 
 
-def child(command: list[str]) -> dict[str, Any]:
-    done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+def child(command: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=3600, env=env)
     line = next((l for l in done.stdout.splitlines() if l.startswith(RESULT_PREFIX)), None)
     if done.returncode != 0 or line is None:
         raise RuntimeError(f"{' '.join(command[2:4])} exited {done.returncode}: {done.stderr[-800:]}")
@@ -106,7 +119,7 @@ def previous_run(path: Path) -> dict[str, Any]:
 def carry(entry: dict[str, Any], old: dict[str, Any] | None, args: argparse.Namespace) -> None:
     """A side this run skips keeps its figures from the earlier run on the same file (said in
     ``carried``: that side was measured in another run, under that run's load)."""
-    skipped = [side for side, skip in zip(SIDES, (args.skip_ours, args.skip_llama)) if skip]
+    skipped = ([ours_side(q) for q in args.ours_quant] if args.skip_ours else []) + ([LLAMA] if args.skip_llama else [])
     for side in skipped:
         if old and old.get("gguf") == entry["gguf"] and side in old:
             entry[side] = old[side]
@@ -124,8 +137,8 @@ def add_floor(entry: dict[str, Any], bandwidth_gbs: float) -> None:
     """The file's floor and each side's batch-1 decode as a share of it."""
     floor = floor_tps(bandwidth_gbs, int(entry["mb_per_token"] * 1e6))
     entry["floor_tps"] = round(floor, 1)
-    for side in SIDES:
-        if side in entry:
+    for side in sides_of(entry):
+        if "error" not in entry[side]:
             entry[side]["b1_pct_of_floor"] = pct_of_floor(entry[side].get("b1_tps"), floor)
 
 
@@ -133,7 +146,7 @@ def flat_rows(files: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One CSV row per file and side."""
     info = ("model", "quant", "params_b", "file_mb", "mb_per_token", "floor_tps")
     return [{**{k: f[k] for k in info}, "side": side, **{k: v for k, v in f[side].items() if k != "setting"},
-             "setting": f[side].get("setting", "")} for f in files for side in SIDES if side in f]
+             "setting": f[side].get("setting", "")} for f in files for side in sides_of(f)]
 
 
 def measure_file(entry: dict[str, Any], gguf: Path, args: argparse.Namespace, cache: Path,
@@ -142,9 +155,10 @@ def measure_file(entry: dict[str, Any], gguf: Path, args: argparse.Namespace, ca
     error, and the run goes on."""
     from bench.model_sizes_llama import measure as llama_measure
 
-    sides = {} if args.skip_ours else {"MiniServe": lambda: run_ours(gguf, args, cache)}
+    sides = {} if args.skip_ours else {ours_side(q): (lambda q=q: run_ours(gguf, args, cache, q))
+                                       for q in args.ours_quant}
     if not args.skip_llama:
-        sides["llama.cpp"] = lambda: llama_measure(Path(args.llama_bin), gguf, args.threads, args.tokens, CLIENTS)
+        sides[LLAMA] = lambda: llama_measure(Path(args.llama_bin), gguf, args.threads, args.tokens, CLIENTS)
     for side, measure in sides.items():
         try:
             entry[side] = measure()

@@ -11,6 +11,11 @@ SIZES = "results/model_sizes.json"
 OURS, LLAMA = "MiniServe", "llama.cpp"
 
 
+def _sides(f: dict[str, Any]) -> list[str]:
+    """A file's measured sides, ours first (``MiniServe``, or one per setting: ``MiniServe gguf``)."""
+    return [k for k in f if k.startswith(OURS)] + ([LLAMA] if LLAMA in f else [])
+
+
 def _share(a: Any, b: Any) -> str:
     return ratio(float(a) / float(b)) if a not in (None, "") and b not in (None, "", 0) else "-"
 
@@ -19,10 +24,8 @@ def side_rows(data: dict[str, Any]) -> list[Row]:
     clients = data.get("clients", 8)
     rows = []
     for f in data["files"]:
-        for side in (OURS, LLAMA):
-            s = f.get(side)
-            if not s:
-                continue
+        for side in _sides(f):
+            s = f[side]
             first = (f" (first start {num(s['first_ready_s'], 1)} s)" if "first_ready_s" in s
                      else " (a first start)" if s.get("start") == "first" else "")
             first_peak = (f" (first start {num(s['first_peak_load_mb'], 0)})" if "first_peak_load_mb" in s else "")
@@ -37,15 +40,15 @@ def ratio_rows(data: dict[str, Any]) -> list[Row]:
     clients = data.get("clients", 8)
     rows = []
     for f in data["files"]:
-        ours, llama = f.get(OURS), f.get(LLAMA)
-        if not ours or not llama:
-            continue
-        rows.append([f["model"], f["quant"], num(f["mb_per_token"], 0), num(f["floor_tps"], 1),
-                     _share(ours.get("b1_tps"), llama.get("b1_tps")),
-                     _share(ours.get(f"b{clients}_tps"), llama.get(f"b{clients}_tps")),
-                     _share(ours.get("pp512_tps"), llama.get("pp512_tps")),
-                     _share(ours.get("rss_after_load_mb"), llama.get("rss_after_load_mb")),
-                     _share(ours.get("peak_load_mb"), f["file_mb"])])
+        llama = f.get(LLAMA)
+        for side in [s for s in _sides(f) if s != LLAMA and llama]:
+            ours = f[side]
+            rows.append([f["model"], f["quant"], side, num(f["mb_per_token"], 0), num(f["floor_tps"], 1),
+                         _share(ours.get("b1_tps"), llama.get("b1_tps")),
+                         _share(ours.get(f"b{clients}_tps"), llama.get(f"b{clients}_tps")),
+                         _share(ours.get("pp512_tps"), llama.get("pp512_tps")),
+                         _share(ours.get("rss_after_load_mb"), llama.get("rss_after_load_mb")),
+                         _share(ours.get("peak_load_mb"), f["file_mb"])])
     return rows
 
 
@@ -64,7 +67,7 @@ def add_sizes(figures: Figures, root: Path) -> None:
     figures.tables.append((
         "MiniServe against llama.cpp on the same file (batch 1 against `llama-bench` tg, "
         f"{clients} clients against `llama-server` with {clients} slots, pp512 against `llama-bench` pp512)",
-        ["model", "type", "MB read per token", "floor tok/s", "batch 1", f"{clients} clients", "pp512",
+        ["model", "type", "side", "MB read per token", "floor tok/s", "batch 1", f"{clients} clients", "pp512",
          "RSS after load", "peak while loading / file"], ratio_rows(data)))
     figures.notes.append(
         f"Sizes: the floor is the read bandwidth ({', '.join(num(b, 1) for b in bandwidth)} GB/s at the start and end, "
@@ -81,8 +84,8 @@ def add_sizes(figures: Figures, root: Path) -> None:
         via = f.get(LLAMA, {}).get("batch_via", "llama-server")
         if via != "llama-server":
             figures.notes.append(f"Sizes: llama.cpp's {clients} sequences on {f['model']} {f['quant']} ran through {via}.")
-        for side in (OURS, LLAMA):
-            if f.get(side, {}).get("error"):
+        for side in _sides(f):
+            if f[side].get("error"):
                 figures.notes.append(f"Sizes: {side} failed on {f['model']} {f['quant']}: "
                                      f"{f[side]['error'].strip().splitlines()[-1][:200]}")
     load = data["machine"].get("load_average_1min")
@@ -103,6 +106,9 @@ def add_sizes(figures: Figures, root: Path) -> None:
 
 def _headline_file(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None:
     """The largest Q4_K_M file both sides measured (Q4_K_M is the type people run)."""
-    both = [f for f in data["files"] if f.get(OURS, {}).get("b1_tps") and f.get(LLAMA, {}).get("b1_tps")]
+    def ours(f: dict[str, Any]) -> dict[str, Any]:
+        return f.get(OURS) or next((f[s] for s in _sides(f) if s != LLAMA), {})
+
+    both = [f for f in data["files"] if ours(f).get("b1_tps") and f.get(LLAMA, {}).get("b1_tps")]
     both.sort(key=lambda f: (f["quant"] == "Q4_K_M", f["params_b"]))
-    return (both[-1], both[-1][OURS], both[-1][LLAMA]) if both else None
+    return (both[-1], ours(both[-1]), both[-1][LLAMA]) if both else None

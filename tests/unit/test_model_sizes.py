@@ -103,7 +103,7 @@ def test_the_report_shows_both_sides_and_their_ratios(tmp_path: Path):
     assert [r[3] for r in sides] == ["MiniServe", "llama.cpp"]
     ours = sides[0]
     assert ours[4:8] == ["15.0", "30", "60.0", "100.0"] and "first start 9000" in ours[9] and "120.0" in ours[10]
-    assert ratios == [["qwen2.5-1.5b", "Q4_K_M", "800", "50.0", "0.50x", "1.50x", "0.50x", "1.25x", "3.00x"]]
+    assert ratios == [["qwen2.5-1.5b", "Q4_K_M", "MiniServe", "800", "50.0", "0.50x", "1.50x", "0.50x", "1.25x", "3.00x"]]
     assert any("a busy machine" in note for note in figures.notes)
     assert "0.50x llama-bench" in figures.headline[0] and "1.50x llama-server" in figures.headline[0]
 
@@ -121,8 +121,8 @@ def test_a_skipped_side_keeps_the_earlier_runs_figures_for_the_same_file():
 
     old = {"gguf": "a.gguf", "llama.cpp": {"b1_tps": 30.0}, "MiniServe": {"b1_tps": 15.0}}
     entry = {"gguf": "a.gguf"}
-    carry(entry, old, Namespace(skip_ours=False, skip_llama=True))
+    carry(entry, old, Namespace(skip_ours=False, skip_llama=True, ours_quant=["auto"]))
     assert entry == {"gguf": "a.gguf", "llama.cpp": {"b1_tps": 30.0}, "carried": ["llama.cpp"]}
     rebuilt = {"gguf": "b.gguf"}  # another file (the shape changed): nothing carried over
-    carry(rebuilt, old, Namespace(skip_ours=True, skip_llama=True))
+    carry(rebuilt, old, Namespace(skip_ours=True, skip_llama=True, ours_quant=["auto"]))
     assert rebuilt == {"gguf": "b.gguf"}
