@@ -1,7 +1,9 @@
 """Continuous batching over the paged KV cache: one batched forward per step.
 
 Each :meth:`Scheduler.step`
-1. drops cancelled sequences;
+1. drops cancelled sequences (and when a prompt outranks every streaming sequence, an
+   interactive chat beside batch streams, the step runs the prompts of its class alone, with
+   the whole token budget, and the streams skip it: the chat waits one step, not a shared one);
 2. gives every running sequence past its prompt one decode token (taking a new block only
    when its last is full; when none is left it *preempts* a sequence: one that has streamed
    nothing yet and holds the most blocks, else the most recently admitted; it frees its
@@ -236,6 +238,11 @@ class Scheduler:
         return plan
 
     def _plan(self) -> list[tuple[Sequence, int]]:
+        urgent = self._outranking_class()
+        if urgent is not None:                              # 0. a more urgent prompt alone
+            plan = self._prompts([], self.max_batched_tokens, urgent)
+            if plan:
+                return plan
         budget = self.max_batched_tokens
         plan: list[tuple[Sequence, int]] = []
         for seq in list(self.running):                      # 1. decodes
@@ -247,12 +254,33 @@ class Scheduler:
         if plan:                                            # their speculative drafts
             budget -= reserve_drafts([seq for seq, _ in plan], self.blocks, budget, spare=len(self.running))
             plan = [(seq, 1 + len(seq.drafts)) for seq, _ in plan]
-        spare = sum(self._still_needs(seq) for seq, _ in plan)  # prompts never take a stream's blocks
-        prompts = PromptBudget(budget, self.prefill_while_decoding if plan else budget,  # streams wait for
-                                self.short_prompt_tokens if plan else 0)                # this step
+        return self._prompts(plan, budget)
+
+    def _outranking_class(self) -> int | None:
+        """The class of a prompt (waiting at the head, or mid-prefill) that outranks every
+        streaming sequence, or None. Its step runs prompts of that class or better alone, with
+        the whole budget: an interactive chat beside batch streams waits for one step, not for
+        a step that also decodes every stream (they skip that step)."""
+        streams = [seq.priority for seq in self.running if seq.is_decoding]
+        if not streams:
+            return None   # nobody streams: the plan already gives prompts the whole budget
+        prompts = [seq.priority for seq in self.running if not seq.is_decoding]
+        if self.waiting and len(self.running) < self.max_batch:
+            prompts.append(self.waiting[0].priority)
+        best = min(prompts, default=None)
+        return best if best is not None and best < min(streams) else None
+
+    def _prompts(self, plan: list[tuple[Sequence, int]], budget: int,
+                 rank: int | None = None) -> list[tuple[Sequence, int]]:
+        """Add prompt tokens to ``plan`` (prompts of class ``rank`` or better only, when given)."""
+        spare = sum(self._still_needs(seq) for seq in self.running if seq.is_decoding)  # prompts never
+        prompts = PromptBudget(budget, self.prefill_while_decoding if plan else budget,  # take a stream's blocks;
+                                self.short_prompt_tokens if plan else 0)                # streams wait for this step
         for seq in self.running:                            # 2. prompts mid-prefill
             if not prompts.left:
                 break
+            if rank is not None and seq.priority > rank:
+                continue
             granted = prompts.grant(seq.num_pending)
             if granted and not seq.is_decoding and all(seq is not p for p, _ in plan):
                 count = self._grow(seq, granted, spare)
@@ -261,6 +289,8 @@ class Scheduler:
                     prompts.spend(seq.num_pending, count)
         while self.waiting and prompts.left and len(self.running) < self.max_batch:  # 3. admit
             seq = self.waiting[0]
+            if rank is not None and seq.priority > rank:
+                break
             rest = len(seq.tokens) - self.blocks.cached_prefix_tokens(seq.tokens, root=seq.cache_root)
             granted = prompts.grant(rest)
             count = self._admit(seq, granted) if granted else None  # no room for it this step
