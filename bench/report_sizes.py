@@ -97,7 +97,8 @@ def add_sizes(figures: Figures, root: Path) -> None:
     if best:
         f, ours, llama = best
         figures.add_headline(
-            f"Model sizes: on the {f['model']} shape at {f['quant']}, MiniServe decodes {num(ours['b1_tps'], 1)} tok/s "
+            f"Model sizes: on the {f['model']} shape at {f['quant']}, MiniServe "
+            f"({ours.get('setting', 'auto')}) decodes {num(ours['b1_tps'], 1)} tok/s "
             f"at batch 1 ({num(ours.get('b1_pct_of_floor'), 0)}% of the bandwidth floor), "
             f"{_share(ours['b1_tps'], llama['b1_tps'])} llama-bench; {clients} clients "
             f"{_share(ours.get(f'b{clients}_tps'), llama.get(f'b{clients}_tps'))} "
@@ -107,7 +108,8 @@ def add_sizes(figures: Figures, root: Path) -> None:
 def _headline_file(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None:
     """The largest Q4_K_M file both sides measured (Q4_K_M is the type people run)."""
     def ours(f: dict[str, Any]) -> dict[str, Any]:
-        return f.get(OURS) or next((f[s] for s in _sides(f) if s != LLAMA), {})
+        """The default side, else the native one (``auto``'s choice for the K-format files shown)."""
+        return f.get(OURS) or f.get(f"{OURS} gguf") or next((f[s] for s in _sides(f) if s != LLAMA), {})
 
     both = [f for f in data["files"] if ours(f).get("b1_tps") and f.get(LLAMA, {}).get("b1_tps")]
     both.sort(key=lambda f: (f["quant"] == "Q4_K_M", f["params_b"]))

@@ -68,7 +68,8 @@ def openai_client(base_url: str, model: str, new_tokens: int, extra: dict[str, A
                            headers={"Connection": "close"}) as response:
             if response.status_code != 200:  # say which server refused what, not only the status
                 raise RuntimeError(f"{base_url} answered {response.status_code}: {response.text[:300]}")
-            for line in response.iter_lines(decode_unicode=True):
+            for raw in response.iter_lines(delimiter=b"\n"):  # not splitlines(): U+2028 in a token is text
+                line = raw.decode("utf-8").rstrip("\r")
                 if not line or not line.startswith("data:") or line == "data: [DONE]":
                     continue
                 chunk = json.loads(line[5:])

@@ -7,9 +7,10 @@ Decisions made here, once per process:
   the bytes; see docs/engine.md) and bfloat16 on CUDA.
 - threads: ``MINISERVE_THREADS > 0`` sets ``torch.set_num_threads``.
 - quantization: ``MINISERVE_QUANT`` (``auto``: ``q8`` for a bf16 model on CPU, ``none`` on
-  CUDA or in float32; see :func:`apply_quant` and docs/quantization.md). ``gguf`` (or ``auto``
-  with :data:`engine.quant.plan.AUTO_GGUF` on) runs a quantized GGUF from its mapped file
-  instead (:func:`load_gguf_native`): the folder gets the description only, never weights.
+  CUDA or in float32; see :func:`apply_quant` and docs/quantization.md). ``gguf`` runs a
+  quantized GGUF from its mapped file instead (:func:`load_gguf_native`): the folder gets the
+  description only, never weights; ``auto`` does too for a file of mostly K-format blocks or
+  one too large for q8's preparation (:func:`engine.gguf_weights.auto_declines`).
 """
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ from engine.architecture import ModelSpec, model_spec
 from engine.errors import ModelLoadError
 from engine.packed import packing_available, release_freed_memory
 from engine.gguf_index import read_index
-from engine.gguf_model import meta_model
-from engine.gguf_weights import native_refusal, read_gguf_weights
+from engine.gguf_model import available_bytes, meta_model
+from engine.gguf_weights import auto_declines, native_refusal, read_gguf_weights
 from engine.prepare_default import prepare_bundled_gguf, prepare_bundled_model
 from engine.prepare_gguf import prepare_gguf_description, prepare_gguf_folder
 from engine.quant.kernels import QuantKernelError
@@ -236,7 +237,8 @@ def load_gguf_native(settings: Settings, device: Any, dtype: Any, started: float
     """A quantized GGUF run on its own bits from the mapped file (engine.gguf_weights): the
     description from the prepared folder, a ``meta`` transformers model (engine.gguf_model).
     None when ``auto`` chose it and the file cannot run natively (an F16 file, a type without a
-    kernel): the q8 path then runs it, as before; an explicit ``gguf`` fails the start instead."""
+    kernel) or runs faster on q8 (:func:`engine.gguf_weights.auto_declines`): the q8 path then
+    runs it; an explicit ``gguf`` fails the start instead of a refusal."""
     from transformers import AutoConfig, AutoTokenizer
 
     if device.type != "cpu":
@@ -244,7 +246,8 @@ def load_gguf_native(settings: Settings, device: Any, dtype: Any, started: float
                              f"MINISERVE_QUANT must be one of {', '.join(QUANT_CHOICES)}")
     name = served_model_name(settings)
     folder, gguf = native_gguf(settings)
-    refusal = native_refusal(read_index(gguf))
+    index = read_index(gguf)
+    refusal = native_refusal(index) or (auto_declines(index, available_bytes()) if settings.quant == "auto" else None)
     if refusal is not None:
         if settings.quant == GGUF:
             raise ModelLoadError(f"MINISERVE_QUANT=gguf cannot run {gguf.name}: {refusal}; "

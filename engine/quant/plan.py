@@ -11,8 +11,9 @@ in float32.
 ``gguf`` runs a quantized GGUF file on its own blocks (Q4_K, Q6_K, Q5_0...), read from the
 mapped file (:mod:`engine.gguf_weights`): no full-precision copy is ever made, so memory is
 about the file's size. It is not a :class:`QuantPlan` (nothing is quantized): the loader
-takes another path for it. :data:`AUTO_GGUF` is the one switch that makes ``auto`` choose it
-for every quantized GGUF (bundled or a user's file); see :func:`auto_runs_gguf`.
+takes another path for it. Under ``auto`` it runs the quantized GGUF files whose blocks are
+mostly K formats (Q4_K_M and Q5_K_M files of 1.5B and up) or too large for q8's preparation;
+see :data:`AUTO_GGUF` and :func:`auto_runs_gguf`.
 """
 from __future__ import annotations
 
@@ -42,11 +43,10 @@ PLANS = {
 AUTO_CPU_PLAN = "q8"
 GGUF = "gguf"
 QUANT_CHOICES = ("auto", "none") + tuple(PLANS) + (GGUF,)
-# Whether ``auto`` runs a quantized GGUF on its own bits. Off while ``block_matmul`` is the
-# gguf-py reference (dequantize + float32 matmul: seconds per token on the default model,
-# where q8 decodes ~40 tokens/s); turn on when the block kernels are in and match q8's speed
-# and agreement (bench.quantization). Until then ``MINISERVE_QUANT=gguf`` asks for it.
-AUTO_GGUF = False
+# Whether ``auto`` may run a quantized GGUF on its own bits (CPU, bf16). The loader then still
+# leaves to q8 a file whose blocks are mostly 32-input formats and whose q8 preparation fits in
+# memory (engine.gguf_weights.auto_declines, with the measured figures).
+AUTO_GGUF = True
 
 
 def auto_runs_gguf(setting: str, device_type: str, dtype: torch.dtype) -> bool:

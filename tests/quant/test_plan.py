@@ -45,6 +45,30 @@ def test_auto_runs_a_gguf_natively_only_behind_its_switch(monkeypatch):
     assert not auto_runs_gguf("auto", "cpu", torch.float32) and not auto_runs_gguf("auto", "cuda", torch.bfloat16)
 
 
+def _index(*tensors: tuple[str, int, int]):
+    from types import SimpleNamespace
+
+    from gguf import GGMLQuantizationType as T
+
+    from engine.gguf_index import TensorInfo
+
+    infos = {name: TensorInfo(name, T[kind], (cols, rows), 0) for name, (kind, rows, cols) in
+             ((f"t{i}", t) for i, t in enumerate(tensors))}
+    return SimpleNamespace(tensors=infos)
+
+
+def test_auto_runs_k_format_files_natively_and_leaves_32_input_blocks_to_q8_while_q8_fits():
+    from engine.gguf_weights import auto_declines
+
+    k_file = _index(("Q4_K", 8960, 1536), ("Q6_K", 1536, 8960), ("Q5_0", 128, 1536))  # a 1.5B Q4_K_M
+    small_blocks = _index(("Q5_0", 4864, 896), ("Q8_0", 151936, 896), ("Q4_K", 896, 4864))  # the default's mix
+    plenty, little = 64 * 2**30, 2**29   # the mix holds 0.14B parameters: ~1 GB for q8 to prepare
+    assert auto_declines(k_file, plenty) is None and auto_declines(k_file, None) is None
+    assert "K formats" in auto_declines(small_blocks, plenty)       # q8's kernels are faster on these
+    assert auto_declines(small_blocks, None) is not None              # memory unknown: as measured
+    assert auto_declines(small_blocks, little) is None                # q8's preparation would not fit
+
+
 def _broken_kernels(monkeypatch):
     def broken(mode, device="cpu"):
         raise QuantKernelError(f"MINISERVE_QUANT={mode} needs our C kernel: no C compiler")
