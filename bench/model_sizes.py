@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     before = previous_run(out / "model_sizes.json")
     previous = {(f["model"], f["quant"]): f for f in before.get("files", [])}
     run = {"llama_cpp": before.get("llama_cpp", "") if args.skip_llama else version(Path(args.llama_bin)),
-           "note": args.note or before.get("note", ""), "bandwidth": [read_bandwidth_gbs(mb=1024)],
+           "note": args.note, "bandwidth": [read_bandwidth_gbs(mb=1024)],
            "load": [round(os.getloadavg()[0], 1)]}
     print(f"read bandwidth {run['bandwidth'][0]:.1f} GB/s ({args.threads} threads)", flush=True)
     files: list[dict[str, Any]] = []
