@@ -6,7 +6,6 @@ backend is read with ``AsyncResult`` as the ``celery result`` command does.
 """
 from __future__ import annotations
 
-import time
 
 import pytest
 from celery import Celery
@@ -81,7 +80,10 @@ def test_each_end_has_its_celery_state(store, celery_client, results, timed_work
 def test_a_failed_job_is_not_run_again(store, celery_client, results, timed_worker):
     failed = submit(store, celery_client, {"messages": [], "sampling": {"max_new_tokens": 4}})
     celery_state(results, failed.id, "FAILURE")
-    time.sleep(2.0)  # a retry or a re-delivery would start a second attempt by now
+    # One job at a time, in order: an immediate retry or a re-delivery of the failed job's message would be
+    # taken before a job sent now ends.
+    follower = submit(store, celery_client, gen_request(max_new_tokens=4))
+    assert wait_terminal(store, follower.id).state == SUCCEEDED
     record = store.get(failed.id)
     assert record.state == FAILED and record.attempt == 1 and record.dispatch == 0
     assert [e.type for e in store.events(failed.id)].count("error") == 1

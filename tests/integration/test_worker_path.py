@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 
@@ -50,9 +49,11 @@ def test_cancel_queued_job_never_runs(store, celery_client, worker):
     sleep_until_tokens(store, blocker.id, 1)
     queued = submit(store, celery_client, gen_request(max_new_tokens=8))
     assert store.request_cancel(queued.id).state == CANCELLED
+    follower = submit(store, celery_client, gen_request(max_new_tokens=4))  # sent after it
     store.request_cancel(blocker.id)
     wait_terminal(store, blocker.id)
-    time.sleep(1.0)  # the worker receives the cancelled job's message and must skip it
+    # One job at a time, in order: once the follower ends, the cancelled job's message was taken.
+    assert wait_terminal(store, follower.id).state == SUCCEEDED
     assert [e.type for e in store.events(queued.id)] == ["cancelled"]
     assert store.get(queued.id).attempt == 0
 
