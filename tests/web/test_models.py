@@ -189,3 +189,23 @@ def test_a_name_finds_its_model_of_any_kind_and_any_other_name_the_only_one_of_t
     assert view.resolve("gpt-4o-mini", False) == DEFAULT_MODEL_NAME  # the only chat model
     assert view.resolve("mini", False) == "embedder"  # named: found; its kind is the caller's to refuse
     assert view.resolve(None, False, "embedding") == "embedder" and view.kind("embedder") == "embedding"
+
+
+def test_a_batch_intake_reuses_one_cluster_view_for_a_second_and_a_request_never_does(make_app, monkeypatch):
+    from web import models
+
+    reads, clock = [], [100.0]
+    monkeypatch.setattr(models, "_read_cluster_models", lambda: reads.append(clock[0]) or object())
+    monkeypatch.setattr(models, "_clock", lambda: clock[0])
+    with make_app().app_context():
+        models.cluster_models(), models.cluster_models()
+        assert len(reads) == 2                                   # no opt-in: every call reads
+        models.reuse_cluster_views()
+        first = models.cluster_models()
+        clock[0] += models.VIEW_REUSE_S / 2
+        assert models.cluster_models() is first and len(reads) == 3
+        clock[0] += models.VIEW_REUSE_S
+        assert models.cluster_models() is not first and len(reads) == 4
+    with make_app().app_context():
+        models.cluster_models()
+        assert len(reads) == 5                                   # a new context starts fresh
