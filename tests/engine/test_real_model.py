@@ -19,7 +19,6 @@ def test_default_model_is_prepared_with_qwen_defaults(real_engine):
     assert not loaded.model.config.tie_word_embeddings
     # Our tiny models use exactly the real model's chat template.
     assert loaded.tokenizer.chat_template.strip() == QWEN25_CHAT_TEMPLATE.strip()
-    assert loaded.load_s < 30
 
 
 def test_official_streams_whole_chinese_characters(real_engine):
