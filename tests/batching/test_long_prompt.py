@@ -21,7 +21,8 @@ def _service(engine, blocks: int = BLOCKS) -> Scheduler:
                                                         prefill_tokens_while_decoding=BUDGET), prefix_sharing=False)
 
 
-def _add(engine, service, ids, max_new, log, name):
+def _add(engine, service, ids, max_new, log, name, priority=1, penalty=1.0):
+    """Submit a sequence whose accepted tokens append ``name`` to ``log`` (the steps' order)."""
     run = GenerationRun(engine.loaded.tokenizer, method="paged", max_new_tokens=max_new, eos_ids=[])
     accept = run.accept
 
@@ -30,7 +31,7 @@ def _add(engine, service, ids, max_new, log, name):
         return accept(token)
 
     run.accept = recording_accept
-    seq = service.new_sequence(list(ids), run, SamplingParams(max_new_tokens=max_new), 1.0)
+    seq = service.new_sequence(list(ids), run, SamplingParams(max_new_tokens=max_new), penalty, priority=priority)
     service.submit(seq)
     return seq
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from core.settings import load_settings
 from engine.batching import Scheduler
-from engine.run import GenerationRun
-from engine.types import SamplingParams
 from tests.batching.test_batching import _forward, _solo
+from tests.batching.test_long_prompt import _add as add
 
 INTERACTIVE, DEFAULT, BATCH = 0, 1, 2
 BUDGET = 12
@@ -19,17 +18,7 @@ def _service(engine) -> Scheduler:
 
 
 def _add(engine, service, ids, max_new, log, name, priority):
-    run = GenerationRun(engine.loaded.tokenizer, method="paged", max_new_tokens=max_new, eos_ids=[])
-    accept = run.accept
-
-    def recording_accept(token: int) -> bool:
-        log.append(name)
-        return accept(token)
-
-    run.accept = recording_accept
-    seq = service.new_sequence(list(ids), run, SamplingParams(max_new_tokens=max_new), 1.1, priority=priority)  # as _solo
-    service.submit(seq)
-    return seq
+    return add(engine, service, ids, max_new, log, name, priority, penalty=1.1)  # 1.1: as _solo
 
 
 def _streams(engine, service, log, priority):
