@@ -6,6 +6,8 @@ Each test asserts on what the page shows, checked against the job the store hold
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -13,9 +15,10 @@ from urllib.parse import urlparse
 import pytest
 import requests
 
+from core import keys
 from core.settings import GENERATION_METHODS
 from core.workers import list_workers
-from tests.harness.stack import REPO_ROOT
+from tests.harness.stack import REPO_ROOT, wait_until
 from worker.runtime import HEARTBEAT_S
 from tests.surface.test_monitor_page import CHROMIUM, CHROMIUM_ARGS
 
@@ -101,18 +104,40 @@ def test_a_streamed_multi_turn_chat(page, surface_store):
     assert request["messages"][1]["content"] == job.result["text"]
 
 
-def test_the_stop_button_cancels_the_answer(page, surface_store):
+def test_the_stop_button_cancels_the_answer(page, surface_store, surface_worker):
+    """The answer is caught mid-stream with the worker frozen, so it cannot end by itself
+    before the test looks at the page and presses Stop, however busy the machine is."""
     page.fill("#max_new_tokens", "2000")
     page.fill("#stop", "<never>")
-    send(page, "Write a long story")
-    page.wait_for_function("document.querySelector('#conversation .turn.assistant .text').textContent.length > 0")
-    assert page.locator("#send").is_disabled()
-    page.click("#stop-button")
-    turn = answer(page, 0)
+    index, job_id = _frozen_mid_answer(page, surface_store, surface_worker)
+    try:
+        assert page.locator("#send").is_disabled()
+        page.click("#stop-button")
+        wait_until(lambda: surface_store.client.exists(keys.cancel_key(job_id)), 30, what="the cancel request")
+    finally:
+        os.killpg(surface_worker.popen.pid, signal.SIGCONT)
+    turn = answer(page, index)
     assert turn.get_attribute("data-state") == "cancelled"
     assert "cancelled" in turn.inner_text()
-    assert surface_store.get(turn.get_attribute("data-job-id")).state == "cancelled"
+    assert surface_store.get(job_id).state == "cancelled"
     assert page.locator("#send").is_enabled()
+
+
+def _frozen_mid_answer(page, store, worker, tries: int = 5) -> tuple[int, str]:
+    """Send until an answer is streaming when the worker's process group is stopped (SIGSTOP);
+    returns (its index, its job id). An answer that ended before the freeze is let finish and
+    another is sent: the store says which happened, not a clock."""
+    for index in range(tries):
+        send(page, "Write a long story")
+        page.wait_for_function(f"document.querySelectorAll('#conversation .turn.assistant .text')[{index}]"
+                               "?.textContent.length > 0")
+        os.killpg(worker.popen.pid, signal.SIGSTOP)
+        job_id = page.locator("#conversation .turn:not(.user)").nth(index).get_attribute("data-job-id")
+        if store.get(job_id).state == "running":
+            return index, job_id
+        os.killpg(worker.popen.pid, signal.SIGCONT)
+        answer(page, index)
+    raise AssertionError(f"{tries} answers ended before the worker could be frozen")
 
 
 def test_a_json_schema_answer(page, surface_store):
