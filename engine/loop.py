@@ -47,6 +47,7 @@ import torch
 from core.logs import log_event
 from core.methods import BATCHED_METHOD
 from core.prefix_hash import salted_root
+from engine.batching.arrivals import Arrivals
 from engine.batching.scheduler import Scheduler, StepOutput
 from engine.constrained import token_constraint
 from engine.handwritten import forward_for
@@ -222,9 +223,12 @@ class EngineLoop:
 
     def __init__(self, engine: ModelEngine, paged: Scheduler | None = None) -> None:
         self.engine = engine
-        self._paged = paged
         self._paged_jobs: dict[int, _Job] = {}  # the paged scheduler's sequences, by id: whose handle
         self._inbox: queue.SimpleQueue[_Job | _Call | None] = queue.SimpleQueue()
+        self._arrivals = Arrivals()             # the inbox's requests by class: a step may yield to one
+        self._paged = paged
+        if paged is not None:
+            paged.arrivals = self._arrivals.best
         self._solo: deque[_Job] = deque()      # non-batched requests not yet started
         self._running: list[_Job] = []          # started solo tasks, in arrival order
         self._prefill_left = 0                  # prompt tokens the solo tasks may still compute this turn
@@ -248,7 +252,7 @@ class EngineLoop:
         produces a token); later cancels go through :meth:`RequestHandle.cancel`."""
         handle, job = self._prepare(request, timeout_s, should_cancel)
         if job is not None:
-            self._inbox.put(job)
+            self._put(job)
         return handle
 
     def submit_group(self, requests: list[GenerationRequest], timeout_s: float | None = None,
@@ -266,8 +270,12 @@ class EngineLoop:
             leaders.setdefault(key, job)
         for _, job in prepared:
             if job is not None:
-                self._inbox.put(job)
+                self._put(job)
         return [handle for handle, _ in prepared]
+
+    def _put(self, job: _Job) -> None:
+        self._arrivals.came(job.handle.request.priority)
+        self._inbox.put(job)
 
     def _prepare(self, request: GenerationRequest, timeout_s: float | None,
                  should_cancel: CancelCheck | None) -> tuple[RequestHandle, _Job | None]:
@@ -324,6 +332,7 @@ class EngineLoop:
         self.check_owner()
         if self._paged is None:
             self._paged = Scheduler.for_model(forward_for(self.engine), self.engine.settings)
+            self._paged.arrivals = self._arrivals.best
         return self._paged
 
     def stats(self) -> dict[str, Any]:
@@ -407,6 +416,7 @@ class EngineLoop:
         if isinstance(job, _Call):
             job.run()
             return
+        self._arrivals.taken(job.handle.request.priority)
         if not self._score_prompt(job):
             return
         if job.handle.request.method != BATCHED_METHOD:

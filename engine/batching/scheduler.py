@@ -35,7 +35,7 @@ import itertools
 import logging
 import threading
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -46,7 +46,7 @@ from engine.batching.step_types import StepOutput, StepStats, PromptBudget
 from engine.forward import Qwen2Forward
 from engine.paged.attention import SeqChunk, build_batch
 from engine.paged.block_manager import BlockManager
-from engine.paged.forward import PagedQwen2
+from engine.paged.forward import PagedQwen2, StepYielded
 from engine.paged.pool import KVBlockPool, KVGeometry, KVPoolExhausted, blocks_for_budget
 from engine.run import GenerationRun
 from engine.sampling import Sampler
@@ -79,6 +79,8 @@ class Scheduler:
         self._ended: list[Sequence] = []  # ended since the last step returned them
         self._ids = itertools.count(1)
         self.settings: Any = None       # set by for_model: speculative decoding reads it
+        # the best class of requests on their way in (engine.batching.arrivals), set by the loop
+        self.arrivals: Callable[[], int | None] | None = None
 
     @classmethod
     def for_model(cls, forward: Qwen2Forward, settings: Any, *, num_blocks: int | None = None,
@@ -121,7 +123,7 @@ class Scheduler:
                 "batch_size": s.last_batch_size, "max_batch_size": s.max_batch_size,
                 "steps": s.steps, "tokens_computed": s.tokens, "tokens_sampled": s.sampled,
                 "preemptions": s.preemptions, "finished": s.finished,
-                "draft_tokens": s.draft_tokens, "accepted_draft_tokens": s.accepted_draft_tokens,
+                "draft_tokens": s.draft_tokens, "accepted_draft_tokens": s.accepted_draft_tokens, "yielded": s.yielded,
                 "blocks": self.blocks.stats().to_dict(), "block_map": self.blocks.block_map()}
 
     # ------------------------------------------------------------------ queue
@@ -155,6 +157,9 @@ class Scheduler:
             return StepOutput(finished=self._take_ended())
         try:
             logits = self._forward(plan)
+        except StepYielded:                 # a better class arrived: its prompt goes first
+            self.stats.yielded += 1
+            return StepOutput(finished=self._take_ended())
         except Exception as exc:  # noqa: BLE001 - fail this step's sequences, keep serving
             log_event(logger, "batch_step_failed", error=type(exc).__name__, batch=len(plan))
             for seq, _ in plan:
@@ -199,7 +204,26 @@ class Scheduler:
         decode_only = all(count == 1 + len(seq.drafts) for seq, count in plan)
         return self.model.forward(torch.tensor(ids, dtype=torch.long, device=device), batch, self.pool,
                                   rows=torch.tensor(rows, device=device) if speculating else None,
-                                  decode_only=decode_only)
+                                  decode_only=decode_only, interrupt=self._interrupt(plan, speculating))
+
+    def _interrupt(self, plan: list[tuple[Sequence, int]], speculating: bool) -> Callable[[], bool] | None:
+        """What the forward asks between layers: has a request arrived whose class outranks
+        every sequence of this step, and is there room to admit it? Then the step yields
+        (:class:`StepYielded`) and the newcomer's prompt takes the next step alone (see
+        :meth:`_outranking_class`). At most one wasted step per such arrival: the loop takes
+        it from the inbox before the next step. Never a step that verifies drafts (their
+        blocks and counts are settled by the step itself)."""
+        arrivals = self.arrivals
+        if arrivals is None or speculating or len(self.running) >= self.max_batch:
+            return None
+        rank = min(seq.priority for seq, _ in plan)
+        if rank == 0:
+            return None
+
+        def outranked() -> bool:
+            best = arrivals()
+            return best is not None and best < rank
+        return outranked
 
     def _sample(self, seq: Sequence, logits: torch.Tensor) -> None:
         try:
@@ -258,17 +282,21 @@ class Scheduler:
 
     def _outranking_class(self) -> int | None:
         """The class of a prompt (waiting at the head, or mid-prefill) that outranks every
-        streaming sequence, or None. Its step runs prompts of that class or better alone, with
-        the whole budget: an interactive chat beside batch streams waits for one step, not for
-        a step that also decodes every stream (they skip that step)."""
-        streams = [seq.priority for seq in self.running if seq.is_decoding]
-        if not streams:
-            return None   # nobody streams: the plan already gives prompts the whole budget
+        streaming sequence (or, with no streams, some prompt mid-prefill), or None. Its step
+        runs prompts of that class or better alone, with the whole budget: an interactive chat
+        beside batch streams waits for one step, not for a step that also decodes every stream
+        or a batch prompt's chunk (they skip that step)."""
         prompts = [seq.priority for seq in self.running if not seq.is_decoding]
         if self.waiting and len(self.running) < self.max_batch:
             prompts.append(self.waiting[0].priority)
         best = min(prompts, default=None)
-        return best if best is not None and best < min(streams) else None
+        if best is None:
+            return None
+        streams = [seq.priority for seq in self.running if seq.is_decoding]
+        if streams:
+            return best if best < min(streams) else None
+        # nobody streams: only lower classes' prompts mid-prefill, which would go first
+        return best if any(seq.priority > best for seq in self.running) else None
 
     def _prompts(self, plan: list[tuple[Sequence, int]], budget: int,
                  rank: int | None = None) -> list[tuple[Sequence, int]]:

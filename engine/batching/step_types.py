@@ -29,6 +29,7 @@ class StepStats:
     finished: int = 0
     draft_tokens: int = 0      # speculative drafts verified
     accepted_draft_tokens: int = 0
+    yielded: int = 0           # steps stopped for a better class's arrival (see Scheduler._interrupt)
 
 
 @dataclass

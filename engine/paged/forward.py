@@ -10,6 +10,7 @@ the biggest matmul).  The model's weights are read in place, never copied.
 from __future__ import annotations
 
 from contextlib import nullcontext
+from typing import Callable
 
 import torch
 
@@ -22,13 +23,21 @@ from engine.paged.attention import PagedBatch, paged_attention
 from engine.paged.pool import KVBlockPool, KVGeometry
 
 
+class StepYielded(Exception):
+    """The step stopped between layers because ``interrupt`` said so. Nothing it computed is
+    kept: the K/V it wrote lie past each sequence's computed tokens and are written again
+    when the step runs again."""
+
+
 class PagedAttentionCache:
     """The ``AttentionCache`` of one step: positions and attention come from ``batch``."""
 
-    def __init__(self, pool: KVBlockPool, batch: PagedBatch, ops: SmallOps = EXACT):
+    def __init__(self, pool: KVBlockPool, batch: PagedBatch, ops: SmallOps = EXACT,
+                 interrupt: Callable[[], bool] | None = None):
         """``ops``: the forward's small operations, which write, gather and (in C, for a
-        low-bit forward) attend (:func:`engine.paged.attention.paged_attention`)."""
-        self.pool, self.batch, self.ops = pool, batch, ops
+        low-bit forward) attend (:func:`engine.paged.attention.paged_attention`).
+        ``interrupt``: asked before each layer's attention; True stops the step."""
+        self.pool, self.batch, self.ops, self.interrupt = pool, batch, ops, interrupt
 
     def begin(self, num_new: int) -> torch.Tensor:
         if num_new != self.batch.num_tokens:
@@ -37,6 +46,8 @@ class PagedAttentionCache:
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                window: int | None = None) -> torch.Tensor:
+        if self.interrupt is not None and self.interrupt():
+            raise StepYielded(f"yielded at layer {layer}")
         out = paged_attention(self.pool, layer, self.batch, q, k, v, ops=self.ops, window=window)
         return out.reshape(q.shape[0], -1)
 
@@ -67,12 +78,14 @@ class PagedQwen2:
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, batch: PagedBatch, pool: KVBlockPool,
                 all_logits: bool = False, rows: torch.Tensor | None = None,
-                decode_only: bool = False) -> torch.Tensor:
+                decode_only: bool = False, interrupt: Callable[[], bool] | None = None) -> torch.Tensor:
         """``input_ids`` ``[n_tokens]`` packed as in ``batch``. Writes their K/V into the pool
         and returns float32 logits ``[batch, vocab]`` of each sequence's last token (or of
         every token with ``all_logits``, or of the packed tokens ``rows`` names: speculative
         verification needs a sequence's last ``1 + drafts`` positions). ``decode_only``: every
-        sequence feeds only its newest token (and drafts), no prompt (see engine.quant.q8)."""
+        sequence feeds only its newest token (and drafts), no prompt (see engine.quant.q8).
+        ``interrupt``: asked between layers; True raises :class:`StepYielded` (a lone
+        sequence's one-call step is never interrupted)."""
         # a decode-only step of many sequences is compute-bound: q8 may use one-byte activations,
         # in the head too, as bench.quantization --kernels times a step's linears
         # (results/quant_kernels_step.csv: 41.1 ms at 8 rows with two bytes, 28.9 with one)
@@ -82,7 +95,7 @@ class PagedQwen2:
                 return logits
         with q8.batched_decode() if decode_only else nullcontext():
             forward = self.forward_model
-            cache = PagedAttentionCache(pool, batch, forward.ops)
+            cache = PagedAttentionCache(pool, batch, forward.ops, interrupt)
             hidden = forward.hidden(input_ids, cache)
             if rows is not None:
                 return forward.logits(hidden[rows])

@@ -301,3 +301,24 @@ def test_each_piece_comes_with_the_tokens_generated_so_far(engine, method):
     assert counts and counts == sorted(counts) and counts[0] >= 1
     assert counts[-1] <= result.usage.completion_tokens <= counts[-1] + 1
     assert handle.tokens_streamed == counts[-1]
+
+
+def test_the_loop_counts_requests_on_their_way_in_by_class(engine):
+    """What a running step asks between layers (engine.batching.arrivals): a request put in
+    the inbox counts for its class until the loop takes it, then no longer."""
+    engine.generate(_req(max_new_tokens=2))                  # the loop and its scheduler exist
+    loop = engine.loop
+    assert loop.call(lambda: loop.paged.arrivals == loop._arrivals.best, timeout=30)
+    gate, held = threading.Event(), threading.Event()
+    loop.post(lambda: (held.set(), gate.wait(30)))            # the loop is busy between steps
+    assert held.wait(30)
+    batch = GenerationRequest(messages=USER, method="paged", sampling=SamplingParams(max_new_tokens=2), priority=2)
+    chat = GenerationRequest(messages=USER, method="paged", sampling=SamplingParams(max_new_tokens=2), priority=0)
+    handles = [loop.submit(batch)]
+    assert loop._arrivals.best() == 2
+    handles.append(loop.submit(chat))
+    assert loop._arrivals.best() == 0
+    gate.set()
+    for handle in handles:
+        assert handle.result(timeout=60).token_ids
+    assert loop._arrivals.best() is None
