@@ -9,7 +9,7 @@ whole-step kernel that goes with them where it applies.
 
 The whole-step kernel (:class:`engine.quant.step.DecodeStep`) runs those same C pieces, in the
 same order, for every layer and the head in one call: so where the operations attend in C
-and every projection is q8/q5, :func:`whole_step_for` hands it out and the forward takes it
+and every projection is q8/q5 or GGUF block parts, :func:`whole_step_for` hands it out and the forward takes it
 for a step of a few tokens of one sequence. It stays a step-level object rather than a
 method of :class:`~engine.ops.interface.SmallOps`: it is built over the whole model's weights
 (pointers C keeps) and takes the cache, not one operation's tensors.

@@ -25,7 +25,7 @@ from engine.quant import native
 
 _PATHS = {2: "avx512-vnni", 1: "avx2", 0: "portable"}
 _ERRORS = {1: "unsupported type or inputs not whole blocks", 2: "out of memory", 3: "row id out of range"}
-_TYPES = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K,
+TYPES = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K,
                     GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0,
                     GGMLQuantizationType.Q8_0})
 K_FORMATS = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K})
@@ -51,7 +51,7 @@ def vector_path() -> str:
 
 def _check(data: torch.Tensor, ggml_type: GGMLQuantizationType, in_features: int) -> None:
     """Refuse what the C code would read out of bounds: a wrong row size, strided bytes."""
-    if ggml_type not in _TYPES:
+    if ggml_type not in TYPES:
         raise ValueError(f"no block kernel for {ggml_type.name}")
     if data.dtype != torch.uint8 or data.dim() != 2 or (data.shape[0] > 1 and data.stride(1) != 1):
         raise ValueError("block weight data must be uint8 [rows, row_bytes] with contiguous rows")

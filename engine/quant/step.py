@@ -1,19 +1,23 @@
-"""A decode (or verify) step of one sequence of a q8 model in one C call (``native/step.c``).
+"""A decode (or verify) step of one sequence of a q8 or GGUF-native model in one C call
+(``native/step.c``).
 
-Why: a ``q8`` decode step spends most of its time reading weights in the C kernel, but each of
-its ~170 calls into C (a linear's wrapper and allocation, the fused small operations, a
-residual add) costs Python and a fork/join of the thread team: ~2 ms of a ~19 ms step on a
-2-core machine. :class:`DecodeStep` describes the model to C once (pointers into the loaded
-weights, which it keeps alive) and then runs the whole step -- every layer, the final norm and
+Why: a decode step spends most of its time reading weights in the C kernels, but each of its
+~170 calls into C (a linear's wrapper and allocation, the fused small operations, a residual
+add) costs Python and a fork/join of the thread team: ~2 ms of a ~19 ms ``q8`` step on a
+2-core machine, more for ``gguf``, whose linears are one call per part. :class:`DecodeStep`
+describes the model to C once (pointers into the loaded weights, or into the mapped GGUF file's
+blocks, which it keeps alive) and then runs the whole step -- every layer, the final norm and
 the head -- in one parallel region. The pieces are the same C functions in the same order, so
-the logits equal the fused Python forward's bit for bit (tests/quant/test_step.py).
+the logits equal the per-operation forward's bit for bit (tests/quant/test_step.py,
+tests/quant/test_step_gguf.py).
 
 Where it runs: a step of up to 16 consecutive tokens of one sequence (a decode token, a verify
 step's pending token and drafts, a short chunk) of a forward whose every projection and head is
-q8/q5 and whose small operations attend in C (:class:`engine.ops.fused_ops.CAttentionOps`):
-it is the whole-step kernel that the operations' chooser hands out
-(:func:`engine.ops.choose.whole_step_for`). A contiguous cache (engine.kv_cache) or a lone
-paged sequence (engine.paged.forward) hands it the step. Other steps keep the Python forward.
+q8/q5 or GGUF block-format parts, and whose small operations attend in C
+(:class:`engine.ops.fused_ops.CAttentionOps`): it is the whole-step kernel that the operations'
+chooser hands out (:func:`engine.ops.choose.whole_step_for`). A contiguous cache
+(engine.kv_cache) or a lone paged sequence (engine.paged.forward) hands it the step. Other
+steps keep the Python forward.
 """
 from __future__ import annotations
 
@@ -23,15 +27,24 @@ from typing import Any
 import torch
 
 from engine.ops import c_calls
-from engine.quant import native, q8
+from engine.quant import gguf_native, native, q8
+from engine.quant.gguf_blocks import BlockWeight
+from engine.quant.gguf_linear import BlockLinear
 from engine.quant.layer import QuantizedLinear
 
 _ptr, _i64 = ctypes.c_void_p, ctypes.c_int64
 
 
+MAX_PARTS = 3   # step.c's MAX_PARTS: a fused q/k/v of three GGUF tensors
+
+
+class _Part(ctypes.Structure):
+    _fields_ = [("type", _i64), ("data", _ptr), ("row_bytes", _i64), ("rows", _i64)]
+
+
 class _Linear(ctypes.Structure):
     _fields_ = [("weights", _ptr), ("scales", _ptr), ("bias", _ptr), ("in_features", _i64),
-                ("out_features", _i64), ("q5", _i64)]
+                ("out_features", _i64), ("q5", _i64), ("parts", _i64), ("part", _Part * MAX_PARTS)]
 
 
 class _Layer(ctypes.Structure):
@@ -41,21 +54,45 @@ class _Layer(ctypes.Structure):
 
 class _Model(ctypes.Structure):
     _fields_ = [("layers", _i64), ("hidden", _i64), ("heads", _i64), ("kv_heads", _i64), ("head_dim", _i64),
-                ("intermediate", _i64), ("vocab", _i64), ("torch_lanes", _i64), ("eps", ctypes.c_float),
+                ("intermediate", _i64), ("vocab", _i64), ("torch_lanes", _i64), ("gguf", _i64),
+                ("eps", ctypes.c_float),
                 ("layer", ctypes.POINTER(_Layer)), ("norm", _ptr), ("head", _Linear)]
 
 
 def _runs_in_step(linear: Any, in_features: int) -> bool:
-    """A q8/q5 linear whose input needs no padding (the step quantizes the row as it is)."""
+    """A q8/q5 linear whose input needs no padding (the step quantizes the row as it is), or a
+    GGUF linear of at most MAX_PARTS block-format parts that gguf.c multiplies."""
+    if isinstance(linear, BlockLinear):
+        return _blocks_run_in_step(linear, in_features)
     return (isinstance(linear, QuantizedLinear) and linear.mode in q8.MODES and linear.in_features == in_features
             and linear.params.shape[1] * q8.GROUP == in_features and linear.qweight.is_contiguous()
             and linear.params.is_contiguous())
 
 
-def _describe(linear: QuantizedLinear) -> _Linear:
+def _blocks_run_in_step(linear: BlockLinear, in_features: int) -> bool:
+    bias = linear.bias
+    if linear.in_features != in_features or len(linear.parts) > MAX_PARTS:
+        return False
+    if bias is not None and not (bias.dtype == torch.float32 and bias.is_contiguous()):
+        return False
+    return all(isinstance(part, BlockWeight) and part.ggml_type in gguf_native.TYPES and part.data.stride(1) == 1
+               and part.data.device.type == "cpu" for part in linear.parts)  # BlockWeight: whole blocks
+
+
+def _describe(linear: QuantizedLinear | BlockLinear) -> _Linear:
+    if isinstance(linear, BlockLinear):
+        bias = linear.bias
+        parts = [_Part(int(p.ggml_type), p.data.data_ptr(), p.data.stride(0), p.out_features) for p in linear.parts]
+        return _Linear(None, None, None if bias is None else bias.data_ptr(), linear.in_features,
+                       linear.out_features, 0, len(parts), (_Part * MAX_PARTS)(*parts))
     bias = linear.kernel_bias
     return _Linear(linear.qweight.data_ptr(), linear.params.data_ptr(), None if bias is None else bias.data_ptr(),
                    linear.in_features, linear.out_features, int(linear.mode == "q5"))
+
+
+def _linears(weights: Any) -> list[Any]:
+    return [linear for layer in weights.layers for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [
+        weights.lm_head]
 
 
 def _norm(tensor: torch.Tensor) -> bool:
@@ -71,9 +108,10 @@ class DecodeStep:
         self._layers = (_Layer * cfg.num_layers)(*[
             _Layer(layer.input_norm.data_ptr(), layer.post_norm.data_ptr(), _describe(layer.qkv), _describe(layer.o),
                    _describe(layer.gate_up), _describe(layer.down)) for layer in weights.layers])
+        gguf = any(isinstance(linear, BlockLinear) for linear in _linears(weights))
         self._model = _Model(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                              cfg.intermediate_size, weights.lm_head.out_features, c_calls.torch_sum_lanes(),
-                             cfg.rms_eps,
+                             int(gguf), cfg.rms_eps,
                              self._layers, weights.norm.data_ptr(), _describe(weights.lm_head))
         self._call = native.library().ms_decode_step
 

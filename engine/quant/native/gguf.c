@@ -864,6 +864,55 @@ int ms_gguf_matmul(int type, const void *x, int x_bf16, int64_t M, int64_t K, co
     return status;
 }
 
+/* ---------------------------------------------------------------- inside a caller's team */
+
+/* What step.c calls: one linear's part inside the caller's parallel region. One thread
+ * quantizes M bf16 rows into `scratch` (ms_gguf_team_scratch(M, K) bytes) for the part's
+ * format, then every thread of the team calls ms_gguf_team_tiles, which returns after the
+ * tiles' barrier. The pieces and their order are ms_gguf_matmul's, so the outputs are equal. */
+int64_t ms_gguf_team_scratch(int64_t M, int64_t K) {
+    const int64_t nb = K / QK;  /* the most blocks a row can have */
+    return (M * K + 63) / 64 * 64 + (M * nb * 4 + 63) / 64 * 64 + 2 * ((M * (K / 16) * 2 + 32 + 63) / 64 * 64)
+           + (M * (K / 32) * 4 + 63) / 64 * 64;
+}
+
+/* Activations of the same rows quantize alike for two parts when this key is equal. */
+int ms_gguf_acts_key(int type) {
+    return block_elems(type) * 2 + (G_VNNI && (type == T_Q4_K || type == T_Q5_K));
+}
+
+static acts team_acts(void *scratch, int64_t M, int64_t K, int type) {
+    const int eb = block_elems(type);
+    acts a = {.K = K, .nb = K / eb, .k_perm = G_VNNI && (type == T_Q4_K || type == T_Q5_K)};
+    const int64_t nb = K / QK;
+    const size_t nq = (size_t)(M * K + 63) / 64 * 64, nd = (size_t)(M * nb * 4 + 63) / 64 * 64,
+                 n16 = (size_t)(M * (K / 16) * 2 + 32 + 63) / 64 * 64;
+    uint8_t *base = scratch;
+    a.q = (int8_t *)base;
+    a.d = (float *)(base + nq);
+    a.s16 = (int16_t *)(base + nq + nd);
+    a.s32 = (int16_t *)(base + nq + nd + n16);
+    a.sx = (float *)(base + nq + nd + 2 * n16);
+    return a;
+}
+
+void ms_gguf_team_quantize(int type, const uint16_t *x, int64_t M, int64_t K, void *scratch) {
+    const acts a = team_acts(scratch, M, K, type);
+    for (int64_t i = 0; i < M; i++) quantize_row(x, 1, i, K, block_elems(type), &a);
+}
+
+void ms_gguf_team_tiles(int type, int64_t M, int64_t K, const uint8_t *w, int64_t w_stride, int64_t N, float *y,
+                        int64_t y_stride, void *scratch) {
+    const acts a = team_acts(scratch, M, K, type);
+    const rows_fn rows = rows_for(type);
+    const int64_t tiles = (N + TILE - 1) / TILE;
+    #pragma omp for schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+        const int64_t n0 = t * TILE, n1 = n0 + TILE < N ? n0 + TILE : N;
+        rows(w, w_stride, n0, n1, &a, M, y, y_stride);
+    }
+}
+
 /* ---------------------------------------------------------------- dequantization */
 
 static void dequant_block(int type, const uint8_t *blk, float *y) {

@@ -11,6 +11,13 @@ void ms_q8_team_quantize(const uint16_t *x, int64_t M, int64_t K, int q5, int pr
 void ms_q8_team_tiles(int64_t M, int64_t K, const uint8_t *weights, int q5, const uint16_t *scales, int64_t N,
                       const float *bias, uint16_t *y, int precise, void *scratch);
 
+/* gguf.c: M bf16 rows against one GGUF block-format part inside a caller's parallel region. */
+int64_t ms_gguf_team_scratch(int64_t M, int64_t K);
+int ms_gguf_acts_key(int type);
+void ms_gguf_team_quantize(int type, const uint16_t *x, int64_t M, int64_t K, void *scratch);
+void ms_gguf_team_tiles(int type, int64_t M, int64_t K, const uint8_t *w, int64_t w_stride, int64_t N, float *y,
+                        int64_t y_stride, void *scratch);
+
 /* decode.c */
 int ms_rms_norm_bf16(const uint16_t *x, const uint16_t *weight, uint16_t *out, int64_t rows, int64_t dim, float eps,
                      int torch_lanes);

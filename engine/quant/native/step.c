@@ -1,11 +1,11 @@
-/* A whole decode (or verify) step of one sequence of a q8 / q5 model in one call and one
- * parallel region: up to a few consecutive tokens, every layer, the final norm and the head.
+/* A whole decode (or verify) step of one sequence of a q8 / q5 model, or of a GGUF file's own
+ * block-format weights (gguf.c's team kernels), in one call and one parallel region: up to a few consecutive tokens, every layer, the final norm and the head.
  *
  * Why: the step's linears read the weights in ~15 ms on a 2-core machine, and the Python
  * around them (a dozen calls per layer: each linear's wrapper, its allocation, the fused small
  * operations, the residual adds) plus a fork/join of the thread team per linear cost ~2 ms more
  * per token. Here the team is forked once per step and meets at barriers between the pieces, as
- * llama.cpp's graph runner does; the pieces are q8.c's and decode.c's own, in the same order,
+ * llama.cpp's graph runner does; the pieces are q8.c's, gguf.c's and decode.c's own, in the same order,
  * so the logits are those of engine.forward's fused path bit for bit (tests/quant/test_step.py).
  *
  * The model (ms_step_model) is described once by engine/quant/step.py (pointers into the
@@ -21,11 +21,25 @@
 #include "bf16.h"
 #include "kernels.h"
 
+#define MAX_PARTS 3
+
+/* One GGUF block-format matrix of a linear: `rows` weight rows of `type`, row_bytes apart. */
+typedef struct {
+    int64_t type;
+    const uint8_t *data;
+    int64_t row_bytes, rows;
+} ms_step_part;
+
+/* A q8 / q5 linear (parts == 0: weights, scales), or the row-wise stack of 1..MAX_PARTS GGUF
+ * parts (engine.quant.gguf_linear.BlockLinear: each part's float32 outputs land in its slice,
+ * the bias is added and the row rounded to bf16 once, as the Python linear does). */
 typedef struct {
     const uint8_t *weights;   /* q8 codes or q5-packed rows */
     const uint16_t *scales;   /* fp16 [out, in / 32] */
     const float *bias;        /* float32 [out] or NULL */
     int64_t in_features, out_features, q5;
+    int64_t parts;
+    ms_step_part part[MAX_PARTS];
 } ms_step_linear;
 
 typedef struct {
@@ -35,19 +49,46 @@ typedef struct {
 
 typedef struct {
     int64_t layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, torch_lanes;
+    int64_t gguf;             /* some linear is made of GGUF parts: step_buffers' wide and block_scratch */
     float eps;
     const ms_step_layer *layer;
     const uint16_t *norm;
     ms_step_linear head;
 } ms_step_model;
 
-static void quantize_for(const ms_step_linear *lin, const uint16_t *x, int64_t rows, int precise, void *scratch) {
-    ms_q8_team_quantize(x, rows, lin->in_features, (int)lin->q5, precise, scratch);
-}
+typedef struct {
+    uint16_t *h, *qkv, *attn, *y, *gate_up, *act, *logits;
+    float *wide;              /* a GGUF linear's float32 outputs before the bias and the rounding */
+    void *scratch, *block_scratch;
+} step_buffers;
 
-static void tiles(const ms_step_linear *lin, uint16_t *y, int64_t rows, int precise, void *scratch) {
-    ms_q8_team_tiles(rows, lin->in_features, lin->weights, (int)lin->q5, lin->scales, lin->out_features, lin->bias,
-                     y, precise, scratch);
+/* y [rows, out] (bf16) = x [rows, in] @ W.T + bias, by every thread of the team (it ends at a
+ * barrier). q8 / q5: one thread quantizes the rows, the team multiplies. GGUF parts: each part's
+ * activations are quantized for its format (parts whose formats quantize alike share them), the
+ * team multiplies into `wide`, then adds the bias and rounds. */
+static void linear(const ms_step_linear *lin, const uint16_t *x, uint16_t *y, int64_t rows, int precise,
+                   const step_buffers *b) {
+    const int64_t in = lin->in_features, out = lin->out_features;
+    if (lin->parts == 0) {
+        #pragma omp single
+        ms_q8_team_quantize(x, rows, in, (int)lin->q5, precise, b->scratch);
+        ms_q8_team_tiles(rows, in, lin->weights, (int)lin->q5, lin->scales, out, lin->bias, y, precise, b->scratch);
+        return;
+    }
+    int64_t column = 0;
+    for (int64_t p = 0; p < lin->parts; p++) {
+        const ms_step_part *part = lin->part + p;
+        if (p == 0 || ms_gguf_acts_key((int)part->type) != ms_gguf_acts_key((int)lin->part[p - 1].type)) {
+            #pragma omp single
+            ms_gguf_team_quantize((int)part->type, x, rows, in, b->block_scratch);
+        }
+        ms_gguf_team_tiles((int)part->type, rows, in, part->data, part->row_bytes, part->rows, b->wide + column, out,
+                           b->block_scratch);
+        column += part->rows;
+    }
+    #pragma omp for schedule(static)
+    for (int64_t i = 0; i < rows * out; i++)
+        y[i] = f32_to_bf16(lin->bias ? b->wide[i] + lin->bias[i % out] : b->wide[i]);
 }
 
 /* x += y in bf16, as torch's x.add_(y): the float sum rounded once. */
@@ -55,22 +96,27 @@ static void add_into(uint16_t *x, const uint16_t *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = f32_to_bf16(bf16_to_f32(x[i]) + bf16_to_f32(y[i]));
 }
 
-typedef struct {
-    uint16_t *h, *qkv, *attn, *y, *gate_up, *act, *logits;
-    void *scratch;
-} step_buffers;
+static void buffers_free(step_buffers *b) {
+    free(b->h);
+    free(b->scratch);
+    free(b->block_scratch);
+    free(b->wide);
+}
 
 static int buffers_alloc(const ms_step_model *m, int64_t rows, int64_t head_rows, step_buffers *b) {
     const int64_t q = m->heads * m->head_dim, kv = m->kv_heads * m->head_dim;
     int64_t widest = m->hidden > m->intermediate ? m->hidden : m->intermediate;
     widest = widest > q ? widest : q;
+    int64_t outputs = q + 2 * kv > 2 * m->intermediate ? q + 2 * kv : 2 * m->intermediate;
+    outputs = rows * outputs > head_rows * m->vocab ? rows * outputs : head_rows * m->vocab;
     b->h = malloc(sizeof(uint16_t) * (size_t)(rows * (m->hidden + (q + 2 * kv) + q + m->hidden
                                                       + 2 * m->intermediate + m->intermediate)
                                               + head_rows * m->vocab));
     b->scratch = malloc((size_t)ms_q8_team_scratch(rows, widest));
-    if (!b->h || !b->scratch) {
-        free(b->h);
-        free(b->scratch);
+    b->block_scratch = m->gguf ? aligned_alloc(64, (size_t)(ms_gguf_team_scratch(rows, widest) + 63) / 64 * 64) : NULL;
+    b->wide = m->gguf ? malloc(sizeof(float) * (size_t)(outputs > rows * m->hidden ? outputs : rows * m->hidden)) : NULL;
+    if (!b->h || !b->scratch || (m->gguf && (!b->block_scratch || !b->wide))) {
+        buffers_free(b);
         return 1;
     }
     b->qkv = b->h + rows * m->hidden;
@@ -128,9 +174,8 @@ int ms_decode_step(const ms_step_model *m, uint16_t *x, int64_t rows, int precis
             {
                 if (l > 0) add_into(x, b.y, rows * hidden);   /* the previous layer's MLP residual */
                 ms_rms_norm_bf16(x, L->input_norm, b.h, rows, hidden, m->eps, (int)m->torch_lanes);
-                quantize_for(&L->qkv, b.h, rows, precise, b.scratch);
             }
-            tiles(&L->qkv, b.qkv, rows, precise, b.scratch);
+            linear(&L->qkv, b.h, b.qkv, rows, precise, &b);
             kv_rows kv = {keys, values, capacity, table, m->layers, l, block_size, m->kv_heads};
             if (!table) kv.keys += l * layer_elems, kv.values += l * layer_elems;
             int failed = attend_all(m, &b, kv, pos0, rows, cos, sin);
@@ -138,34 +183,26 @@ int ms_decode_step(const ms_step_model *m, uint16_t *x, int64_t rows, int precis
                 #pragma omp atomic
                 status |= failed;
             }
-            #pragma omp single
-            quantize_for(&L->o, b.attn, rows, precise, b.scratch);
-            tiles(&L->o, b.y, rows, precise, b.scratch);
+            linear(&L->o, b.attn, b.y, rows, precise, &b);
             #pragma omp single
             {
                 add_into(x, b.y, rows * hidden);
                 ms_rms_norm_bf16(x, L->post_norm, b.h, rows, hidden, m->eps, (int)m->torch_lanes);
-                quantize_for(&L->gate_up, b.h, rows, precise, b.scratch);
             }
-            tiles(&L->gate_up, b.gate_up, rows, precise, b.scratch);
+            linear(&L->gate_up, b.h, b.gate_up, rows, precise, &b);
             #pragma omp single
-            {
-                ms_silu_mul_bf16(b.gate_up, b.act, rows, m->intermediate);
-                quantize_for(&L->down, b.act, rows, precise, b.scratch);
-            }
-            tiles(&L->down, b.y, rows, precise, b.scratch);
+            ms_silu_mul_bf16(b.gate_up, b.act, rows, m->intermediate);
+            linear(&L->down, b.act, b.y, rows, precise, &b);
         }
         #pragma omp single
         {
             if (m->layers > 0) add_into(x, b.y, rows * hidden);
             ms_rms_norm_bf16(x + head_from * hidden, m->norm, b.h, head_rows, hidden, m->eps, (int)m->torch_lanes);
-            quantize_for(&m->head, b.h, head_rows, precise, b.scratch);
         }
-        tiles(&m->head, b.logits, head_rows, precise, b.scratch);
+        linear(&m->head, b.h, b.logits, head_rows, precise, &b);
         #pragma omp for schedule(static)
         for (int64_t i = 0; i < head_rows * m->vocab; i++) logits[i] = bf16_to_f32(b.logits[i]);
     }
-    free(b.h);
-    free(b.scratch);
+    buffers_free(&b);
     return status;
 }

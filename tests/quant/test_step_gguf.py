@@ -1,0 +1,54 @@
+"""The one-call decode step over a GGUF file's own blocks (native/step.c with gguf.c's team
+kernels) against the per-operation forward it replaces: the same C pieces in the same order,
+so the same logits and cache bit for bit, for every block format and mixed-format fused parts."""
+from __future__ import annotations
+
+import pytest
+
+from core.settings import load_settings
+from engine.forward import Qwen2Forward
+from engine.loader import load_model
+from engine.ops.fused_ops import CAttentionOps
+from engine.quant.gguf_linear import BlockLinear
+from engine.quant.model import forward_weights
+from tests.quant.test_step import assert_one_call_equals_per_operation
+from tests.tiny_gguf import make_tiny_gguf
+
+# name -> (architecture, types, model args): every format the kernels run, mixed within a layer
+FILES = {
+    "qwen2-q8_0": ("qwen2", None, {"intermediate_size": 128}),    # the tiny model's 136: not whole blocks
+    "llama-32-input": ("llama", {"*": "Q4_0", "attn_v": "Q5_0", "ffn_down": "Q4_1", "token_embd": "Q8_0"},
+                       {"tie_word_embeddings": True, "intermediate_size": 128}),
+    "qwen2-k": ("qwen2", {"*": "Q4_K", "attn_v": "Q6_K", "ffn_down": "Q6_K", "ffn_up": "Q5_K",
+                          "token_embd": "Q6_K", "output": "Q6_K"}, {"hidden_size": 256, "intermediate_size": 512}),
+    "qwen2-k-and-32": ("qwen2", {"*": "Q4_K", "attn_v": "Q8_0", "ffn_gate": "Q5_0", "output": "Q6_K"},
+                       {"hidden_size": 256, "intermediate_size": 512}),
+}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gguf-step")
+    return {name: make_tiny_gguf(root / f"{name}.gguf", seed=i, architecture=arch, types=types, **args)
+            for i, (name, (arch, types, args)) in enumerate(FILES.items())}
+
+
+def _gguf_forward(path, cache_dir) -> Qwen2Forward:
+    loaded = load_model(load_settings(model=str(path), cache_dir=str(cache_dir), dtype="bfloat16", device="cpu",
+                                      quant="gguf"))
+    weights = forward_weights(loaded.model)
+    assert isinstance(weights.layers[0].qkv, BlockLinear)
+    return Qwen2Forward(weights, ops=CAttentionOps())   # the C attention (and so the step) on any CPU
+
+
+@pytest.mark.parametrize("name", list(FILES))
+@pytest.mark.parametrize("threads", [1, 2])
+def test_one_call_gguf_step_equals_the_per_operation_forward_bit_for_bit(files, tmp_path, name, threads):
+    assert_one_call_equals_per_operation(_gguf_forward(files[name], tmp_path), threads)
+
+
+def test_a_file_with_a_full_precision_matrix_keeps_the_per_operation_forward(tmp_path):
+    """The tiny model's ffn_down takes 136 inputs, not whole blocks: the file keeps it in F32."""
+    path = make_tiny_gguf(tmp_path / "f32-down.gguf")
+    forward = _gguf_forward(path, tmp_path)
+    assert forward.decode_step is None
