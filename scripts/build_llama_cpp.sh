@@ -27,7 +27,7 @@ command -v cmake >/dev/null && command -v ninja >/dev/null || {
     echo "need cmake and ninja (apt-get install cmake ninja-build, or pip install cmake ninja)" >&2; exit 1; }
 
 echo "build dir: $WORK"
-cd "$WORK"
+mkdir -p "$WORK" && cd "$WORK"
 if [ ! -d src ]; then
     "$PYTHON" -m pip download --no-binary :all: --no-deps -d sdist "$PIN"
     mkdir -p src && tar -xzf sdist/*.tar.gz -C src --strip-components=1
