@@ -228,7 +228,7 @@ class EngineLoop:
         self._arrivals = Arrivals()             # the inbox's requests by class: a step may yield to one
         self._paged = paged
         if paged is not None:
-            paged.arrivals = self._arrivals.best
+            paged.arrivals = self._arrivals
         self._solo: deque[_Job] = deque()      # non-batched requests not yet started
         self._running: list[_Job] = []          # started solo tasks, in arrival order
         self._prefill_left = 0                  # prompt tokens the solo tasks may still compute this turn
@@ -332,7 +332,7 @@ class EngineLoop:
         self.check_owner()
         if self._paged is None:
             self._paged = Scheduler.for_model(forward_for(self.engine), self.engine.settings)
-            self._paged.arrivals = self._arrivals.best
+            self._paged.arrivals = self._arrivals
         return self._paged
 
     def stats(self) -> dict[str, Any]:

@@ -35,12 +35,13 @@ import itertools
 import logging
 import threading
 from collections import deque
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from core.logs import log_event
 from core.prefix_hash import ROOT_HASH
+from engine.batching.arrivals import Arrivals, Interrupt
 from engine.batching.sequence import FINISHED, RUNNING, WAITING, Sequence
 from engine.batching.step_types import StepOutput, StepStats, PromptBudget
 from engine.forward import Qwen2Forward
@@ -79,8 +80,8 @@ class Scheduler:
         self._ended: list[Sequence] = []  # ended since the last step returned them
         self._ids = itertools.count(1)
         self.settings: Any = None       # set by for_model: speculative decoding reads it
-        # the best class of requests on their way in (engine.batching.arrivals), set by the loop
-        self.arrivals: Callable[[], int | None] | None = None
+        # requests on their way in, by class (engine.batching.arrivals): set by the loop
+        self.arrivals: Arrivals | None = None
 
     @classmethod
     def for_model(cls, forward: Qwen2Forward, settings: Any, *, num_blocks: int | None = None,
@@ -206,7 +207,7 @@ class Scheduler:
                                   rows=torch.tensor(rows, device=device) if speculating else None,
                                   decode_only=decode_only, interrupt=self._interrupt(plan, speculating))
 
-    def _interrupt(self, plan: list[tuple[Sequence, int]], speculating: bool) -> Callable[[], bool] | None:
+    def _interrupt(self, plan: list[tuple[Sequence, int]], speculating: bool) -> Interrupt | None:
         """What the forward asks between layers: has a request arrived whose class outranks
         every sequence of this step, and is there room to admit it? Then the step yields
         (:class:`StepYielded`) and the newcomer's prompt takes the next step alone (see
@@ -217,13 +218,7 @@ class Scheduler:
         if arrivals is None or speculating or len(self.running) >= self.max_batch:
             return None
         rank = min(seq.priority for seq, _ in plan)
-        if rank == 0:
-            return None
-
-        def outranked() -> bool:
-            best = arrivals()
-            return best is not None and best < rank
-        return outranked
+        return Interrupt(arrivals, rank) if rank > 0 else None
 
     def _sample(self, seq: Sequence, logits: torch.Tensor) -> None:
         try:

@@ -10,10 +10,11 @@ the biggest matmul).  The model's weights are read in place, never copied.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
+from engine.batching.arrivals import Interrupt
 from engine.forward import Qwen2Forward
 from engine.ops.fused_ops import C_MAX_TOKENS
 from engine.ops.interface import SmallOps
@@ -78,19 +79,22 @@ class PagedQwen2:
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, batch: PagedBatch, pool: KVBlockPool,
                 all_logits: bool = False, rows: torch.Tensor | None = None,
-                decode_only: bool = False, interrupt: Callable[[], bool] | None = None) -> torch.Tensor:
+                decode_only: bool = False, interrupt: Interrupt | None = None) -> torch.Tensor:
         """``input_ids`` ``[n_tokens]`` packed as in ``batch``. Writes their K/V into the pool
         and returns float32 logits ``[batch, vocab]`` of each sequence's last token (or of
         every token with ``all_logits``, or of the packed tokens ``rows`` names: speculative
         verification needs a sequence's last ``1 + drafts`` positions). ``decode_only``: every
         sequence feeds only its newest token (and drafts), no prompt (see engine.quant.q8).
-        ``interrupt``: asked between layers; True raises :class:`StepYielded` (a lone
-        sequence's one-call step is never interrupted)."""
+        ``interrupt``: asked between layers (by C in a one-call step); True raises
+        :class:`StepYielded`."""
         # a decode-only step of many sequences is compute-bound: q8 may use one-byte activations,
         # in the head too, as bench.quantization --kernels times a step's linears
         # (results/quant_kernels_step.csv: 41.1 ms at 8 rows with two bytes, 28.9 with one)
-        if batch.batch_size == 1 and input_ids.shape[0] <= C_MAX_TOKENS:
-            logits = self._one_call_step(input_ids, batch, pool, all_logits, rows, decode_only)
+        if input_ids.shape[0] <= C_MAX_TOKENS:
+            if batch.batch_size == 1:
+                logits = self._one_call_step(input_ids, batch, pool, all_logits, rows, decode_only, interrupt)
+            else:
+                logits = self._one_call_batch(input_ids, batch, pool, all_logits, rows, decode_only, interrupt)
             if logits is not None:
                 return logits
         with q8.batched_decode() if decode_only else nullcontext():
@@ -102,7 +106,8 @@ class PagedQwen2:
             return forward.logits(hidden if all_logits else hidden[batch.last_index])
 
     def _one_call_step(self, input_ids: torch.Tensor, batch: PagedBatch, pool: KVBlockPool, all_logits: bool,
-                       rows: torch.Tensor | None, decode_only: bool) -> torch.Tensor | None:
+                       rows: torch.Tensor | None, decode_only: bool,
+                       interrupt: Interrupt | None = None) -> torch.Tensor | None:
         """A lone sequence's step of a few tokens (a decode token, a verify step, a short chunk)
         as one C call (engine.quant.step) where the forward takes it: the same numbers as the
         per-operation path (one-byte activations where q8.batched_decode would choose them).
@@ -117,5 +122,34 @@ class PagedQwen2:
         cos, sin = forward.rotary.lookup(position, n)
         head_from = 0 if all_logits or rows is not None else n - 1
         precise = not decode_only or n <= q8.PRECISE_MAX_ROWS
-        return step(forward.weights.embed_tokens(input_ids), pool.k, pool.v, 0, batch.block_tables[0].contiguous(),
-                    pool.block_size, position, cos, sin, precise=precise, head_from=head_from)
+        return _yielding(step, interrupt, forward.weights.embed_tokens(input_ids), pool.k, pool.v, 0,
+                         batch.block_tables[0].contiguous(), pool.block_size, position, cos, sin, precise=precise,
+                         head_from=head_from)
+
+    def _one_call_batch(self, input_ids: torch.Tensor, batch: PagedBatch, pool: KVBlockPool, all_logits: bool,
+                        rows: torch.Tensor | None, decode_only: bool,
+                        interrupt: Interrupt | None = None) -> torch.Tensor | None:
+        """A decode-only step of several sequences, one token each, as one C call (the step's
+        batch form): the same numbers as the per-operation path. None where it does not run."""
+        forward, n = self.forward_model, input_ids.shape[0]
+        if not decode_only or rows is not None or n != batch.batch_size:
+            return None   # drafts to verify, or a prompt's chunk: the per-operation path
+        step = forward.decode_step
+        if step is None or pool.dtype != torch.bfloat16:
+            return None
+        cos, sin = forward.rotary.lookup(batch.positions, n)
+        return _yielding(step, interrupt, forward.weights.embed_tokens(input_ids), pool.k, pool.v, 0,
+                         batch.block_tables, pool.block_size, 0, cos, sin, precise=n <= q8.PRECISE_MAX_ROWS,
+                         positions=batch.positions)
+
+
+def _yielding(step: Callable[..., torch.Tensor | None], interrupt: Interrupt | None, *args: Any,
+              **kwargs: Any) -> torch.Tensor:
+    """The one-call step, told where to look for an arrival that outranks it (and raising
+    :class:`StepYielded` when it stopped for one)."""
+    if interrupt is not None:
+        kwargs.update(arrived=interrupt.address, rank=interrupt.rank)
+    logits = step(*args, **kwargs)
+    if logits is None:
+        raise StepYielded("yielded inside the one-call step")
+    return logits

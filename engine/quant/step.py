@@ -35,6 +35,7 @@ from engine.quant.layer import QuantizedLinear
 _ptr, _i64 = ctypes.c_void_p, ctypes.c_int64
 
 
+STOPPED = 4     # ms_decode_step's status when it stopped for an arrival
 MAX_PARTS = 3   # step.c's MAX_PARTS: a fused q/k/v of three GGUF tensors
 
 
@@ -133,20 +134,35 @@ class DecodeStep:
 
     def __call__(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, capacity: int,
                  table: torch.Tensor | None, block_size: int, position: int, cos: torch.Tensor,
-                 sin: torch.Tensor, precise: bool = True, head_from: int = 0) -> torch.Tensor:
+                 sin: torch.Tensor, precise: bool = True, head_from: int = 0,
+                 positions: torch.Tensor | None = None, arrived: int | None = None,
+                 rank: int = 0) -> torch.Tensor | None:
         """float32 logits ``[n - head_from, vocab]`` of rows ``head_from..`` of ``n`` consecutive
         tokens of one sequence at ``position..``, whose embeddings are ``x [n, hidden]`` (bf16,
         overwritten). Their k/v go into a contiguous cache (``keys/values [layers, kv_heads,
         capacity, d]``, ``table`` None) or a paged pool read through the sequence's block
         ``table``. ``cos``/``sin``: their rotary rows (``[n, 1, d]``); ``precise``: two-byte
-        activations (engine.quant.q8.linear's rule)."""
+        activations (engine.quant.q8.linear's rule). ``positions`` (int64 ``[n]``): a decode-only
+        batch of a paged pool instead, row ``t`` the one new token of its own sequence at
+        ``positions[t]`` with block table ``table[t]`` (``table [n, max_blocks]``). ``arrived``:
+        the address of an int32 read before each layer (engine.batching.arrivals); below
+        ``rank``, the step stops and returns None."""
         x = x.contiguous()
+        if positions is not None:
+            positions = positions.to(torch.int64).contiguous()
+            if table is None or table.dim() != 2 or table.shape[0] != x.shape[0] or positions.shape != (x.shape[0],):
+                raise ValueError("a batch step takes one block table row and one position per row")
+            table = table.contiguous()
         rows = x.shape[0]
         logits = torch.empty(rows - head_from, self._model.vocab, dtype=torch.float32)
         status = self._call(ctypes.byref(self._model), x.data_ptr(), rows, int(precise), keys.data_ptr(),
                             values.data_ptr(), capacity, None if table is None else table.data_ptr(), block_size,
                             position, cos.contiguous().data_ptr(), sin.contiguous().data_ptr(), head_from,
-                            logits.data_ptr(), torch.get_num_threads())
+                            logits.data_ptr(), torch.get_num_threads(),
+                            None if positions is None else positions.data_ptr(),
+                            0 if positions is None else table.shape[1], arrived, rank)
+        if status == STOPPED:
+            return None
         if status != 0:
             raise RuntimeError(f"the one-call decode step failed with status {status}")
         return logits

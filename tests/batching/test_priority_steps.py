@@ -3,6 +3,7 @@ chat beside batch streams waits one step, not a shared one. Order and counts, no
 from __future__ import annotations
 
 from core.settings import load_settings
+from engine.batching.arrivals import NONE
 from engine.batching import Scheduler
 from tests.batching.test_batching import _forward, _solo
 from tests.batching.test_long_prompt import _add as add
@@ -82,15 +83,18 @@ def test_a_batch_prompt_beside_interactive_streams_waits_its_turn_in_their_step(
 
 
 class _ArrivesAtLayer:
-    """The scheduler's ``arrivals``: nothing for the step's first ``layers`` questions, then
-    ``priority`` (a request of that class is on its way in) until the test takes it."""
+    """The scheduler's ``arrivals`` (engine.batching.arrivals.Arrivals' ``flag``): nothing for
+    the step's first ``layers`` reads, then ``priority`` (a request of that class is on its way
+    in) until the test takes it."""
 
     def __init__(self, layers: int, priority: int):
         self.asked, self.layers, self.priority, self.taken = 0, layers, priority, False
+        self.flag = self
 
-    def __call__(self) -> int | None:
+    @property
+    def value(self) -> int:
         self.asked += 1
-        return None if self.taken or self.asked <= self.layers else self.priority
+        return NONE if self.taken or self.asked <= self.layers else self.priority
 
 
 def test_a_batch_step_yields_to_an_interactive_arrival_and_runs_again_unchanged(paged_engine):

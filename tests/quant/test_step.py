@@ -201,3 +201,55 @@ def test_a_paged_verify_step_equals_the_per_operation_path(quant_model_dir, draf
     (got, got_pool), (want, want_pool) = results[True], results[False]
     assert got.shape == (drafts + 1, forward.config.vocab_size) and torch.equal(got, want)
     assert torch.equal(got_pool.k, want_pool.k) and torch.equal(got_pool.v, want_pool.v)
+
+
+def _decode_batch(model, forward, one_call: bool, count: int, interrupt=None):
+    """``count`` sequences of different lengths and block tables prefilled one by one, then
+    one decode-only step of all of them: its logits and the pool."""
+    from engine.paged.attention import SeqChunk, build_batch
+
+    forward.one_call_step = one_call
+    pool = model.make_pool(num_blocks=4 * count, block_size=8)
+    tables = [[4 * i + 3, 4 * i + 1, 4 * i + 2, 4 * i] for i in range(count)]   # out of order
+    prompts = [(PROMPT * 3)[:12 + 3 * i] for i in range(count)]                    # 12..: 2-4 blocks
+    for table, prompt in zip(tables, prompts):
+        model.forward(torch.tensor(prompt), build_batch([SeqChunk(table, 0, len(prompt))], 8), pool)
+    batch = build_batch([SeqChunk(table, len(prompt), 1) for table, prompt in zip(tables, prompts)], 8)
+    logits = model.forward(torch.tensor([7 + i for i in range(count)]), batch, pool, decode_only=True,
+                           interrupt=interrupt)
+    return logits, pool
+
+
+@pytest.mark.parametrize("count", [2, 6])   # 6 rows: one-byte activations (q8.batched_decode's rule)
+def test_a_paged_decode_batch_in_one_call_equals_the_per_operation_path(quant_model_dir, monkeypatch, count):
+    from engine.paged.forward import PagedQwen2
+
+    forward = _q8_forward(quant_model_dir)
+    model = PagedQwen2(forward)
+    calls = []   # per call: whether it was a batch (positions given)
+    original = DecodeStep.__call__
+    monkeypatch.setattr(DecodeStep, "__call__",
+                        lambda self, *a, **k: calls.append(k.get("positions") is not None) or original(self, *a, **k))
+    want, want_pool = _decode_batch(model, forward, False, count)
+    got, got_pool = _decode_batch(model, forward, True, count)
+    assert calls.count(True) == 1                                 # the batch step went through C
+    assert got.shape == (count, forward.config.vocab_size) and torch.equal(got, want)
+    assert torch.equal(got_pool.k, want_pool.k) and torch.equal(got_pool.v, want_pool.v)
+
+
+def test_the_one_call_step_stops_for_a_better_class_and_keeps_going_for_others(quant_model_dir):
+    """The flag C reads before each layer (engine.batching.arrivals): an interactive request on
+    its way in stops a batch-class step (StepYielded); one of the step's own class does not."""
+    from engine.batching.arrivals import Arrivals, Interrupt
+    from engine.paged.forward import PagedQwen2, StepYielded
+
+    forward = _q8_forward(quant_model_dir)
+    model = PagedQwen2(forward)
+    arrivals = Arrivals()
+    arrivals.came(2)
+    want, _ = _decode_batch(model, forward, True, 3)
+    got, _ = _decode_batch(model, forward, True, 3, interrupt=Interrupt(arrivals, rank=2))
+    assert torch.equal(got, want)
+    arrivals.came(0)
+    with pytest.raises(StepYielded):
+        _decode_batch(model, forward, True, 3, interrupt=Interrupt(arrivals, rank=2))

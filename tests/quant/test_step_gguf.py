@@ -4,6 +4,7 @@ so the same logits and cache bit for bit, for every block format and mixed-forma
 from __future__ import annotations
 
 import pytest
+import torch
 
 from core.settings import load_settings
 from engine.forward import Qwen2Forward
@@ -11,7 +12,7 @@ from engine.loader import load_model
 from engine.ops.fused_ops import CAttentionOps
 from engine.quant.gguf_linear import BlockLinear
 from engine.quant.model import forward_weights
-from tests.quant.test_step import assert_one_call_equals_per_operation
+from tests.quant.test_step import _decode_batch, assert_one_call_equals_per_operation
 from tests.tiny_gguf import make_tiny_gguf
 
 # name -> (architecture, types, model args): every format the kernels run, mixed within a layer
@@ -52,3 +53,15 @@ def test_a_file_with_a_full_precision_matrix_keeps_the_per_operation_forward(tmp
     path = make_tiny_gguf(tmp_path / "f32-down.gguf")
     forward = _gguf_forward(path, tmp_path)
     assert forward.decode_step is None
+
+
+@pytest.mark.parametrize("name", ["qwen2-k", "qwen2-k-and-32"])
+def test_a_paged_decode_batch_over_gguf_blocks_equals_the_per_operation_path(files, tmp_path, name):
+    from engine.paged.forward import PagedQwen2
+
+    forward = _gguf_forward(files[name], tmp_path)
+    model = PagedQwen2(forward)
+    want, want_pool = _decode_batch(model, forward, False, 5)
+    got, got_pool = _decode_batch(model, forward, True, 5)
+    assert torch.equal(got, want)
+    assert torch.equal(got_pool.k, want_pool.k) and torch.equal(got_pool.v, want_pool.v)

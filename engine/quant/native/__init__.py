@@ -164,7 +164,7 @@ def _declare_decode(lib: ctypes.CDLL) -> None:
     # step.c (engine.quant.step): the model description, then the step's tokens and buffers
     lib.ms_decode_step.restype = ctypes.c_int
     lib.ms_decode_step.argtypes = [ptr, ptr, i64, ctypes.c_int, ptr, ptr, i64, ptr, i64, i64, ptr, ptr, i64, ptr,
-                                   ctypes.c_int]
+                                   ctypes.c_int, ptr, i64, ptr, ctypes.c_int32]
 
 
 VECTOR_PATHS = {2: "avx512-vnni", 1: "avx2", 0: "portable"}

@@ -148,6 +148,36 @@ static int attend_all(const ms_step_model *m, const step_buffers *b, kv_rows kv,
     return status;
 }
 
+/* The same for a decode-only batch: row t is the one new token of its own sequence, at
+ * positions[t], whose block table is tables[t * max_blocks ..]. Each kv head's thread rotates
+ * its heads in every row, then stores each row's k, v in its slot and attends over the row's
+ * positions (as ms_paged_attend_bf16 does per (row, kv head) pair). */
+static int attend_batch(const ms_step_model *m, const step_buffers *b, kv_rows kv, const int64_t *positions,
+                        const int64_t *tables, int64_t max_blocks, int64_t rows, const uint16_t *cos,
+                        const uint16_t *sin) {
+    const int64_t dim = m->head_dim, group = m->heads / m->kv_heads, q_size = m->heads * dim;
+    const int64_t kv_size = m->kv_heads * dim, stride = q_size + 2 * kv_size;
+    const float scale = (float)(1.0 / sqrt((double)dim));
+    int status = 0;
+    #pragma omp for schedule(static)
+    for (int64_t h = 0; h < m->kv_heads; h++) {
+        ms_rotary_bf16(b->qkv + h * group * dim, rows, stride, group, dim, cos, sin);
+        ms_rotary_bf16(b->qkv + q_size + h * dim, rows, stride, 1, dim, cos, sin);
+        for (int64_t t = 0; t < rows; t++) {
+            if (positions[t] / kv.block_size >= max_blocks) {
+                status |= 1;
+                continue;
+            }
+            kv_rows own = kv;
+            own.table = tables + t * max_blocks;
+            const uint16_t *k = b->qkv + t * stride + q_size + h * dim;
+            status |= ms_attend_head(&own, h, positions[t], b->qkv + t * stride + h * group * dim, k, k + kv_size,
+                                     group, dim, scale, b->attn + t * q_size + h * group * dim);
+        }
+    }
+    return status;
+}
+
 /* `rows` consecutive tokens of one sequence (a decode token, or a verify step's pending token
  * and drafts) through every layer, the final norm and the head. x: their embedding rows
  * [rows, hidden] (bf16), left holding the final hidden states. precise: two-byte activations
@@ -155,30 +185,41 @@ static int attend_all(const ms_step_model *m, const step_buffers *b, kv_rows kv,
  * NULL) or a paged pool [num_blocks, layers, block_size, kv_heads, dim] read through `table`
  * (the sequence's block table). The tokens sit at pos0..; cos / sin: their rotary rows [rows,
  * dim]. logits: float32 [rows - head_from, vocab], the head's bf16 outputs of rows head_from..
- * widened. Returns 0, 1 when memory runs out, 2 for more than 64 query heads per kv head. */
+ * widened. positions (not NULL): a decode-only batch instead, row t one token of its own sequence
+ * at positions[t] with block table table[t * max_blocks ..] of the paged pool (attend_batch).
+ * arrived (not NULL): read before each layer; when *arrived < rank the step stops there and
+ * returns 4 (a request of a better class came in: engine.batching.arrivals). Nothing it wrote
+ * matters then: the caller counts nothing computed, and the k, v it stored are written again.
+ * Returns 0, 1 when memory runs out or a position lies past its table, 2 for more than 64
+ * query heads per kv head, 4 when it stopped for an arrival. */
 int ms_decode_step(const ms_step_model *m, uint16_t *x, int64_t rows, int precise, uint16_t *keys,
                    uint16_t *values, int64_t capacity, const int64_t *table, int64_t block_size, int64_t pos0,
-                   const uint16_t *cos, const uint16_t *sin, int64_t head_from, float *logits, int threads) {
+                   const uint16_t *cos, const uint16_t *sin, int64_t head_from, float *logits, int threads,
+                   const int64_t *positions, int64_t max_blocks, const volatile int32_t *arrived, int32_t rank) {
+    if (positions && !table) return 3;
     if (m->heads / m->kv_heads > 64) return 2;
     if (rows <= 0 || head_from < 0 || head_from >= rows) return 3;
     const int64_t head_rows = rows - head_from, hidden = m->hidden;
     step_buffers b;
     if (buffers_alloc(m, rows, head_rows, &b)) return 1;
     const int64_t layer_elems = m->kv_heads * capacity * m->head_dim;
-    int status = 0;
+    int status = 0, stop = 0;
     #pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads())
     {
         for (int64_t l = 0; l < m->layers; l++) {
             const ms_step_layer *L = m->layer + l;
             #pragma omp single
             {
+                stop = arrived != NULL && *arrived < rank;   /* every thread reads it after the barrier */
                 if (l > 0) add_into(x, b.y, rows * hidden);   /* the previous layer's MLP residual */
                 ms_rms_norm_bf16(x, L->input_norm, b.h, rows, hidden, m->eps, (int)m->torch_lanes);
             }
+            if (stop) break;
             linear(&L->qkv, b.h, b.qkv, rows, precise, &b);
             kv_rows kv = {keys, values, capacity, table, m->layers, l, block_size, m->kv_heads};
             if (!table) kv.keys += l * layer_elems, kv.values += l * layer_elems;
-            int failed = attend_all(m, &b, kv, pos0, rows, cos, sin);
+            int failed = positions ? attend_batch(m, &b, kv, positions, table, max_blocks, rows, cos, sin)
+                                   : attend_all(m, &b, kv, pos0, rows, cos, sin);
             if (failed) {
                 #pragma omp atomic
                 status |= failed;
@@ -194,6 +235,7 @@ int ms_decode_step(const ms_step_model *m, uint16_t *x, int64_t rows, int precis
             ms_silu_mul_bf16(b.gate_up, b.act, rows, m->intermediate);
             linear(&L->down, b.act, b.y, rows, precise, &b);
         }
+        if (!stop) {
         #pragma omp single
         {
             if (m->layers > 0) add_into(x, b.y, rows * hidden);
@@ -202,7 +244,8 @@ int ms_decode_step(const ms_step_model *m, uint16_t *x, int64_t rows, int precis
         linear(&m->head, b.h, b.logits, head_rows, precise, &b);
         #pragma omp for schedule(static)
         for (int64_t i = 0; i < head_rows * m->vocab; i++) logits[i] = bf16_to_f32(b.logits[i]);
+        }
     }
     buffers_free(&b);
-    return status;
+    return stop ? 4 : status;
 }
