@@ -63,9 +63,9 @@ def native_refusal(index: GGUFIndex) -> str | None:
 
 # ``auto``'s choice (docs/quantization.md, "`auto`"; results/model_sizes.json, both paths on one
 # file in one run): on a Qwen2.5-1.5B-shaped Q4_K_M file (all Q4_K/Q6_K) the native path decoded
-# 21.3 tokens/s at batch 1 against q8's 20.2, in a fifth of the memory; on the 0.5B shape (85%
-# Q5_0/Q8_0 bytes, as the bundled default) q8 stayed ahead (55.9 against 48.5; 8 clients 151.9
-# against 121.1).
+# 25.4 tokens/s at batch 1 against q8's 19.0 (8 clients: 50.1 against 62.6), in a fifth of the
+# memory; on the 0.5B shape (85% Q5_0/Q8_0 bytes, as the bundled default) q8 stayed ahead (65.3
+# against 57.9; 8 clients 174.3 against 112.8).
 K_SHARE_FOR_AUTO = 0.5
 # The q8 path's peak while it prepares a file, per parameter (a full-precision copy, then int8):
 # 6.6 and 6.0 bytes on the Qwen2.5 0.5B and 1.5B shapes (results/model_sizes.json), rounded up.
