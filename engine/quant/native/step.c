@@ -149,9 +149,9 @@ static int attend_all(const ms_step_model *m, const step_buffers *b, kv_rows kv,
 }
 
 /* The same for a decode-only batch: row t is the one new token of its own sequence, at
- * positions[t], whose block table is tables[t * max_blocks ..]. Each kv head's thread rotates
- * its heads in every row, then stores each row's k, v in its slot and attends over the row's
- * positions (as ms_paged_attend_bf16 does per (row, kv head) pair). */
+ * positions[t], whose block table is tables[t * max_blocks ..]. The team rotates every row's
+ * heads (a kv head's group and key per thread), then each (row, kv head) pair stores the row's
+ * k, v in its slot and attends over the row's positions, as ms_paged_attend_bf16 does. */
 static int attend_batch(const ms_step_model *m, const step_buffers *b, kv_rows kv, const int64_t *positions,
                         const int64_t *tables, int64_t max_blocks, int64_t rows, const uint16_t *cos,
                         const uint16_t *sin) {
@@ -163,7 +163,10 @@ static int attend_batch(const ms_step_model *m, const step_buffers *b, kv_rows k
     for (int64_t h = 0; h < m->kv_heads; h++) {
         ms_rotary_bf16(b->qkv + h * group * dim, rows, stride, group, dim, cos, sin);
         ms_rotary_bf16(b->qkv + q_size + h * dim, rows, stride, 1, dim, cos, sin);
-        for (int64_t t = 0; t < rows; t++) {
+    }
+    #pragma omp for collapse(2) schedule(static)
+    for (int64_t t = 0; t < rows; t++) {
+        for (int64_t h = 0; h < m->kv_heads; h++) {
             if (positions[t] / kv.block_size >= max_blocks) {
                 status |= 1;
                 continue;
