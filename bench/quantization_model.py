@@ -24,7 +24,7 @@ from engine.openmp import release_thread_team
 from engine.forward import Qwen2Forward
 from engine.loader import load_model
 from engine.packed import packing_available
-from engine.quant.model import bytes_per_token, pack_weights, quantize_weights
+from engine.quant.model import bytes_per_token, forward_weights, pack_weights, quantize_weights
 from engine.types import GenerationRequest, SamplingParams
 from engine.weights import fuse_projections
 
@@ -39,7 +39,11 @@ def load_engines(args: argparse.Namespace, modes: tuple[str, ...]) -> tuple[dict
     packed = pack_weights(weights) if packing_available(weights.dtype, weights.device) else weights
     forwards = {"none": Qwen2Forward(packed)}
     for mode in modes:
-        if mode != "none":
+        if mode == "gguf":  # the model's GGUF file on its own blocks, as MINISERVE_QUANT=gguf loads it
+            native = load_model(load_settings(model=args.model, dtype="bfloat16", device="cpu",
+                                              threads=args.threads, quant="gguf"))
+            forwards[mode] = Qwen2Forward(forward_weights(native.model))
+        elif mode != "none":
             # as a worker quantizes them (engine.quant.model.quantize_model): from the folder's stored values
             forwards[mode] = Qwen2Forward(quantize_weights(weights, mode, source=loaded.path)[0])
     engines = {}
@@ -92,6 +96,8 @@ def run_model_benchmark(args: argparse.Namespace, prompts: list[str], modes: tup
     quality = {s: free_running(reference, outputs[s]) for s in settings}
     for mode in modes:
         quality[mode]["agree_tf"] = 1.0 if mode == "none" else teacher_forced(forwards[mode], prompt_ids, reference)
+        if llama:  # greedy tokens equal to llama.cpp's on the same file, position by position
+            quality[mode]["agree_llama"] = free_running(outputs[LLAMA], outputs[mode])["agree_free"]
     print("quality:", quality, flush=True)
 
     # speed, batch 1: interleaved rounds, setting order rotated each round. The teacher-forced
@@ -135,6 +141,7 @@ def run_model_benchmark(args: argparse.Namespace, prompts: list[str], modes: tup
                "agree_free": round(quality[setting]["agree_free"], 3),
                "identical": f"{quality[setting]['identical']}/{len(prompts)}",
                "agree_tf": round(quality[setting].get("agree_tf", float("nan")), 3),
+               "agree_llama": round(quality[setting]["agree_llama"], 3) if "agree_llama" in quality[setting] else "",
                "mb_per_token": round(step_bytes.get(setting, 0) / 1e6, 1)}
         floor = gbs * 1e9 / step_bytes[setting] if step_bytes.get(setting) else 0.0
         row["floor_tps"] = round(floor, 1)

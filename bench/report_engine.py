@@ -112,20 +112,22 @@ def read_speculative(root: Path) -> Figures:
     return figures
 
 
-QUANT_SETTINGS = ("none", "q8", "llama.cpp")  # what MINISERVE_QUANT offers, and the reference
+QUANT_SETTINGS = ("none", "q8", "gguf", "llama.cpp")  # what MINISERVE_QUANT offers, and the reference
 
 
 def read_quantization(root: Path) -> Figures:
     data = load_json(root, "results/quantization.json")
     rows = [[r["setting"], num(r["decode_tps_b1"], 1), ratio(r["speedup_b1"]), ratio(r["vs_llama_b1"]),
              num(r.get("decode_tps_batched"), 1), num(r["agree_free"], 3), num(r.get("agree_tf"), 3),
-             num(r.get("worker_mb"), 0)]
+             num(r.get("agree_llama"), 3), num(r.get("worker_mb"), 0)]
             for r in data["rows"] if r["setting"] in QUANT_SETTINGS]
     figures = Figures(["setting", "decode tok/s, batch 1", "vs none", "vs llama.cpp",
                        f"tok/s, batch {data['args'].get('batch', '')}", "agreement, free-running",
-                       "agreement, teacher-forced", "worker MB"], rows, data["machine"],
+                       "agreement, teacher-forced", "agreement with llama.cpp", "worker MB"], rows, data["machine"],
                       "python -m bench.quantization")
-    figures.notes.append("Agreement: the share of greedy tokens equal to the bf16 reference's.")
+    figures.notes.append("Agreement: the share of greedy tokens equal to the bf16 reference's, position by "
+                         "position (free-running) or given the reference's tokens so far (teacher-forced); with "
+                         "llama.cpp: equal to llama.cpp's own greedy tokens on the same GGUF file (free-running).")
     q8 = next(r for r in rows if r[0] == "q8")
     figures.headline.append(f"`q8` weights (the CPU default): {q8[1]} tok/s at batch 1, {q8[2]} bf16 and "
                             f"{q8[3]} llama.cpp on the same machine, free-running agreement {q8[5]}")
