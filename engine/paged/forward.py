@@ -10,11 +10,10 @@ the biggest matmul).  The model's weights are read in place, never copied.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from engine.batching.arrivals import Interrupt
 from engine.forward import Qwen2Forward
 from engine.ops.fused_ops import C_MAX_TOKENS
 from engine.ops.interface import SmallOps
@@ -22,6 +21,9 @@ from engine.ops.torch_ops import EXACT
 from engine.quant import q8
 from engine.paged.attention import PagedBatch, paged_attention
 from engine.paged.pool import KVBlockPool, KVGeometry
+
+if TYPE_CHECKING:  # the scheduler's (engine.batching) object; the forward only reads its flag
+    from engine.batching.arrivals import Interrupt
 
 
 class StepYielded(Exception):

@@ -16,8 +16,8 @@ step's pending token and drafts, a short chunk) of a forward whose every project
 q8/q5 or GGUF block-format parts, and whose small operations attend in C
 (:class:`engine.ops.fused_ops.CAttentionOps`): it is the whole-step kernel that the operations'
 chooser hands out (:func:`engine.ops.choose.whole_step_for`). A contiguous cache
-(engine.kv_cache) or a lone paged sequence (engine.paged.forward) hands it the step. Other
-steps keep the Python forward.
+(engine.kv_cache), a lone paged sequence or a decode-only paged batch, one token per sequence
+(engine.paged.forward) hands it the step. Other steps keep the Python forward.
 """
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-/* A whole decode (or verify) step of one sequence of a q8 / q5 model, or of a GGUF file's own
- * block-format weights (gguf.c's team kernels), in one call and one parallel region: up to a few consecutive tokens, every layer, the final norm and the head.
+/* A whole decode (or verify) step of a q8 / q5 model, or of a GGUF file's own block-format
+ * weights (gguf.c's team kernels), in one call and one parallel region: up to a few consecutive
+ * tokens of one sequence, or one token each of a paged batch, through every layer, the final
+ * norm and the head.
  *
  * Why: the step's linears read the weights in ~15 ms on a 2-core machine, and the Python
  * around them (a dozen calls per layer: each linear's wrapper, its allocation, the fused small
@@ -10,7 +12,7 @@
  *
  * The model (ms_step_model) is described once by engine/quant/step.py (pointers into the
  * loaded weights); each call passes the tokens' embedding rows, where their keys and values go
- * (a contiguous cache, or one paged sequence's block table), their rotary rows, and whether
+ * (a contiguous cache, or the paged block table of the sequence or of each row), their rotary rows, and whether
  * their activations go in two bytes (q8.c's `precise`, as engine.quant.q8.linear would choose).
  */
 #include <math.h>
