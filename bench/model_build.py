@@ -1,12 +1,13 @@
 """Random-weight GGUF files of a :class:`bench.model_shapes.ModelShape`, built once and cached.
 
-transformers builds the model from the shape's config with random weights (normal, std 0.02,
-bf16) and saves it with a tokenizer (:mod:`bench.model_shapes` says which); llama.cpp's own
-converter (``convert_hf_to_gguf.py``, installed beside the binaries by
-scripts/build_llama_cpp.sh) writes a BF16 GGUF; ``llama-quantize`` makes each asked type from
-it. Files land in ``<cache_dir>/sizes/<shape>-<shape key>-<TYPE>.gguf``; the safetensors folder
-and the BF16 file are deleted once the types are made. One model is built at a time, its
-weights freed before the converter runs (a 3B shape holds 6 GB of bf16 weights while saved).
+The shape's config gives the parameter names and shapes (transformers on the meta device), each
+filled with random bf16 values (normal, std 0.02) and written a shard at a time with a tokenizer
+(:mod:`bench.model_shapes` says which); llama.cpp's own converter (``convert_hf_to_gguf.py``,
+installed beside the binaries by scripts/build_llama_cpp.sh) writes a BF16 GGUF;
+``llama-quantize`` makes each asked type from it. Files land in
+``<cache_dir>/sizes/<shape>-<shape key>-<TYPE>.gguf``; the safetensors folder and the BF16 file
+are deleted once the types are made. No more than one 2 GB shard is ever in memory, so even the
+8B shape builds on a 24 GB machine (it needs 16 GB of disk for the BF16 file meanwhile).
 """
 from __future__ import annotations
 
@@ -68,19 +69,66 @@ def _require(tool: Path) -> None:
 
 
 def save_random_model(shape: ModelShape, folder: Path, cache_dir: Path) -> Path:
-    """A safetensors folder of ``shape`` with random bf16 weights and the family's tokenizer."""
+    """A safetensors folder of ``shape`` with random bf16 weights and the family's tokenizer.
+
+    The model is built on the meta device, so only its parameter names and shapes exist; each
+    tensor is then drawn, written into a shard of about 2 GB and dropped. The build never holds
+    more than one shard, which is what lets the 8B shape (16 GB of bf16) be built on 24 GB.
+    Matrices are normal with std 0.02 (transformers' initializer range), norm weights one and
+    biases zero, as transformers initializes them.
+    """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = hf_config(shape)
-    config_obj = AutoConfig.for_model(**config)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config_obj, dtype=torch.bfloat16)
-    model.save_pretrained(folder)
+    config_obj = AutoConfig.for_model(**hf_config(shape))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config_obj, dtype=torch.bfloat16)
+    parameters = [(name, tuple(p.shape)) for name, p in model.named_parameters()]  # a tied matrix once
     del model
-    gc.collect()
+    folder.mkdir(parents=True, exist_ok=True)
+    config_obj.save_pretrained(folder)
+    _write_shards(parameters, folder, torch.Generator().manual_seed(0))
     tokenizer(shape, cache_dir).save_pretrained(folder)
     return folder
+
+
+SHARD_BYTES = 2 << 30
+
+
+def _write_shards(parameters: list[tuple[str, tuple[int, ...]]], folder: Path, generator) -> None:
+    """Random bf16 tensors in numbered shards plus the index that maps each name to its shard."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    groups: list[list[tuple[str, tuple[int, ...]]]] = [[]]
+    size = 0
+    for name, dims in parameters:
+        nbytes = 2 * int(torch.tensor(dims).prod()) if dims else 2
+        if groups[-1] and size + nbytes > SHARD_BYTES:
+            groups.append([])
+            size = 0
+        groups[-1].append((name, dims))
+        size += nbytes
+    weight_map = {}
+    for number, group in enumerate(groups, 1):
+        shard = f"model-{number:05d}-of-{len(groups):05d}.safetensors"
+        save_file({name: _random_tensor(name, dims, generator) for name, dims in group},
+                  str(folder / shard), metadata={"format": "pt"})
+        weight_map.update({name: shard for name, _ in group})
+        gc.collect()
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+def _random_tensor(name: str, dims: tuple[int, ...], generator):
+    import torch
+
+    if len(dims) >= 2:
+        return (torch.randn(dims, generator=generator) * 0.02).to(torch.bfloat16)
+    if name.endswith("bias"):
+        return torch.zeros(dims, dtype=torch.bfloat16)
+    return torch.ones(dims, dtype=torch.bfloat16)
 
 
 def tokenizer(shape: ModelShape, cache_dir: Path):

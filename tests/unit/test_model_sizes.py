@@ -126,3 +126,24 @@ def test_a_skipped_side_keeps_the_earlier_runs_figures_for_the_same_file():
     rebuilt = {"gguf": "b.gguf"}  # another file (the shape changed): nothing carried over
     carry(rebuilt, old, Namespace(skip_ours=True, skip_llama=True, ours_quant=["auto"]))
     assert rebuilt == {"gguf": "b.gguf"}
+
+
+def test_random_weights_are_written_a_shard_at_a_time_with_an_index(tmp_path, monkeypatch):
+    import bench.model_build as build
+    import torch
+    from safetensors.torch import load_file
+
+    monkeypatch.setattr(build, "SHARD_BYTES", 1500)
+    parameters = [("embed.weight", (40, 16)), ("layers.0.norm.weight", (16,)), ("layers.0.q.bias", (16,)),
+                  ("layers.0.q.weight", (16, 16)), ("lm_head.weight", (40, 16))]
+    build._write_shards(parameters, tmp_path, torch.Generator().manual_seed(0))
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]
+    assert sorted(index) == sorted(name for name, _ in parameters)
+    shards = sorted(set(index.values()))
+    assert len(shards) == 3 and all(s.endswith(f"-of-{len(shards):05d}.safetensors") for s in shards)
+    loaded = {k: v for shard in shards for k, v in load_file(tmp_path / shard).items()}
+    assert {k: tuple(v.shape) for k, v in loaded.items()} == dict(parameters)
+    assert all(v.dtype == torch.bfloat16 for v in loaded.values())
+    assert torch.equal(loaded["layers.0.norm.weight"], torch.ones(16, dtype=torch.bfloat16))
+    assert not loaded["layers.0.q.bias"].any()
+    assert 0.015 < loaded["embed.weight"].float().std() < 0.025
