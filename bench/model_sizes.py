@@ -14,9 +14,10 @@ types (:mod:`bench.model_build`; decode speed depends on shapes, not values). Fo
 - llama.cpp (:mod:`bench.model_sizes_llama`): ``llama-bench`` pp512 and tg, ``llama-server``
   with one slot per client for batch 8, its ready time and memory;
 - the bandwidth floor (:mod:`bench.bandwidth_floor`): the machine's read bandwidth over the
-  bytes a token reads. The bandwidth is sampled three times at the start and three at the end
-  (``--threads`` threads, a 1 GB buffer) and the best sample is used: on a shared host a busy
-  neighbour only ever lowers a sample, so the best is the closest to what the machine can do.
+  bytes a token reads. On a shared host the bandwidth drifts (30 to 51 GB/s within one run on
+  a 2-core EPYC), so it is sampled (``--threads`` threads, a 1 GB buffer) right before and right
+  after each side's measurement, and that side's share of the floor uses the better of its own
+  two samples; the file's ``floor_tps`` uses the median of every sample of the run.
 
 Results are written after every file (a partial run keeps what it measured) to
 ``results/model_sizes.json`` and ``.csv``. The machine is shared on some hosts: ``--note``
@@ -31,6 +32,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -43,7 +45,6 @@ from bench.stats import machine_info, print_table, read_bandwidth_gbs, write_csv
 
 OURS, LLAMA = "MiniServe", "llama.cpp"
 CLIENTS = 8
-BANDWIDTH_SAMPLES = 3  # at the start and at the end of a run
 RESULT_PREFIX = "RESULT "
 
 
@@ -136,12 +137,14 @@ def file_info(shape: ModelShape, quant: str, gguf: Path) -> dict[str, Any]:
 
 
 def add_floor(entry: dict[str, Any], bandwidth_gbs: float) -> None:
-    """The file's floor and each side's batch-1 decode as a share of it."""
-    floor = floor_tps(bandwidth_gbs, int(entry["mb_per_token"] * 1e6))
-    entry["floor_tps"] = round(floor, 1)
+    """The file's floor at ``bandwidth_gbs``, and each side's batch-1 decode as a share of the
+    floor at its own bandwidth samples (the better of them) where it has them."""
+    token = int(entry["mb_per_token"] * 1e6)
+    entry["floor_tps"] = round(floor_tps(bandwidth_gbs, token), 1)
     for side in sides_of(entry):
         if "error" not in entry[side]:
-            entry[side]["b1_pct_of_floor"] = pct_of_floor(entry[side].get("b1_tps"), floor)
+            own = max(entry[side].get("bandwidth_gbs") or [bandwidth_gbs])
+            entry[side]["b1_pct_of_floor"] = pct_of_floor(entry[side].get("b1_tps"), floor_tps(own, token))
 
 
 def flat_rows(files: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -152,9 +155,10 @@ def flat_rows(files: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def measure_file(entry: dict[str, Any], gguf: Path, args: argparse.Namespace, cache: Path,
-                 saved: Callable[[], None]) -> None:
+                 saved: Callable[[], None], samples: list[float]) -> None:
     """Each side not skipped, into ``entry``, ``saved`` after each; a side that fails records its
-    error, and the run goes on."""
+    error, and the run goes on. The read bandwidth is sampled right before and after each side
+    (kept with the side, and added to ``samples``)."""
     from bench.model_sizes_llama import measure as llama_measure
 
     sides = {} if args.skip_ours else {ours_side(q): (lambda q=q: run_ours(gguf, args, cache, q))
@@ -162,11 +166,14 @@ def measure_file(entry: dict[str, Any], gguf: Path, args: argparse.Namespace, ca
     if not args.skip_llama:
         sides[LLAMA] = lambda: llama_measure(Path(args.llama_bin), gguf, args.threads, args.tokens, CLIENTS)
     for side, measure in sides.items():
+        before = read_bandwidth_gbs(mb=1024)
         try:
             entry[side] = measure()
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
             entry[side] = {"error": str(exc)[-600:]}
             print(f"{entry['model']} {entry['quant']} {side} failed: {exc}", flush=True)
+        entry[side]["bandwidth_gbs"] = [round(before, 2), round(read_bandwidth_gbs(mb=1024), 2)]
+        samples += entry[side]["bandwidth_gbs"]
         saved()
 
 
@@ -184,8 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     before = previous_run(out / "model_sizes.json")
     previous = {(f["model"], f["quant"]): f for f in before.get("files", [])}
     run = {"llama_cpp": before.get("llama_cpp", "") if args.skip_llama else version(Path(args.llama_bin)),
-           "note": args.note, "bandwidth": bandwidth_samples(), "load": [round(os.getloadavg()[0], 1)]}
-    print(f"read bandwidth {max(run['bandwidth']):.1f} GB/s ({args.threads} threads)", flush=True)
+           "note": args.note, "bandwidth": [], "load": [round(os.getloadavg()[0], 1)]}
     files: list[dict[str, Any]] = []
     for shape in shapes:
         for quant, gguf in ensure_files(shape, args.types, Path(args.llama_bin), cache).items():
@@ -194,25 +200,19 @@ def main(argv: list[str] | None = None) -> int:
             files.append(entry)
 
             def saved() -> None:
-                add_floor(entry, max(run["bandwidth"]))
+                add_floor(entry, statistics.median(run["bandwidth"] or [0.0]))
                 write(out, args, files + list(previous.values()), run)
-            measure_file(entry, gguf, args, cache, saved)
+            measure_file(entry, gguf, args, cache, saved, run["bandwidth"])
             print(json.dumps(entry), flush=True)
-    run["bandwidth"] += bandwidth_samples()
     run["load"].append(round(os.getloadavg()[0], 1))
     for entry in files:
-        add_floor(entry, max(run["bandwidth"]))
+        add_floor(entry, statistics.median(run["bandwidth"] or [0.0]))
     files += previous.values()  # files this run did not ask for keep their earlier figures
     write(out, args, files, run)
     print_table(flat_rows(files), ["model", "quant", "side", "b1_tps", "b1_pct_of_floor", f"b{CLIENTS}_tps",
                                    "pp512_tps", "rss_after_load_mb", "peak_load_mb", "ready_s"])
     print(f"wrote {out}/model_sizes.json, model_sizes.csv")
     return 0
-
-
-def bandwidth_samples() -> list[float]:
-    """A few read-bandwidth samples in a row (GB/s; each is itself a median of seven sums)."""
-    return [read_bandwidth_gbs(mb=1024) for _ in range(BANDWIDTH_SAMPLES)]
 
 
 def write(out: Path, args: argparse.Namespace, files: list[dict[str, Any]], run: dict[str, Any]) -> None:

@@ -94,6 +94,14 @@ def test_add_floor_gives_each_side_its_share_of_the_floor():
     assert [r["side"] for r in flat_rows([entry])] == ["MiniServe", "llama.cpp"]
 
 
+def test_a_side_with_its_own_bandwidth_samples_is_measured_against_the_better_one():
+    entry = _results()["files"][0]
+    entry["MiniServe"]["bandwidth_gbs"] = [20.0, 30.0]   # the floor at 30 GB/s: 37.5 tok/s
+    add_floor(entry, 40.0)
+    assert entry["floor_tps"] == 50.0
+    assert entry["MiniServe"]["b1_pct_of_floor"] == 40.0 and entry["llama.cpp"]["b1_pct_of_floor"] == 60.0
+
+
 def test_the_report_shows_both_sides_and_their_ratios(tmp_path: Path):
     (tmp_path / "results").mkdir()
     (tmp_path / "results/model_sizes.json").write_text(json.dumps(_results()))
