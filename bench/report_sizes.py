@@ -70,9 +70,11 @@ def add_sizes(figures: Figures, root: Path) -> None:
         ["model", "type", "side", "MB read per token", "floor tok/s", "batch 1", f"{clients} clients", "pp512",
          "RSS after load", "peak while loading / file"], ratio_rows(data)))
     figures.notes.append(
-        f"Sizes: the floor is the read bandwidth ({', '.join(num(b, 1) for b in bandwidth)} GB/s sampled at the start "
-        "and the end, the best used) over the bytes a batch-1 token reads: every tensor as stored, the embedding table's one "
-        "row unless it is also the output matrix (tied), KV cache left out. MiniServe's memory is its worker "
+        "Sizes: the floor is the read bandwidth over the bytes a batch-1 token reads: every tensor as stored, "
+        "the embedding table's one row unless it is also the output matrix (tied), KV cache left out. The bandwidth "
+        "drifts on a shared host, so it is sampled right before and after each side's measurement: a side's % of "
+        "the floor uses the better of its own two samples, the floor column the median of the run's "
+        f"({', '.join(num(b, 1) for b in bandwidth)} GB/s). MiniServe's memory is its worker "
         "process's own (`VmRSS` after the load, `VmHWM` for the peak) with a paged pool of llama-server's context "
         f"({clients} x 1,024 tokens); its ready time is a second start, the first start (the file's one-time "
         "preparation included, on an empty cache folder) in brackets. llama-server's ready time runs to `/health` "
