@@ -10,7 +10,7 @@ the biggest matmul).  The model's weights are read in place, never copied.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -22,8 +22,19 @@ from engine.quant import q8
 from engine.paged.attention import PagedBatch, paged_attention
 from engine.paged.pool import KVBlockPool, KVGeometry
 
-if TYPE_CHECKING:  # the scheduler's (engine.batching) object; the forward only reads its flag
-    from engine.batching.arrivals import Interrupt
+
+class Interrupt(Protocol):
+    """What a step asks between layers (engine.batching.arrivals.Interrupt is one): has a
+    request come in that outranks ``rank``? A one-call C step reads the int32 at ``address``.
+    A protocol here, so the forward does not import the batching layer above it."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def address(self) -> int: ...
+
+    def __call__(self) -> bool: ...
 
 
 class StepYielded(Exception):
