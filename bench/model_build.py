@@ -12,6 +12,7 @@ are deleted once the types are made. No more than one 2 GB shard is ever in memo
 from __future__ import annotations
 
 import math
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -54,12 +55,22 @@ def bf16_file(shape: ModelShape, llama_bin: Path, cache_dir: Path) -> Path:
         return target
     _require(llama_bin / CONVERTER)
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_leftovers(target.parent, shape)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".build-{shape.name}-") as tmp:
         folder = save_random_model(shape, Path(tmp) / "hf", cache_dir)
         partial = Path(tmp) / "model-bf16.gguf"
         _run([sys.executable, str(llama_bin / CONVERTER), str(folder), "--outtype", "bf16", "--outfile", str(partial)])
         partial.replace(target)
     return target
+
+
+def remove_leftovers(folder: Path, shape: ModelShape) -> None:
+    """Delete what a killed build of ``shape`` left behind: a SIGTERM or SIGKILL skips the
+    temporary folder's clean-up, and at 8B its safetensors are 16 GB of disk."""
+    for leftover in folder.glob(f".build-{shape.name}-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    for partial in folder.glob(f"{shape.name}-{shape.key()}-*.partial"):
+        partial.unlink(missing_ok=True)
 
 
 def _require(tool: Path) -> None:

@@ -63,8 +63,10 @@ def names_gguf_file(settings: Settings) -> bool:
 
 def gguf_model_dir(cache_dir: Path | str, gguf: Path, show_progress: bool = False) -> Path:
     """The prepared folder of a GGUF file, keyed by its content: renaming or moving the file
-    reuses it, and a changed file with the same name gets a folder of its own."""
-    return Path(cache_dir) / "models" / f"gguf-{file_sha256(gguf, show_progress)}"
+    reuses it, and a changed file with the same name gets a folder of its own. The digest is
+    remembered in ``models/.digests`` so a later start (web or worker) does not read the file."""
+    models = Path(cache_dir) / "models"
+    return models / f"gguf-{file_sha256(gguf, show_progress, remember_in=models / '.digests')}"
 
 
 def names_a_folder(settings: Settings) -> bool:

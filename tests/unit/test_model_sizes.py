@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench.bandwidth_floor import TensorBytes, floor_tps, pct_of_floor, token_bytes
-from bench.model_build import gguf_path
+from bench.model_build import gguf_path, remove_leftovers
 from bench.model_shapes import DEFAULT_SIZES, ON_REQUEST, SHAPES, hf_config, param_count, resolve
 from bench.model_sizes import add_floor, flat_rows
 from bench.report_figures import Figures
@@ -52,6 +52,17 @@ def test_cached_files_are_keyed_by_shape_and_type(tmp_path):
 def _tensors(tied: bool) -> list[TensorBytes]:
     out = [TensorBytes("token_embd.weight", 1000 * 100, 1000), TensorBytes("blk.0.ffn_up.weight", 5000, 10)]
     return out if tied else out + [TensorBytes("output.weight", 2000, 1000)]
+
+
+def test_a_killed_builds_leftovers_of_the_same_shape_are_removed(tmp_path):
+    qwen, llama = SHAPES["qwen2.5-1.5b"], SHAPES["llama3.2-1b"]
+    sizes = gguf_path(tmp_path, qwen, "Q4_K_M").parent
+    (sizes / f".build-{qwen.name}-x1" / "hf").mkdir(parents=True)
+    (sizes / f".build-{llama.name}-x2").mkdir()
+    gguf_path(tmp_path, qwen, "Q4_K_M").with_suffix(".partial").write_bytes(b"half")
+    gguf_path(tmp_path, qwen, "Q8_0").write_bytes(b"whole")
+    remove_leftovers(sizes, qwen)
+    assert sorted(p.name for p in sizes.iterdir()) == [f".build-{llama.name}-x2", gguf_path(tmp_path, qwen, "Q8_0").name]
 
 
 def test_a_tied_table_is_read_whole_as_the_output_matrix_plus_one_row():
