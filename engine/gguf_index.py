@@ -65,6 +65,16 @@ class GGUFIndex:
             raise GGUFIndexError(f"GGUF file {self.path} has no general.architecture")
         return arch
 
+    def release(self, name: str) -> None:
+        """Drop the tensor's pages from this process's resident memory (they stay in the page
+        cache): for a tensor that was copied elsewhere (interleaved) and is not read here again."""
+        info = self.tensors[name]
+        page = mmap.PAGESIZE
+        start = -(-info.offset // page) * page
+        stop = (info.offset + info.nbytes) // page * page
+        if stop > start:
+            self.mapping._mmap.madvise(mmap.MADV_DONTNEED, start, stop - start)
+
     def data(self, name: str) -> np.ndarray:
         """The tensor's bytes as a view of the mapping: ``[rows, row_bytes]`` uint8 for a block
         format, the float values ``shape`` for F32/F16, uint8 bytes otherwise."""

@@ -15,6 +15,13 @@ same bytes (about 15% of a Llama file), never a full-precision matrix.
 
 The fused projections of the forward (q/k/v, gate/up) are one :class:`BlockLinear` each whose
 parts are the separate tensors, whatever their types.
+
+A second exception, on AVX512-VNNI CPUs: a projection in Q4_K whose rows come in groups of 16 is
+interleaved by 16 rows once here (:meth:`BlockWeight.interleave`, the same bytes in new places,
+a heap copy made tensor by tensor), and its pages of the mapping are dropped from the process
+(:meth:`GGUFIndex.release`), so the load's peak stays about one copy of those bytes. llama.cpp
+does the same for Q4_K (its ``CPU_REPACK`` buffer). The decode kernel then reads 16 rows per
+instruction: at batch 1 it needed about half the instructions per byte.
 """
 from __future__ import annotations
 
@@ -137,6 +144,17 @@ class GGUFTensors:
             return _as_tensor(data).view(torch.bfloat16).reshape(rows, cols)
         raise GGUFWeightsError(f"{name} is {kind.name}, which the native path cannot run")
 
+    def linear_part(self, name: str, rows: int, cols: int, heads: int | None = None) -> Part:
+        """:meth:`part` for a projection: interleaved where this CPU's decode kernel reads that
+        layout (the embedding is not: its rows are looked up one at a time)."""
+        part = self.part(name, rows, cols, heads)
+        if not isinstance(part, BlockWeight):
+            return part
+        interleaved = part.interleave()
+        if interleaved is not part:
+            self.index.release(name)
+        return interleaved
+
     def vector(self, name: str, dtype: torch.dtype, size: int, heads: int | None = None) -> torch.Tensor:
         """A small 1-D tensor (norm or bias) copied to ``dtype``."""
         tensor = self._tensor(name)
@@ -168,7 +186,7 @@ def read_gguf_weights(path: Path | str, config: Any, dtype: torch.dtype) -> Qwen
             raise UnsupportedArchitecture("the GGUF has no output.weight but the config does not tie the head")
         head = BlockLinear((embed_part,))
     else:
-        head = BlockLinear((tensors.part("output.weight", cfg.vocab_size, cfg.hidden_size),))
+        head = BlockLinear((tensors.linear_part("output.weight", cfg.vocab_size, cfg.hidden_size),))
     return Qwen2Weights(config=cfg, embed=BlockEmbedding(embed_part, dtype), layers=layers,
                         norm=tensors.vector("output_norm.weight", dtype, cfg.hidden_size), lm_head=head)
 
@@ -177,7 +195,7 @@ def _layer(tensors: GGUFTensors, cfg: ForwardConfig, index: int, dtype: torch.dt
     blk, hidden, inter = f"blk.{index}.", cfg.hidden_size, cfg.intermediate_size
     q, kv = cfg.q_size, cfg.kv_size
     heads = {"attn_q": (q, cfg.num_heads), "attn_k": (kv, cfg.num_kv_heads), "attn_v": (kv, None)}
-    qkv_parts = tuple(tensors.part(f"{blk}{n}.weight", rows, hidden, h) for n, (rows, h) in heads.items())
+    qkv_parts = tuple(tensors.linear_part(f"{blk}{n}.weight", rows, hidden, h) for n, (rows, h) in heads.items())
     qkv_bias = [tensors.optional_vector(f"{blk}{n}.bias", torch.float32, rows, h) for n, (rows, h) in heads.items()]
     if any(b is not None for b in qkv_bias) and any(b is None for b in qkv_bias):
         raise GGUFWeightsError(f"{blk}: some of q/k/v have a bias and some do not")
@@ -185,13 +203,13 @@ def _layer(tensors: GGUFTensors, cfg: ForwardConfig, index: int, dtype: torch.dt
     return LayerWeights(
         input_norm=tensors.vector(f"{blk}attn_norm.weight", dtype, hidden),
         qkv=BlockLinear(qkv_parts, None if qkv_bias[0] is None else torch.cat(qkv_bias)),
-        o=BlockLinear((tensors.part(f"{blk}attn_output.weight", hidden, q),),
+        o=BlockLinear((tensors.linear_part(f"{blk}attn_output.weight", hidden, q),),
                       tensors.optional_vector(f"{blk}attn_output.bias", torch.float32, hidden)),
         post_norm=tensors.vector(f"{blk}ffn_norm.weight", dtype, hidden),
-        gate_up=BlockLinear((tensors.part(f"{blk}ffn_gate.weight", inter, hidden),
-                             tensors.part(f"{blk}ffn_up.weight", inter, hidden)),
+        gate_up=BlockLinear((tensors.linear_part(f"{blk}ffn_gate.weight", inter, hidden),
+                             tensors.linear_part(f"{blk}ffn_up.weight", inter, hidden)),
                             _pair_bias(tensors, blk, inter)),
-        down=BlockLinear((tensors.part(f"{blk}ffn_down.weight", hidden, inter),),
+        down=BlockLinear((tensors.linear_part(f"{blk}ffn_down.weight", hidden, inter),),
                          tensors.optional_vector(f"{blk}ffn_down.bias", torch.float32, hidden)),
         q_norm=tensors.vector(f"{blk}attn_q_norm.weight", dtype, cfg.head_dim) if spec.qk_norm else None,
         k_norm=tensors.vector(f"{blk}attn_k_norm.weight", dtype, cfg.head_dim) if spec.qk_norm else None)

@@ -41,12 +41,15 @@ DEQUANT_MIN_ROWS_K, DEQUANT_MIN_ROWS_32 = 128, 64
 
 @dataclass(eq=False)
 class BlockWeight:
-    """One matrix in a GGUF block format: ``data`` is uint8 ``[out_features, row_bytes]``."""
+    """One matrix in a GGUF block format: ``data`` is uint8 ``[out_features, row_bytes]``.
+    ``interleaved``: Q4_K rows interleaved by 16 (:func:`engine.quant.gguf_native.repack_x16`;
+    the same bytes, so the same shape)."""
 
     ggml_type: GGMLQuantizationType
     out_features: int
     in_features: int
     data: torch.Tensor
+    interleaved: bool = False
 
     def __post_init__(self) -> None:
         block_elems, block_bytes = GGML_QUANT_SIZES[self.ggml_type]
@@ -65,17 +68,51 @@ class BlockWeight:
     def nbytes(self) -> int:
         return self.out_features * self.row_bytes
 
+    @property
+    def kernel_type(self) -> int:
+        """The type id gguf.c reads these bytes as (ggml's, or the interleaved Q4_K's)."""
+        return gguf_native.X16_KERNEL_TYPE if self.interleaved else int(self.ggml_type)
+
     def rows(self, start: int, stop: int) -> "BlockWeight":
-        """Rows ``start:stop`` (a view: blocks never cross rows)."""
-        return BlockWeight(self.ggml_type, stop - start, self.in_features, self.data[start:stop])
+        """Rows ``start:stop`` (a view: blocks never cross rows, nor groups of 16 when interleaved)."""
+        group = gguf_native.X16_ROWS if self.interleaved else 1
+        if start % group or (stop % group and stop != self.out_features):
+            raise ValueError(f"rows {start}:{stop} split a group of {group} interleaved rows")
+        return BlockWeight(self.ggml_type, stop - start, self.in_features, self.data[start:stop], self.interleaved)
+
+    def interleave(self) -> "BlockWeight":
+        """The same matrix interleaved by 16 for this CPU's decode kernel, or itself where that
+        does not apply (another type, rows not whole groups, no AVX512-VNNI)."""
+        if self.interleaved or not gguf_native.interleaves(self.ggml_type, self.out_features):
+            return self
+        return BlockWeight(self.ggml_type, self.out_features, self.in_features,
+                           gguf_native.repack_x16(self.data, self.in_features), interleaved=True)
 
 
 def dequantize_rows(weight: BlockWeight, start: int = 0, stop: int | None = None) -> torch.Tensor:
     """Rows ``start:stop`` of the weight in float32, by gguf-py's own dequantization (the reference)."""
     stop = weight.out_features if stop is None else stop
-    raw = weight.data[start:stop].numpy()
+    raw = weight.rows(start, stop).data.numpy()
+    if weight.interleaved:
+        raw = uninterleave_x16(raw)
     values = gguf_dequantize(np.ascontiguousarray(raw), weight.ggml_type)
     return torch.from_numpy(np.asarray(values, dtype=np.float32).reshape(stop - start, weight.in_features))
+
+
+def uninterleave_x16(raw: np.ndarray) -> np.ndarray:
+    """Q4_K rows back from :func:`engine.quant.gguf_native.repack_x16`'s layout, written
+    independently of the C code (the reference reads ggml's own blocks). Per group of 16 rows and
+    super-block: d[16], dmin[16], the scales' three words u0[16], u1[16], u2[16], then the codes
+    as [4][8][16 rows][4 bytes]."""
+    rows, row_bytes = raw.shape
+    blocks = row_bytes // 144
+    group = raw.reshape(rows // 16, blocks, 16 * 144)
+    d, dmin = (group[..., at:at + 32].reshape(rows // 16, blocks, 16, 2) for at in (0, 32))
+    words = group[..., 64:256].reshape(rows // 16, blocks, 3, 16, 4).transpose(0, 1, 3, 2, 4)
+    codes = group[..., 256:].reshape(rows // 16, blocks, 4, 8, 16, 4).transpose(0, 1, 4, 2, 3, 5)
+    block = np.concatenate([d, dmin, words.reshape(rows // 16, blocks, 16, 12),
+                            codes.reshape(rows // 16, blocks, 16, 128)], axis=-1)
+    return np.ascontiguousarray(block.transpose(0, 2, 1, 3)).reshape(rows, row_bytes)
 
 
 def reference_matmul(x2d: torch.Tensor, weight: BlockWeight) -> torch.Tensor:
@@ -98,7 +135,7 @@ def block_matmul(x2d: torch.Tensor, weight: BlockWeight) -> torch.Tensor:
         raise ValueError(f"x is {tuple(x2d.shape)}, expected [m, {weight.in_features}]")
     if x2d.shape[0] >= dequant_min_rows(weight.ggml_type) and _fast_bf16_gemm():
         return slab_matmul(x2d, weight, torch.bfloat16)
-    return gguf_native.matmul(x2d, weight.ggml_type, weight.data, weight.in_features)
+    return gguf_native.matmul(x2d, weight.ggml_type, weight.data, weight.in_features, interleaved=weight.interleaved)
 
 
 def dequant_min_rows(ggml_type: GGMLQuantizationType) -> int:
@@ -114,7 +151,8 @@ def slab_matmul(x2d: torch.Tensor, weight: BlockWeight, dtype: torch.dtype = tor
     out = torch.empty(x.shape[0], weight.out_features, dtype=torch.float32)
     for start in range(0, weight.out_features, _SLAB_ROWS):
         stop = min(start + _SLAB_ROWS, weight.out_features)
-        rows = gguf_native.dequantize(weight.ggml_type, weight.data[start:stop], weight.in_features, dtype=dtype)
+        rows = gguf_native.dequantize(weight.ggml_type, weight.data[start:stop], weight.in_features, dtype=dtype,
+                                      interleaved=weight.interleaved)
         out[:, start:stop] = x @ rows.T
     return out
 

@@ -136,4 +136,5 @@ class BlockEmbedding:
         dequantization (gguf-py's numpy one costs more than the rest of a small model's step)."""
         table = self.table
         assert isinstance(table, BlockWeight)
-        return gguf_native.dequantize(table.ggml_type, table.data, table.in_features, ids=ids.cpu())
+        return gguf_native.dequantize(table.ggml_type, table.data, table.in_features, ids=ids.cpu(),
+                                      interleaved=table.interleaved)

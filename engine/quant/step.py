@@ -83,7 +83,7 @@ def _blocks_run_in_step(linear: BlockLinear, in_features: int) -> bool:
 def _describe(linear: QuantizedLinear | BlockLinear) -> _Linear:
     if isinstance(linear, BlockLinear):
         bias = linear.bias
-        parts = [_Part(int(p.ggml_type), p.data.data_ptr(), p.data.stride(0), p.out_features) for p in linear.parts]
+        parts = [_Part(p.kernel_type, p.data.data_ptr(), p.data.stride(0), p.out_features) for p in linear.parts]
         return _Linear(None, None, None if bias is None else bias.data_ptr(), linear.in_features,
                        linear.out_features, 0, len(parts), (_Part * MAX_PARTS)(*parts))
     bias = linear.kernel_bias

@@ -20,7 +20,8 @@ from engine.forward import Qwen2Forward
 from engine.gguf_index import read_index
 from engine.kv_cache import NoCache
 from engine.loader import ModelLoadError, load_model
-from engine.quant.gguf_blocks import BlockWeight, dequantize_rows
+from engine.quant import gguf_native
+from engine.quant.gguf_blocks import BlockWeight, dequantize_rows, uninterleave_x16
 from engine.quant.gguf_linear import BlockEmbedding, BlockLinear
 from engine.quant.model import forward_weights
 from engine.quant.plan import PROJECTIONS
@@ -132,10 +133,18 @@ def test_no_full_precision_copy_of_a_projection_exists(files, cache_dir):
     mapped = _mapped_ranges(path)
     linears = [getattr(layer, p) for layer in weights.layers for p in PROJECTIONS] + [weights.lm_head]
     assert all(isinstance(linear, BlockLinear) for linear in linears)
+    index = read_index(path)
     for part in [p for linear in linears for p in linear.parts] + [weights.embed.table]:
         assert isinstance(part, BlockWeight) and part.data.dtype == torch.uint8
+        if part.interleaved:  # the same bytes in new places, never wider
+            assert any(np.array_equal(uninterleave_x16(part.data.numpy()), index.data(name))
+                       for name, info in index.tensors.items() if info.ggml_type == part.ggml_type
+                       and tuple(info.shape) == (part.out_features, part.in_features))
+            continue
         address = part.data.data_ptr()
         assert any(lo <= address < hi for lo, hi in mapped), "a Qwen2 file's blocks are views of its mapping"
+    interleaved = any(p.interleaved for linear in linears for p in linear.parts)
+    assert interleaved == (gguf_native.vector_path() == "avx512-vnni")
     assert isinstance(weights.embed, BlockEmbedding)
     # The transformers model holds nothing but the norms (shared with the forward's) and rotary tables.
     real = {name for name, p in loaded.model.named_parameters() if not p.is_meta}
@@ -165,7 +174,8 @@ def test_llama_q_k_are_heap_copies_of_the_same_bytes(files, cache_dir):
     assert k.ggml_type.name == "Q6_K"
     original = index.data("blk.0.attn_q.weight")
     rows = gguf_weights.head_permutation(q.out_features, 4)
-    assert np.array_equal(q.data.numpy(), original[rows]) and not np.array_equal(rows, np.arange(len(rows)))
+    stored = uninterleave_x16(q.data.numpy()) if q.interleaved else q.data.numpy()
+    assert np.array_equal(stored, original[rows]) and not np.array_equal(rows, np.arange(len(rows)))
 
 
 def test_embedding_dequantizes_only_the_rows_asked_for(files, cache_dir):

@@ -40,10 +40,13 @@
 
 /* ggml's type ids (GGMLQuantizationType). */
 enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
+/* Not a ggml type: Q4_K rows interleaved by 16 (see "Q4_K, 16 rows interleaved" below). */
+enum { T_Q4_K_X16 = 112 };
+#define X16 16
 #define QK 32     /* inputs per block of the 32-input formats */
 #define QKK 256   /* inputs per super-block of the K formats */
 #define ROWS 8    /* activation rows per pass over a weight block */
-#define TILE 16   /* weight rows per unit of work shared among the threads */
+#define TILE 16   /* weight rows per unit of work shared among the threads (== X16: a tile is a group) */
 
 int ms_gguf_simd(void) { return G_VNNI ? 2 : (G_SIMD ? 1 : 0); }
 
@@ -73,7 +76,9 @@ static inline float h2f(const uint8_t *p) {
 #endif
 }
 
-static int block_elems(int type) { return (type == T_Q4_K || type == T_Q5_K || type == T_Q6_K) ? QKK : QK; }
+static int block_elems(int type) {
+    return (type == T_Q4_K || type == T_Q5_K || type == T_Q6_K || type == T_Q4_K_X16) ? QKK : QK;
+}
 
 static int block_bytes(int type) {
     switch (type) {
@@ -81,7 +86,7 @@ static int block_bytes(int type) {
     case T_Q4_1: return 20;
     case T_Q5_0: return 22;
     case T_Q8_0: return 34;
-    case T_Q4_K: return 144;
+    case T_Q4_K: case T_Q4_K_X16: return 144;
     case T_Q5_K: return 176;
     case T_Q6_K: return 210;
     default: return 0;
@@ -769,6 +774,99 @@ INLINE void dot_q6_k(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, co
 }
 #endif
 
+
+/* Q4_K, 16 rows interleaved (T_Q4_K_X16), for decode on AVX-512. The same bytes as 16 rows of
+ * Q4_K, rearranged per super-block b into one 2,304-byte group block: d[16] and dmin[16]
+ * (fp16), the three 32-bit words of each row's packed scales (u0[16], u1[16], u2[16]), then the
+ * codes as qs[c 4][k 8][row 16][4 bytes] (row r's Q4_K bytes 32c + 4k .. + 3). So one 64-byte
+ * load holds 4 codes of each of the 16 rows: a 32-bit lane per row, one vpdpbusd against 4
+ * broadcast activation bytes, and the rows' scales, minimums and d come as vectors of lanes.
+ * The one-row kernel (dot_q45_k_512) instead spent most of its instructions per block
+ * unpacking that row's scales and summing lanes; llama.cpp's repack (q4_K_8x8) is the same
+ * idea. Rows are grouped by 16, so a tile (TILE == 16 rows) is one group. */
+#if G_VNNI
+#define X16_BLOCK (X16 * 144)
+INLINE __m512i bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+INLINE __m512i byte_lanes(__m512i words, const int byte) {
+    return _mm512_and_si512(_mm512_srli_epi32(words, 8 * byte), _mm512_set1_epi32(0xff));
+}
+
+INLINE void dot_q4_k_x16(const uint8_t *g, int64_t nb, const acts *a, int64_t i0, const int NR, float *y,
+                         int64_t y_stride) {
+    __m512 acc[4];
+    for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
+    const __m512i low4 = _mm512_set1_epi8(0x0f), m3f = _mm512_set1_epi32(0x3f3f3f3f);
+    const __m512i m0f = _mm512_set1_epi32(0x0f0f0f0f), m03 = _mm512_set1_epi32(0x03030303);
+    const __m512i even_bytes = _mm512_set1_epi32(0x00ff00ff);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = g + b * X16_BLOCK;
+        const __m512i u0 = _mm512_loadu_si512(blk + 64), u1 = _mm512_loadu_si512(blk + 128),
+                      u2 = _mm512_loadu_si512(blk + 192);
+        const __m512i sc[2] = {_mm512_and_si512(u0, m3f),
+            _mm512_or_si512(_mm512_and_si512(u2, m0f), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), m03), 4))};
+        const __m512i mn[2] = {_mm512_and_si512(u1, m3f),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), m0f), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), m03), 4))};
+        __m512i isum[4], msum[4];
+        for (int r = 0; r < NR; r++) {  /* minimums: sum_s m_s * (activation codes' sum over part s) */
+            const int16_t *s32 = ROW_S32(a, i0 + r) + b * 8;
+            msum[r] = _mm512_setzero_si512();
+            for (int h = 0; h < 2; h++) {
+                const __m512i m02 = _mm512_and_si512(mn[h], even_bytes), m13 = _mm512_and_si512(_mm512_srli_epi32(mn[h], 8), even_bytes);
+                msum[r] = _mm512_dpwssd_epi32(msum[r], m02, _mm512_set1_epi32((int32_t)((uint16_t)s32[4 * h] | (uint32_t)(uint16_t)s32[4 * h + 2] << 16)));
+                msum[r] = _mm512_dpwssd_epi32(msum[r], m13, _mm512_set1_epi32((int32_t)((uint16_t)s32[4 * h + 1] | (uint32_t)(uint16_t)s32[4 * h + 3] << 16)));
+            }
+            isum[r] = _mm512_setzero_si512();
+        }
+        const uint8_t *qs = blk + 256;
+        for (int c = 0; c < 4; c++) {
+            __m512i lo_sum[4], hi_sum[4];
+            for (int r = 0; r < NR; r++) lo_sum[r] = hi_sum[r] = _mm512_setzero_si512();
+            for (int k = 0; k < 8; k++) {
+                const __m512i raw = _mm512_loadu_si512(qs + 64 * (8 * c + k));
+                const __m512i lo = _mm512_and_si512(raw, low4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+                for (int r = 0; r < NR; r++) {
+                    const int8_t *xq = ROW_Q(a, i0 + r) + b * QKK + 64 * c + 4 * k;
+                    lo_sum[r] = _mm512_dpbusd_epi32(lo_sum[r], lo, bcast4(xq));
+                    hi_sum[r] = _mm512_dpbusd_epi32(hi_sum[r], hi, bcast4(xq + 32));
+                }
+            }
+            const __m512i s_lo = byte_lanes(sc[c >> 1], (2 * c) & 3), s_hi = byte_lanes(sc[c >> 1], (2 * c + 1) & 3);
+            for (int r = 0; r < NR; r++)
+                isum[r] = _mm512_add_epi32(isum[r], _mm512_add_epi32(_mm512_mullo_epi32(lo_sum[r], s_lo),
+                                                                     _mm512_mullo_epi32(hi_sum[r], s_hi)));
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
+        for (int r = 0; r < NR; r++) {
+            const __m512 dx = _mm512_set1_ps(ROW_D(a, i0 + r)[b]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(d, dx), acc[r]);
+            acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum[r]), _mm512_mul_ps(dmin, dx), acc[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) _mm512_storeu_ps(y + (i0 + r) * y_stride, acc[r]);
+}
+
+/* The tile n0..n0 + 16 (one group) for every activation row, 4 rows a pass. */
+static void rows_q4_k_x16(const uint8_t *w, int64_t w_stride, int64_t n0, int64_t n1, const acts *a, int64_t M,
+                          float *y, int64_t y_stride) {
+    (void)n1;
+    const uint8_t *g = w + n0 * w_stride;
+    int64_t i = 0;
+    for (; i + 4 <= M; i += 4) dot_q4_k_x16(g, a->nb, a, i, 4, y + n0, y_stride);
+    switch (M - i) {
+    case 1: dot_q4_k_x16(g, a->nb, a, i, 1, y + n0, y_stride); break;
+    case 2: dot_q4_k_x16(g, a->nb, a, i, 2, y + n0, y_stride); break;
+    case 3: dot_q4_k_x16(g, a->nb, a, i, 3, y + n0, y_stride); break;
+    default: break;
+    }
+}
+#endif
+
 /* ---------------------------------------------------------------- rows of output */
 
 typedef void (*rows_fn)(const uint8_t *w, int64_t w_stride, int64_t n0, int64_t n1, const acts *a, int64_t M,
@@ -829,6 +927,9 @@ static rows_fn rows_for(int type) {
     case T_Q4_K: return rows_q4_k;
     case T_Q5_K: return rows_q5_k;
     case T_Q6_K: return rows_q6_k;
+#if G_VNNI
+    case T_Q4_K_X16: return rows_q4_k_x16;
+#endif
     default: return NULL;
     }
 }
@@ -840,7 +941,7 @@ int ms_gguf_matmul(int type, const void *x, int x_bf16, int64_t M, int64_t K, co
                    int64_t N, float *y, int64_t y_stride, int threads) {
     rows_fn rows = rows_for(type);
     const int eb = block_elems(type);
-    if (rows == NULL || K % eb || K % QK) return 1;
+    if (rows == NULL || K % eb || K % QK || (type == T_Q4_K_X16 && N % X16)) return 1;
     if (M <= 0 || N <= 0) return 0;
     acts a = {.K = K, .nb = K / eb, .k_perm = G_VNNI && (type == T_Q4_K || type == T_Q5_K)};
     /* one allocation: codes, then scales and sums (each part 64-byte aligned) */
@@ -924,6 +1025,38 @@ void ms_gguf_team_tiles(int type, int64_t M, int64_t K, const uint8_t *w, int64_
     }
 }
 
+
+/* ---------------------------------------------------------------- Q4_K, 16 rows interleaved */
+
+/* Where row r's pieces of super-block b sit in a group's block (the layout above dot_q4_k_x16). */
+static void x16_copy(uint8_t *group_blk, uint8_t *row_blk, int r, int to_group) {
+    struct { int row_at, group_at, bytes; } piece[3 + 3 + 32];
+    int n = 0;
+    piece[n++] = (typeof(piece[0])){0, 2 * r, 2};
+    piece[n++] = (typeof(piece[0])){2, 32 + 2 * r, 2};
+    for (int word = 0; word < 3; word++) piece[n++] = (typeof(piece[0])){4 + 4 * word, 64 + 64 * word + 4 * r, 4};
+    for (int c = 0; c < 4; c++)
+        for (int k = 0; k < 8; k++) piece[n++] = (typeof(piece[0])){16 + 32 * c + 4 * k, 256 + 64 * (8 * c + k) + 4 * r, 4};
+    for (int i = 0; i < n; i++) {
+        if (to_group) memcpy(group_blk + piece[i].group_at, row_blk + piece[i].row_at, (size_t)piece[i].bytes);
+        else memcpy(row_blk + piece[i].row_at, group_blk + piece[i].group_at, (size_t)piece[i].bytes);
+    }
+}
+
+/* N rows of Q4_K (N a multiple of 16, row n at w + n * w_stride) into out, interleaved by 16
+ * (rows of K / 256 * 144 bytes, contiguous). Returns 1 for a bad shape. The bytes are the same;
+ * only their places change, so it is undone exactly (x16_copy with to_group = 0). */
+int ms_gguf_repack_x16(const uint8_t *w, int64_t w_stride, int64_t N, int64_t K, uint8_t *out, int threads) {
+    if (N % X16 || K % QKK) return 1;
+    const int64_t nb = K / QKK, row_bytes = nb * 144;
+    #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : omp_get_max_threads())
+    for (int64_t g = 0; g < N / X16; g++)
+        for (int r = 0; r < X16; r++)
+            for (int64_t b = 0; b < nb; b++)
+                x16_copy(out + g * X16 * row_bytes + b * X16 * 144, (uint8_t *)(w + (g * X16 + r) * w_stride + b * 144), r, 1);
+    return 0;
+}
+
 /* ---------------------------------------------------------------- dequantization */
 
 static void dequant_block(int type, const uint8_t *blk, float *y) {
@@ -1001,17 +1134,21 @@ static inline uint16_t f2bf(float f) {  /* round to nearest even (NaN stays NaN)
 int ms_gguf_dequant(int type, const uint8_t *w, int64_t w_stride, int64_t rows, int64_t K, const int64_t *ids,
                     int64_t n, void *out, int64_t out_stride, int out_bf16, int threads) {
     const int eb = block_elems(type), bb = block_bytes(type);
-    if (bb == 0 || K % eb) return 1;
+    if (bb == 0 || K % eb || (type == T_Q4_K_X16 && rows % X16)) return 1;
     if (ids)
         for (int64_t i = 0; i < n; i++)
             if (ids[i] < 0 || ids[i] >= rows) return 3;
     const int64_t nb = K / eb;
     #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : omp_get_max_threads()) if (n * K > 65536)
     for (int64_t i = 0; i < n; i++) {
-        const uint8_t *row = w + (ids ? ids[i] : i) * w_stride;
+        const int64_t id = ids ? ids[i] : i;
+        const uint8_t *row = w + id * w_stride;
         float buf[QKK];
         for (int64_t b = 0; b < nb; b++) {
-            dequant_block(type, row + b * bb, buf);
+            uint8_t stored[144];
+            if (type == T_Q4_K_X16)
+                x16_copy((uint8_t *)w + (id - id % X16) * w_stride + b * X16 * 144, stored, (int)(id % X16), 0);
+            dequant_block(type == T_Q4_K_X16 ? T_Q4_K : type, type == T_Q4_K_X16 ? stored : row + b * bb, buf);
             if (out_bf16) {
                 uint16_t *o = (uint16_t *)out + i * out_stride + b * eb;
                 for (int e = 0; e < eb; e++) o[e] = f2bf(buf[e]);
