@@ -1028,19 +1028,17 @@ void ms_gguf_team_tiles(int type, int64_t M, int64_t K, const uint8_t *w, int64_
 
 /* ---------------------------------------------------------------- Q4_K, 16 rows interleaved */
 
-/* Where row r's pieces of super-block b sit in a group's block (the layout above dot_q4_k_x16). */
-static void x16_copy(uint8_t *group_blk, uint8_t *row_blk, int r, int to_group) {
-    struct { int row_at, group_at, bytes; } piece[3 + 3 + 32];
-    int n = 0;
-    piece[n++] = (typeof(piece[0])){0, 2 * r, 2};
-    piece[n++] = (typeof(piece[0])){2, 32 + 2 * r, 2};
-    for (int word = 0; word < 3; word++) piece[n++] = (typeof(piece[0])){4 + 4 * word, 64 + 64 * word + 4 * r, 4};
-    for (int c = 0; c < 4; c++)
-        for (int k = 0; k < 8; k++) piece[n++] = (typeof(piece[0])){16 + 32 * c + 4 * k, 256 + 64 * (8 * c + k) + 4 * r, 4};
-    for (int i = 0; i < n; i++) {
-        if (to_group) memcpy(group_blk + piece[i].group_at, row_blk + piece[i].row_at, (size_t)piece[i].bytes);
-        else memcpy(row_blk + piece[i].row_at, group_blk + piece[i].group_at, (size_t)piece[i].bytes);
-    }
+/* Row r's pieces of one super-block between a group's block and the row's own Q4_K block
+ * (the layout above dot_q4_k_x16): fixed-size moves, which the compiler turns into loads and
+ * stores (the repack and the dequantization of every interleaved row go through here). */
+static inline void x16_copy(uint8_t *group_blk, uint8_t *row_blk, int r, int to_group) {
+#define X16_MOVE(ROW_AT, GROUP_AT, N) \
+    (to_group ? memcpy(group_blk + (GROUP_AT), row_blk + (ROW_AT), N) : memcpy(row_blk + (ROW_AT), group_blk + (GROUP_AT), N))
+    X16_MOVE(0, 2 * r, 2);                                                            /* d */
+    X16_MOVE(2, 32 + 2 * r, 2);                                                       /* dmin */
+    for (int word = 0; word < 3; word++) X16_MOVE(4 + 4 * word, 64 + 64 * word + 4 * r, 4);  /* scales */
+    for (int i = 0; i < 32; i++) X16_MOVE(16 + 4 * i, 256 + 64 * i + 4 * r, 4);     /* codes [c][k] */
+#undef X16_MOVE
 }
 
 /* N rows of Q4_K (N a multiple of 16, row n at w + n * w_stride) into out, interleaved by 16
