@@ -120,11 +120,14 @@ def previous_run(path: Path) -> dict[str, Any]:
 
 
 def carry(entry: dict[str, Any], old: dict[str, Any] | None, args: argparse.Namespace) -> None:
-    """A side this run skips keeps its figures from the earlier run on the same file (said in
-    ``carried``: that side was measured in another run, under that run's load)."""
-    skipped = ([ours_side(q) for q in args.ours_quant] if args.skip_ours else []) + ([LLAMA] if args.skip_llama else [])
-    for side in skipped:
-        if old and old.get("gguf") == entry["gguf"] and side in old:
+    """A side this run does not measure (skipped, or a setting not asked for this time) keeps its
+    figures from the earlier run on the same file (said in ``carried``: that side was measured in
+    another run, under that run's load)."""
+    if not old or old.get("gguf") != entry["gguf"]:
+        return
+    measured = ([] if args.skip_ours else [ours_side(q) for q in args.ours_quant]) + ([] if args.skip_llama else [LLAMA])
+    for side in sides_of(old):
+        if side not in measured:
             entry[side] = old[side]
             entry.setdefault("carried", []).append(side)
 

@@ -133,7 +133,7 @@ def test_no_results_file_adds_nothing(tmp_path: Path):
     assert figures.tables == [] and figures.notes == [] and figures.headline == []
 
 
-def test_a_skipped_side_keeps_the_earlier_runs_figures_for_the_same_file():
+def test_a_side_this_run_does_not_measure_keeps_the_earlier_runs_figures_for_the_same_file():
     from argparse import Namespace
 
     from bench.model_sizes import carry
@@ -142,6 +142,10 @@ def test_a_skipped_side_keeps_the_earlier_runs_figures_for_the_same_file():
     entry = {"gguf": "a.gguf"}
     carry(entry, old, Namespace(skip_ours=False, skip_llama=True, ours_quant=["auto"]))
     assert entry == {"gguf": "a.gguf", "llama.cpp": {"b1_tps": 30.0}, "carried": ["llama.cpp"]}
+    settings = {"gguf": "a.gguf", "MiniServe q8": {"b1_tps": 20.0}, "MiniServe gguf": {"b1_tps": 25.0}}
+    gguf_only = {"gguf": "a.gguf"}  # a run of one setting keeps the other's figures
+    carry(gguf_only, settings, Namespace(skip_ours=False, skip_llama=False, ours_quant=["gguf"]))
+    assert gguf_only == {"gguf": "a.gguf", "MiniServe q8": {"b1_tps": 20.0}, "carried": ["MiniServe q8"]}
     rebuilt = {"gguf": "b.gguf"}  # another file (the shape changed): nothing carried over
     carry(rebuilt, old, Namespace(skip_ours=True, skip_llama=True, ours_quant=["auto"]))
     assert rebuilt == {"gguf": "b.gguf"}
