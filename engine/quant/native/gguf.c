@@ -47,6 +47,7 @@ enum { T_Q4_K_X16 = 112 };
 #define QKK 256   /* inputs per super-block of the K formats */
 #define ROWS 8    /* activation rows per pass over a weight block */
 #define TILE 16   /* weight rows per unit of work shared among the threads (== X16: a tile is a group) */
+_Static_assert(TILE == X16, "rows_q4_k_x16 takes one tile as one interleaved group");
 
 int ms_gguf_simd(void) { return G_VNNI ? 2 : (G_SIMD ? 1 : 0); }
 
@@ -1143,10 +1144,13 @@ int ms_gguf_dequant(int type, const uint8_t *w, int64_t w_stride, int64_t rows, 
         const uint8_t *row = w + id * w_stride;
         float buf[QKK];
         for (int64_t b = 0; b < nb; b++) {
-            uint8_t stored[144];
-            if (type == T_Q4_K_X16)
+            const uint8_t *blk = row + b * bb;
+            uint8_t stored[144];   /* an interleaved row's block, put back together */
+            if (type == T_Q4_K_X16) {
                 x16_copy((uint8_t *)w + (id - id % X16) * w_stride + b * X16 * 144, stored, (int)(id % X16), 0);
-            dequant_block(type == T_Q4_K_X16 ? T_Q4_K : type, type == T_Q4_K_X16 ? stored : row + b * bb, buf);
+                blk = stored;
+            }
+            dequant_block(type == T_Q4_K_X16 ? T_Q4_K : type, blk, buf);
             if (out_bf16) {
                 uint16_t *o = (uint16_t *)out + i * out_stride + b * eb;
                 for (int e = 0; e < eb; e++) o[e] = f2bf(buf[e]);
