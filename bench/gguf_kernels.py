@@ -24,11 +24,10 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from bench.stats import machine_info, percentile, print_table, read_bandwidth_gbs, write_json
 from engine.quant import gguf_native, q8
-from engine.quant.gguf_blocks import BlockWeight, slab_matmul
+from engine.quant.gguf_blocks import random_blocks, slab_matmul
 
-FORMATS = (T.Q4_K, T.Q6_K, T.Q5_0, T.Q8_0, T.Q5_K, T.Q4_0, T.Q4_1)
-SCALE_FIELDS = {T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q8_0: (0,), T.Q4_K: (0, 2), T.Q5_K: (0, 2),
-                T.Q6_K: (208,)}
+# Q4_K_X16: Q4_K interleaved by 16 rows, as a VNNI CPU runs a Q4_K file's projections.
+FORMATS = ("Q4_K_X16", "Q4_K", "Q6_K", "Q5_0", "Q8_0", "Q5_K", "Q4_0", "Q4_1")
 SHAPES = {"attn 1536x1536": (1536, 1536), "up 8960x1536": (8960, 1536), "down 1536x8960": (1536, 8960)}
 HEAD_ROWS = 151936
 STREAM_BYTES = 64 * 2**20        # a timed pass reads at least this much (L3 here: 32 MB)
@@ -36,14 +35,18 @@ PREFILL_SHAPE = (1536, 1536)
 PREFILL_ROWS = (8, 16, 32, 64, 128, 512)
 
 
-def random_blocks(ggml_type: T, out_features: int, in_features: int, rng: np.random.Generator) -> BlockWeight:
-    elems, nbytes = GGML_QUANT_SIZES[ggml_type]
-    blocks = in_features // elems
-    raw = rng.integers(0, 256, size=(out_features, blocks, nbytes), dtype=np.uint8)
-    for offset in SCALE_FIELDS[ggml_type]:
-        scales = rng.uniform(0.001, 0.02, size=(out_features, blocks)).astype(np.float16)
-        raw[:, :, offset:offset + 2] = scales.view(np.uint8).reshape(out_features, blocks, 2)
-    return BlockWeight(ggml_type, out_features, in_features, torch.from_numpy(raw.reshape(out_features, -1)))
+def ggml_type_of(fmt: str) -> T:
+    return T[fmt.removesuffix("_X16")]
+
+
+def weight_of(fmt: str, n: int, k: int, rng: np.random.Generator):
+    """Random blocks of the format, interleaved for the ``_X16`` one."""
+    weight = random_blocks(ggml_type_of(fmt), n, k, rng)
+    return weight.interleave() if fmt.endswith("_X16") else weight
+
+
+def matmul(x: torch.Tensor, weight) -> torch.Tensor:
+    return gguf_native.matmul(x, weight.ggml_type, weight.data, weight.in_features, interleaved=weight.interleaved)
 
 
 def head_shape(ggml_type: T) -> tuple[int, int]:
@@ -86,33 +89,34 @@ def q8_seconds(n: int, k: int, repeats: int) -> float:
     return p50_pass([lambda x, c=c, s=s: q8.linear(x, c, s, None) for c, s in codes], x, repeats)
 
 
-def decode_row(ggml_type: T, name: str, n: int, k: int, repeats: int, rng: np.random.Generator,
+def decode_row(fmt: str, name: str, n: int, k: int, repeats: int, rng: np.random.Generator,
                bandwidth: float, q8_cache: dict) -> dict:
+    ggml_type = ggml_type_of(fmt)
     nbytes = n * k // GGML_QUANT_SIZES[ggml_type][0] * GGML_QUANT_SIZES[ggml_type][1]
-    weights = [random_blocks(ggml_type, n, k, rng) for _ in range(copies_for(nbytes))]
+    weights = [weight_of(fmt, n, k, rng) for _ in range(copies_for(nbytes))]
     x = torch.randn(1, k).to(torch.bfloat16)
-    seconds = p50_pass([lambda x, w=w: gguf_native.matmul(x, w.ggml_type, w.data, k) for w in weights], x, repeats)
+    seconds = p50_pass([lambda x, w=w: matmul(x, w) for w in weights], x, repeats)
     del weights
     if (n, k) not in q8_cache:
         q8_cache[(n, k)] = q8_seconds(n, k, repeats)
     q8_time, q8_bytes = q8_cache[(n, k)], n * k + n * k // 32 * 2
     gbs, q8_gbs = nbytes / seconds / 1e9, q8_bytes / q8_time / 1e9
-    return {"format": ggml_type.name, "shape": name, "out_features": n, "in_features": k, "ms_p50": round(seconds * 1e3, 4),
+    return {"format": fmt, "shape": name, "out_features": n, "in_features": k, "ms_p50": round(seconds * 1e3, 4),
             "gb_s": round(gbs, 2), "of_bandwidth": round(gbs / bandwidth, 3), "q8_ms_p50": round(q8_time * 1e3, 4),
             "q8_gb_s": round(q8_gbs, 2), "speedup_vs_q8": round(q8_time / seconds, 3)}
 
 
-def prefill_rows(ggml_type: T, repeats: int, rng: np.random.Generator) -> list[dict]:
+def prefill_rows(fmt: str, repeats: int, rng: np.random.Generator) -> list[dict]:
     n, k = PREFILL_SHAPE
-    weight = random_blocks(ggml_type, n, k, rng)
+    weight = weight_of(fmt, n, k, rng)
     out = []
     for m in PREFILL_ROWS:
         x = torch.randn(m, k).to(torch.bfloat16)
-        integer = p50_pass([lambda x: gguf_native.matmul(x, weight.ggml_type, weight.data, k)], x, repeats)
+        integer = p50_pass([lambda x: matmul(x, weight)], x, repeats)
         slab = p50_pass([lambda x: slab_matmul(x, weight, torch.bfloat16)], x, repeats)
         slab32 = p50_pass([lambda x: slab_matmul(x, weight, torch.float32)], x, repeats)
         flops = 2.0 * m * n * k
-        out.append({"format": ggml_type.name, "rows": m, "shape": f"{n}x{k}",
+        out.append({"format": fmt, "rows": m, "shape": f"{n}x{k}",
                     "integer_ms": round(integer * 1e3, 3), "integer_gflop_s": round(flops / integer / 1e9, 1),
                     "dequant_gemm_ms": round(slab * 1e3, 3), "dequant_gemm_gflop_s": round(flops / slab / 1e9, 1),
                     "dequant_f32_gemm_ms": round(slab32 * 1e3, 3),
@@ -134,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--formats", default=",".join(f.name for f in FORMATS))
+    parser.add_argument("--formats", default=",".join(FORMATS))
     parser.add_argument("--no-prefill", action="store_true")
     parser.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
                         help="cpu: the calling thread's CPU time (one thread only): the kernels' own speed "
@@ -146,23 +150,24 @@ def main(argv: list[str] | None = None) -> int:
     global _clock
     _clock = CLOCKS[args.clock]
     torch.set_num_threads(args.threads)
-    formats = [T[name] for name in args.formats.split(",")]
+    formats = [f for f in args.formats.split(",")
+               if not f.endswith("_X16") or gguf_native.interleaves(ggml_type_of(f), 16)]   # VNNI only
     bandwidth = cpu_read_bandwidth_gbs() if args.clock == "cpu" else read_bandwidth_gbs()
     print(f"read bandwidth ({args.threads} threads): {bandwidth:.1f} GB/s; gguf path {gguf_native.vector_path()}")
     rng = np.random.default_rng(0)
     decode, prefill, q8_cache = [], [], {}
-    for ggml_type in formats:
-        for name, (n, k) in {**SHAPES, "head": head_shape(ggml_type)}.items():
-            decode.append(decode_row(ggml_type, name, n, k, args.repeats, rng, bandwidth, q8_cache))
+    for fmt in formats:
+        for name, (n, k) in {**SHAPES, "head": head_shape(ggml_type_of(fmt))}.items():
+            decode.append(decode_row(fmt, name, n, k, args.repeats, rng, bandwidth, q8_cache))
             print(decode[-1], flush=True)
         if not args.no_prefill:
-            prefill += prefill_rows(ggml_type, max(3, args.repeats // 3), rng)
+            prefill += prefill_rows(fmt, max(3, args.repeats // 3), rng)
     print()
     print_table(decode)
     if prefill:
         print()
         print_table(prefill)
-    crossings = {f.name: crossover([r for r in prefill if r["format"] == f.name]) for f in formats} if prefill else {}
+    crossings = {f: crossover([r for r in prefill if r["format"] == f]) for f in formats} if prefill else {}
     write_json(Path(args.out), {**machine_info(), "threads": args.threads, "clock": args.clock,
                                 "load_average": list(os.getloadavg()), "read_bandwidth_gbs": round(bandwidth, 2),
                                 "gguf_vector_path": gguf_native.vector_path(), "decode": decode, "prefill": prefill,

@@ -20,7 +20,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
 from engine.packed import packing_available
-from engine.quant import gguf_native
+from engine.quant import gguf_native, prefill_choice
 
 # The block formats a quantized GGUF of the files people run brings (Q4_K_M, Q5_K_M, Q8_0,
 # Q4_0, SmolLM2's Q4_1, the default model's Q5_0 fallbacks).
@@ -37,6 +37,15 @@ _SLAB_ROWS = 1024  # rows dequantized at a time (reference and prefill): bounds 
 # up to 512 rows, so CPUs without bf16 GEMM keep the integer kernels. ``python -m
 # bench.gguf_kernels`` measures the crossing per format (results/gguf_kernels.json).
 DEQUANT_MIN_ROWS_K, DEQUANT_MIN_ROWS_32 = 128, 64
+# Except Q4_K interleaved by 16 rows, whose kernel beat the GEMM at every prefill size there (1.6x
+# at 512 rows, 2.5x at 128, 2 threads): which way it goes is measured once per process
+# (:func:`_x16_gemm_wins`), on a gate-sized matrix of Qwen2.5-1.5B's width.
+X16_PROBE_OUT, X16_PROBE_IN = 4864, 1536
+# The fp16 scale fields of a block that random blocks (probes, benchmarks, tests) set to sane
+# values: the rest of a block's bytes may be anything.
+SCALE_FIELDS = {GGMLQuantizationType.Q4_0: (0,), GGMLQuantizationType.Q4_1: (0, 2), GGMLQuantizationType.Q5_0: (0,),
+                GGMLQuantizationType.Q8_0: (0,), GGMLQuantizationType.Q4_K: (0, 2), GGMLQuantizationType.Q5_K: (0, 2),
+                GGMLQuantizationType.Q6_K: (208,)}
 
 
 @dataclass(eq=False)
@@ -89,6 +98,19 @@ class BlockWeight:
                            gguf_native.repack_x16(self.data, self.in_features), interleaved=True)
 
 
+def random_blocks(ggml_type: GGMLQuantizationType, out_features: int, in_features: int,
+                  rng: np.random.Generator) -> BlockWeight:
+    """Random blocks of a format with sane fp16 scales (0.001-0.02): for probes and benchmarks,
+    whose speed does not depend on the values."""
+    elems, nbytes = GGML_QUANT_SIZES[ggml_type]
+    blocks = in_features // elems
+    raw = rng.integers(0, 256, size=(out_features, blocks, nbytes), dtype=np.uint8)
+    for offset in SCALE_FIELDS[ggml_type]:
+        scales = rng.uniform(0.001, 0.02, size=(out_features, blocks)).astype(np.float16)
+        raw[:, :, offset:offset + 2] = scales.view(np.uint8).reshape(out_features, blocks, 2)
+    return BlockWeight(ggml_type, out_features, in_features, torch.from_numpy(raw.reshape(out_features, -1)))
+
+
 def dequantize_rows(weight: BlockWeight, start: int = 0, stop: int | None = None) -> torch.Tensor:
     """Rows ``start:stop`` of the weight in float32, by gguf-py's own dequantization (the reference)."""
     stop = weight.out_features if stop is None else stop
@@ -130,10 +152,12 @@ def block_matmul(x2d: torch.Tensor, weight: BlockWeight) -> torch.Tensor:
 
     Decode sizes: the C block kernels (activations quantized per block to int8,
     :mod:`engine.quant.gguf_native`). Prefill sizes (:func:`dequant_min_rows` and more) on a CPU
-    with bf16 GEMM: :func:`slab_matmul` in bf16, faster there (``python -m bench.gguf_kernels``)."""
+    with bf16 GEMM: :func:`slab_matmul` in bf16, faster there (``python -m bench.gguf_kernels``),
+    unless the weight is interleaved and its kernel measured faster (:func:`_x16_gemm_wins`)."""
     if x2d.dim() != 2 or x2d.shape[1] != weight.in_features:
         raise ValueError(f"x is {tuple(x2d.shape)}, expected [m, {weight.in_features}]")
-    if x2d.shape[0] >= dequant_min_rows(weight.ggml_type) and _fast_bf16_gemm():
+    if x2d.shape[0] >= dequant_min_rows(weight.ggml_type) and _fast_bf16_gemm() and (
+            not weight.interleaved or _x16_gemm_wins()):
         return slab_matmul(x2d, weight, torch.bfloat16)
     return gguf_native.matmul(x2d, weight.ggml_type, weight.data, weight.in_features, interleaved=weight.interleaved)
 
@@ -155,6 +179,19 @@ def slab_matmul(x2d: torch.Tensor, weight: BlockWeight, dtype: torch.dtype = tor
                                       interleaved=weight.interleaved)
         out[:, start:stop] = x @ rows.T
     return out
+
+
+@functools.lru_cache(maxsize=1)
+def _x16_gemm_wins() -> bool:
+    """Whether the bf16 GEMM beats the interleaved Q4_K kernel at prefill sizes on this CPU
+    (measured once per process, :mod:`engine.quant.prefill_choice`)."""
+    rng = np.random.default_rng(0)
+    weight = random_blocks(GGMLQuantizationType.Q4_K, X16_PROBE_OUT, X16_PROBE_IN, rng).interleave()
+    x = torch.from_numpy(rng.standard_normal((prefill_choice.PROBE_ROWS, X16_PROBE_IN), dtype=np.float32))
+    x = x.to(torch.bfloat16)
+    return prefill_choice.choose(
+        lambda: gguf_native.matmul(x, weight.ggml_type, weight.data, weight.in_features, interleaved=True),
+        lambda: slab_matmul(x, weight, torch.bfloat16), weights="gguf")
 
 
 @functools.lru_cache(maxsize=1)

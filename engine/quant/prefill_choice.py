@@ -1,4 +1,4 @@
-"""Which way a ``q8`` prefill multiplies on this CPU, measured once per process.
+"""Which way a prefill multiplies on this CPU, measured once per process and weight format.
 
 Why measure: a prefill-sized call (64 rows and more) can unpack the weights to bf16 and run
 oneDNN's GEMM, or stay in our integer kernel with two-byte activations. Which is faster
@@ -9,6 +9,11 @@ qkv shapes; a probe of 2026-12-01). So the first prefill call times both on a ga
 matrix, a few repeats interleaved, and keeps the GEMM only where it wins clearly; the choice
 is logged (``q8_prefill_path``) and fixed for the process, so a worker's numbers do not change
 from one request to the next.
+
+GGUF's Q4_K interleaved by 16 rows asks the same question (``gguf_prefill_path``,
+:mod:`engine.quant.gguf_blocks`): its kernel reads one weight load against four activation rows
+with one ``vpdpbusd`` each, and on the AMD EPYC above it ran 1.6x the bf16 GEMM at 512 rows and
+2.5x at 128; a CPU with AMX tiles may well answer the other way.
 """
 from __future__ import annotations
 
@@ -53,10 +58,12 @@ def measure(kernel: Callable[[], object], gemm: Callable[[], object]) -> dict[st
     return {"kernel_ms": statistics.median(kernel_times), "gemm_ms": statistics.median(gemm_times)}
 
 
-def choose(kernel: Callable[[], object], gemm: Callable[[], object]) -> bool:
-    """Measure and decide (True: unpack + GEMM); logs the timings and the choice."""
+def choose(kernel: Callable[[], object], gemm: Callable[[], object], weights: str = "q8",
+           rows: int = PROBE_ROWS) -> bool:
+    """Measure and decide (True: unpack + GEMM); logs the timings and the choice as
+    ``<weights>_prefill_path``. ``rows``: the probe's row count, for the log."""
     timings = measure(kernel, gemm)
     wins = gemm_wins(timings["kernel_ms"], timings["gemm_ms"])
-    log_event(logger, "q8_prefill_path", path="bf16_gemm" if wins else "integer_kernel",
-              kernel_ms=round(timings["kernel_ms"], 3), gemm_ms=round(timings["gemm_ms"], 3), rows=PROBE_ROWS)
+    log_event(logger, f"{weights}_prefill_path", path="bf16_gemm" if wins else "integer_kernel",
+              kernel_ms=round(timings["kernel_ms"], 3), gemm_ms=round(timings["gemm_ms"], 3), rows=rows)
     return wins

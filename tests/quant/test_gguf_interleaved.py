@@ -11,7 +11,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 
-from engine.quant import gguf_native
+from engine.quant import gguf_blocks, gguf_native, prefill_choice
 from engine.quant.gguf_blocks import block_matmul, dequantize_rows, reference_matmul, uninterleave_x16
 from tests.quant.test_gguf_kernels import KERNEL_RTOL, expected, random_weight
 
@@ -59,3 +59,36 @@ def test_what_cannot_be_interleaved_stays_as_stored() -> None:
         interleaved.rows(8, 24)
     with pytest.raises(ValueError, match="whole groups"):
         gguf_native.matmul(torch.zeros(1, 256), T.Q4_K, interleaved.data[:8], 256, interleaved=True)
+
+
+@pytest.mark.parametrize("gemm_wins", [False, True])
+def test_interleaved_prefill_takes_the_path_measured_faster(monkeypatch, gemm_wins: bool) -> None:
+    """At prefill sizes an interleaved weight stays in its kernel unless the GEMM measured faster;
+    a plain Q4_K weight takes the GEMM either way (where the CPU has bf16 GEMM)."""
+    monkeypatch.setattr(gguf_blocks, "_fast_bf16_gemm", lambda: True)
+    monkeypatch.setattr(gguf_blocks, "_x16_gemm_wins", lambda: gemm_wins)
+    weight = random_weight(T.Q4_K, 32, blocks=2, seed=6)
+    interleaved = weight.interleave()
+    x = torch.randn(gguf_blocks.DEQUANT_MIN_ROWS_K, weight.in_features, generator=torch.Generator().manual_seed(6))
+    kernel = gguf_native.matmul(x, T.Q4_K, interleaved.data, weight.in_features, interleaved=True)
+    gemm = gguf_blocks.slab_matmul(x, interleaved, torch.bfloat16)
+    assert not torch.equal(kernel, gemm)
+    assert torch.equal(block_matmul(x, interleaved), gemm if gemm_wins else kernel)
+    assert torch.equal(block_matmul(x, weight), gguf_blocks.slab_matmul(x, weight, torch.bfloat16))
+
+
+def test_the_interleaved_prefill_path_is_measured_once_and_logged(monkeypatch) -> None:
+    calls = []
+    monkeypatch.setattr(prefill_choice, "measure",
+                        lambda kernel, gemm: calls.append((kernel(), gemm())) or {"kernel_ms": 2.0, "gemm_ms": 3.0})
+    events = []
+    monkeypatch.setattr(prefill_choice, "log_event", lambda logger, event, **fields: events.append((event, fields)))
+    gguf_blocks._x16_gemm_wins.cache_clear()
+    try:
+        assert not gguf_blocks._x16_gemm_wins() and not gguf_blocks._x16_gemm_wins()
+    finally:
+        gguf_blocks._x16_gemm_wins.cache_clear()
+    (kernel_out, gemm_out), = calls
+    assert kernel_out.shape == gemm_out.shape == (prefill_choice.PROBE_ROWS, gguf_blocks.X16_PROBE_OUT)
+    assert events == [("gguf_prefill_path", {"path": "integer_kernel", "kernel_ms": 2.0, "gemm_ms": 3.0,
+                                             "rows": prefill_choice.PROBE_ROWS})]
