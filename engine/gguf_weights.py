@@ -145,8 +145,9 @@ class GGUFTensors:
         raise GGUFWeightsError(f"{name} is {kind.name}, which the native path cannot run")
 
     def linear_part(self, name: str, rows: int, cols: int, heads: int | None = None) -> Part:
-        """:meth:`part` for a projection: interleaved where this CPU's decode kernel reads that
-        layout (the embedding is not: its rows are looked up one at a time)."""
+        """:meth:`part` for a matrix the forward multiplies (a projection, the head, a tied
+        table): interleaved where this CPU's kernel reads that layout. An untied embedding is
+        not: it is only looked up, a few rows at a time."""
         part = self.part(name, rows, cols, heads)
         if not isinstance(part, BlockWeight):
             return part
@@ -180,10 +181,13 @@ def read_gguf_weights(path: Path | str, config: Any, dtype: torch.dtype) -> Qwen
         raise GGUFWeightsError(f"GGUF file {path} cannot run on its own bits: {refusal}")
     cfg = ForwardConfig.from_hf(config)
     layers = [_layer(tensors, cfg, i, dtype) for i in range(cfg.num_layers)]
-    embed_part = tensors.part("token_embd.weight", cfg.vocab_size, cfg.hidden_size)
-    if cfg.tied or not tensors.has("output.weight"):
-        if not cfg.tied:
-            raise UnsupportedArchitecture("the GGUF has no output.weight but the config does not tie the head")
+    if not cfg.tied and not tensors.has("output.weight"):
+        raise UnsupportedArchitecture("the GGUF has no output.weight but the config does not tie the head")
+    # A tied table is the head's matrix too, read whole at every token: it takes the head's
+    # layout, and lookups read their few rows from it (the dequantization reads both layouts).
+    table = tensors.linear_part if cfg.tied else tensors.part
+    embed_part = table("token_embd.weight", cfg.vocab_size, cfg.hidden_size)
+    if cfg.tied:
         head = BlockLinear((embed_part,))
     else:
         head = BlockLinear((tensors.linear_part("output.weight", cfg.vocab_size, cfg.hidden_size),))

@@ -51,7 +51,7 @@ SCALE_FIELDS = {GGMLQuantizationType.Q4_0: (0,), GGMLQuantizationType.Q4_1: (0, 
 @dataclass(eq=False)
 class BlockWeight:
     """One matrix in a GGUF block format: ``data`` is uint8 ``[out_features, row_bytes]``.
-    ``interleaved``: Q4_K rows interleaved by 16 (:func:`engine.quant.gguf_native.repack_x16`;
+    ``interleaved``: Q4_K or Q6_K rows interleaved by 16 (:func:`engine.quant.gguf_native.repack_x16`;
     the same bytes, so the same shape)."""
 
     ggml_type: GGMLQuantizationType
@@ -80,7 +80,7 @@ class BlockWeight:
     @property
     def kernel_type(self) -> int:
         """The type id gguf.c reads these bytes as (ggml's, or the interleaved Q4_K's)."""
-        return gguf_native.X16_KERNEL_TYPE if self.interleaved else int(self.ggml_type)
+        return gguf_native.kernel_type(self.ggml_type, self.interleaved)
 
     def rows(self, start: int, stop: int) -> "BlockWeight":
         """Rows ``start:stop`` (a view: blocks never cross rows, nor groups of 16 when interleaved)."""
@@ -95,7 +95,7 @@ class BlockWeight:
         if self.interleaved or not gguf_native.interleaves(self.ggml_type, self.out_features):
             return self
         return BlockWeight(self.ggml_type, self.out_features, self.in_features,
-                           gguf_native.repack_x16(self.data, self.in_features), interleaved=True)
+                           gguf_native.repack_x16(self.data, self.ggml_type, self.in_features), interleaved=True)
 
 
 def random_blocks(ggml_type: GGMLQuantizationType, out_features: int, in_features: int,
@@ -116,16 +116,18 @@ def dequantize_rows(weight: BlockWeight, start: int = 0, stop: int | None = None
     stop = weight.out_features if stop is None else stop
     raw = weight.rows(start, stop).data.numpy()
     if weight.interleaved:
-        raw = uninterleave_x16(raw)
+        raw = uninterleave_x16(raw, weight.ggml_type)
     values = gguf_dequantize(np.ascontiguousarray(raw), weight.ggml_type)
     return torch.from_numpy(np.asarray(values, dtype=np.float32).reshape(stop - start, weight.in_features))
 
 
-def uninterleave_x16(raw: np.ndarray) -> np.ndarray:
-    """Q4_K rows back from :func:`engine.quant.gguf_native.repack_x16`'s layout, written
+def uninterleave_x16(raw: np.ndarray, ggml_type: GGMLQuantizationType = GGMLQuantizationType.Q4_K) -> np.ndarray:
+    """Q4_K or Q6_K rows back from :func:`engine.quant.gguf_native.repack_x16`'s layout, written
     independently of the C code (the reference reads ggml's own blocks). Per group of 16 rows and
-    super-block: d[16], dmin[16], the scales' three words u0[16], u1[16], u2[16], then the codes
-    as [4][8][16 rows][4 bytes]."""
+    super-block, Q4_K: d[16], dmin[16], the scales' three words u0[16], u1[16], u2[16], then the
+    codes as [4][8][16 rows][4 bytes]; Q6_K: :func:`_uninterleave_q6_k`."""
+    if ggml_type == GGMLQuantizationType.Q6_K:
+        return _uninterleave_q6_k(raw)
     rows, row_bytes = raw.shape
     blocks = row_bytes // 144
     group = raw.reshape(rows // 16, blocks, 16 * 144)
@@ -134,6 +136,22 @@ def uninterleave_x16(raw: np.ndarray) -> np.ndarray:
     codes = group[..., 256:].reshape(rows // 16, blocks, 4, 8, 16, 4).transpose(0, 1, 4, 2, 3, 5)
     block = np.concatenate([d, dmin, words.reshape(rows // 16, blocks, 16, 12),
                             codes.reshape(rows // 16, blocks, 16, 128)], axis=-1)
+    return np.ascontiguousarray(block.transpose(0, 2, 1, 3)).reshape(rows, row_bytes)
+
+
+def _uninterleave_q6_k(raw: np.ndarray) -> np.ndarray:
+    """Q6_K: per group and super-block d[16] (fp16), the int8 scales as [8 pairs][16 rows][2],
+    then per half h and k < 8 three [16 rows][4 bytes]: ql bytes 64h + 4k, ql bytes 64h + 32 + 4k,
+    qh bytes 32h + 4k (each 4 of them); a row's block is ql[128], qh[64], scales[16], d."""
+    rows, row_bytes = raw.shape
+    blocks, groups = row_bytes // 210, rows // 16
+    group = raw.reshape(groups, blocks, 16 * 210)
+    d = group[..., :32].reshape(groups, blocks, 16, 2)
+    scales = group[..., 32:288].reshape(groups, blocks, 8, 16, 2).transpose(0, 1, 3, 2, 4).reshape(groups, blocks, 16, 16)
+    codes = group[..., 288:].reshape(groups, blocks, 2, 8, 3, 16, 4).transpose(0, 1, 5, 2, 4, 3, 6)  # [.., row, h, kind, k, 4]
+    ql = codes[..., :2, :, :].reshape(groups, blocks, 16, 128)
+    qh = codes[..., 2, :, :].reshape(groups, blocks, 16, 64)
+    block = np.concatenate([ql, qh, scales, d], axis=-1)
     return np.ascontiguousarray(block.transpose(0, 2, 1, 3)).reshape(rows, row_bytes)
 
 
@@ -153,13 +171,23 @@ def block_matmul(x2d: torch.Tensor, weight: BlockWeight) -> torch.Tensor:
     Decode sizes: the C block kernels (activations quantized per block to int8,
     :mod:`engine.quant.gguf_native`). Prefill sizes (:func:`dequant_min_rows` and more) on a CPU
     with bf16 GEMM: :func:`slab_matmul` in bf16, faster there (``python -m bench.gguf_kernels``),
-    unless the weight is interleaved and its kernel measured faster (:func:`_x16_gemm_wins`)."""
+    unless the weight is Q4_K interleaved and its kernel measured faster (:func:`_prefill_gemm`)."""
     if x2d.dim() != 2 or x2d.shape[1] != weight.in_features:
         raise ValueError(f"x is {tuple(x2d.shape)}, expected [m, {weight.in_features}]")
-    if x2d.shape[0] >= dequant_min_rows(weight.ggml_type) and _fast_bf16_gemm() and (
-            not weight.interleaved or _x16_gemm_wins()):
+    if x2d.shape[0] >= dequant_min_rows(weight.ggml_type) and _prefill_gemm(weight):
         return slab_matmul(x2d, weight, torch.bfloat16)
     return gguf_native.matmul(x2d, weight.ggml_type, weight.data, weight.in_features, interleaved=weight.interleaved)
+
+
+def _prefill_gemm(weight: BlockWeight) -> bool:
+    """Whether a prefill-sized call dequantizes and runs the bf16 GEMM. Q4_K interleaved keeps
+    its kernel unless the GEMM measured faster; Q6_K interleaved takes the GEMM as plain Q6_K
+    does (its kernel won at 128 rows, 1.5x, but lost at 512, 0.85x, 2 threads)."""
+    if not _fast_bf16_gemm():
+        return False
+    if weight.interleaved and weight.ggml_type == GGMLQuantizationType.Q4_K:
+        return _x16_gemm_wins()
+    return True
 
 
 def dequant_min_rows(ggml_type: GGMLQuantizationType) -> int:

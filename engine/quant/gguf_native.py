@@ -3,10 +3,11 @@
 The weights are read as the file stores them: :class:`~engine.quant.gguf_blocks.BlockWeight`
 rows of ggml blocks (Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q8_0), any uint8 tensor whose rows are
 contiguous (a view of the mapped file; the row stride is passed through). One exception, on
-AVX512-VNNI CPUs: Q4_K matrices whose rows come in whole groups of 16 are *interleaved* once at
-load (:func:`repack_x16`, the same bytes in new places: a 64-byte load then holds 4 codes of
-each of 16 rows, so the decode kernel works on 16 rows per instruction instead of unpacking each
-row's scales; it needed about half the instructions per byte, ``gguf.c``'s ``dot_q4_k_x16``).
+AVX512-VNNI CPUs: Q4_K and Q6_K matrices whose rows come in whole groups of 16 are
+*interleaved* once at load (:func:`repack_x16`, the same bytes in new places: a 64-byte load then
+holds 4 codes of each of 16 rows, so the kernel works on 16 rows per instruction instead of
+unpacking each row's scales; Q4_K's needed about half the instructions per byte, ``gguf.c``'s
+``dot_q4_k_x16`` and ``dot_q6_k_x16``).
 
 Activations are quantized once per call, per block, to int8 (the numbers the tests reproduce):
 per block of 256 inputs (K formats) or 32 inputs (the others), ``d = amax / 127`` and
@@ -32,7 +33,8 @@ TYPES = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQua
                     GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0,
                     GGMLQuantizationType.Q8_0})
 K_FORMATS = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K})
-X16_KERNEL_TYPE = 112  # gguf.c's T_Q4_K_X16: Q4_K rows interleaved by 16 (not a ggml type)
+# gguf.c's T_Q4_K_X16 and T_Q6_K_X16: rows interleaved by 16 (not ggml types)
+X16_KERNEL_TYPES = {GGMLQuantizationType.Q4_K: 112, GGMLQuantizationType.Q6_K: 114}
 X16_ROWS = 16
 
 
@@ -47,7 +49,7 @@ def _lib() -> ctypes.CDLL:
     lib.ms_gguf_row_bytes.restype, lib.ms_gguf_row_bytes.argtypes = i64, [c_int, i64]
     lib.ms_gguf_simd.restype = c_int
     lib.ms_gguf_repack_x16.restype = c_int
-    lib.ms_gguf_repack_x16.argtypes = [ptr, i64, i64, i64, ptr, c_int]
+    lib.ms_gguf_repack_x16.argtypes = [c_int, ptr, i64, i64, i64, ptr, c_int]
     return lib
 
 
@@ -58,28 +60,30 @@ def vector_path() -> str:
 
 def interleaves(ggml_type: GGMLQuantizationType, rows: int) -> bool:
     """Whether a matrix of ``rows`` rows of ``ggml_type`` runs interleaved on this CPU."""
-    return ggml_type == GGMLQuantizationType.Q4_K and rows % X16_ROWS == 0 and vector_path() == "avx512-vnni"
+    return ggml_type in X16_KERNEL_TYPES and rows % X16_ROWS == 0 and vector_path() == "avx512-vnni"
 
 
-def repack_x16(data: torch.Tensor, in_features: int, threads: int = 0) -> torch.Tensor:
-    """Q4_K rows ``data`` (a multiple of 16 of them) interleaved by 16: a new contiguous tensor
-    of the same shape and bytes, read by the kernels with ``interleaved=True``."""
-    _check(data, GGMLQuantizationType.Q4_K, in_features)
-    if data.shape[0] % X16_ROWS:
-        raise ValueError(f"{data.shape[0]} rows are not whole groups of {X16_ROWS}")
+def repack_x16(data: torch.Tensor, ggml_type: GGMLQuantizationType, in_features: int, threads: int = 0) -> torch.Tensor:
+    """Q4_K or Q6_K rows ``data`` (a multiple of 16 of them) interleaved by 16: a new contiguous
+    tensor of the same shape and bytes, read by the kernels with ``interleaved=True``."""
+    _check(data, ggml_type, in_features)
+    _kernel_type(ggml_type, data, interleaved=True)
     out = torch.empty(data.shape, dtype=torch.uint8)
-    status = _lib().ms_gguf_repack_x16(data.data_ptr(), data.stride(0), data.shape[0], in_features, out.data_ptr(),
-                                       threads or torch.get_num_threads())
-    _raise(status, "Q4_K interleaving")
+    status = _lib().ms_gguf_repack_x16(int(ggml_type), data.data_ptr(), data.stride(0), data.shape[0], in_features,
+                                       out.data_ptr(), threads or torch.get_num_threads())
+    _raise(status, f"{ggml_type.name} interleaving")
     return out
 
 
+def kernel_type(ggml_type: GGMLQuantizationType, interleaved: bool) -> int:
+    """The type id gguf.c reads a matrix as: ggml's, or its interleaved layout's."""
+    return X16_KERNEL_TYPES[ggml_type] if interleaved else int(ggml_type)
+
+
 def _kernel_type(ggml_type: GGMLQuantizationType, data: torch.Tensor, interleaved: bool) -> int:
-    if not interleaved:
-        return int(ggml_type)
-    if ggml_type != GGMLQuantizationType.Q4_K or data.shape[0] % X16_ROWS:
-        raise ValueError(f"only Q4_K in whole groups of {X16_ROWS} rows is interleaved")
-    return X16_KERNEL_TYPE
+    if interleaved and (ggml_type not in X16_KERNEL_TYPES or data.shape[0] % X16_ROWS):
+        raise ValueError(f"only Q4_K and Q6_K in whole groups of {X16_ROWS} rows are interleaved")
+    return kernel_type(ggml_type, interleaved)
 
 
 def _check(data: torch.Tensor, ggml_type: GGMLQuantizationType, in_features: int) -> None:

@@ -137,7 +137,7 @@ def test_no_full_precision_copy_of_a_projection_exists(files, cache_dir):
     for part in [p for linear in linears for p in linear.parts] + [weights.embed.table]:
         assert isinstance(part, BlockWeight) and part.data.dtype == torch.uint8
         if part.interleaved:  # the same bytes in new places, never wider
-            assert any(np.array_equal(uninterleave_x16(part.data.numpy()), index.data(name))
+            assert any(np.array_equal(uninterleave_x16(part.data.numpy(), part.ggml_type), index.data(name))
                        for name, info in index.tensors.items() if info.ggml_type == part.ggml_type
                        and tuple(info.shape) == (part.out_features, part.in_features))
             continue
@@ -174,7 +174,7 @@ def test_llama_q_k_are_heap_copies_of_the_same_bytes(files, cache_dir):
     assert k.ggml_type.name == "Q6_K"
     original = index.data("blk.0.attn_q.weight")
     rows = gguf_weights.head_permutation(q.out_features, 4)
-    stored = uninterleave_x16(q.data.numpy()) if q.interleaved else q.data.numpy()
+    stored = uninterleave_x16(q.data.numpy(), q.ggml_type) if q.interleaved else q.data.numpy()
     assert np.array_equal(stored, original[rows]) and not np.array_equal(rows, np.arange(len(rows)))
 
 

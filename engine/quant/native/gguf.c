@@ -40,14 +40,19 @@
 
 /* ggml's type ids (GGMLQuantizationType). */
 enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
-/* Not a ggml type: Q4_K rows interleaved by 16 (see "Q4_K, 16 rows interleaved" below). */
-enum { T_Q4_K_X16 = 112 };
+/* Not ggml types: Q4_K and Q6_K rows interleaved by 16 (see "16 rows interleaved" below). */
+enum { T_Q4_K_X16 = 112, T_Q6_K_X16 = 114 };
 #define X16 16
 #define QK 32     /* inputs per block of the 32-input formats */
 #define QKK 256   /* inputs per super-block of the K formats */
 #define ROWS 8    /* activation rows per pass over a weight block */
 #define TILE 16   /* weight rows per unit of work shared among the threads (== X16: a tile is a group) */
-_Static_assert(TILE == X16, "rows_q4_k_x16 takes one tile as one interleaved group");
+_Static_assert(TILE == X16, "the interleaved rows functions take one tile as one interleaved group");
+
+static inline int is_x16(int type) { return type == T_Q4_K_X16 || type == T_Q6_K_X16; }
+
+/* The ggml type whose blocks an interleaved type holds (other types: themselves). */
+static inline int x16_base(int type) { return type == T_Q4_K_X16 ? T_Q4_K : type == T_Q6_K_X16 ? T_Q6_K : type; }
 
 int ms_gguf_simd(void) { return G_VNNI ? 2 : (G_SIMD ? 1 : 0); }
 
@@ -78,16 +83,17 @@ static inline float h2f(const uint8_t *p) {
 }
 
 static int block_elems(int type) {
-    return (type == T_Q4_K || type == T_Q5_K || type == T_Q6_K || type == T_Q4_K_X16) ? QKK : QK;
+    const int base = x16_base(type);
+    return (base == T_Q4_K || base == T_Q5_K || base == T_Q6_K) ? QKK : QK;
 }
 
 static int block_bytes(int type) {
-    switch (type) {
+    switch (x16_base(type)) {
     case T_Q4_0: return 18;
     case T_Q4_1: return 20;
     case T_Q5_0: return 22;
     case T_Q8_0: return 34;
-    case T_Q4_K: case T_Q4_K_X16: return 144;
+    case T_Q4_K: return 144;
     case T_Q5_K: return 176;
     case T_Q6_K: return 210;
     default: return 0;
@@ -866,6 +872,83 @@ static void rows_q4_k_x16(const uint8_t *w, int64_t w_stride, int64_t n0, int64_
     default: break;
     }
 }
+
+/* Q6_K, 16 rows interleaved (T_Q6_K_X16): per super-block one 3,360-byte group block: d[16]
+ * (fp16), the int8 scales as sc[pair 8][row 16][2], then the codes in the order the kernel
+ * reads them, per half h and k < 8 three 64-byte loads of [row 16][4 bytes]: row r's ql bytes
+ * 64h + 4k .., its ql bytes 64h + 32 + 4k .. and its qh bytes 128 + 32h + 4k ... Together they
+ * hold inputs 128h + 32t + 4k .. + 3 of the four quarters t: a 32-bit lane per row as for Q4_K,
+ * the 16-input sums scaled by the rows' scales as lane vectors, the codes' offset 32 through
+ * the activations' 16-input sums (vpdpwssd against the scales in pairs). The reads run straight
+ * through the block: with ql and qh as two separate regions the same kernel ran at a third of
+ * the speed, waiting on memory the hardware prefetcher did not fetch. */
+#define X16_Q6_BLOCK (X16 * 210)
+INLINE void dot_q6_k_x16(const uint8_t *g, int64_t nb, const acts *a, int64_t i0, const int NR, float *y,
+                         int64_t y_stride) {
+    __m512 acc[4];
+    for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
+    const __m512i low4 = _mm512_set1_epi8(0x0f), three = _mm512_set1_epi8(3);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = g + b * X16_Q6_BLOCK, *codes = blk + 288;
+        __m512i isum[4], off[4];
+        for (int r = 0; r < NR; r++) isum[r] = off[r] = _mm512_setzero_si512();
+        for (int p = 0; p < 8; p++) {  /* the offset: 32 * sum_s scale_s * (activation codes' sum over s) */
+            const __m512i pair = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(blk + 32 + 32 * p)));
+            for (int r = 0; r < NR; r++) {
+                int32_t sums;
+                memcpy(&sums, ROW_S16(a, i0 + r) + b * 16 + 2 * p, 4);
+                off[r] = _mm512_dpwssd_epi32(off[r], pair, _mm512_set1_epi32(sums));
+            }
+        }
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 2; j++) {      /* inputs 128h + 32t + 16j .. + 15 of the four quarters t */
+                __m512i sum[4][4];
+                for (int t = 0; t < 4; t++)
+                    for (int r = 0; r < NR; r++) sum[t][r] = _mm512_setzero_si512();
+                #pragma GCC unroll 4
+                for (int k = 4 * j; k < 4 * j + 4; k++) {
+                    const uint8_t *three_loads = codes + 192 * (8 * h + k);
+                    const __m512i la = _mm512_loadu_si512(three_loads), lb = _mm512_loadu_si512(three_loads + 64);
+                    const __m512i hq = _mm512_loadu_si512(three_loads + 128);
+                    const __m512i u[4] = {
+                        _mm512_or_si512(_mm512_and_si512(la, low4), _mm512_slli_epi16(_mm512_and_si512(hq, three), 4)),
+                        _mm512_or_si512(_mm512_and_si512(lb, low4), _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hq, 2), three), 4)),
+                        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(la, 4), low4), _mm512_and_si512(hq, _mm512_set1_epi8(0x30))),
+                        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(lb, 4), low4),
+                                        _mm512_and_si512(_mm512_srli_epi16(hq, 2), _mm512_set1_epi8(0x30)))};
+                    for (int r = 0; r < NR; r++) {
+                        const int8_t *xq = ROW_Q(a, i0 + r) + b * QKK + 128 * h + 4 * k;
+                        for (int t = 0; t < 4; t++) sum[t][r] = _mm512_dpbusd_epi32(sum[t][r], u[t], bcast4(xq + 32 * t));
+                    }
+                }
+                for (int t = 0; t < 4; t++) {  /* sub-block 8h + 2t + j: the low or high half of scale pair 4h + t */
+                    const __m512i pair = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(blk + 32 + 32 * (4 * h + t))));
+                    const __m512i scale = j ? _mm512_srai_epi32(pair, 16) : _mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16);
+                    for (int r = 0; r < NR; r++) isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(sum[t][r], scale));
+                }
+            }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        for (int r = 0; r < NR; r++) {
+            const __m512i total = _mm512_sub_epi32(isum[r], _mm512_slli_epi32(off[r], 5));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(d, _mm512_set1_ps(ROW_D(a, i0 + r)[b])), acc[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) _mm512_storeu_ps(y + (i0 + r) * y_stride, acc[r]);
+}
+
+static void rows_q6_k_x16(const uint8_t *w, int64_t w_stride, int64_t n0, int64_t n1, const acts *a, int64_t M,
+                          float *y, int64_t y_stride) {
+    (void)n1;
+    const uint8_t *g = w + n0 * w_stride;
+    int64_t i = 0;
+    for (; i + 4 <= M; i += 4) dot_q6_k_x16(g, a->nb, a, i, 4, y + n0, y_stride);
+    switch (M - i) {
+    case 1: dot_q6_k_x16(g, a->nb, a, i, 1, y + n0, y_stride); break;
+    case 2: dot_q6_k_x16(g, a->nb, a, i, 2, y + n0, y_stride); break;
+    case 3: dot_q6_k_x16(g, a->nb, a, i, 3, y + n0, y_stride); break;
+    default: break;
+    }
+}
 #endif
 
 /* ---------------------------------------------------------------- rows of output */
@@ -930,6 +1013,7 @@ static rows_fn rows_for(int type) {
     case T_Q6_K: return rows_q6_k;
 #if G_VNNI
     case T_Q4_K_X16: return rows_q4_k_x16;
+    case T_Q6_K_X16: return rows_q6_k_x16;
 #endif
     default: return NULL;
     }
@@ -942,7 +1026,7 @@ int ms_gguf_matmul(int type, const void *x, int x_bf16, int64_t M, int64_t K, co
                    int64_t N, float *y, int64_t y_stride, int threads) {
     rows_fn rows = rows_for(type);
     const int eb = block_elems(type);
-    if (rows == NULL || K % eb || K % QK || (type == T_Q4_K_X16 && N % X16)) return 1;
+    if (rows == NULL || K % eb || K % QK || (is_x16(type) && N % X16)) return 1;
     if (M <= 0 || N <= 0) return 0;
     acts a = {.K = K, .nb = K / eb, .k_perm = G_VNNI && (type == T_Q4_K || type == T_Q5_K)};
     /* one allocation: codes, then scales and sums (each part 64-byte aligned) */
@@ -1027,32 +1111,48 @@ void ms_gguf_team_tiles(int type, int64_t M, int64_t K, const uint8_t *w, int64_
 }
 
 
-/* ---------------------------------------------------------------- Q4_K, 16 rows interleaved */
+/* ---------------------------------------------------------------- 16 rows interleaved */
 
-/* Row r's pieces of one super-block between a group's block and the row's own Q4_K block
- * (the layout above dot_q4_k_x16): fixed-size moves, which the compiler turns into loads and
- * stores (the repack and the dequantization of every interleaved row go through here). */
-static inline void x16_copy(uint8_t *group_blk, uint8_t *row_blk, int r, int to_group) {
+/* Row r's pieces of one super-block between a group's block and the row's own block (the
+ * layouts above dot_q4_k_x16 and dot_q6_k_x16): fixed-size moves, which the compiler turns
+ * into loads and stores (the repack and the dequantization of every interleaved row go through
+ * here). type: the ggml type (T_Q4_K or T_Q6_K). */
+static inline void x16_copy(int type, uint8_t *group_blk, uint8_t *row_blk, int r, int to_group) {
 #define X16_MOVE(ROW_AT, GROUP_AT, N) \
     (to_group ? memcpy(group_blk + (GROUP_AT), row_blk + (ROW_AT), N) : memcpy(row_blk + (ROW_AT), group_blk + (GROUP_AT), N))
-    X16_MOVE(0, 2 * r, 2);                                                            /* d */
-    X16_MOVE(2, 32 + 2 * r, 2);                                                       /* dmin */
-    for (int word = 0; word < 3; word++) X16_MOVE(4 + 4 * word, 64 + 64 * word + 4 * r, 4);  /* scales */
-    for (int i = 0; i < 32; i++) X16_MOVE(16 + 4 * i, 256 + 64 * i + 4 * r, 4);     /* codes [c][k] */
+    if (type == T_Q4_K) {
+        X16_MOVE(0, 2 * r, 2);                                                            /* d */
+        X16_MOVE(2, 32 + 2 * r, 2);                                                       /* dmin */
+        for (int word = 0; word < 3; word++) X16_MOVE(4 + 4 * word, 64 + 64 * word + 4 * r, 4);  /* scales */
+        for (int i = 0; i < 32; i++) X16_MOVE(16 + 4 * i, 256 + 64 * i + 4 * r, 4);     /* codes [c][k] */
+    } else {
+        X16_MOVE(208, 2 * r, 2);                                                          /* d */
+        for (int p = 0; p < 8; p++) X16_MOVE(192 + 2 * p, 32 + 32 * p + 2 * r, 2);        /* scales in pairs */
+        for (int h = 0; h < 2; h++)
+            for (int k = 0; k < 8; k++) {                                                 /* ql, ql, qh */
+                const int at = 288 + 192 * (8 * h + k) + 4 * r;
+                X16_MOVE(64 * h + 4 * k, at, 4);
+                X16_MOVE(64 * h + 32 + 4 * k, at + 64, 4);
+                X16_MOVE(128 + 32 * h + 4 * k, at + 128, 4);
+            }
+    }
 #undef X16_MOVE
 }
 
-/* N rows of Q4_K (N a multiple of 16, row n at w + n * w_stride) into out, interleaved by 16
- * (rows of K / 256 * 144 bytes, contiguous). Returns 1 for a bad shape. The bytes are the same;
- * only their places change, so it is undone exactly (x16_copy with to_group = 0). */
-int ms_gguf_repack_x16(const uint8_t *w, int64_t w_stride, int64_t N, int64_t K, uint8_t *out, int threads) {
-    if (N % X16 || K % QKK) return 1;
-    const int64_t nb = K / QKK, row_bytes = nb * 144;
+/* N rows of Q4_K or Q6_K (type; N a multiple of 16, row n at w + n * w_stride) into out,
+ * interleaved by 16 (rows of K / 256 * block bytes, contiguous). Returns 1 for a bad type or
+ * shape. The bytes are the same; only their places change, so it is undone exactly (x16_copy
+ * with to_group = 0). */
+int ms_gguf_repack_x16(int type, const uint8_t *w, int64_t w_stride, int64_t N, int64_t K, uint8_t *out,
+                       int threads) {
+    if ((type != T_Q4_K && type != T_Q6_K) || N % X16 || K % QKK) return 1;
+    const int64_t bb = block_bytes(type), nb = K / QKK, row_bytes = nb * bb;
     #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : omp_get_max_threads())
     for (int64_t g = 0; g < N / X16; g++)
         for (int r = 0; r < X16; r++)
             for (int64_t b = 0; b < nb; b++)
-                x16_copy(out + g * X16 * row_bytes + b * X16 * 144, (uint8_t *)(w + (g * X16 + r) * w_stride + b * 144), r, 1);
+                x16_copy(type, out + g * X16 * row_bytes + b * X16 * bb, (uint8_t *)(w + (g * X16 + r) * w_stride + b * bb),
+                         r, 1);
     return 0;
 }
 
@@ -1133,7 +1233,7 @@ static inline uint16_t f2bf(float f) {  /* round to nearest even (NaN stays NaN)
 int ms_gguf_dequant(int type, const uint8_t *w, int64_t w_stride, int64_t rows, int64_t K, const int64_t *ids,
                     int64_t n, void *out, int64_t out_stride, int out_bf16, int threads) {
     const int eb = block_elems(type), bb = block_bytes(type);
-    if (bb == 0 || K % eb || (type == T_Q4_K_X16 && rows % X16)) return 1;
+    if (bb == 0 || K % eb || (is_x16(type) && rows % X16)) return 1;
     if (ids)
         for (int64_t i = 0; i < n; i++)
             if (ids[i] < 0 || ids[i] >= rows) return 3;
@@ -1145,12 +1245,13 @@ int ms_gguf_dequant(int type, const uint8_t *w, int64_t w_stride, int64_t rows, 
         float buf[QKK];
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *blk = row + b * bb;
-            uint8_t stored[144];   /* an interleaved row's block, put back together */
-            if (type == T_Q4_K_X16) {
-                x16_copy((uint8_t *)w + (id - id % X16) * w_stride + b * X16 * 144, stored, (int)(id % X16), 0);
+            uint8_t stored[210];   /* an interleaved row's block, put back together */
+            if (is_x16(type)) {
+                x16_copy(x16_base(type), (uint8_t *)w + (id - id % X16) * w_stride + b * X16 * bb, stored,
+                         (int)(id % X16), 0);
                 blk = stored;
             }
-            dequant_block(type == T_Q4_K_X16 ? T_Q4_K : type, blk, buf);
+            dequant_block(x16_base(type), blk, buf);
             if (out_bf16) {
                 uint16_t *o = (uint16_t *)out + i * out_stride + b * eb;
                 for (int e = 0; e < eb; e++) o[e] = f2bf(buf[e]);
