@@ -65,13 +65,15 @@ class GGUFIndex:
             raise GGUFIndexError(f"GGUF file {self.path} has no general.architecture")
         return arch
 
-    def release(self, name: str) -> None:
-        """Drop the tensor's pages from this process's resident memory (they stay in the page
-        cache): for a tensor that was copied elsewhere (interleaved) and is not read here again."""
+    def release(self, name: str, start: int = 0, stop: int | None = None) -> None:
+        """Drop the tensor's pages (those wholly inside its bytes ``start:stop``) from this
+        process's resident memory; they stay in the page cache. For bytes that were copied
+        elsewhere (interleaved) and are not read here again."""
         info = self.tensors[name]
         page = mmap.PAGESIZE
-        start = -(-info.offset // page) * page
-        stop = (info.offset + info.nbytes) // page * page
+        stop = info.nbytes if stop is None else min(stop, info.nbytes)
+        start = -(-(info.offset + start) // page) * page
+        stop = (info.offset + stop) // page * page
         if stop > start:
             self.mapping._mmap.madvise(mmap.MADV_DONTNEED, start, stop - start)
 

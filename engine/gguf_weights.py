@@ -37,6 +37,7 @@ from engine.architecture import UnsupportedArchitecture
 from engine.errors import ModelLoadError
 from engine.gguf_index import GGUFIndex, TensorInfo, read_index
 from engine.quant.gguf_blocks import BLOCK_TYPES, BlockWeight
+from engine.quant import gguf_native
 from engine.quant.gguf_native import K_FORMATS
 from engine.quant.gguf_linear import BlockEmbedding, BlockLinear, Part
 from engine.weights import ForwardConfig, LayerWeights, Qwen2Weights
@@ -44,6 +45,7 @@ from engine.weights import ForwardConfig, LayerWeights, Qwen2Weights
 FLOAT_TYPES = frozenset({GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16})
 # GGUF architectures whose q/k rows llama.cpp's converter permuted (as transformers' TENSOR_PROCESSORS)
 PERMUTED_ARCHITECTURES = ("llama",)
+INTERLEAVE_SLAB_ROWS = 4096   # rows moved between releases of their mapped pages (a multiple of 16)
 
 
 class GGUFWeightsError(ModelLoadError):
@@ -149,12 +151,17 @@ class GGUFTensors:
         table): interleaved where this CPU's kernel reads that layout. An untied embedding is
         not: it is only looked up, a few rows at a time."""
         part = self.part(name, rows, cols, heads)
-        if not isinstance(part, BlockWeight):
+        if not isinstance(part, BlockWeight) or not gguf_native.interleaves(part.ggml_type, rows):
             return part
-        interleaved = part.interleave()
-        if interleaved is not part:
-            self.index.release(name)
-        return interleaved
+        # Slab by slab, each slab's mapped pages dropped once moved: the load holds two copies of
+        # one slab at most, not of a whole tensor (a tied table is 200 MB at 1B).
+        moved = torch.empty(part.data.shape, dtype=torch.uint8)
+        for start in range(0, rows, INTERLEAVE_SLAB_ROWS):
+            stop = min(start + INTERLEAVE_SLAB_ROWS, rows)
+            gguf_native.repack_x16(part.data[start:stop], part.ggml_type, cols, out=moved[start:stop])
+            self.index.release(name, start * part.row_bytes, stop * part.row_bytes)
+        self.index.release(name)   # the pages that straddle two slabs
+        return BlockWeight(part.ggml_type, rows, cols, moved, interleaved=True)
 
     def vector(self, name: str, dtype: torch.dtype, size: int, heads: int | None = None) -> torch.Tensor:
         """A small 1-D tensor (norm or bias) copied to ``dtype``."""

@@ -63,12 +63,17 @@ def interleaves(ggml_type: GGMLQuantizationType, rows: int) -> bool:
     return ggml_type in X16_KERNEL_TYPES and rows % X16_ROWS == 0 and vector_path() == "avx512-vnni"
 
 
-def repack_x16(data: torch.Tensor, ggml_type: GGMLQuantizationType, in_features: int, threads: int = 0) -> torch.Tensor:
-    """Q4_K or Q6_K rows ``data`` (a multiple of 16 of them) interleaved by 16: a new contiguous
-    tensor of the same shape and bytes, read by the kernels with ``interleaved=True``."""
+def repack_x16(data: torch.Tensor, ggml_type: GGMLQuantizationType, in_features: int, threads: int = 0,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """Q4_K or Q6_K rows ``data`` (a multiple of 16 of them) interleaved by 16: a contiguous
+    tensor of the same shape and bytes (``out`` when given), read by the kernels with
+    ``interleaved=True``."""
     _check(data, ggml_type, in_features)
     _kernel_type(ggml_type, data, interleaved=True)
-    out = torch.empty(data.shape, dtype=torch.uint8)
+    if out is None:
+        out = torch.empty(data.shape, dtype=torch.uint8)
+    elif out.shape != data.shape or out.dtype != torch.uint8 or not out.is_contiguous():
+        raise ValueError(f"out must be contiguous uint8 {tuple(data.shape)}")
     status = _lib().ms_gguf_repack_x16(int(ggml_type), data.data_ptr(), data.stride(0), data.shape[0], in_features,
                                        out.data_ptr(), threads or torch.get_num_threads())
     _raise(status, f"{ggml_type.name} interleaving")

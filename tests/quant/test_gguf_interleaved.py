@@ -13,7 +13,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 
 from engine.quant import gguf_blocks, gguf_native, prefill_choice
-from engine.quant.gguf_blocks import block_matmul, dequantize_rows, reference_matmul, uninterleave_x16
+from engine.quant.gguf_blocks import BlockWeight, block_matmul, dequantize_rows, reference_matmul, uninterleave_x16
 from tests.quant.test_gguf_kernels import KERNEL_RTOL, expected, random_weight
 
 pytestmark = pytest.mark.skipif(gguf_native.vector_path() != "avx512-vnni",
@@ -104,3 +104,26 @@ def test_the_interleaved_prefill_path_is_measured_once_and_logged(monkeypatch) -
     assert kernel_out.shape == gemm_out.shape == (prefill_choice.PROBE_ROWS, gguf_blocks.X16_PROBE_OUT)
     assert events == [("gguf_prefill_path", {"path": "integer_kernel", "kernel_ms": 2.0, "gemm_ms": 3.0,
                                              "rows": prefill_choice.PROBE_ROWS})]
+
+
+def test_a_tensor_is_interleaved_slab_by_slab_with_its_pages_released(tmp_path, monkeypatch) -> None:
+    """The load moves a large tensor a slab at a time and drops each slab's mapped pages as it
+    goes; the bytes are those of moving it whole."""
+    from engine import gguf_weights
+    from engine.gguf_index import read_index
+    from tests.tiny_gguf import make_tiny_gguf
+
+    path = make_tiny_gguf(tmp_path / "k.gguf", seed=3, architecture="qwen2", types={"*": "Q6_K"},
+                          hidden_size=256, intermediate_size=512)
+    index = read_index(path)
+    name, info = next((n, t) for n, t in index.tensors.items()
+                      if t.ggml_type == T.Q6_K and len(t.shape) == 2 and t.shape[0] % 32 == 0)
+    rows, cols = info.shape
+    whole = BlockWeight(T.Q6_K, rows, cols, torch.from_numpy(index.data(name).copy())).interleave()
+    released = []
+    monkeypatch.setattr(gguf_weights, "INTERLEAVE_SLAB_ROWS", 16)
+    monkeypatch.setattr(index, "release", lambda tensor, start=0, stop=None: released.append((tensor, start, stop)))
+    part = gguf_weights.GGUFTensors(index).linear_part(name, rows, cols)
+    assert part.interleaved and torch.equal(part.data, whole.data)
+    row_bytes = whole.row_bytes
+    assert released == [(name, s * row_bytes, min(s + 16, rows) * row_bytes) for s in range(0, rows, 16)] + [(name, 0, None)]
