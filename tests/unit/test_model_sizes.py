@@ -127,6 +127,25 @@ def test_the_report_shows_both_sides_and_their_ratios(tmp_path: Path):
     assert "0.50x llama-bench" in figures.headline[0] and "1.50x llama-server" in figures.headline[0]
 
 
+def test_the_headline_says_when_drift_put_a_side_above_its_floor(tmp_path: Path):
+    (tmp_path / "results").mkdir()
+    results = _results()
+    results["files"][0]["MiniServe"]["bandwidth_gbs"] = [10.0, 10.0]   # floor 12.5 tok/s, 15 measured
+    add_floor(results["files"][0], 40.0)
+    (tmp_path / "results/model_sizes.json").write_text(json.dumps(results))
+    figures = Figures(["x"], [])
+    add_sizes(figures, tmp_path)
+    assert "120% of the floor its bandwidth samples give: the host's bandwidth drifted" in figures.headline[0]
+    assert "30% of the bandwidth floor" in _headline(tmp_path, _results())
+
+
+def _headline(root: Path, results: dict) -> str:
+    (root / "results/model_sizes.json").write_text(json.dumps(results))
+    figures = Figures(["x"], [])
+    add_sizes(figures, root)
+    return figures.headline[0]
+
+
 def test_no_results_file_adds_nothing(tmp_path: Path):
     figures = Figures(["x"], [])
     add_sizes(figures, tmp_path)
