@@ -859,19 +859,21 @@ INLINE void dot_q4_k_x16(const uint8_t *g, int64_t nb, const acts *a, int64_t i0
 }
 
 /* The tile n0..n0 + 16 (one group) for every activation row, 4 rows a pass. */
-static void rows_q4_k_x16(const uint8_t *w, int64_t w_stride, int64_t n0, int64_t n1, const acts *a, int64_t M,
-                          float *y, int64_t y_stride) {
-    (void)n1;
-    const uint8_t *g = w + n0 * w_stride;
-    int64_t i = 0;
-    for (; i + 4 <= M; i += 4) dot_q4_k_x16(g, a->nb, a, i, 4, y + n0, y_stride);
-    switch (M - i) {
-    case 1: dot_q4_k_x16(g, a->nb, a, i, 1, y + n0, y_stride); break;
-    case 2: dot_q4_k_x16(g, a->nb, a, i, 2, y + n0, y_stride); break;
-    case 3: dot_q4_k_x16(g, a->nb, a, i, 3, y + n0, y_stride); break;
-    default: break;
-    }
+#define ROWS_X16(NAME, DOT)                                                                       \
+static void NAME(const uint8_t *w, int64_t w_stride, int64_t n0, int64_t n1, const acts *a, int64_t M, \
+                 float *y, int64_t y_stride) {                                                    \
+    (void)n1;                                                                                     \
+    const uint8_t *g = w + n0 * w_stride;                                                         \
+    int64_t i = 0;                                                                                \
+    for (; i + 4 <= M; i += 4) DOT(g, a->nb, a, i, 4, y + n0, y_stride);                          \
+    switch (M - i) {                                                                              \
+    case 1: DOT(g, a->nb, a, i, 1, y + n0, y_stride); break;                                      \
+    case 2: DOT(g, a->nb, a, i, 2, y + n0, y_stride); break;                                      \
+    case 3: DOT(g, a->nb, a, i, 3, y + n0, y_stride); break;                                      \
+    default: break;                                                                               \
+    }                                                                                             \
 }
+ROWS_X16(rows_q4_k_x16, dot_q4_k_x16)
 
 /* Q6_K, 16 rows interleaved (T_Q6_K_X16): per super-block one 3,360-byte group block: d[16]
  * (fp16), the int8 scales as sc[pair 8][row 16][2], then the codes in the order the kernel
@@ -936,19 +938,7 @@ INLINE void dot_q6_k_x16(const uint8_t *g, int64_t nb, const acts *a, int64_t i0
     for (int r = 0; r < NR; r++) _mm512_storeu_ps(y + (i0 + r) * y_stride, acc[r]);
 }
 
-static void rows_q6_k_x16(const uint8_t *w, int64_t w_stride, int64_t n0, int64_t n1, const acts *a, int64_t M,
-                          float *y, int64_t y_stride) {
-    (void)n1;
-    const uint8_t *g = w + n0 * w_stride;
-    int64_t i = 0;
-    for (; i + 4 <= M; i += 4) dot_q6_k_x16(g, a->nb, a, i, 4, y + n0, y_stride);
-    switch (M - i) {
-    case 1: dot_q6_k_x16(g, a->nb, a, i, 1, y + n0, y_stride); break;
-    case 2: dot_q6_k_x16(g, a->nb, a, i, 2, y + n0, y_stride); break;
-    case 3: dot_q6_k_x16(g, a->nb, a, i, 3, y + n0, y_stride); break;
-    default: break;
-    }
-}
+ROWS_X16(rows_q6_k_x16, dot_q6_k_x16)
 #endif
 
 /* ---------------------------------------------------------------- rows of output */
