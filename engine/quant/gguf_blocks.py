@@ -121,7 +121,7 @@ def dequantize_rows(weight: BlockWeight, start: int = 0, stop: int | None = None
     return torch.from_numpy(np.asarray(values, dtype=np.float32).reshape(stop - start, weight.in_features))
 
 
-def uninterleave_x16(raw: np.ndarray, ggml_type: GGMLQuantizationType = GGMLQuantizationType.Q4_K) -> np.ndarray:
+def uninterleave_x16(raw: np.ndarray, ggml_type: GGMLQuantizationType) -> np.ndarray:
     """Q4_K or Q6_K rows back from :func:`engine.quant.gguf_native.repack_x16`'s layout, written
     independently of the C code (the reference reads ggml's own blocks). Per group of 16 rows and
     super-block, Q4_K: d[16], dmin[16], the scales' three words u0[16], u1[16], u2[16], then the

@@ -909,9 +909,9 @@ INLINE void dot_q6_k_x16(const uint8_t *g, int64_t nb, const acts *a, int64_t i0
                     for (int r = 0; r < NR; r++) sum[t][r] = _mm512_setzero_si512();
                 #pragma GCC unroll 4
                 for (int k = 4 * j; k < 4 * j + 4; k++) {
-                    const uint8_t *three_loads = codes + 192 * (8 * h + k);
-                    const __m512i la = _mm512_loadu_si512(three_loads), lb = _mm512_loadu_si512(three_loads + 64);
-                    const __m512i hq = _mm512_loadu_si512(three_loads + 128);
+                    const uint8_t *step = codes + 192 * (8 * h + k);   /* ql, ql, qh */
+                    const __m512i la = _mm512_loadu_si512(step), lb = _mm512_loadu_si512(step + 64);
+                    const __m512i hq = _mm512_loadu_si512(step + 128);
                     const __m512i u[4] = {
                         _mm512_or_si512(_mm512_and_si512(la, low4), _mm512_slli_epi16(_mm512_and_si512(hq, three), 4)),
                         _mm512_or_si512(_mm512_and_si512(lb, low4), _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hq, 2), three), 4)),
