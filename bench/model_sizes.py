@@ -13,18 +13,24 @@ types (:mod:`bench.model_build`; decode speed depends on shapes, not values). Fo
   ready time and peak memory), then a second start, which is timed;
 - llama.cpp (:mod:`bench.model_sizes_llama`): ``llama-bench`` pp512 and tg, ``llama-server``
   with one slot per client for batch 8, its ready time and memory;
+- batch 1 again, in rounds (``--b1-rounds``, 3 by default): the sides take turns, a
+  MiniServe second start with batch 1 only, then ``llama-bench`` tg only, the order flipped
+  each round. A side's batch-1 figure is the median of its rounds, and the ratio the median of
+  the rounds' ratios: turns seconds apart see the same bandwidth, where the sides' main
+  measurements, minutes apart, saw whatever the host's drift gave each;
 - the bandwidth floor (:mod:`bench.bandwidth_floor`): the machine's read bandwidth over the
   bytes a token reads. On a shared host the bandwidth drifts (30 to 51 GB/s within one run on
   a 2-core EPYC), so it is sampled (``--threads`` threads, a 1 GB buffer) right before and right
-  after each side's measurement, and that side's share of the floor uses the better of its own
-  two samples; the file's ``floor_tps`` uses the median of every sample of the run.
+  after each side's measurement (and each batch-1 round), and that side's share of the floor
+  uses the better of its own two samples (the median over its rounds of each round's share,
+  where it has rounds); the file's ``floor_tps`` uses the median of every sample of the run.
 
 Results are written after every file (a partial run keeps what it measured) to
 ``results/model_sizes.json`` and ``.csv``. The machine is shared on some hosts: ``--note``
 records that in the file; ratios measured side by side in one run are what travel.
 
 Run: ``python -m bench.models --sizes [--size qwen2.5-1.5b ...] [--with-8b] [--types Q4_K_M Q8_0]
-[--threads 2] [--tokens 64] [--llama-bin DIR] [--ours-quant auto q8 gguf] [--skip-ours] [--skip-llama] [--no-first-start] [--note TEXT]``.
+[--threads 2] [--tokens 64] [--b1-rounds 3] [--llama-bin DIR] [--ours-quant auto q8 gguf] [--skip-ours] [--skip-llama] [--no-first-start] [--note TEXT]``.
 """
 from __future__ import annotations
 
@@ -57,6 +63,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--types", nargs="+", default=["Q4_K_M", "Q8_0"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per decode run")
+    parser.add_argument("--b1-rounds", type=int, default=3,
+                        help="batch 1 again in this many rounds of the sides taking turns (0: the main pass's only)")
     parser.add_argument("--llama-bin", default=os.environ.get("MINISERVE_LLAMA_BIN", "/work/llama-bin"),
                         help="llama.cpp's binaries and converter (scripts/build_llama_cpp.sh)")
     parser.add_argument("--cache-dir", default="", help="default: the settings' cache_dir")
@@ -90,10 +98,8 @@ def run_ours(gguf: Path, args: argparse.Namespace, cache: Path, quant: str = "au
     The folder (``<cache>/sizes/.ours-<file>``: the file's prepared weights) is kept, so with
     ``--no-first-start`` a later run measures a second start at once; where it holds nothing
     yet, the measured start is a first one and says so (``start``)."""
-    scratch = cache / "sizes" / f".ours-{gguf.stem}"
-    base = [sys.executable, "-m", "bench.model_sizes_ours", "--gguf", str(gguf), "--cache-dir", str(scratch),
-            "--threads", str(args.threads), "--tokens", str(args.tokens), "--clients", str(CLIENTS)]
-    env = {**os.environ, "MINISERVE_QUANT": quant}
+    scratch = ours_cache(gguf, cache)
+    base, env = ours_command(gguf, args, cache, quant)
     first: dict[str, Any] = {}
     if not args.no_first_start:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -104,6 +110,18 @@ def run_ours(gguf: Path, args: argparse.Namespace, cache: Path, quant: str = "au
         out.update(first_ready_s=first["ready_s"], first_peak_load_mb=first["peak_load_mb"],
                    first_rss_after_load_mb=first["rss_after_load_mb"])
     return out
+
+
+def ours_cache(gguf: Path, cache: Path) -> Path:
+    return cache / "sizes" / f".ours-{gguf.stem}"
+
+
+def ours_command(gguf: Path, args: argparse.Namespace, cache: Path, quant: str) -> tuple[list[str], dict[str, str]]:
+    """The child's command line and environment for MiniServe's side with setting ``quant``."""
+    command = [sys.executable, "-m", "bench.model_sizes_ours", "--gguf", str(gguf), "--cache-dir",
+               str(ours_cache(gguf, cache)), "--threads", str(args.threads), "--tokens", str(args.tokens),
+               "--clients", str(CLIENTS)]
+    return command, {**os.environ, "MINISERVE_QUANT": quant}
 
 
 def child(command: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -145,9 +163,16 @@ def add_floor(entry: dict[str, Any], bandwidth_gbs: float) -> None:
     token = int(entry["mb_per_token"] * 1e6)
     entry["floor_tps"] = round(floor_tps(bandwidth_gbs, token), 1)
     for side in sides_of(entry):
-        if "error" not in entry[side]:
-            own = max(entry[side].get("bandwidth_gbs") or [bandwidth_gbs])
-            entry[side]["b1_pct_of_floor"] = pct_of_floor(entry[side].get("b1_tps"), floor_tps(own, token))
+        s = entry[side]
+        if "error" in s:
+            continue
+        if s.get("b1_rounds"):
+            shares = [pct_of_floor(tps, floor_tps(max(samples), token))
+                      for tps, samples in zip(s["b1_rounds"], s["b1_round_bandwidth_gbs"])]
+            s["b1_pct_of_floor"] = round(statistics.median(x for x in shares if x is not None), 1)
+        else:
+            own = max(s.get("bandwidth_gbs") or [bandwidth_gbs])
+            s["b1_pct_of_floor"] = pct_of_floor(s.get("b1_tps"), floor_tps(own, token))
 
 
 def flat_rows(files: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -180,6 +205,44 @@ def measure_file(entry: dict[str, Any], gguf: Path, args: argparse.Namespace, ca
         saved()
 
 
+def batch1_rounds(entry: dict[str, Any], gguf: Path, args: argparse.Namespace, cache: Path,
+                  samples: list[float]) -> None:
+    """Batch 1 of every side this run measured, again, the sides taking turns for
+    ``args.b1_rounds`` rounds (the order flipped each round), each turn between two bandwidth
+    samples. A side's ``b1_tps`` becomes the median of its rounds (``b1_rounds``; the main
+    pass's figure is kept as ``b1_main_tps``). Nothing happens with fewer than two sides."""
+    from bench.model_sizes_llama import text_generation
+
+    turns: dict[str, Callable[[], float]] = {}
+    for quant in [] if args.skip_ours else args.ours_quant:
+        command, env = ours_command(gguf, args, cache, quant)
+        turns[ours_side(quant)] = lambda command=command, env=env: child(command + ["--batch1-only"], env)["b1_tps"]
+    if not args.skip_llama:
+        turns[LLAMA] = lambda: text_generation(Path(args.llama_bin), gguf, args.threads, args.tokens)
+    sides = [side for side in turns if "error" not in entry.get(side, {"error": "not measured"})]
+    if args.b1_rounds <= 0 or len(sides) < 2:
+        return
+    rounds: dict[str, list[tuple[float, list[float]]]] = {side: [] for side in sides}
+    for r in range(args.b1_rounds):
+        for side in sides if r % 2 == 0 else sides[::-1]:
+            before = round(read_bandwidth_gbs(mb=1024), 2)
+            try:
+                tps = turns[side]()
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:  # the main pass's figures stand
+                entry["b1_rounds_error"] = f"{side}: {str(exc)[-400:]}"
+                print(f"{entry['model']} {entry['quant']} batch-1 rounds stopped: {exc}", flush=True)
+                return
+            after = round(read_bandwidth_gbs(mb=1024), 2)
+            samples += [before, after]
+            rounds[side].append((round(tps, 2), [before, after]))
+    for side, measured in rounds.items():
+        s = entry[side]
+        s["b1_main_tps"] = s.get("b1_tps")
+        s["b1_rounds"] = [tps for tps, _ in measured]
+        s["b1_round_bandwidth_gbs"] = [bw for _, bw in measured]
+        s["b1_tps"] = round(statistics.median(s["b1_rounds"]), 2)
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
 
@@ -206,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
                 add_floor(entry, statistics.median(run["bandwidth"] or [0.0]))
                 write(out, args, files + list(previous.values()), run)
             measure_file(entry, gguf, args, cache, saved, run["bandwidth"])
+            batch1_rounds(entry, gguf, args, cache, run["bandwidth"])
+            saved()
             print(json.dumps(entry), flush=True)
     run["load"].append(round(os.getloadavg()[0], 1))
     for entry in files:

@@ -1,7 +1,7 @@
 """llama.cpp's side of ``python -m bench.models --sizes``: its own tools on the same GGUF file.
 
 - ``llama-bench``: prompt processing of 512 tokens (pp512) and text generation at batch 1
-  (tg), 3 repetitions averaged, the same thread count;
+  (tg), 3 repetitions averaged, the same thread count; tg alone for a batch-1 round;
 - ``llama-server`` as :mod:`bench.llama_served` runs it (one slot per client, 1,024 tokens of
   context each, continuous batching), warmed by one round, then the same 8 streaming chats as
   MiniServe's side, greedy, no repetition penalty: aggregate tokens/s. Its time to ready is
@@ -22,16 +22,25 @@ from bench.llama_served import server_healthy, argv as server_argv
 from bench.model_sizes_ours import status_mb
 
 
-def bench(binary: Path, gguf: Path, threads: int, tokens: int) -> dict[str, Any]:
-    """pp512 and tg tokens/s from one ``llama-bench`` run."""
-    done = subprocess.run([str(binary / "llama-bench"), "-m", str(gguf), "-p", "512", "-n", str(tokens),
+def _llama_bench(binary: Path, gguf: Path, threads: int, tokens: int, prompt: int) -> list[dict[str, Any]]:
+    done = subprocess.run([str(binary / "llama-bench"), "-m", str(gguf), "-p", str(prompt), "-n", str(tokens),
                            "-t", str(threads), "-r", "3", "-o", "json"], capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise RuntimeError(f"llama-bench exited {done.returncode}: {done.stderr[-400:]}")
-    entries = json.loads(done.stdout)
+    return json.loads(done.stdout)
+
+
+def bench(binary: Path, gguf: Path, threads: int, tokens: int) -> dict[str, Any]:
+    """pp512 and tg tokens/s from one ``llama-bench`` run."""
+    entries = _llama_bench(binary, gguf, threads, tokens, 512)
     pp = next(e for e in entries if e["n_prompt"] > 0 and e["n_gen"] == 0)
     tg = next(e for e in entries if e["n_gen"] > 0 and e["n_prompt"] == 0)
     return {"pp512_tps": round(float(pp["avg_ts"]), 2), "b1_tps": round(float(tg["avg_ts"]), 2)}
+
+
+def text_generation(binary: Path, gguf: Path, threads: int, tokens: int) -> float:
+    """tg tokens/s of one ``llama-bench`` run without the pp512 test (a batch-1 round's turn)."""
+    return float(_llama_bench(binary, gguf, threads, tokens, 0)[0]["avg_ts"])
 
 
 def served(binary: Path, gguf: Path, threads: int, tokens: int, clients: int) -> dict[str, Any]:

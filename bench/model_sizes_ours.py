@@ -4,7 +4,8 @@ The child loads the engine as a worker does (``Engine(settings).load()`` with
 ``MINISERVE_MODEL`` the file, quantization ``auto``), so its memory is the worker's alone:
 ``VmHWM`` after the load is the peak while loading, ``VmRSS`` the resident memory after it,
 and the wall time until the engine answers is the time to ready. ``--load-only`` stops there
-(the first start, on an empty cache folder, is measured that way). Otherwise it then times:
+(the first start, on an empty cache folder, is measured that way); ``--batch1-only`` times batch
+1 alone (a round of the batch-1 comparison). Otherwise it then times:
 
 - batch 1: the engine's ``custom_cache`` greedy decode tokens/s (median over prompts);
 - prompt processing: one 512-token prefill through the engine's forward on a fresh cache;
@@ -109,9 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=8192, help="paged KV pool, tokens")
     parser.add_argument("--pp-repeats", type=int, default=2)
     parser.add_argument("--load-only", action="store_true")
+    parser.add_argument("--batch1-only", action="store_true")
     args = parser.parse_args(argv)
     engine, out = load(args)
-    if not args.load_only:
+    if args.batch1_only:
+        out.update(batch1(engine, args.tokens))
+    elif not args.load_only:
         out.update(batch1(engine, args.tokens))
         out.update(prompt_processing(engine, args.pp_repeats))
         out.update(batch8(engine, args.clients, args.tokens))

@@ -2,6 +2,7 @@
 beside llama.cpp on GGUF files of several model sizes, shown as tables of the bundled models' section."""
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,15 @@ def _sides(f: dict[str, Any]) -> list[str]:
 
 def _share(a: Any, b: Any) -> str:
     return ratio(float(a) / float(b)) if a not in (None, "") and b not in (None, "", 0) else "-"
+
+
+def _b1_share(ours: dict[str, Any], llama: dict[str, Any]) -> str:
+    """Batch 1, ours over llama-bench: the median of the rounds' ratios where both sides took
+    turns in the same rounds, else the ratio of their figures."""
+    a, b = ours.get("b1_rounds") or [], llama.get("b1_rounds") or []
+    if a and len(a) == len(b) and all(b):
+        return ratio(statistics.median(x / y for x, y in zip(a, b)))
+    return _share(ours.get("b1_tps"), llama.get("b1_tps"))
 
 
 def side_rows(data: dict[str, Any]) -> list[Row]:
@@ -44,7 +54,7 @@ def ratio_rows(data: dict[str, Any]) -> list[Row]:
         for side in [s for s in _sides(f) if s != LLAMA and llama]:
             ours = f[side]
             rows.append([f["model"], f["quant"], side, num(f["mb_per_token"], 0), num(f["floor_tps"], 1),
-                         _share(ours.get("b1_tps"), llama.get("b1_tps")),
+                         _b1_share(ours, llama),
                          _share(ours.get(f"b{clients}_tps"), llama.get(f"b{clients}_tps")),
                          _share(ours.get("pp512_tps"), llama.get("pp512_tps")),
                          _share(ours.get("rss_after_load_mb"), llama.get("rss_after_load_mb")),
@@ -79,7 +89,19 @@ def add_sizes(figures: Figures, root: Path) -> None:
         f"({clients} x 1,024 tokens); its ready time is a second start, the first start (the file's one-time "
         "preparation included, on an empty cache folder) in brackets. llama-server's ready time runs to `/health` "
         f"answering. {data.get('llama_cpp', '')}.")
+    rounds = sorted({len(f[side]["b1_rounds"]) for f in data["files"] for side in _sides(f)
+                     if f[side].get("b1_rounds")})
+    if rounds:
+        figures.notes.append(
+            f"Sizes: batch 1 was measured again in {' or '.join(str(n) for n in rounds)} rounds in which the sides "
+            "took turns, seconds apart, the order flipped each round (a MiniServe start timing batch 1 only, then "
+            "`llama-bench` tg only): a side's batch-1 figure is the median of its rounds, the batch-1 ratio the "
+            "median of the rounds' ratios, and the % of floor the median of each round's share at that round's "
+            "own bandwidth samples.")
     for f in data["files"]:
+        if f.get("b1_rounds_error"):
+            figures.notes.append(f"Sizes: the batch-1 rounds on {f['model']} {f['quant']} stopped "
+                                 f"({f['b1_rounds_error'].strip().splitlines()[-1][:200]}); its batch 1 is the main pass's.")
         if f.get("carried"):
             figures.notes.append(f"Sizes: the {' and '.join(f['carried'])} figures of {f['model']} {f['quant']} "
                                  "were measured in a separate run.")
@@ -102,7 +124,7 @@ def add_sizes(figures: Figures, root: Path) -> None:
             f"Model sizes: on the {f['model']} shape at {f['quant']}, MiniServe "
             f"({ours.get('setting', 'auto')}) decodes {num(ours['b1_tps'], 1)} tok/s "
             f"at batch 1 ({_floor_share(ours.get('b1_pct_of_floor'))}), "
-            f"{_share(ours['b1_tps'], llama['b1_tps'])} llama-bench; {clients} clients "
+            f"{_b1_share(ours, llama)} llama-bench; {clients} clients "
             f"{_share(ours.get(f'b{clients}_tps'), llama.get(f'b{clients}_tps'))} "
             f"{llama.get('batch_via', 'llama-server').split(' ')[0]}", data["machine"])
 

@@ -146,6 +146,69 @@ def _headline(root: Path, results: dict) -> str:
     return figures.headline[0]
 
 
+def _rounds_args(rounds: int = 3):
+    from argparse import Namespace
+
+    return Namespace(skip_ours=False, skip_llama=False, ours_quant=["auto"], b1_rounds=rounds,
+                     llama_bin="/nowhere", threads=2, tokens=64)
+
+
+def test_batch1_rounds_take_turns_flipping_the_order_and_keep_each_sides_median(monkeypatch, tmp_path):
+    import bench.model_sizes as sizes
+    import bench.model_sizes_llama as llama
+
+    turns, bandwidth = [], iter([40.0, 20.0, 30.0, 30.0, 10.0, 10.0, 50.0, 50.0, 40.0, 40.0, 20.0, 20.0])
+    ours_tps, llama_tps = iter([20.0, 10.0, 16.0]), iter([25.0, 5.0, 20.0])
+    monkeypatch.setattr(sizes, "child", lambda command, env: turns.append(("ours", command[-1])) or
+                        {"b1_tps": next(ours_tps)})
+    monkeypatch.setattr(llama, "text_generation", lambda *a: turns.append(("llama", None)) or next(llama_tps))
+    monkeypatch.setattr(sizes, "read_bandwidth_gbs", lambda mb: next(bandwidth))
+    entry = {"model": "m", "quant": "Q4_K_M", "mb_per_token": 1000.0, "MiniServe": {"b1_tps": 99.0},
+             "llama.cpp": {"b1_tps": 1.0}}
+    samples: list[float] = []
+    sizes.batch1_rounds(entry, tmp_path / "m.gguf", _rounds_args(), tmp_path, samples)
+    assert turns == [("ours", "--batch1-only"), ("llama", None), ("llama", None), ("ours", "--batch1-only"),
+                     ("ours", "--batch1-only"), ("llama", None)]
+    ours, other = entry["MiniServe"], entry["llama.cpp"]
+    assert ours["b1_rounds"] == [20.0, 10.0, 16.0] and ours["b1_tps"] == 16.0 and ours["b1_main_tps"] == 99.0
+    assert other["b1_rounds"] == [25.0, 5.0, 20.0] and other["b1_tps"] == 20.0
+    assert ours["b1_round_bandwidth_gbs"] == [[40.0, 20.0], [50.0, 50.0], [40.0, 40.0]] and len(samples) == 12
+    add_floor(entry, 40.0)
+    # each round's share at its own better sample (1 GB a token: the floor in tok/s is the GB/s):
+    # ours 20/40, 10/50, 16/40; llama.cpp 25/30, 5/10, 20/20
+    assert ours["b1_pct_of_floor"] == 40.0 and other["b1_pct_of_floor"] == 83.3
+
+
+def test_batch1_rounds_need_two_sides_and_stop_cleanly_when_a_turn_fails(monkeypatch, tmp_path):
+    import bench.model_sizes as sizes
+    import bench.model_sizes_llama as llama
+
+    monkeypatch.setattr(sizes, "read_bandwidth_gbs", lambda mb: 40.0)
+    monkeypatch.setattr(sizes, "child", lambda command, env: {"b1_tps": 10.0})
+    monkeypatch.setattr(llama, "text_generation", lambda *a: (_ for _ in ()).throw(RuntimeError("llama-bench died")))
+    lone = {"model": "m", "quant": "Q4_K_M", "MiniServe": {"b1_tps": 9.0}, "llama.cpp": {"error": "no binary"}}
+    sizes.batch1_rounds(lone, tmp_path / "m.gguf", _rounds_args(), tmp_path, [])
+    assert "b1_rounds" not in lone["MiniServe"]   # llama.cpp's side failed: nothing to take turns with
+    both = {"model": "m", "quant": "Q4_K_M", "MiniServe": {"b1_tps": 9.0}, "llama.cpp": {"b1_tps": 8.0}}
+    sizes.batch1_rounds(both, tmp_path / "m.gguf", _rounds_args(), tmp_path, [])
+    assert both["MiniServe"] == {"b1_tps": 9.0} and "llama-bench died" in both["b1_rounds_error"]
+
+
+def test_the_report_takes_the_batch1_ratio_from_the_rounds_pairs(tmp_path: Path):
+    (tmp_path / "results").mkdir()
+    results = _results()
+    entry = results["files"][0]
+    # medians 20 and 25 (0.80x) but the rounds' ratios 2.0, 0.4, 1.2: their median is 1.20x
+    entry["MiniServe"].update(b1_tps=20.0, b1_rounds=[20.0, 10.0, 30.0], b1_round_bandwidth_gbs=[[40.0]] * 3)
+    entry["llama.cpp"].update(b1_tps=25.0, b1_rounds=[10.0, 25.0, 25.0], b1_round_bandwidth_gbs=[[40.0]] * 3)
+    (tmp_path / "results/model_sizes.json").write_text(json.dumps(results))
+    figures = Figures(["x"], [])
+    add_sizes(figures, tmp_path)
+    (_, _, _), (_, _, ratios) = figures.tables
+    assert ratios[0][5] == "1.20x" and "1.20x llama-bench" in figures.headline[0]
+    assert any("batch 1 was measured again in 3 rounds" in note for note in figures.notes)
+
+
 def test_no_results_file_adds_nothing(tmp_path: Path):
     figures = Figures(["x"], [])
     add_sizes(figures, tmp_path)
