@@ -4,7 +4,7 @@
   (tg), 3 repetitions averaged, the same thread count; tg alone for a batch-1 round;
 - ``llama-server`` as :mod:`bench.llama_served` runs it (one slot per client, 1,024 tokens of
   context each, continuous batching), warmed by one round, then the same 8 streaming chats as
-  MiniServe's side, greedy, no repetition penalty: aggregate tokens/s. Its time to ready is
+  MiniServe's side, greedy, no repetition penalty: aggregate tokens/s, the median of 3 rounds. Its time to ready is
   from the start of the process to ``/health`` answering 200 (model loaded and warmed), its
   memory ``VmRSS`` then and ``VmHWM`` (the peak while loading) from ``/proc``.
 """
@@ -45,7 +45,8 @@ def text_generation(binary: Path, gguf: Path, threads: int, tokens: int) -> floa
 
 def served(binary: Path, gguf: Path, threads: int, tokens: int, clients: int) -> dict[str, Any]:
     """Time to ready, memory, and ``clients`` concurrent chats' tokens/s through llama-server."""
-    from bench.queue_served import openai_client, run_clients
+    from bench.queue_served import openai_client
+    from bench.served_clients import median_throughput
     from tests.harness.stack import free_port, wait_until
 
     port = free_port()
@@ -61,10 +62,8 @@ def served(binary: Path, gguf: Path, threads: int, tokens: int, clients: int) ->
         out: dict[str, Any] = {"ready_s": round(time.perf_counter() - started, 2)}
         memory = status_mb(proc.pid)
         out.update(rss_after_load_mb=memory["VmRSS"], peak_load_mb=memory["VmHWM"])
-        client = openai_client(base_url, "default", tokens, extra={"repeat_penalty": 1.0})
-        run_clients(clients, 1, client)  # warm: the slots' buffers and the thread team
-        result = run_clients(clients, 1, client)
-        out.update({f"b{clients}_tps": round(result["tok_per_s"], 2), f"b{clients}_tokens": result["tokens"]})
+        out.update(median_throughput(clients, openai_client(base_url, "default", tokens,
+                                                            extra={"repeat_penalty": 1.0})))
         memory = status_mb(proc.pid)
         out.update(rss_after_runs_mb=memory["VmRSS"], peak_running_mb=memory["VmHWM"])
         return out

@@ -10,7 +10,8 @@ and the wall time until the engine answers is the time to ready. ``--load-only``
 - batch 1: the engine's ``custom_cache`` greedy decode tokens/s (median over prompts);
 - prompt processing: one 512-token prefill through the engine's forward on a fresh cache;
 - batch 8: 8 client threads submitting the same chats as the llama-server side to the engine
-  loop (``paged``, as a worker's job threads do), aggregate tokens/s of a warmed round.
+  loop (``paged``, as a worker's job threads do), aggregate tokens/s: the median of 3 rounds
+  after a warm one, as the llama-server side measures.
 
 It prints one JSON line. The paged pool holds ``--context`` tokens, llama-server's context.
 """
@@ -91,12 +92,10 @@ def prompt_processing(engine: Any, repeats: int) -> dict[str, Any]:
 
 
 def batch8(engine: Any, clients: int, tokens: int) -> dict[str, Any]:
-    from bench.queue_served import inproc_client, run_clients
+    from bench.queue_served import inproc_client
+    from bench.served_clients import median_throughput
 
-    client = inproc_client(engine.loop, tokens)
-    run_clients(clients, 1, client)  # warm: the paged pool, the batched kernels
-    out = run_clients(clients, 1, client)
-    return {f"b{clients}_tps": round(out["tok_per_s"], 2), f"b{clients}_tokens": out["tokens"]}
+    return median_throughput(clients, inproc_client(engine.loop, tokens))
 
 
 def main(argv: list[str] | None = None) -> int:

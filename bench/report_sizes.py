@@ -98,6 +98,8 @@ def add_sizes(figures: Figures, root: Path) -> None:
             "`llama-bench` tg only): a side's batch-1 figure is the median of its rounds, the batch-1 ratio the "
             "median of the rounds' ratios, and the % of floor the median of each round's share at that round's "
             "own bandwidth samples.")
+    if any(f[side].get(f"b{clients}_rounds") for f in data["files"] for side in _sides(f)):
+        figures.notes.append(f"Sizes: {clients} clients is each side's median of 3 rounds after a warm one.")
     for f in data["files"]:
         if f.get("b1_rounds_error"):
             figures.notes.append(f"Sizes: the batch-1 rounds on {f['model']} {f['quant']} stopped "

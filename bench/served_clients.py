@@ -47,6 +47,17 @@ def run_clients(n: int, rounds: int, one: Callable[[int, int], Outcome]) -> dict
             "ttft_p50_s": p50([o.ttft_s for o in outcomes])}
 
 
+def median_throughput(n: int, one: Callable[[int, int], Outcome], rounds: int = 3) -> dict[str, Any]:
+    """``n`` clients at once, a warm round then ``rounds`` measured ones: ``b<n>_tps`` is the median
+    round's tokens/s (each round is kept in ``b<n>_rounds``). One round of a few seconds samples
+    the shared host's load as much as the server, so each side of a comparison takes the same median."""
+    run_clients(n, 1, one)  # warm: the slots' or the paged pool's buffers, the batched kernels
+    measured = [run_clients(n, 1, one) for _ in range(rounds)]
+    tps = sorted(round(m["tok_per_s"], 2) for m in measured)
+    return {f"b{n}_tps": tps[len(tps) // 2], f"b{n}_rounds": [round(m["tok_per_s"], 2) for m in measured],
+            f"b{n}_tokens": measured[0]["tokens"]}
+
+
 def chat_body(model: str, client: int, round_: int, new_tokens: int) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": prompt(client, round_)}],
             "max_tokens": new_tokens, "temperature": 0, "stream": True,

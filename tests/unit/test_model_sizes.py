@@ -209,6 +209,24 @@ def test_the_report_takes_the_batch1_ratio_from_the_rounds_pairs(tmp_path: Path)
     assert any("batch 1 was measured again in 3 rounds" in note for note in figures.notes)
 
 
+def test_batch8_is_the_median_of_three_measured_rounds_after_a_warm_one():
+    import threading
+
+    from bench.served_clients import Outcome, median_throughput
+
+    calls, lock = [], threading.Lock()
+
+    def one(client: int, round_: int) -> Outcome:
+        with lock:
+            calls.append(client)
+        return Outcome(ttft_s=0.0, tokens=64)
+
+    out = median_throughput(8, one)
+    assert len(calls) == 8 * 4 and sorted(set(calls)) == list(range(8))   # a warm round, then 3
+    assert len(out["b8_rounds"]) == 3 and out["b8_tokens"] == 8 * 64
+    assert out["b8_tps"] == sorted(out["b8_rounds"])[1]
+
+
 def test_no_results_file_adds_nothing(tmp_path: Path):
     figures = Figures(["x"], [])
     add_sizes(figures, tmp_path)

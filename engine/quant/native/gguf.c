@@ -1093,6 +1093,9 @@ void ms_gguf_team_tiles(int type, int64_t M, int64_t K, const uint8_t *w, int64_
     const acts a = team_acts(scratch, M, K, type);
     const rows_fn rows = rows_for(type);
     const int64_t tiles = (N + TILE - 1) / TILE;
+    /* static: each thread reads one contiguous run of rows, a stream the prefetchers follow. A
+     * dynamic schedule (two tiles a grab), tried against imbalance on a shared host, spun less at
+     * the barriers but decoded a Llama 3.2 1B Q4_K_M file at 0.75x the speed at batch 1. */
     #pragma omp for schedule(static)
     for (int64_t t = 0; t < tiles; t++) {
         const int64_t n0 = t * TILE, n1 = n0 + TILE < N ? n0 + TILE : N;
