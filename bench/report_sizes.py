@@ -21,11 +21,12 @@ def _share(a: Any, b: Any) -> str:
     return ratio(float(a) / float(b)) if a not in (None, "") and b not in (None, "", 0) else "-"
 
 
-def _b1_share(ours: dict[str, Any], llama: dict[str, Any]) -> str:
-    """Batch 1, ours over llama-bench: the median of the rounds' ratios where both sides took
-    turns in the same rounds, else the ratio of their figures."""
+def _b1_share(f: dict[str, Any], side: str) -> str:
+    """Batch 1, ``side`` over llama-bench: the median of the rounds' ratios where both sides took
+    turns in the same rounds (neither carried from another run), else the ratio of their figures."""
+    ours, llama = f[side], f[LLAMA]
     a, b = ours.get("b1_rounds") or [], llama.get("b1_rounds") or []
-    if a and len(a) == len(b) and all(b):
+    if a and len(a) == len(b) and all(b) and not {side, LLAMA} & set(f.get("carried", [])):
         return ratio(statistics.median(x / y for x, y in zip(a, b)))
     return _share(ours.get("b1_tps"), llama.get("b1_tps"))
 
@@ -54,7 +55,7 @@ def ratio_rows(data: dict[str, Any]) -> list[Row]:
         for side in [s for s in _sides(f) if s != LLAMA and llama]:
             ours = f[side]
             rows.append([f["model"], f["quant"], side, num(f["mb_per_token"], 0), num(f["floor_tps"], 1),
-                         _b1_share(ours, llama),
+                         _b1_share(f, side),
                          _share(ours.get(f"b{clients}_tps"), llama.get(f"b{clients}_tps")),
                          _share(ours.get("pp512_tps"), llama.get("pp512_tps")),
                          _share(ours.get("rss_after_load_mb"), llama.get("rss_after_load_mb")),
@@ -121,12 +122,13 @@ def add_sizes(figures: Figures, root: Path) -> None:
                                 if load else ""))
     best = _headline_file(data)
     if best:
-        f, ours, llama = best
+        f, side = best
+        ours, llama = f[side], f[LLAMA]
         figures.add_headline(
             f"Model sizes: on the {f['model']} shape at {f['quant']}, MiniServe "
             f"({ours.get('setting', 'auto')}) decodes {num(ours['b1_tps'], 1)} tok/s "
             f"at batch 1 ({_floor_share(ours.get('b1_pct_of_floor'))}), "
-            f"{_b1_share(ours, llama)} llama-bench; {clients} clients "
+            f"{_b1_share(f, side)} llama-bench; {clients} clients "
             f"{_share(ours.get(f'b{clients}_tps'), llama.get(f'b{clients}_tps'))} "
             f"{llama.get('batch_via', 'llama-server').split(' ')[0]}", data["machine"])
 
@@ -138,12 +140,12 @@ def _floor_share(pct: float | None) -> str:
     return f"{num(pct, 0)}% of the bandwidth floor"
 
 
-def _headline_file(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None:
-    """The largest Q4_K_M file both sides measured (Q4_K_M is the type people run)."""
-    def ours(f: dict[str, Any]) -> dict[str, Any]:
-        """The default side, else the native one (``auto``'s choice for the K-format files shown)."""
-        return f.get(OURS) or f.get(f"{OURS} gguf") or next((f[s] for s in _sides(f) if s != LLAMA), {})
+def _headline_file(data: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+    """The largest Q4_K_M file both sides measured (Q4_K_M is the type people run), and our side
+    shown: the default one, else the native one (``auto``'s choice for the K-format files shown)."""
+    def ours(f: dict[str, Any]) -> str:
+        return next((s for s in (OURS, f"{OURS} gguf") if s in f), next((s for s in _sides(f) if s != LLAMA), ""))
 
-    both = [f for f in data["files"] if ours(f).get("b1_tps") and f.get(LLAMA, {}).get("b1_tps")]
+    both = [f for f in data["files"] if f.get(ours(f), {}).get("b1_tps") and f.get(LLAMA, {}).get("b1_tps")]
     both.sort(key=lambda f: (f["quant"] == "Q4_K_M", f["params_b"]))
-    return (both[-1], ours(both[-1]), both[-1][LLAMA]) if both else None
+    return (both[-1], ours(both[-1])) if both else None

@@ -207,6 +207,8 @@ def test_the_report_takes_the_batch1_ratio_from_the_rounds_pairs(tmp_path: Path)
     (_, _, _), (_, _, ratios) = figures.tables
     assert ratios[0][5] == "1.20x" and "1.20x llama-bench" in figures.headline[0]
     assert any("batch 1 was measured again in 3 rounds" in note for note in figures.notes)
+    entry["carried"] = ["llama.cpp"]   # llama.cpp's rounds were another run's: no pairs, the medians' ratio
+    assert "0.80x llama-bench" in _headline(tmp_path, results)
 
 
 def test_batch8_is_the_median_of_three_measured_rounds_after_a_warm_one():
