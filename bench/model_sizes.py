@@ -15,9 +15,9 @@ types (:mod:`bench.model_build`; decode speed depends on shapes, not values). Fo
   with one slot per client for batch 8, its ready time and memory;
 - batch 1 again, in rounds (``--b1-rounds``, 3 by default): the sides take turns, a
   MiniServe second start with batch 1 only, then ``llama-bench`` tg only, the order flipped
-  each round. A side's batch-1 figure is the median of its rounds, and the ratio the median of
-  the rounds' ratios: turns seconds apart see the same bandwidth, where the sides' main
-  measurements, minutes apart, saw whatever the host's drift gave each;
+  each round. A side's batch-1 figure is the median of its rounds: turns seconds apart see
+  the same bandwidth, where the sides' main measurements, minutes apart, saw whatever the
+  host's drift gave each;
 - the bandwidth floor (:mod:`bench.bandwidth_floor`): the machine's read bandwidth over the
   bytes a token reads. On a shared host the bandwidth drifts (30 to 51 GB/s within one run on
   a 2-core EPYC), so it is sampled (``--threads`` threads, a 1 GB buffer) right before and right

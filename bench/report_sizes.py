@@ -2,7 +2,6 @@
 beside llama.cpp on GGUF files of several model sizes, shown as tables of the bundled models' section."""
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +18,6 @@ def _sides(f: dict[str, Any]) -> list[str]:
 
 def _share(a: Any, b: Any) -> str:
     return ratio(float(a) / float(b)) if a not in (None, "") and b not in (None, "", 0) else "-"
-
-
-def _b1_share(f: dict[str, Any], side: str) -> str:
-    """Batch 1, ``side`` over llama-bench: the median of the rounds' ratios where both sides took
-    turns in the same rounds (neither carried from another run), else the ratio of their figures."""
-    ours, llama = f[side], f[LLAMA]
-    a, b = ours.get("b1_rounds") or [], llama.get("b1_rounds") or []
-    if a and len(a) == len(b) and all(b) and not {side, LLAMA} & set(f.get("carried", [])):
-        return ratio(statistics.median(x / y for x, y in zip(a, b)))
-    return _share(ours.get("b1_tps"), llama.get("b1_tps"))
 
 
 def side_rows(data: dict[str, Any]) -> list[Row]:
@@ -55,7 +44,7 @@ def ratio_rows(data: dict[str, Any]) -> list[Row]:
         for side in [s for s in _sides(f) if s != LLAMA and llama]:
             ours = f[side]
             rows.append([f["model"], f["quant"], side, num(f["mb_per_token"], 0), num(f["floor_tps"], 1),
-                         _b1_share(f, side),
+                         _share(ours.get("b1_tps"), llama.get("b1_tps")),
                          _share(ours.get(f"b{clients}_tps"), llama.get(f"b{clients}_tps")),
                          _share(ours.get("pp512_tps"), llama.get("pp512_tps")),
                          _share(ours.get("rss_after_load_mb"), llama.get("rss_after_load_mb")),
@@ -96,9 +85,8 @@ def add_sizes(figures: Figures, root: Path) -> None:
         figures.notes.append(
             f"Sizes: batch 1 was measured again in {' or '.join(str(n) for n in rounds)} rounds in which the sides "
             "took turns, seconds apart, the order flipped each round (a MiniServe start timing batch 1 only, then "
-            "`llama-bench` tg only): a side's batch-1 figure is the median of its rounds, the batch-1 ratio the "
-            "median of the rounds' ratios, and the % of floor the median of each round's share at that round's "
-            "own bandwidth samples.")
+            "`llama-bench` tg only): a side's batch-1 figure is the median of its rounds and its % of floor the "
+            "median of each round's share at that round's own bandwidth samples.")
     if any(f[side].get(f"b{clients}_rounds") for f in data["files"] for side in _sides(f)):
         figures.notes.append(f"Sizes: {clients} clients is each side's median of 3 rounds after a warm one.")
     for f in data["files"]:
@@ -128,7 +116,7 @@ def add_sizes(figures: Figures, root: Path) -> None:
             f"Model sizes: on the {f['model']} shape at {f['quant']}, MiniServe "
             f"({ours.get('setting', 'auto')}) decodes {num(ours['b1_tps'], 1)} tok/s "
             f"at batch 1 ({_floor_share(ours.get('b1_pct_of_floor'))}), "
-            f"{_b1_share(f, side)} llama-bench; {clients} clients "
+            f"{_share(ours['b1_tps'], llama['b1_tps'])} llama-bench; {clients} clients "
             f"{_share(ours.get(f'b{clients}_tps'), llama.get(f'b{clients}_tps'))} "
             f"{llama.get('batch_via', 'llama-server').split(' ')[0]}", data["machine"])
 
