@@ -112,10 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch1-only", action="store_true")
     args = parser.parse_args(argv)
     engine, out = load(args)
-    if args.batch1_only:
+    if not args.load_only:
         out.update(batch1(engine, args.tokens))
-    elif not args.load_only:
-        out.update(batch1(engine, args.tokens))
+    if not (args.load_only or args.batch1_only):
         out.update(prompt_processing(engine, args.pp_repeats))
         out.update(batch8(engine, args.clients, args.tokens))
         out["peak_running_mb"] = status_mb()["VmHWM"]

@@ -53,9 +53,8 @@ def median_throughput(n: int, one: Callable[[int, int], Outcome], rounds: int = 
     the shared host's load as much as the server, so each side of a comparison takes the same median."""
     run_clients(n, 1, one)  # warm: the slots' or the paged pool's buffers, the batched kernels
     measured = [run_clients(n, 1, one) for _ in range(rounds)]
-    tps = sorted(round(m["tok_per_s"], 2) for m in measured)
-    return {f"b{n}_tps": tps[len(tps) // 2], f"b{n}_rounds": [round(m["tok_per_s"], 2) for m in measured],
-            f"b{n}_tokens": measured[0]["tokens"]}
+    tps = [round(m["tok_per_s"], 2) for m in measured]
+    return {f"b{n}_tps": sorted(tps)[len(tps) // 2], f"b{n}_rounds": tps, f"b{n}_tokens": measured[0]["tokens"]}
 
 
 def chat_body(model: str, client: int, round_: int, new_tokens: int) -> dict[str, Any]:
