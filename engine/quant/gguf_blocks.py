@@ -51,7 +51,7 @@ SCALE_FIELDS = {GGMLQuantizationType.Q4_0: (0,), GGMLQuantizationType.Q4_1: (0, 
 @dataclass(eq=False)
 class BlockWeight:
     """One matrix in a GGUF block format: ``data`` is uint8 ``[out_features, row_bytes]``.
-    ``interleaved``: Q4_K or Q6_K rows interleaved by 16 (:func:`engine.quant.gguf_native.repack_x16`;
+    ``interleaved``: rows interleaved by 16 (:func:`engine.quant.gguf_native.repack_x16`;
     the same bytes, so the same shape)."""
 
     ggml_type: GGMLQuantizationType
@@ -79,7 +79,7 @@ class BlockWeight:
 
     @property
     def kernel_type(self) -> int:
-        """The type id gguf.c reads these bytes as (ggml's, or the interleaved Q4_K's)."""
+        """The type id gguf.c reads these bytes as (ggml's, or its interleaved layout's)."""
         return gguf_native.kernel_type(self.ggml_type, self.interleaved)
 
     def rows(self, start: int, stop: int) -> "BlockWeight":
@@ -122,12 +122,15 @@ def dequantize_rows(weight: BlockWeight, start: int = 0, stop: int | None = None
 
 
 def uninterleave_x16(raw: np.ndarray, ggml_type: GGMLQuantizationType) -> np.ndarray:
-    """Q4_K or Q6_K rows back from :func:`engine.quant.gguf_native.repack_x16`'s layout, written
+    """Rows back from :func:`engine.quant.gguf_native.repack_x16`'s layout, written
     independently of the C code (the reference reads ggml's own blocks). Per group of 16 rows and
     super-block, Q4_K: d[16], dmin[16], the scales' three words u0[16], u1[16], u2[16], then the
-    codes as [4][8][16 rows][4 bytes]; Q6_K: :func:`_uninterleave_q6_k`."""
+    codes as [4][8][16 rows][4 bytes]; Q6_K: :func:`_uninterleave_q6_k`; Q5_0 and Q8_0:
+    :func:`_uninterleave_32`."""
     if ggml_type == GGMLQuantizationType.Q6_K:
         return _uninterleave_q6_k(raw)
+    if ggml_type in (GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q8_0):
+        return _uninterleave_32(raw, ggml_type)
     rows, row_bytes = raw.shape
     blocks = row_bytes // 144
     group = raw.reshape(rows // 16, blocks, 16 * 144)
@@ -152,6 +155,21 @@ def _uninterleave_q6_k(raw: np.ndarray) -> np.ndarray:
     ql = codes[..., :2, :, :].reshape(groups, blocks, 16, 128)
     qh = codes[..., 2, :, :].reshape(groups, blocks, 16, 64)
     block = np.concatenate([ql, qh, scales, d], axis=-1)
+    return np.ascontiguousarray(block.transpose(0, 2, 1, 3)).reshape(rows, row_bytes)
+
+
+def _uninterleave_32(raw: np.ndarray, ggml_type: GGMLQuantizationType) -> np.ndarray:
+    """Q5_0 and Q8_0: per group and block d[16] (fp16), Q5_0's qh[16] (4 bytes each), then the
+    codes as [k][16 rows][4 bytes] (a row's code bytes 4k .. 4k + 3); a row's block is d, (qh,)
+    codes."""
+    rows, row_bytes = raw.shape
+    block_bytes = GGML_QUANT_SIZES[ggml_type][1]
+    blocks, groups, head = row_bytes // block_bytes, rows // 16, 6 if ggml_type == GGMLQuantizationType.Q5_0 else 2
+    group = raw.reshape(groups, blocks, 16 * block_bytes)
+    d = group[..., :32].reshape(groups, blocks, 16, 2)
+    qh = group[..., 32:16 * head].reshape(groups, blocks, 16, head - 2)
+    codes = group[..., 16 * head:].reshape(groups, blocks, -1, 16, 4).transpose(0, 1, 3, 2, 4)
+    block = np.concatenate([d, qh, codes.reshape(groups, blocks, 16, block_bytes - head)], axis=-1)
     return np.ascontiguousarray(block.transpose(0, 2, 1, 3)).reshape(rows, row_bytes)
 
 

@@ -3,11 +3,11 @@
 The weights are read as the file stores them: :class:`~engine.quant.gguf_blocks.BlockWeight`
 rows of ggml blocks (Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q8_0), any uint8 tensor whose rows are
 contiguous (a view of the mapped file; the row stride is passed through). One exception, on
-AVX512-VNNI CPUs: Q4_K and Q6_K matrices whose rows come in whole groups of 16 are
+AVX512-VNNI CPUs: Q4_K, Q6_K, Q5_0 and Q8_0 matrices whose rows come in whole groups of 16 are
 *interleaved* once at load (:func:`repack_x16`, the same bytes in new places: a 64-byte load then
 holds 4 codes of each of 16 rows, so the kernel works on 16 rows per instruction instead of
-unpacking each row's scales; Q4_K's needed about half the instructions per byte, ``gguf.c``'s
-``dot_q4_k_x16`` and ``dot_q6_k_x16``).
+unpacking each row's scales or reducing each row's lanes; Q4_K's needed about half the
+instructions per byte, ``gguf.c``'s ``dot_*_x16``).
 
 Activations are quantized once per call, per block, to int8 (the numbers the tests reproduce):
 per block of 256 inputs (K formats) or 32 inputs (the others), ``d = amax / 127`` and
@@ -33,8 +33,9 @@ TYPES = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQua
                     GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0,
                     GGMLQuantizationType.Q8_0})
 K_FORMATS = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K})
-# gguf.c's T_Q4_K_X16 and T_Q6_K_X16: rows interleaved by 16 (not ggml types)
-X16_KERNEL_TYPES = {GGMLQuantizationType.Q4_K: 112, GGMLQuantizationType.Q6_K: 114}
+# gguf.c's T_*_X16: rows interleaved by 16 (not ggml types: ggml's id + 100)
+X16_KERNEL_TYPES = {t: int(t) + 100 for t in (GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q8_0,
+                                              GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K)}
 X16_ROWS = 16
 
 
@@ -65,7 +66,7 @@ def interleaves(ggml_type: GGMLQuantizationType, rows: int) -> bool:
 
 def repack_x16(data: torch.Tensor, ggml_type: GGMLQuantizationType, in_features: int, threads: int = 0,
                out: torch.Tensor | None = None) -> torch.Tensor:
-    """Q4_K or Q6_K rows ``data`` (a multiple of 16 of them) interleaved by 16: a contiguous
+    """Rows ``data`` of one of :data:`X16_KERNEL_TYPES` (a multiple of 16 of them) interleaved by 16: a contiguous
     tensor of the same shape and bytes (``out`` when given), read by the kernels with
     ``interleaved=True``."""
     _check(data, ggml_type, in_features)
@@ -87,7 +88,8 @@ def kernel_type(ggml_type: GGMLQuantizationType, interleaved: bool) -> int:
 
 def _kernel_type(ggml_type: GGMLQuantizationType, data: torch.Tensor, interleaved: bool) -> int:
     if interleaved and (ggml_type not in X16_KERNEL_TYPES or data.shape[0] % X16_ROWS):
-        raise ValueError(f"only Q4_K and Q6_K in whole groups of {X16_ROWS} rows are interleaved")
+        raise ValueError(f"only {', '.join(t.name for t in X16_KERNEL_TYPES)} in whole groups of {X16_ROWS} rows "
+                         "are interleaved")
     return kernel_type(ggml_type, interleaved)
 
 

@@ -1,5 +1,5 @@
-"""Q4_K and Q6_K interleaved by 16 rows (gguf_native.repack_x16, gguf.c's dot_q4_k_x16 and
-dot_q6_k_x16) on AVX512-VNNI.
+"""Q4_K, Q6_K, Q5_0 and Q8_0 interleaved by 16 rows (gguf_native.repack_x16, gguf.c's dot_*_x16)
+on AVX512-VNNI.
 
 The repack only moves bytes, so it is checked for identity against an independent numpy
 inverse (``uninterleave_x16``); the kernel over the moved bytes is checked against its float64
@@ -17,10 +17,10 @@ from engine.quant.gguf_blocks import BlockWeight, block_matmul, dequantize_rows,
 from tests.quant.test_gguf_kernels import KERNEL_RTOL, expected, random_weight
 
 pytestmark = pytest.mark.skipif(gguf_native.vector_path() != "avx512-vnni",
-                                reason="Q4_K and Q6_K are interleaved only where the AVX512-VNNI kernels read them")
+                                reason="rows are interleaved only where the AVX512-VNNI kernels read them")
 
 
-INTERLEAVED = [T.Q4_K, T.Q6_K]
+INTERLEAVED = [T.Q4_K, T.Q6_K, T.Q5_0, T.Q8_0]
 
 
 @pytest.mark.parametrize("kind", INTERLEAVED)
@@ -60,7 +60,8 @@ def test_interleaved_rows_dequantize_to_the_same_values(kind: T) -> None:
 
 def test_what_cannot_be_interleaved_stays_as_stored() -> None:
     for weight in (random_weight(T.Q4_K, 40, blocks=1, seed=4), random_weight(T.Q6_K, 40, blocks=1, seed=4),
-                   random_weight(T.Q5_K, 32, blocks=1, seed=4)):
+                   random_weight(T.Q8_0, 40, blocks=1, seed=4), random_weight(T.Q5_K, 32, blocks=1, seed=4),
+                   random_weight(T.Q4_0, 32, blocks=1, seed=4)):
         assert weight.interleave() is weight
     interleaved = random_weight(T.Q4_K, 32, blocks=1, seed=5).interleave()
     with pytest.raises(ValueError, match="split a group"):

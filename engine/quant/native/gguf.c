@@ -40,8 +40,8 @@
 
 /* ggml's type ids (GGMLQuantizationType). */
 enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
-/* Not ggml types: Q4_K and Q6_K rows interleaved by 16 (see "16 rows interleaved" below). */
-enum { T_Q4_K_X16 = 112, T_Q6_K_X16 = 114 };
+/* Not ggml types: rows interleaved by 16 (see "16 rows interleaved" below), ggml's id + 100. */
+enum { T_Q5_0_X16 = 106, T_Q8_0_X16 = 108, T_Q4_K_X16 = 112, T_Q6_K_X16 = 114 };
 #define X16 16
 #define QK 32     /* inputs per block of the 32-input formats */
 #define QKK 256   /* inputs per super-block of the K formats */
@@ -49,10 +49,12 @@ enum { T_Q4_K_X16 = 112, T_Q6_K_X16 = 114 };
 #define TILE 16   /* weight rows per unit of work shared among the threads (== X16: a tile is a group) */
 _Static_assert(TILE == X16, "the interleaved rows functions take one tile as one interleaved group");
 
-static inline int is_x16(int type) { return type == T_Q4_K_X16 || type == T_Q6_K_X16; }
+static inline int is_x16(int type) {
+    return type == T_Q5_0_X16 || type == T_Q8_0_X16 || type == T_Q4_K_X16 || type == T_Q6_K_X16;
+}
 
 /* The ggml type whose blocks an interleaved type holds (other types: themselves). */
-static inline int x16_base(int type) { return type == T_Q4_K_X16 ? T_Q4_K : type == T_Q6_K_X16 ? T_Q6_K : type; }
+static inline int x16_base(int type) { return is_x16(type) ? type - 100 : type; }
 
 int ms_gguf_simd(void) { return G_VNNI ? 2 : (G_SIMD ? 1 : 0); }
 
@@ -939,6 +941,95 @@ INLINE void dot_q6_k_x16(const uint8_t *g, int64_t nb, const acts *a, int64_t i0
 }
 
 ROWS_X16(rows_q6_k_x16, dot_q6_k_x16)
+
+/* Q8_0, 16 rows interleaved (T_Q8_0_X16): per 32-input block one 544-byte group block: d[16]
+ * (fp16), then the codes as [k 8][row 16][4 bytes] (row r's codes 4k .. 4k + 3). A 64-byte load
+ * is 4 codes of each row, flipped to unsigned (xor 0x80: w + 128) for vpdpbusd against 4
+ * broadcast activation bytes; 128 times the activation codes' sum comes off per block. The
+ * one-row kernel (dot_q8_0_512) spent its time reducing each row's 34-byte blocks across
+ * lanes: at hidden sizes that are not whole 256-input super-blocks (Qwen2.5 0.5B's 896) nearly
+ * every matrix of a Q4_K_M file, its tied head included, falls back to Q5_0 or Q8_0. */
+#define X16_Q8_BLOCK (X16 * 34)
+INLINE void dot_q8_0_x16(const uint8_t *g, int64_t nb, const acts *a, int64_t i0, const int NR, float *y,
+                         int64_t y_stride) {
+    __m512 acc[4];
+    for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = g + b * X16_Q8_BLOCK, *codes = blk + 32;
+        __m512i even[4], odd[4];
+        for (int r = 0; r < NR; r++) even[r] = odd[r] = _mm512_setzero_si512();
+        #pragma GCC unroll 4
+        for (int k = 0; k < 8; k += 2) {
+            const __m512i u0 = _mm512_xor_si512(_mm512_loadu_si512(codes + 64 * k), flip);
+            const __m512i u1 = _mm512_xor_si512(_mm512_loadu_si512(codes + 64 * k + 64), flip);
+            for (int r = 0; r < NR; r++) {
+                const int8_t *xq = ROW_Q(a, i0 + r) + b * QK + 4 * k;
+                even[r] = _mm512_dpbusd_epi32(even[r], u0, bcast4(xq));
+                odd[r] = _mm512_dpbusd_epi32(odd[r], u1, bcast4(xq + 4));
+            }
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        for (int r = 0; r < NR; r++) {
+            const __m512i total = _mm512_sub_epi32(_mm512_add_epi32(even[r], odd[r]),
+                                                   _mm512_set1_epi32(128 * ROW_S32(a, i0 + r)[b]));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(d, _mm512_set1_ps(ROW_D(a, i0 + r)[b])), acc[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) _mm512_storeu_ps(y + (i0 + r) * y_stride, acc[r]);
+}
+
+ROWS_X16(rows_q8_0_x16, dot_q8_0_x16)
+
+/* Q5_0, 16 rows interleaved (T_Q5_0_X16): per block one 352-byte group block: d[16] (fp16),
+ * qh[16] (each row's 32 fifth bits as a 32-bit lane), then the codes as [k 4][row 16][4 bytes]
+ * (row r's qs bytes 4k .. 4k + 3: inputs 4k .. 4k + 3 in the low nibbles, 16 + 4k .. in the
+ * high). Each input's fifth bit is picked per byte: vpshufb spreads the qh byte holding bits
+ * 4k .. 4k + 3 (or 16 + 4k ..) over the row's 4 bytes, a test against one bit per byte makes the
+ * mask that adds 16. The codes' offset 16 comes off through the activation codes' sum. */
+#define X16_Q5_BLOCK (X16 * 22)
+INLINE __m512i spread_byte(const int byte) {  /* each 32-bit lane's byte `byte`, four times */
+    const int at = byte * 0x01010101;
+    return _mm512_broadcast_i32x4(_mm_set_epi32(at + 0x0c0c0c0c, at + 0x08080808, at + 0x04040404, at));
+}
+
+INLINE void dot_q5_0_x16(const uint8_t *g, int64_t nb, const acts *a, int64_t i0, const int NR, float *y,
+                         int64_t y_stride) {
+    __m512 acc[4];
+    for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
+    const __m512i low4 = _mm512_set1_epi8(0x0f), fifth = _mm512_set1_epi8(0x10);
+    const __m512i bit_of_byte[2] = {_mm512_set1_epi32(0x08040201), _mm512_set1_epi32((int)0x80402010)};
+    const __m512i lo_bytes[2] = {spread_byte(0), spread_byte(1)}, hi_bytes[2] = {spread_byte(2), spread_byte(3)};
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = g + b * X16_Q5_BLOCK, *codes = blk + 96;
+        const __m512i qh = _mm512_loadu_si512(blk + 32);
+        __m512i lo_sum[4], hi_sum[4];
+        for (int r = 0; r < NR; r++) lo_sum[r] = hi_sum[r] = _mm512_setzero_si512();
+        #pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            const __m512i raw = _mm512_loadu_si512(codes + 64 * k);
+            __m512i lo = _mm512_and_si512(raw, low4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+            const __mmask64 lo5 = _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, lo_bytes[k >> 1]), bit_of_byte[k & 1]);
+            const __mmask64 hi5 = _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, hi_bytes[k >> 1]), bit_of_byte[k & 1]);
+            lo = _mm512_mask_add_epi8(lo, lo5, lo, fifth);
+            hi = _mm512_mask_add_epi8(hi, hi5, hi, fifth);
+            for (int r = 0; r < NR; r++) {
+                const int8_t *xq = ROW_Q(a, i0 + r) + b * QK + 4 * k;
+                lo_sum[r] = _mm512_dpbusd_epi32(lo_sum[r], lo, bcast4(xq));
+                hi_sum[r] = _mm512_dpbusd_epi32(hi_sum[r], hi, bcast4(xq + 16));
+            }
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        for (int r = 0; r < NR; r++) {
+            const __m512i total = _mm512_sub_epi32(_mm512_add_epi32(lo_sum[r], hi_sum[r]),
+                                                   _mm512_set1_epi32(16 * ROW_S32(a, i0 + r)[b]));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(d, _mm512_set1_ps(ROW_D(a, i0 + r)[b])), acc[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) _mm512_storeu_ps(y + (i0 + r) * y_stride, acc[r]);
+}
+
+ROWS_X16(rows_q5_0_x16, dot_q5_0_x16)
 #endif
 
 /* ---------------------------------------------------------------- rows of output */
@@ -1002,6 +1093,8 @@ static rows_fn rows_for(int type) {
     case T_Q5_K: return rows_q5_k;
     case T_Q6_K: return rows_q6_k;
 #if G_VNNI
+    case T_Q5_0_X16: return rows_q5_0_x16;
+    case T_Q8_0_X16: return rows_q8_0_x16;
     case T_Q4_K_X16: return rows_q4_k_x16;
     case T_Q6_K_X16: return rows_q6_k_x16;
 #endif
@@ -1107,13 +1200,20 @@ void ms_gguf_team_tiles(int type, int64_t M, int64_t K, const uint8_t *w, int64_
 /* ---------------------------------------------------------------- 16 rows interleaved */
 
 /* Row r's pieces of one super-block between a group's block and the row's own block (the
- * layouts above dot_q4_k_x16 and dot_q6_k_x16): fixed-size moves, which the compiler turns
+ * layouts above the x16 kernels): fixed-size moves, which the compiler turns
  * into loads and stores (the repack and the dequantization of every interleaved row go through
- * here). type: the ggml type (T_Q4_K or T_Q6_K). */
+ * here). type: the ggml type (T_Q5_0, T_Q8_0, T_Q4_K or T_Q6_K). */
 static inline void x16_copy(int type, uint8_t *group_blk, uint8_t *row_blk, int r, int to_group) {
 #define X16_MOVE(ROW_AT, GROUP_AT, N) \
     (to_group ? memcpy(group_blk + (GROUP_AT), row_blk + (ROW_AT), N) : memcpy(row_blk + (ROW_AT), group_blk + (GROUP_AT), N))
-    if (type == T_Q4_K) {
+    if (type == T_Q5_0) {
+        X16_MOVE(0, 2 * r, 2);                                                            /* d */
+        X16_MOVE(2, 32 + 4 * r, 4);                                                       /* qh */
+        for (int k = 0; k < 4; k++) X16_MOVE(6 + 4 * k, 96 + 64 * k + 4 * r, 4);          /* codes [k] */
+    } else if (type == T_Q8_0) {
+        X16_MOVE(0, 2 * r, 2);                                                            /* d */
+        for (int k = 0; k < 8; k++) X16_MOVE(2 + 4 * k, 32 + 64 * k + 4 * r, 4);          /* codes [k] */
+    } else if (type == T_Q4_K) {
         X16_MOVE(0, 2 * r, 2);                                                            /* d */
         X16_MOVE(2, 32 + 2 * r, 2);                                                       /* dmin */
         for (int word = 0; word < 3; word++) X16_MOVE(4 + 4 * word, 64 + 64 * word + 4 * r, 4);  /* scales */
@@ -1132,14 +1232,15 @@ static inline void x16_copy(int type, uint8_t *group_blk, uint8_t *row_blk, int 
 #undef X16_MOVE
 }
 
-/* N rows of Q4_K or Q6_K (type; N a multiple of 16, row n at w + n * w_stride) into out,
+/* N rows of Q5_0, Q8_0, Q4_K or Q6_K (type; N a multiple of 16, row n at w + n * w_stride) into out,
  * interleaved by 16 (rows of K / 256 * block bytes, contiguous). Returns 1 for a bad type or
  * shape. The bytes are the same; only their places change, so it is undone exactly (x16_copy
  * with to_group = 0). */
 int ms_gguf_repack_x16(int type, const uint8_t *w, int64_t w_stride, int64_t N, int64_t K, uint8_t *out,
                        int threads) {
-    if ((type != T_Q4_K && type != T_Q6_K) || N % X16 || K % QKK) return 1;
-    const int64_t bb = block_bytes(type), nb = K / QKK, row_bytes = nb * bb;
+    if ((type != T_Q5_0 && type != T_Q8_0 && type != T_Q4_K && type != T_Q6_K) || N % X16 || K % block_elems(type))
+        return 1;
+    const int64_t bb = block_bytes(type), nb = K / block_elems(type), row_bytes = nb * bb;
     #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : omp_get_max_threads())
     for (int64_t g = 0; g < N / X16; g++)
         for (int r = 0; r < X16; r++)
