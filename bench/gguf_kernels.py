@@ -26,8 +26,8 @@ from bench.stats import machine_info, percentile, print_table, read_bandwidth_gb
 from engine.quant import gguf_native, q8
 from engine.quant.gguf_blocks import random_blocks, slab_matmul
 
-# Q4_K_X16, Q6_K_X16: interleaved by 16 rows, as a VNNI CPU runs a Q4_K_M file's matrices.
-FORMATS = ("Q4_K_X16", "Q4_K", "Q6_K_X16", "Q6_K", "Q5_0", "Q8_0", "Q5_K", "Q4_0", "Q4_1")
+# *_X16: interleaved by 16 rows, as a VNNI CPU runs a Q4_K_M file's matrices.
+FORMATS = ("Q4_K_X16", "Q4_K", "Q6_K_X16", "Q6_K", "Q5_0_X16", "Q5_0", "Q8_0_X16", "Q8_0", "Q5_K", "Q4_0", "Q4_1")
 SHAPES = {"attn 1536x1536": (1536, 1536), "up 8960x1536": (8960, 1536), "down 1536x8960": (1536, 8960)}
 HEAD_ROWS = 151936
 STREAM_BYTES = 64 * 2**20        # a timed pass reads at least this much (L3 here: 32 MB)

@@ -36,6 +36,7 @@ from gguf import GGMLQuantizationType
 from engine.architecture import UnsupportedArchitecture
 from engine.errors import ModelLoadError
 from engine.gguf_index import GGUFIndex, TensorInfo, read_index
+from engine.huge_pages import HugePageArena
 from engine.quant.gguf_blocks import BLOCK_TYPES, BlockWeight
 from engine.quant import gguf_native
 from engine.quant.gguf_native import K_FORMATS
@@ -117,6 +118,7 @@ class GGUFTensors:
     def __init__(self, index: GGUFIndex) -> None:
         self.index = index
         self.permuted = index.architecture in PERMUTED_ARCHITECTURES
+        self.arena = HugePageArena()    # the interleaved copies (engine.huge_pages: why)
 
     def has(self, name: str) -> bool:
         return name in self.index.tensors
@@ -155,7 +157,7 @@ class GGUFTensors:
             return part
         # Slab by slab, each slab's mapped pages dropped once moved: the load holds two copies of
         # one slab at most, not of a whole tensor (a tied table is 200 MB at 1B).
-        moved = torch.empty(part.data.shape, dtype=torch.uint8)
+        moved = self.arena.empty(tuple(part.data.shape))
         for start in range(0, rows, INTERLEAVE_SLAB_ROWS):
             stop = min(start + INTERLEAVE_SLAB_ROWS, rows)
             gguf_native.repack_x16(part.data[start:stop], part.ggml_type, cols, out=moved[start:stop])

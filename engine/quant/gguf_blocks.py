@@ -37,8 +37,9 @@ _SLAB_ROWS = 1024  # rows dequantized at a time (reference and prefill): bounds 
 # up to 512 rows, so CPUs without bf16 GEMM keep the integer kernels. ``python -m
 # bench.gguf_kernels`` measures the crossing per format (results/gguf_kernels.json).
 DEQUANT_MIN_ROWS_K, DEQUANT_MIN_ROWS_32 = 128, 64
-# Except Q4_K interleaved by 16 rows, whose kernel beat the GEMM at every prefill size there (1.6x
-# at 512 rows, 2.5x at 128, 2 threads): which way it goes is measured once per process
+# Except the formats interleaved by 16 rows, whose kernels beat the GEMM at every prefill size
+# there (results/gguf_kernels.json, 1536x1536, 2 threads: at 512 rows Q4_K 1.8x, Q6_K 1.2x,
+# Q5_0 1.8x, Q8_0 2.3x): which way it goes is measured once per process and format
 # (:func:`_x16_gemm_wins`), on a gate-sized matrix of Qwen2.5-1.5B's width.
 X16_PROBE_OUT, X16_PROBE_IN = 4864, 1536
 # The fp16 scale fields of a block that random blocks (probes, benchmarks, tests) set to sane
@@ -189,7 +190,7 @@ def block_matmul(x2d: torch.Tensor, weight: BlockWeight) -> torch.Tensor:
     Decode sizes: the C block kernels (activations quantized per block to int8,
     :mod:`engine.quant.gguf_native`). Prefill sizes (:func:`dequant_min_rows` and more) on a CPU
     with bf16 GEMM: :func:`slab_matmul` in bf16, faster there (``python -m bench.gguf_kernels``),
-    unless the weight is Q4_K interleaved and its kernel measured faster (:func:`_prefill_gemm`)."""
+    unless the weight is interleaved and its kernel measured faster (:func:`_prefill_gemm`)."""
     if x2d.dim() != 2 or x2d.shape[1] != weight.in_features:
         raise ValueError(f"x is {tuple(x2d.shape)}, expected [m, {weight.in_features}]")
     if x2d.shape[0] >= dequant_min_rows(weight.ggml_type) and _prefill_gemm(weight):
@@ -198,13 +199,12 @@ def block_matmul(x2d: torch.Tensor, weight: BlockWeight) -> torch.Tensor:
 
 
 def _prefill_gemm(weight: BlockWeight) -> bool:
-    """Whether a prefill-sized call dequantizes and runs the bf16 GEMM. Q4_K interleaved keeps
-    its kernel unless the GEMM measured faster; Q6_K interleaved takes the GEMM as plain Q6_K
-    does (its kernel won at 128 rows, 1.5x, but lost at 512, 0.85x, 2 threads)."""
+    """Whether a prefill-sized call dequantizes and runs the bf16 GEMM. An interleaved weight
+    keeps its kernel unless the GEMM measured faster for its format."""
     if not _fast_bf16_gemm():
         return False
-    if weight.interleaved and weight.ggml_type == GGMLQuantizationType.Q4_K:
-        return _x16_gemm_wins()
+    if weight.interleaved:
+        return _x16_gemm_wins(weight.ggml_type)
     return True
 
 
@@ -227,17 +227,17 @@ def slab_matmul(x2d: torch.Tensor, weight: BlockWeight, dtype: torch.dtype = tor
     return out
 
 
-@functools.lru_cache(maxsize=1)
-def _x16_gemm_wins() -> bool:
-    """Whether the bf16 GEMM beats the interleaved Q4_K kernel at prefill sizes on this CPU
-    (measured once per process, :mod:`engine.quant.prefill_choice`)."""
+@functools.lru_cache(maxsize=None)
+def _x16_gemm_wins(ggml_type: GGMLQuantizationType) -> bool:
+    """Whether the bf16 GEMM beats the interleaved kernel of ``ggml_type`` at prefill sizes on
+    this CPU (measured once per process and format, :mod:`engine.quant.prefill_choice`)."""
     rng = np.random.default_rng(0)
-    weight = random_blocks(GGMLQuantizationType.Q4_K, X16_PROBE_OUT, X16_PROBE_IN, rng).interleave()
+    weight = random_blocks(ggml_type, X16_PROBE_OUT, X16_PROBE_IN, rng).interleave()
     x = torch.from_numpy(rng.standard_normal((prefill_choice.PROBE_ROWS, X16_PROBE_IN), dtype=np.float32))
     x = x.to(torch.bfloat16)
     return prefill_choice.choose(
         lambda: gguf_native.matmul(x, weight.ggml_type, weight.data, weight.in_features, interleaved=True),
-        lambda: slab_matmul(x, weight, torch.bfloat16), weights="gguf")
+        lambda: slab_matmul(x, weight, torch.bfloat16), weights="gguf", format=ggml_type.name)
 
 
 @functools.lru_cache(maxsize=1)

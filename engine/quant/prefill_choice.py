@@ -10,10 +10,11 @@ matrix, a few repeats interleaved, and keeps the GEMM only where it wins clearly
 is logged (``q8_prefill_path``) and fixed for the process, so a worker's numbers do not change
 from one request to the next.
 
-GGUF's Q4_K interleaved by 16 rows asks the same question (``gguf_prefill_path``,
-:mod:`engine.quant.gguf_blocks`): its kernel reads one weight load against four activation rows
-with one ``vpdpbusd`` each, and on the AMD EPYC above it ran 1.6x the bf16 GEMM at 512 rows and
-2.5x at 128; a CPU with AMX tiles may well answer the other way.
+GGUF's formats interleaved by 16 rows ask the same question, once each (``gguf_prefill_path``
+with the format, :mod:`engine.quant.gguf_blocks`): their kernels read one weight load against
+four activation rows with one ``vpdpbusd`` each, and on the AMD EPYC above they ran 1.2-2.3x
+the bf16 GEMM at 512 rows (results/gguf_kernels.json); a CPU with AMX tiles may well answer the
+other way.
 """
 from __future__ import annotations
 
@@ -59,11 +60,12 @@ def measure(kernel: Callable[[], object], gemm: Callable[[], object]) -> dict[st
 
 
 def choose(kernel: Callable[[], object], gemm: Callable[[], object], weights: str = "q8",
-           rows: int = PROBE_ROWS) -> bool:
+           rows: int = PROBE_ROWS, **context: str) -> bool:
     """Measure and decide (True: unpack + GEMM); logs the timings and the choice as
-    ``<weights>_prefill_path``. ``rows``: the probe's row count, for the log."""
+    ``<weights>_prefill_path``. ``rows``: the probe's row count, for the log; ``context``: more
+    fields for it (GGUF's block format)."""
     timings = measure(kernel, gemm)
     wins = gemm_wins(timings["kernel_ms"], timings["gemm_ms"])
     log_event(logger, f"{weights}_prefill_path", path="bf16_gemm" if wins else "integer_kernel",
-              kernel_ms=round(timings["kernel_ms"], 3), gemm_ms=round(timings["gemm_ms"], 3), rows=rows)
+              kernel_ms=round(timings["kernel_ms"], 3), gemm_ms=round(timings["gemm_ms"], 3), rows=rows, **context)
     return wins

@@ -70,24 +70,25 @@ def test_what_cannot_be_interleaved_stays_as_stored() -> None:
         gguf_native.matmul(torch.zeros(1, 256), T.Q4_K, interleaved.data[:8], 256, interleaved=True)
 
 
+@pytest.mark.parametrize("kind", INTERLEAVED)
 @pytest.mark.parametrize("gemm_wins", [False, True])
-def test_interleaved_prefill_takes_the_path_measured_faster(monkeypatch, gemm_wins: bool) -> None:
-    """At prefill sizes an interleaved Q4_K weight stays in its kernel unless the GEMM measured
-    faster; a plain Q4_K weight and an interleaved Q6_K one take the GEMM either way (where the
-    CPU has bf16 GEMM)."""
+def test_interleaved_prefill_takes_the_path_measured_faster(monkeypatch, kind: T, gemm_wins: bool) -> None:
+    """At prefill sizes an interleaved weight stays in its kernel unless the GEMM measured
+    faster for its format; a plain weight takes the GEMM either way (where the CPU has bf16
+    GEMM)."""
+    asked = []
     monkeypatch.setattr(gguf_blocks, "_fast_bf16_gemm", lambda: True)
-    monkeypatch.setattr(gguf_blocks, "_x16_gemm_wins", lambda: gemm_wins)
-    weight = random_weight(T.Q4_K, 32, blocks=2, seed=6)
+    monkeypatch.setattr(gguf_blocks, "_x16_gemm_wins", lambda ggml_type: asked.append(ggml_type) or gemm_wins)
+    weight = random_weight(kind, 32, blocks=8 if kind in (T.Q5_0, T.Q8_0) else 2, seed=6)
     interleaved = weight.interleave()
-    x = torch.randn(gguf_blocks.DEQUANT_MIN_ROWS_K, weight.in_features, generator=torch.Generator().manual_seed(6))
-    kernel = gguf_native.matmul(x, T.Q4_K, interleaved.data, weight.in_features, interleaved=True)
+    x = torch.randn(gguf_blocks.dequant_min_rows(kind), weight.in_features, generator=torch.Generator().manual_seed(6))
+    kernel = gguf_native.matmul(x, kind, interleaved.data, weight.in_features, interleaved=True)
     gemm = gguf_blocks.slab_matmul(x, interleaved, torch.bfloat16)
     assert not torch.equal(kernel, gemm)
     assert torch.equal(block_matmul(x, interleaved), gemm if gemm_wins else kernel)
+    assert asked == [kind]
     assert torch.equal(block_matmul(x, weight), gguf_blocks.slab_matmul(x, weight, torch.bfloat16))
-    six = random_weight(T.Q6_K, 32, blocks=2, seed=7).interleave()
-    assert six.interleaved
-    assert torch.equal(block_matmul(x, six), gguf_blocks.slab_matmul(x, six, torch.bfloat16))
+    assert asked == [kind]
 
 
 def test_the_interleaved_prefill_path_is_measured_once_and_logged(monkeypatch) -> None:
@@ -98,13 +99,16 @@ def test_the_interleaved_prefill_path_is_measured_once_and_logged(monkeypatch) -
     monkeypatch.setattr(prefill_choice, "log_event", lambda logger, event, **fields: events.append((event, fields)))
     gguf_blocks._x16_gemm_wins.cache_clear()
     try:
-        assert not gguf_blocks._x16_gemm_wins() and not gguf_blocks._x16_gemm_wins()
+        assert not gguf_blocks._x16_gemm_wins(T.Q4_K) and not gguf_blocks._x16_gemm_wins(T.Q4_K)
+        assert not gguf_blocks._x16_gemm_wins(T.Q8_0)
     finally:
         gguf_blocks._x16_gemm_wins.cache_clear()
-    (kernel_out, gemm_out), = calls
-    assert kernel_out.shape == gemm_out.shape == (prefill_choice.PROBE_ROWS, gguf_blocks.X16_PROBE_OUT)
+    assert len(calls) == 2
+    for kernel_out, gemm_out in calls:
+        assert kernel_out.shape == gemm_out.shape == (prefill_choice.PROBE_ROWS, gguf_blocks.X16_PROBE_OUT)
     assert events == [("gguf_prefill_path", {"path": "integer_kernel", "kernel_ms": 2.0, "gemm_ms": 3.0,
-                                             "rows": prefill_choice.PROBE_ROWS})]
+                                             "rows": prefill_choice.PROBE_ROWS, "format": name})
+                      for name in ("Q4_K", "Q8_0")]
 
 
 def test_a_tensor_is_interleaved_slab_by_slab_with_its_pages_released(tmp_path, monkeypatch) -> None:

@@ -43,6 +43,7 @@ LAYER_OF = {
     "engine.ops.fused_ops": 0,         # the interface over those C calls
     "engine.ops.choose": 1,            # which of them a forward runs (reads the quantized weights)
     "engine.packed": 0,
+    "engine.huge_pages": 0,            # weights placed in transparent huge pages
     "engine.quant.plan": 1,
     "engine.quant.layer": 1,
     "engine.quant.model": 1,
