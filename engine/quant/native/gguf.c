@@ -949,6 +949,30 @@ ROWS_X16(rows_q6_k_x16, dot_q6_k_x16)
  * one-row kernel (dot_q8_0_512) spent its time reducing each row's 34-byte blocks across
  * lanes: at hidden sizes that are not whole 256-input super-blocks (Qwen2.5 0.5B's 896) nearly
  * every matrix of a Q4_K_M file, its tied head included, falls back to Q5_0 or Q8_0. */
+/* Two 64-byte loads of codes (4 of each row) against 4 activation bytes each, at inputs at_a
+ * and at_b of each activation row. */
+INLINE void block32_x16_dots(__m512i *sum_a, __m512i *sum_b, const __m512i codes_a, const __m512i codes_b,
+                             const acts *a, int64_t i0, const int NR, int64_t at_a, int64_t at_b) {
+    for (int r = 0; r < NR; r++) {
+        const int8_t *xq = ROW_Q(a, i0 + r);
+        sum_a[r] = _mm512_dpbusd_epi32(sum_a[r], codes_a, bcast4(xq + at_a));
+        sum_b[r] = _mm512_dpbusd_epi32(sum_b[r], codes_b, bcast4(xq + at_b));
+    }
+}
+
+/* One 32-input group block's float step, for each activation row: the two integer sums less
+ * the codes' offset times the activation codes' sum, times d_w (the block's first 32 bytes,
+ * fp16 per row) and d_x. */
+INLINE void block32_x16_done(__m512 *acc, const __m512i *sum_a, const __m512i *sum_b, const int offset,
+                             const uint8_t *blk, const acts *a, int64_t i0, const int NR, int64_t b) {
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+    for (int r = 0; r < NR; r++) {
+        const __m512i total = _mm512_sub_epi32(_mm512_add_epi32(sum_a[r], sum_b[r]),
+                                               _mm512_set1_epi32(offset * ROW_S32(a, i0 + r)[b]));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(d, _mm512_set1_ps(ROW_D(a, i0 + r)[b])), acc[r]);
+    }
+}
+
 #define X16_Q8_BLOCK (X16 * 34)
 INLINE void dot_q8_0_x16(const uint8_t *g, int64_t nb, const acts *a, int64_t i0, const int NR, float *y,
                          int64_t y_stride) {
@@ -963,18 +987,9 @@ INLINE void dot_q8_0_x16(const uint8_t *g, int64_t nb, const acts *a, int64_t i0
         for (int k = 0; k < 8; k += 2) {
             const __m512i u0 = _mm512_xor_si512(_mm512_loadu_si512(codes + 64 * k), flip);
             const __m512i u1 = _mm512_xor_si512(_mm512_loadu_si512(codes + 64 * k + 64), flip);
-            for (int r = 0; r < NR; r++) {
-                const int8_t *xq = ROW_Q(a, i0 + r) + b * QK + 4 * k;
-                even[r] = _mm512_dpbusd_epi32(even[r], u0, bcast4(xq));
-                odd[r] = _mm512_dpbusd_epi32(odd[r], u1, bcast4(xq + 4));
-            }
+            block32_x16_dots(even, odd, u0, u1, a, i0, NR, b * QK + 4 * k, b * QK + 4 * k + 4);
         }
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-        for (int r = 0; r < NR; r++) {
-            const __m512i total = _mm512_sub_epi32(_mm512_add_epi32(even[r], odd[r]),
-                                                   _mm512_set1_epi32(128 * ROW_S32(a, i0 + r)[b]));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(d, _mm512_set1_ps(ROW_D(a, i0 + r)[b])), acc[r]);
-        }
+        block32_x16_done(acc, even, odd, 128, blk, a, i0, NR, b);
     }
     for (int r = 0; r < NR; r++) _mm512_storeu_ps(y + (i0 + r) * y_stride, acc[r]);
 }
@@ -1013,18 +1028,9 @@ INLINE void dot_q5_0_x16(const uint8_t *g, int64_t nb, const acts *a, int64_t i0
             const __mmask64 hi5 = _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, hi_bytes[k >> 1]), bit_of_byte[k & 1]);
             lo = _mm512_mask_add_epi8(lo, lo5, lo, fifth);
             hi = _mm512_mask_add_epi8(hi, hi5, hi, fifth);
-            for (int r = 0; r < NR; r++) {
-                const int8_t *xq = ROW_Q(a, i0 + r) + b * QK + 4 * k;
-                lo_sum[r] = _mm512_dpbusd_epi32(lo_sum[r], lo, bcast4(xq));
-                hi_sum[r] = _mm512_dpbusd_epi32(hi_sum[r], hi, bcast4(xq + 16));
-            }
+            block32_x16_dots(lo_sum, hi_sum, lo, hi, a, i0, NR, b * QK + 4 * k, b * QK + 4 * k + 16);
         }
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-        for (int r = 0; r < NR; r++) {
-            const __m512i total = _mm512_sub_epi32(_mm512_add_epi32(lo_sum[r], hi_sum[r]),
-                                                   _mm512_set1_epi32(16 * ROW_S32(a, i0 + r)[b]));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(d, _mm512_set1_ps(ROW_D(a, i0 + r)[b])), acc[r]);
-        }
+        block32_x16_done(acc, lo_sum, hi_sum, 16, blk, a, i0, NR, b);
     }
     for (int r = 0; r < NR; r++) _mm512_storeu_ps(y + (i0 + r) * y_stride, acc[r]);
 }
