@@ -71,11 +71,12 @@ def native_refusal(index: GGUFIndex) -> str | None:
     return None
 
 
-# ``auto``'s choice (docs/quantization.md, "`auto`"; results/model_sizes.json, both paths on one
-# file in one run): on a Qwen2.5-1.5B-shaped Q4_K_M file (all Q4_K/Q6_K) the native path decoded
-# 25.4 tokens/s at batch 1 against q8's 19.0 (8 clients: 50.1 against 62.6), in a fifth of the
-# memory; on the 0.5B shape (85% Q5_0/Q8_0 bytes, as the bundled default) q8 stayed ahead (65.3
-# against 57.9; 8 clients 174.3 against 112.8).
+# ``auto``'s choice (docs/quantization.md, "`auto`", with the measured figures): on files of
+# mostly K formats (Q4_K_M at 1.5B and up) the native path is much faster than q8 and needs a
+# fraction of its load memory. On files of mostly 32-input blocks (the 0.5B shape, the bundled
+# default) q8 was ahead before Q5_0/Q8_0 ran interleaved; on AVX512-VNNI CPUs gguf is now the
+# faster there too, but q8's two-byte activations agree more often with the bf16 model, and
+# at 0.5B its memory costs little, so auto keeps q8 for them.
 K_SHARE_FOR_AUTO = 0.5
 # The q8 path's peak while it prepares a file, per parameter (a full-precision copy, then int8):
 # 6.6 and 6.0 bytes on the Qwen2.5 0.5B and 1.5B shapes (results/model_sizes.json), rounded up.
@@ -94,7 +95,7 @@ def auto_declines(index: GGUFIndex, available: int | None) -> str | None:
     params = sum(int(np.prod(t.dims)) for t in index.tensors.values())
     if available is not None and params * Q8_PREPARE_BYTES_PER_PARAM > available:
         return None
-    return f"{k_share:.0%} of its block bytes are K formats (q8 is faster on the 32-input blocks)"
+    return f"{k_share:.0%} of its block bytes are K formats (auto leaves 32-input blocks to q8)"
 
 
 def _as_tensor(array: np.ndarray) -> torch.Tensor:
