@@ -95,10 +95,11 @@ def sides_of(entry: dict[str, Any]) -> list[str]:
 def run_ours(gguf: Path, args: argparse.Namespace, cache: Path, quant: str = "auto") -> dict[str, Any]:
     """A first start on an empty cache folder (load only), then a measured second start.
 
-    The folder (``<cache>/sizes/.ours-<file>``: the file's prepared weights) is kept, so with
-    ``--no-first-start`` a later run measures a second start at once; where it holds nothing
-    yet, the measured start is a first one and says so (``start``)."""
-    scratch = ours_cache(gguf, cache)
+    The folder (``<cache>/sizes/.ours-<setting>-<file>``: the file's prepared weights, one per
+    setting, since q8 prepares what gguf does not) is kept, so with ``--no-first-start`` a later
+    run measures a second start at once; where it holds nothing yet, the measured start is a
+    first one and says so (``start``)."""
+    scratch = ours_cache(gguf, cache, quant)
     base, env = ours_command(gguf, args, cache, quant)
     first: dict[str, Any] = {}
     if not args.no_first_start:
@@ -112,14 +113,14 @@ def run_ours(gguf: Path, args: argparse.Namespace, cache: Path, quant: str = "au
     return out
 
 
-def ours_cache(gguf: Path, cache: Path) -> Path:
-    return cache / "sizes" / f".ours-{gguf.stem}"
+def ours_cache(gguf: Path, cache: Path, quant: str) -> Path:
+    return cache / "sizes" / f".ours-{quant}-{gguf.stem}"
 
 
 def ours_command(gguf: Path, args: argparse.Namespace, cache: Path, quant: str) -> tuple[list[str], dict[str, str]]:
     """The child's command line and environment for MiniServe's side with setting ``quant``."""
     command = [sys.executable, "-m", "bench.model_sizes_ours", "--gguf", str(gguf), "--cache-dir",
-               str(ours_cache(gguf, cache)), "--threads", str(args.threads), "--tokens", str(args.tokens),
+               str(ours_cache(gguf, cache, quant)), "--threads", str(args.threads), "--tokens", str(args.tokens),
                "--clients", str(CLIENTS)]
     return command, {**os.environ, "MINISERVE_QUANT": quant}
 

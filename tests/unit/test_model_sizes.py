@@ -10,7 +10,7 @@ import pytest
 from bench.bandwidth_floor import TensorBytes, floor_tps, pct_of_floor, token_bytes
 from bench.model_build import gguf_path, remove_leftovers
 from bench.model_shapes import DEFAULT_SIZES, ON_REQUEST, SHAPES, hf_config, param_count, resolve
-from bench.model_sizes import add_floor, flat_rows
+from bench.model_sizes import add_floor, flat_rows, ours_command
 from bench.report_figures import Figures
 from bench.report_sizes import add_sizes
 
@@ -224,6 +224,18 @@ def test_batch8_is_the_median_of_three_measured_rounds_after_a_warm_one():
     assert len(calls) == 8 * 4 and sorted(set(calls)) == list(range(8))   # a warm round, then 3
     assert len(out["b8_rounds"]) == 3 and out["b8_tokens"] == 8 * 64
     assert out["b8_tps"] == sorted(out["b8_rounds"])[1]
+
+
+def test_each_setting_keeps_its_own_prepared_folder(tmp_path: Path):
+    """q8 prepares weights that gguf does not: a shared folder made a q8 start after a gguf run
+    look like a second start."""
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(threads=2, tokens=64)
+    folders = {quant: ours_command(tmp_path / "m-Q4_K_M.gguf", args, tmp_path, quant) for quant in ("q8", "gguf")}
+    for quant, (command, env) in folders.items():
+        assert env["MINISERVE_QUANT"] == quant
+        assert command[command.index("--cache-dir") + 1] == str(tmp_path / "sizes" / f".ours-{quant}-m-Q4_K_M")
 
 
 def test_no_results_file_adds_nothing(tmp_path: Path):
