@@ -8,6 +8,12 @@ interleaved GGUF weights in huge pages, Qwen2.5 Q4_K_M files decoded 1.15x (0.5B
 rounds) and 1.10x (1.5B, 11 of 12) faster at batch 1, two loaded engines taking turns. The
 ``q8`` path's weights gained nothing measurable the same way (0.5B, 5 of 10) and stay in the
 heap. Where the kernel or Python has no ``MADV_HUGEPAGE`` this is ordinary anonymous memory.
+
+The price is at load: ``madvise`` also makes the kernel compact memory to find free 2 MB
+blocks when a page is first written, so a start takes longer on a host whose memory is
+fragmented (a Qwen2.5-1.5B file's second start: 3.0 s to ready without huge pages, 4.5-9.0 s
+with them on this machine, as it varied). Writing the weights to 4 KB pages and collapsing
+them afterwards (``MADV_COLLAPSE``) was no faster (5.9-9.7 s).
 """
 from __future__ import annotations
 
