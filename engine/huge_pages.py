@@ -17,6 +17,7 @@ them afterwards (``MADV_COLLAPSE``) was no faster (5.9-9.7 s).
 """
 from __future__ import annotations
 
+import math
 import mmap
 
 import torch
@@ -25,11 +26,8 @@ import torch
 def huge_page_empty(shape: tuple[int, ...], dtype: torch.dtype = torch.uint8) -> torch.Tensor:
     """An uninitialised tensor in its own anonymous mapping, advised for huge pages (the
     mapping lives as long as the tensor does)."""
-    count = 1
-    for size in shape:
-        count *= int(size)
-    nbytes = max(count * torch.empty((), dtype=dtype).element_size(), 1)
-    buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    count = math.prod(shape)
+    buffer = mmap.mmap(-1, max(count * dtype.itemsize, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         buffer.madvise(mmap.MADV_HUGEPAGE)
     return torch.frombuffer(buffer, dtype=dtype, count=count).view(shape)
@@ -38,8 +36,8 @@ def huge_page_empty(shape: tuple[int, ...], dtype: torch.dtype = torch.uint8) ->
 class HugePageArena:
     """Tensors carved one after another out of huge-page mappings of ``chunk_bytes`` each, so
     that the many small weights of a model (a 0.5B layer's projections are 0.1-3 MB) share 2 MB
-    pages too; a tensor of more than a quarter of a chunk gets a mapping of its own. The unused tail of a
-    chunk is never touched, so it takes no memory."""
+    pages too; a tensor of more than a quarter of a chunk gets a mapping of its own. The unused
+    tail of a chunk is never touched, so it takes no memory."""
 
     def __init__(self, chunk_bytes: int = 64 << 20) -> None:
         self.chunk_bytes = chunk_bytes
@@ -47,10 +45,7 @@ class HugePageArena:
         self._used = 0
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype = torch.uint8) -> torch.Tensor:
-        count = 1
-        for size in shape:
-            count *= int(size)
-        nbytes = count * torch.empty((), dtype=dtype).element_size()
+        nbytes = math.prod(shape) * dtype.itemsize
         if nbytes > self.chunk_bytes // 4:
             return huge_page_empty(shape, dtype)
         if self._chunk is None or self._used + nbytes > self.chunk_bytes:

@@ -66,9 +66,9 @@ def interleaves(ggml_type: GGMLQuantizationType, rows: int) -> bool:
 
 def repack_x16(data: torch.Tensor, ggml_type: GGMLQuantizationType, in_features: int, threads: int = 0,
                out: torch.Tensor | None = None) -> torch.Tensor:
-    """Rows ``data`` of one of :data:`X16_KERNEL_TYPES` (a multiple of 16 of them) interleaved by 16: a contiguous
-    tensor of the same shape and bytes (``out`` when given), read by the kernels with
-    ``interleaved=True``."""
+    """Rows ``data`` of one of :data:`X16_KERNEL_TYPES` (a multiple of 16 of them) interleaved by
+    16: a contiguous tensor of the same shape and bytes (``out`` when given), read by the kernels
+    with ``interleaved=True``."""
     _check(data, ggml_type, in_features)
     _kernel_type(ggml_type, data, interleaved=True)
     if out is None:

@@ -1244,8 +1244,7 @@ static inline void x16_copy(int type, uint8_t *group_blk, uint8_t *row_blk, int 
  * with to_group = 0). */
 int ms_gguf_repack_x16(int type, const uint8_t *w, int64_t w_stride, int64_t N, int64_t K, uint8_t *out,
                        int threads) {
-    if ((type != T_Q5_0 && type != T_Q8_0 && type != T_Q4_K && type != T_Q6_K) || N % X16 || K % block_elems(type))
-        return 1;
+    if (!is_x16(type + 100) || N % X16 || K % block_elems(type)) return 1;  /* a type with an interleaved layout */
     const int64_t bb = block_bytes(type), nb = K / block_elems(type), row_bytes = nb * bb;
     #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : omp_get_max_threads())
     for (int64_t g = 0; g < N / X16; g++)
