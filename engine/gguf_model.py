@@ -1,14 +1,20 @@
-"""The transformers model object of a GGUF run on its own bits: built on the ``meta`` device.
+"""What the engine holds of a GGUF run on its own bits, and its transformers model, built late.
 
-The engine holds a transformers model for what is not the hand-written forward: its
-``config`` and ``generation_config`` (end-of-sequence ids, the repetition penalty), and
-``official`` (transformers ``generate``). A GGUF run from its blocks
-(:mod:`engine.gguf_weights`) must never get a full-precision copy at load, so the model is
-built from the prepared folder's config on the ``meta`` device (no memory), its rotary
-buffers computed for real, and its norms are the very tensors the hand-written forward uses
-(shared, not copied). Every other parameter stays on ``meta``.
+The engine reads three things from its model object: ``config``, ``generation_config``
+(end-of-sequence ids, the repetition penalty) and the forward's weights
+(:func:`engine.quant.model.forward_weights`). :class:`GGUFModel` is those three and nothing
+more. The transformers model is needed by ``official`` (transformers ``generate``) only, so it
+is built on the first ``official`` job, on the loader thread while the loop goes on. Why not at
+load: importing a transformers model class pulls in its generation stack, ``torch._dynamo``,
+DTensor and sympy, for a method most workers never run. On the Qwen2.5-0.5B-shaped Q4_K_M file,
+building it at load held 806 MB after load and took 4.8 s to ready; without it, 692 MB and 2.0 s.
 
-``official`` needs the model in full precision: the first ``official`` job dequantizes it from
+That model must never get a full-precision copy at load either, so it is built from the
+prepared folder's config on the ``meta`` device (no memory), its rotary buffers computed for
+real, and its norms are the very tensors the hand-written forward uses (shared, not copied).
+Every other parameter stays on ``meta``.
+
+``official`` needs the model in full precision: each ``official`` job dequantizes it from
 the mapped file into the model (:func:`engine.quant.restore.register_reload`, read on the
 loader thread while the loop goes on), only after checking that the machine has the memory
 (``MemAvailable``); otherwise the job fails with :class:`InsufficientMemoryError` naming what
@@ -17,8 +23,9 @@ it would take. The last ``official`` job running frees them again, as in ``q8``.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -27,7 +34,7 @@ from engine.errors import InsufficientMemoryError
 from engine.quant.gguf_blocks import BlockWeight, dequantize_rows
 from engine.quant.gguf_linear import BlockLinear, Part, part_shape
 from engine.quant.model import ATTR
-from engine.quant.restore import register_reload
+from engine.quant.restore import await_loader, on_loader, register_reload
 from engine.weights import Qwen2Weights
 
 logger = logging.getLogger("miniserve.engine.gguf")
@@ -36,20 +43,50 @@ RESERVE_BYTES = 512 * 2**20
 _SLAB_ROWS = 4096   # rows dequantized at a time: bounds the float32 transient of the big tables
 
 
-def meta_model(folder: Path | str, weights: Qwen2Weights, dtype: torch.dtype) -> Any:
-    """The transformers model of the prepared ``folder`` on ``meta``, tied to ``weights``:
+class GGUFModel:
+    """The config, generation config and weights of a GGUF run on its own bits; the
+    transformers model for ``official`` on demand (:meth:`transformers_model`)."""
+
+    def __init__(self, folder: Path | str, config: Any, weights: Qwen2Weights, dtype: torch.dtype) -> None:
+        from transformers import GenerationConfig
+
+        self.config, self.dtype = config, dtype
+        self.generation_config = (GenerationConfig.from_pretrained(folder)
+                                  if (Path(folder) / "generation_config.json").is_file()
+                                  else GenerationConfig.from_model_config(config))
+        self.__dict__[ATTR] = weights   # what forward_weights returns
+        self._model: Any = None
+        self._building: Future | None = None
+
+    def transformers_model(self, wait: Callable[[], None] | None = None) -> Any:
+        """The transformers model on ``meta``, built once. With ``wait`` (a solo task's pause,
+        on the loop thread) it is built on the loader thread while the loop goes on."""
+        if self._model is None:
+            if wait is None:
+                self._model = self._build()
+                return self._model
+            building = self._building = self._building or on_loader(self._build)
+            await_loader(building, wait)
+            self._building = None if self._building is building else self._building
+            self._model = self._model or building.result()   # a failed build is tried afresh next time
+        return self._model
+
+    def _build(self) -> Any:
+        return meta_model(self.config, self.generation_config, self.__dict__[ATTR], self.dtype)
+
+
+def meta_model(config: Any, generation_config: Any, weights: Qwen2Weights, dtype: torch.dtype) -> Any:
+    """The transformers model of ``config`` on ``meta``, tied to ``weights``:
     :func:`engine.quant.model.forward_weights` returns them, its norms are theirs, and the rest
     is loaded for ``official`` on demand."""
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(folder)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.eval()
     _real_buffers(model, config)
     _share_norms(model, weights)
-    if (Path(folder) / "generation_config.json").is_file():
-        model.generation_config = GenerationConfig.from_pretrained(folder)
+    model.generation_config = generation_config
     model.__dict__[ATTR] = weights
     register_reload(model, meta_parameters(model), lambda: full_precision(model, weights, dtype))
     return model

@@ -28,7 +28,7 @@ from engine.architecture import ModelSpec, model_spec
 from engine.errors import ModelLoadError
 from engine.packed import packing_available, release_freed_memory
 from engine.gguf_index import read_index
-from engine.gguf_model import available_bytes, meta_model
+from engine.gguf_model import GGUFModel, available_bytes
 from engine.gguf_weights import auto_declines, native_refusal, read_gguf_weights
 from engine.prepare_default import prepare_bundled_gguf, prepare_bundled_model
 from engine.prepare_gguf import prepare_gguf_description, prepare_gguf_folder
@@ -44,7 +44,8 @@ __all__ = ["LoadedModel", "ModelLoadError", "load_model", "resolve_model_path"]
 
 @dataclass
 class LoadedModel:
-    model: Any  # a transformers *ForCausalLM of a supported architecture (engine.architecture), eval mode
+    model: Any  # a transformers *ForCausalLM of a supported architecture (engine.architecture), eval mode;
+                # for a GGUF run on its own bits, an engine.gguf_model.GGUFModel
     tokenizer: Any
     name: str
     path: str
@@ -235,7 +236,8 @@ def load_model(settings: Settings) -> LoadedModel:
 
 def load_gguf_native(settings: Settings, device: Any, dtype: Any, started: float) -> LoadedModel | None:
     """A quantized GGUF run on its own bits from the mapped file (engine.gguf_weights): the
-    description from the prepared folder, a ``meta`` transformers model (engine.gguf_model).
+    description from the prepared folder, the transformers model built for ``official`` only
+    (engine.gguf_model).
     None when ``auto`` chose it and the file cannot run natively (an F16 file, a type without a
     kernel) or runs faster on q8 (:func:`engine.gguf_weights.auto_declines`): the q8 path then
     runs it; an explicit ``gguf`` fails the start instead of a refusal."""
@@ -256,8 +258,8 @@ def load_gguf_native(settings: Settings, device: Any, dtype: Any, started: float
         return None
     spec = read_spec(str(folder))
     tokenizer = drop_init_tables(AutoTokenizer.from_pretrained(folder))
-    weights = read_gguf_weights(gguf, AutoConfig.from_pretrained(folder), dtype)
-    model = meta_model(folder, weights, dtype)
+    config = AutoConfig.from_pretrained(folder)
+    model = GGUFModel(folder, config, read_gguf_weights(gguf, config, dtype), dtype)
     quant = "gguf (auto)" if settings.quant == "auto" else "gguf"
     release_freed_memory()
     load_s = time.perf_counter() - started

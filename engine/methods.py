@@ -21,12 +21,19 @@ from engine.types import GenerationRequest
 
 def run_official(engine: Any, prompt: Prompt, run: GenerationRun, request: GenerationRequest,
                  penalty: float) -> int:
-    model = engine.loaded.model
+    model = official_model(engine.loaded.model, run.pause)
     # read on a loader thread while the loop goes on, freed again after (engine/quant/restore.py)
     with full_weights(model, keep=engine.settings.official_keep_weights, wait=run.pause):
         generate_official(model, prompt.ids, run, request.sampling, penalty,
                           constraint=run_constraint(engine, run, request.constraint))
     return 0
+
+
+def official_model(model: Any, wait: Any) -> Any:
+    """The transformers model ``generate`` runs: the loaded one, or a GGUF run's, built on its
+    first ``official`` job (engine.gguf_model)."""
+    build = getattr(model, "transformers_model", None)
+    return model if build is None else build(wait)
 
 
 def builtin_methods() -> dict[str, Any]:

@@ -162,15 +162,26 @@ def restore_full_weights(model: Any, wait: Callable[[], None] | None = None) -> 
                 _install(model, state, _read(model, state), started)
         return
     loading = state.get("loading") or state.setdefault("loading", _LOADER.submit(_read, model, state))
-    while not loading.done():
-        wait()  # the loop's other streams go on; we are resumed on a later turn
-        futures.wait([loading], timeout=_POLL_S)
+    await_loader(loading, wait)
     if state.get("loading") is loading:
         del state["loading"]    # a failed read is tried afresh by the next job
     tensors = loading.result()  # the read's error, if any, fails this job
     with state["lock"]:
         if not state.get("done"):
             _install(model, state, tensors, started)
+
+
+def on_loader(work: Callable[[], Any]) -> futures.Future:
+    """``work`` on the loader thread (one at a time, in order)."""
+    return _LOADER.submit(work)
+
+
+def await_loader(future: futures.Future, wait: Callable[[], None]) -> None:
+    """Call ``wait`` (a solo task's pause) until ``future`` is done: the loop's other streams
+    go on, and the task is resumed on a later turn."""
+    while not future.done():
+        wait()
+        futures.wait([future], timeout=_POLL_S)
 
 
 def _read(model: Any, state: dict[str, Any]) -> dict[str, torch.Tensor]:

@@ -146,10 +146,14 @@ def test_no_full_precision_copy_of_a_projection_exists(files, cache_dir):
     interleaved = any(p.interleaved for linear in linears for p in linear.parts)
     assert interleaved == (gguf_native.vector_path() == "avx512-vnni")
     assert isinstance(weights.embed, BlockEmbedding)
-    # The transformers model holds nothing but the norms (shared with the forward's) and rotary tables.
-    real = {name for name, p in loaded.model.named_parameters() if not p.is_meta}
+    # The transformers model, built for official only, holds nothing but the norms (shared
+    # with the forward's) and rotary tables.
+    model = loaded.model.transformers_model()
+    assert model is loaded.model.transformers_model() and forward_weights(model) is weights
+    real = {name for name, p in model.named_parameters() if not p.is_meta}
     assert real and all("norm" in name for name in real)
-    assert loaded.model.model.norm.weight.data_ptr() == weights.norm.data_ptr()
+    assert model.model.norm.weight.data_ptr() == weights.norm.data_ptr()
+    assert model.generation_config is loaded.model.generation_config
 
 
 def _mapped_ranges(path) -> list[tuple[int, int]]:
@@ -217,11 +221,11 @@ def test_methods_and_official_on_demand(files, cache_dir, exact_matmul):
     model for its job and frees it after: in float32 all agree on the tiny model."""
     engine = Engine(_settings(files["qwen2-q8_0"], cache_dir)).load()
     try:
-        model = engine.loaded.model
         request = GenerationRequest(messages=[{"role": "user", "content": "hello world"}],
                                     sampling=SamplingParams(max_new_tokens=10, repetition_penalty=1.0))
         tokens = {m: engine.generate(dataclasses.replace(request, method=m)).token_ids
                   for m in ("paged", "custom_cache", "official")}
+        model = engine.loaded.model.transformers_model()   # built by the official job (on the loader thread)
         assert len(tokens["paged"]) >= 4 and tokens["paged"] == tokens["custom_cache"] == tokens["official"]
         assert model.lm_head.weight.is_meta and model.model.layers[0].mlp.down_proj.weight.is_meta  # freed again
     finally:
@@ -238,7 +242,7 @@ def test_official_refuses_when_memory_is_short(files, cache_dir, monkeypatch):
                                     sampling=SamplingParams(max_new_tokens=4))
         with pytest.raises(InsufficientMemoryError, match=r"MiB.*available"):
             engine.generate(request)
-        assert engine.loaded.model.lm_head.weight.is_meta
+        assert engine.loaded.model.transformers_model().lm_head.weight.is_meta
         monkeypatch.setattr(gguf_model, "available_bytes", lambda: 64 * 2**30)
         assert engine.generate(request).token_ids  # the next job, with memory, runs
     finally:
