@@ -33,7 +33,7 @@ from engine.gguf_weights import auto_declines, native_refusal, read_gguf_weights
 from engine.prepare_default import prepare_bundled_gguf, prepare_bundled_model
 from engine.prepare_gguf import prepare_gguf_description, prepare_gguf_folder
 from engine.quant.kernels import QuantKernelError
-from engine.quant.model import pack_model, quantize_model
+from engine.quant.model import decide_prefill_paths, forward_weights, pack_model, quantize_model
 from engine.quant.plan import GGUF, QUANT_CHOICES, auto_runs_gguf, resolve_quant
 
 logger = logging.getLogger("miniserve.engine.loader")
@@ -149,6 +149,7 @@ def apply_quant(model: Any, setting: str, device: Any, source: str,
                                  f"use none on this machine") from exc
         log_event(logger, "quant_fallback", level=logging.WARNING, setting=setting, plan=plan, reason=str(exc))
         return f"none (auto: {plan} kernel unavailable, running full precision)"
+    decide_prefill_paths(forward_weights(model))
     return f"{plan} (auto)" if setting == "auto" else plan
 
 
@@ -259,7 +260,9 @@ def load_gguf_native(settings: Settings, device: Any, dtype: Any, started: float
     spec = read_spec(str(folder))
     tokenizer = drop_init_tables(AutoTokenizer.from_pretrained(folder))
     config = AutoConfig.from_pretrained(folder)
-    model = GGUFModel(folder, config, read_gguf_weights(gguf, config, dtype), dtype)
+    weights = read_gguf_weights(gguf, config, dtype)
+    decide_prefill_paths(weights)
+    model = GGUFModel(folder, config, weights, dtype)
     quant = "gguf (auto)" if settings.quant == "auto" else "gguf"
     release_freed_memory()
     load_s = time.perf_counter() - started

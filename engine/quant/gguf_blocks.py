@@ -12,6 +12,7 @@ tests compare with the reference.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -225,6 +226,14 @@ def slab_matmul(x2d: torch.Tensor, weight: BlockWeight, dtype: torch.dtype = tor
                                       interleaved=weight.interleaved)
         out[:, start:stop] = x @ rows.T
     return out
+
+
+def decide_prefill_paths(weights: Iterable[BlockWeight]) -> None:
+    """Run the prefill probe of each interleaved format among ``weights`` now (at load), so that
+    a worker's first prompt does not wait for them."""
+    if _fast_bf16_gemm():
+        for ggml_type in {w.ggml_type for w in weights if w.interleaved}:
+            _x16_gemm_wins(ggml_type)
 
 
 @functools.lru_cache(maxsize=None)

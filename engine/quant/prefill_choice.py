@@ -5,8 +5,8 @@ oneDNN's GEMM, or stay in our integer kernel with two-byte activations. Which is
 depends on the CPU's bf16 GEMM, not only on whether it has one: on a 2-core AMD EPYC with
 AVX512-BF16 the GEMM won from ~64 rows (results/quant_kernels.csv), while on a 2-core Intel
 Xeon with AVX512-BF16 the integer kernel was 1.2-1.3x faster at 64-280 rows (gate_up, down,
-qkv shapes; a probe of 2026-12-01). So the first prefill call times both on a gate-sized
-matrix, a few repeats interleaved, and keeps the GEMM only where it wins clearly; the choice
+qkv shapes). So the load times both on a gate-sized matrix (``engine.quant.model.decide_prefill_paths``,
+before the worker's first prompt, which would otherwise wait for it), a few repeats interleaved, and keeps the GEMM only where it wins clearly; the choice
 is logged (``q8_prefill_path``) and fixed for the process, so a worker's numbers do not change
 from one request to the next.
 

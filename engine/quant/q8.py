@@ -249,6 +249,13 @@ def _fast_bf16_gemm() -> bool:
     return packing_available(torch.bfloat16, torch.device("cpu"))
 
 
+def decide_prefill_path() -> None:
+    """Run the prefill probe now (at load) where a prefill may ask it, so that a worker's first
+    prompt does not wait for it."""
+    if _fast_bf16_gemm():
+        _bf16_gemm_wins()
+
+
 @functools.lru_cache(maxsize=1)
 def _bf16_gemm_wins() -> bool:
     """Whether this CPU's bf16 GEMM beats the integer kernel at prefill sizes (measured once per

@@ -72,3 +72,16 @@ def test_smollm2_file_is_found_without_importing_its_package_and_verified(tmp_pa
     monkeypatch.setattr(prepare_default, "SMOLLM2_SHA256", "0" * 64)
     with pytest.raises(prepare_default.DefaultModelError, match="sha256 .* refusing it"):
         prepare_default.verified_smollm2(tmp_path, show_progress=False)
+
+
+def test_a_q8_load_decides_the_prefill_path_before_any_prompt(tiny_model_dir, monkeypatch):
+    """The prefill probe runs at load (engine.quant.prefill_choice), not in a first prompt's prefill."""
+    from engine.quant import q8
+
+    asked = []
+    monkeypatch.setattr(q8, "_fast_bf16_gemm", lambda: True)
+    monkeypatch.setattr(q8, "_bf16_gemm_wins", lambda: asked.append("q8") or False)
+    load_model(load_settings(model=str(tiny_model_dir), dtype="bfloat16", quant="q8"))
+    assert asked == ["q8"]
+    load_model(load_settings(model=str(tiny_model_dir), dtype="float32", quant="q8"))
+    assert asked == ["q8"]   # float32 activations never take the bf16 GEMM: nothing to decide

@@ -156,6 +156,20 @@ def test_no_full_precision_copy_of_a_projection_exists(files, cache_dir):
     assert model.generation_config is loaded.model.generation_config
 
 
+def test_the_load_decides_each_interleaved_formats_prefill_path(files, cache_dir, monkeypatch):
+    """The prefill probes run at load, once per interleaved format, not in a first prompt's prefill."""
+    from engine.quant import gguf_blocks
+
+    asked = []
+    monkeypatch.setattr(gguf_blocks, "_fast_bf16_gemm", lambda: True)
+    monkeypatch.setattr(gguf_blocks, "_x16_gemm_wins", lambda ggml_type: asked.append(ggml_type) or False)
+    weights = forward_weights(load_model(_settings(files["qwen2-k"], cache_dir)).model)
+    parts = [p for layer in weights.layers for name in PROJECTIONS for p in getattr(layer, name).parts]
+    interleaved = {p.ggml_type for p in parts + list(weights.lm_head.parts) if p.interleaved}
+    assert sorted(asked) == sorted(interleaved)
+    assert len(interleaved) == (2 if gguf_native.vector_path() == "avx512-vnni" else 0)   # Q4_K and Q6_K
+
+
 def _mapped_ranges(path) -> list[tuple[int, int]]:
     """Address ranges of this process's mappings of ``path`` (/proc/self/maps)."""
     ranges = []
