@@ -7,7 +7,7 @@ it is the loop's own batched path.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from core.methods import OFFICIAL
 from engine.constrained import run_constraint
@@ -29,7 +29,7 @@ def run_official(engine: Any, prompt: Prompt, run: GenerationRun, request: Gener
     return 0
 
 
-def official_model(model: Any, wait: Any) -> Any:
+def official_model(model: Any, wait: Callable[[], None]) -> Any:
     """The transformers model ``generate`` runs: the loaded one, or a GGUF run's, built on its
     first ``official`` job (engine.gguf_model)."""
     build = getattr(model, "transformers_model", None)
