@@ -32,7 +32,7 @@ test: install compose-tool
 	bash scripts/run_tests.sh
 
 test-fast: install
-	MINISERVE_THREADS=$${MINISERVE_THREADS:-1} $(PY) -m pytest -q -n 2 --dist loadfile -m "not slow and not integration"
+	MINISERVE_THREADS=$${MINISERVE_THREADS:-1} $(PY) -m pytest -q -n 2 --dist loadfile -m "not slow and not integration and not heavy"
 
 clean:
 	rm -rf $(VENV) .venv-compose .pytest_cache

@@ -42,7 +42,7 @@ def _release_memory_after_module():
 
 
 # --- test tiers -------------------------------------------------------------------------------
-# `make test-fast` runs `-m "not slow and not integration"`. Rather than trusting every test to
+# `make test-fast` runs `-m "not slow and not integration and not heavy"` (heavy is marked by hand). Rather than trusting every test to
 # carry its marker, a test is marked by the fixtures it uses (directly or through other
 # fixtures): nobody has to remember, and a new test on these fixtures lands in the right tier.
 SERVER_FIXTURES = frozenset({

@@ -68,6 +68,7 @@ def test_attend_decode_writes_the_cache_and_matches_float32_attention(position):
     assert got.shape == (1, heads * dim) and got.dtype == BF16
 
 
+@pytest.mark.heavy
 def test_portable_build_of_the_fused_ops_matches_the_avx512_one(tmp_path, monkeypatch):
     """A CPU without AVX-512 gets the scalar loops: the same numbers up to exp's last bits."""
     monkeypatch.setattr(native, "FLAGS", tuple(f for f in native.FLAGS if f != "-march=native") + ("-march=x86-64",))

@@ -54,6 +54,7 @@ def real_shaped(tmp_path_factory):
                           hidden_size=1536, intermediate_size=8960, num_heads=12, num_kv_heads=2, num_layers=3)
 
 
+@pytest.mark.heavy
 def test_loading_peaks_within_1_3x_the_file(real_shaped, tmp_path):
     result = subprocess.run([sys.executable, "-c", SCRIPT, str(real_shaped), str(tmp_path / "cache")],
                             cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -185,6 +185,7 @@ def _cpu_has(*flags: str) -> bool:
 BUILDS = [("x86-64", "portable"), ("x86-64-v3", "avx2")]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("march,path", BUILDS)
 def test_every_build_gives_the_kernels_integer_arithmetic(tmp_path, monkeypatch, march, path):
     """The AVX2 build (CPUs without AVX-512) and the portable C loop, built here with their
