@@ -42,9 +42,10 @@ def _release_memory_after_module():
 
 
 # --- test tiers -------------------------------------------------------------------------------
-# `make test-fast` runs `-m "not slow and not integration and not heavy"` (heavy is marked by hand). Rather than trusting every test to
-# carry its marker, a test is marked by the fixtures it uses (directly or through other
-# fixtures): nobody has to remember, and a new test on these fixtures lands in the right tier.
+# `make test-fast` runs `-m "not slow and not integration and not heavy"`. Rather than trusting
+# every test to carry its marker, slow and integration follow the fixtures a test uses (directly
+# or through other fixtures): nobody has to remember, and a new test on these fixtures lands in
+# the right tier. heavy (kernel builds for other CPUs, real-shaped files) is marked by hand.
 SERVER_FIXTURES = frozenset({
     "redis_proc",         # tests.integration.conftest: a redis-server (under every stack fixture)
     "restartable_redis",  # tests.reliability.conftest: a redis-server that is stopped and restarted
