@@ -224,6 +224,12 @@ def exact_attention(weights: Qwen2Weights) -> bool:
     return quantized_bytes(weights) == 0
 
 
+def runs_gguf_blocks(weights: Qwen2Weights) -> bool:
+    """Whether some projection or the head runs a GGUF file's own blocks (``gguf``)."""
+    linears = [getattr(layer, p) for layer in weights.layers for p in PROJECTIONS] + [weights.lm_head]
+    return any(isinstance(linear, BlockLinear) for linear in linears)
+
+
 def quantized_bytes(weights: Qwen2Weights) -> int:
     """Bytes held by the low-bit projections (and embedding) of ``weights`` (0 when not quantized):
     ``q8``'s, or a GGUF's own blocks."""

@@ -127,8 +127,10 @@ def test_fused_only_for_low_bit_bf16_on_cpu_and_said_when_the_library_is_missing
     monkeypatch.setattr(choose, "exact_attention", lambda w: True)       # full precision: never
     assert chosen(weights) == (TorchOps, True)
     monkeypatch.setattr(choose, "exact_attention", lambda w: False)      # low-bit bf16 on CPU
-    for attends_in_c, kind in ((True, CAttentionOps), (False, FusedOps)):
-        monkeypatch.setattr(choose, "attention_like_torch", lambda c=attends_in_c: c)
+    for like_torch, gguf_blocks, kind in ((True, False, CAttentionOps), (False, False, FusedOps),
+                                          (False, True, CAttentionOps)):
+        monkeypatch.setattr(choose, "attention_like_torch", lambda c=like_torch: c)
+        monkeypatch.setattr(choose, "runs_gguf_blocks", lambda w, g=gguf_blocks: g)
         assert chosen(weights) == (kind, False)
     assert chosen(SimpleNamespace(dtype=torch.float32, device=torch.device("cpu"))) == (TorchOps, False)
 

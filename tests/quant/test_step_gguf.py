@@ -34,12 +34,26 @@ def files(tmp_path_factory):
             for i, (name, (arch, types, args)) in enumerate(FILES.items())}
 
 
-def _gguf_forward(path, cache_dir) -> Qwen2Forward:
+def _gguf_weights(path, cache_dir):
     loaded = load_model(load_settings(model=str(path), cache_dir=str(cache_dir), dtype="bfloat16", device="cpu",
                                       quant="gguf"))
     weights = forward_weights(loaded.model)
     assert isinstance(weights.layers[0].qkv, BlockLinear)
-    return Qwen2Forward(weights, ops=CAttentionOps())   # the C attention (and so the step) on any CPU
+    return weights
+
+
+def _gguf_forward(path, cache_dir) -> Qwen2Forward:
+    return Qwen2Forward(_gguf_weights(path, cache_dir), ops=CAttentionOps())
+
+
+def test_a_gguf_forward_attends_in_c_and_takes_the_one_call_step_where_q8_would_not(files, tmp_path, monkeypatch):
+    """On a CPU where q8 keeps torch's attention (AVX2), a GGUF file's own blocks still attend in
+    C, so their decode steps take the one-call kernel."""
+    from engine.ops import choose
+
+    monkeypatch.setattr(choose, "attention_like_torch", lambda: False)
+    forward = Qwen2Forward(_gguf_weights(files["qwen2-k"], tmp_path))
+    assert isinstance(forward.ops, CAttentionOps) and forward.decode_step is not None
 
 
 @pytest.mark.parametrize("name", list(FILES))
