@@ -8,6 +8,8 @@ from typing import Any
 from bench.report_figures import Figures, Row, load_json, machine_line, num, ratio
 
 SIZES = "results/model_sizes.json"
+# the same benchmark on a host without AVX-512 (`--out results/avx2`): its tables follow the main ones
+SIZES_AVX2 = "results/avx2/model_sizes.json"
 OURS, LLAMA = "MiniServe", "llama.cpp"
 
 
@@ -53,22 +55,36 @@ def ratio_rows(data: dict[str, Any]) -> list[Row]:
 
 
 def add_sizes(figures: Figures, root: Path) -> None:
-    """The sizes' tables and notes, appended to ``figures`` when the results file exists."""
-    if not (root / SIZES).is_file():
-        return
-    data = load_json(root, SIZES)
+    """The sizes' tables and notes, appended to ``figures`` when the results file exists; then
+    the second host's tables, when its file exists."""
+    if (root / SIZES).is_file():
+        data = load_json(root, SIZES)
+        _add_tables(figures, data, "")
+        _add_notes(figures, data)
+    if (root / SIZES_AVX2).is_file():
+        second = load_json(root, SIZES_AVX2)
+        _add_tables(figures, second, "On a host without AVX-512: ")
+        if second.get("note"):
+            figures.notes.append(f"Sizes on the host without AVX-512, run note: {second['note']}")
+
+
+def _add_tables(figures: Figures, data: dict[str, Any], host: str) -> None:
     clients = data.get("clients", 8)
-    bandwidth = data["machine"].get("read_bandwidth_gbs", [])
     figures.tables.append((
-        f"GGUF files of several model sizes, random weights with the real shapes (`{data.get('command', '')}`; "
+        f"{host}GGUF files of several model sizes, random weights with the real shapes (`{data.get('command', '')}`; "
         f"{machine_line(data['machine'])})",
         ["model", "type", "file MB", "side", "decode tok/s, batch 1", "% of floor", f"tok/s, {clients} clients",
          "pp512 tok/s", "RSS after load MB", "peak while loading MB", "ready s"], side_rows(data)))
     figures.tables.append((
-        "MiniServe against llama.cpp on the same file (batch 1 against `llama-bench` tg, "
+        f"{host}MiniServe against llama.cpp on the same file (batch 1 against `llama-bench` tg, "
         f"{clients} clients against `llama-server` with {clients} slots, pp512 against `llama-bench` pp512)",
         ["model", "type", "side", "MB read per token", "floor tok/s", "batch 1", f"{clients} clients", "pp512",
          "RSS after load", "peak while loading / file"], ratio_rows(data)))
+
+
+def _add_notes(figures: Figures, data: dict[str, Any]) -> None:
+    clients = data.get("clients", 8)
+    bandwidth = data["machine"].get("read_bandwidth_gbs", [])
     figures.notes.append(
         "Sizes: the floor is the read bandwidth over the bytes a batch-1 token reads: every tensor as stored, "
         "the embedding table's one row unless it is also the output matrix (tied), KV cache left out. The bandwidth "

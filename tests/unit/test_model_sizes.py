@@ -127,6 +127,21 @@ def test_the_report_shows_both_sides_and_their_ratios(tmp_path: Path):
     assert "0.50x llama-bench" in figures.headline[0] and "1.50x llama-server" in figures.headline[0]
 
 
+def test_a_second_hosts_results_follow_as_their_own_tables_without_a_headline(tmp_path: Path):
+    (tmp_path / "results/avx2").mkdir(parents=True)
+    (tmp_path / "results/model_sizes.json").write_text(json.dumps(_results()))
+    second = _results()
+    second["files"][0]["MiniServe"]["b1_tps"] = 30.0
+    second["note"] = "an AVX2 host"
+    (tmp_path / "results/avx2/model_sizes.json").write_text(json.dumps(second))
+    figures = Figures(["x"], [])
+    add_sizes(figures, tmp_path)
+    assert len(figures.tables) == 4 and len(figures.headline) == 1
+    (title, _, sides), (_, _, ratios) = figures.tables[2:]
+    assert title.startswith("On a host without AVX-512: ") and sides[0][4] == "30.0" and ratios[0][5] == "1.00x"
+    assert any("without AVX-512, run note: an AVX2 host" in note for note in figures.notes)
+
+
 def test_the_headline_says_when_drift_put_a_side_above_its_floor(tmp_path: Path):
     (tmp_path / "results").mkdir()
     results = _results()
