@@ -1043,17 +1043,18 @@ ROWS_X16(rows_q5_0_x16, dot_q5_0_x16)
 typedef void (*rows_fn)(const uint8_t *w, int64_t w_stride, int64_t n0, int64_t n1, const acts *a, int64_t M,
                         float *y, int64_t y_stride);
 
-/* Output columns n0..n1 (weight rows) for every activation row: ROWS activation rows at a time
- * against each weight row of the tile, so a tile's blocks are read from memory once. */
-#define ROWS_FN(NAME, DOT)                                                                        \
+/* Output columns n0..n1 (weight rows) for every activation row: PASS (at most ROWS) activation
+ * rows at a time against each weight row of the tile, so a tile's blocks are read from memory
+ * once per PASS rows. */
+#define ROWS_FN(NAME, DOT, PASS)                                                                  \
 static void NAME(const uint8_t *w, int64_t w_stride, int64_t n0, int64_t n1, const acts *a, int64_t M, \
                  float *y, int64_t y_stride) {                                                    \
     float out[ROWS];                                                                              \
     int64_t i = 0;                                                                                \
-    for (; i + ROWS <= M; i += ROWS)                                                              \
+    for (; i + PASS <= M; i += PASS)                                                              \
         for (int64_t n = n0; n < n1; n++) {                                                       \
-            DOT(w + n * w_stride, a->nb, a, i, ROWS, out);                                        \
-            for (int r = 0; r < ROWS; r++) y[(i + r) * y_stride + n] = out[r];                    \
+            DOT(w + n * w_stride, a->nb, a, i, PASS, out);                                        \
+            for (int r = 0; r < PASS; r++) y[(i + r) * y_stride + n] = out[r];                    \
         }                                                                                         \
     const int rest = (int)(M - i);                                                                \
     for (int64_t n = n0; n < n1 && rest; n++) {                                                   \
@@ -1069,6 +1070,11 @@ static void NAME(const uint8_t *w, int64_t w_stride, int64_t n0, int64_t n1, con
         for (int r = 0; r < rest; r++) y[(i + r) * y_stride + n] = out[r];                        \
     }                                                                                             \
 }
+/* The K formats' pass on AVX2: 8 rows' accumulators (two 256-bit sums and a float one per row)
+ * outnumber AVX2's 16 registers, and the spills cost more than reading a block twice from
+ * cache; 4 rows a pass ran batch 8 of Q4_K and Q6_K in 0.6-1.0x the time. The 32-input formats
+ * keep 8 (they ran 10-20% slower at 4 from 32 rows on). */
+#define K_PASS (G_VNNI ? ROWS : 4)
 
 #ifndef DOT_Q4_0
 #define DOT_Q4_0 dot_q4_0
@@ -1076,18 +1082,18 @@ static void NAME(const uint8_t *w, int64_t w_stride, int64_t n0, int64_t n1, con
 #define DOT_Q5_0 dot_q5_0
 #define DOT_Q8_0 dot_q8_0
 #endif
-ROWS_FN(rows_q4_0, DOT_Q4_0)
-ROWS_FN(rows_q4_1, DOT_Q4_1)
-ROWS_FN(rows_q5_0, DOT_Q5_0)
-ROWS_FN(rows_q8_0, DOT_Q8_0)
+ROWS_FN(rows_q4_0, DOT_Q4_0, ROWS)
+ROWS_FN(rows_q4_1, DOT_Q4_1, ROWS)
+ROWS_FN(rows_q5_0, DOT_Q5_0, ROWS)
+ROWS_FN(rows_q8_0, DOT_Q8_0, ROWS)
 #ifndef DOT_Q4_K
 #define DOT_Q4_K dot_q4_k
 #define DOT_Q5_K dot_q5_k
 #define DOT_Q6_K dot_q6_k
 #endif
-ROWS_FN(rows_q4_k, DOT_Q4_K)
-ROWS_FN(rows_q5_k, DOT_Q5_K)
-ROWS_FN(rows_q6_k, DOT_Q6_K)
+ROWS_FN(rows_q4_k, DOT_Q4_K, K_PASS)
+ROWS_FN(rows_q5_k, DOT_Q5_K, K_PASS)
+ROWS_FN(rows_q6_k, DOT_Q6_K, K_PASS)
 
 static rows_fn rows_for(int type) {
     switch (type) {
