@@ -31,6 +31,7 @@ from engine.quant import gguf_native, native, q8
 from engine.quant.gguf_blocks import BlockWeight
 from engine.quant.gguf_linear import BlockLinear
 from engine.quant.layer import QuantizedLinear
+from engine.quant.model import runs_gguf_blocks
 
 _ptr, _i64 = ctypes.c_void_p, ctypes.c_int64
 
@@ -91,11 +92,6 @@ def _describe(linear: QuantizedLinear | BlockLinear) -> _Linear:
                    linear.in_features, linear.out_features, int(linear.mode == "q5"))
 
 
-def _linears(weights: Any) -> list[Any]:
-    return [linear for layer in weights.layers for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [
-        weights.lm_head]
-
-
 def _norm(tensor: torch.Tensor) -> bool:
     return tensor.dtype == torch.bfloat16 and tensor.is_contiguous()
 
@@ -109,7 +105,7 @@ class DecodeStep:
         self._layers = (_Layer * cfg.num_layers)(*[
             _Layer(layer.input_norm.data_ptr(), layer.post_norm.data_ptr(), _describe(layer.qkv), _describe(layer.o),
                    _describe(layer.gate_up), _describe(layer.down)) for layer in weights.layers])
-        gguf = any(isinstance(linear, BlockLinear) for linear in _linears(weights))
+        gguf = runs_gguf_blocks(weights)
         self._model = _Model(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                              cfg.intermediate_size, weights.lm_head.out_features, c_calls.torch_sum_lanes(),
                              int(gguf), cfg.rms_eps,
