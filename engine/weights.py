@@ -12,7 +12,6 @@ the seam where quantized projections plug in (replace ``layer.qkv`` etc.).
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -20,16 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from engine.architecture import ModelSpec, UnsupportedArchitecture, model_spec
-from engine.packed import packing_available
 from engine.quant.restore import restore_full_weights
 
 Projection = Callable[[torch.Tensor], torch.Tensor]
-
-
-# From this many rows a bf16 multiplication on a CPU without oneDNN bf16 kernels runs widened.
-WIDEN_MIN_ROWS = 6
-# Output rows widened to float32 at a time: 4 MB of float32 at 2**20 elements, which stays in cache.
-WIDEN_CHUNK_ELEMENTS = 1 << 20
 
 
 @dataclass
@@ -40,37 +32,7 @@ class Linear:
     bias: torch.Tensor | None = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.bfloat16 and _rows(x) >= WIDEN_MIN_ROWS and x.device.type == "cpu" and bf16_gemm_missing():
-            return widened_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
-
-
-@functools.lru_cache(maxsize=1)
-def bf16_gemm_missing() -> bool:
-    """Whether this CPU's oneDNN lacks bf16 kernels (AVX2 hosts, for one). torch then multiplies
-    a bf16 matrix one input row at a time: about 0.85 ms per row for a 4864 x 896 matrix on 2
-    AVX2 cores, so a 512-token prompt or a batch of 8 pays the weights' read once per row."""
-    return not packing_available(torch.bfloat16, torch.device("cpu"))
-
-
-def widened_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear`` in float32 over bf16 operands, rounded back to bf16: the same products, summed
-    in float32 as the bf16 path does, in MKL's order. The weight is widened a few output rows at
-    a time, so the float32 copy never exceeds a cache-sized chunk (a 151k-row head widened whole
-    would be 545 MB). About 8x faster than the row-at-a-time path at 512 rows, 2x at 8."""
-    rows, width = _rows(x), x.shape[-1]
-    inputs_t = x.reshape(rows, width).float().t()
-    out_t = torch.empty(weight.shape[0], rows, dtype=torch.float32)
-    step = max(1, WIDEN_CHUNK_ELEMENTS // width)
-    for start in range(0, weight.shape[0], step):
-        torch.mm(weight[start:start + step].float(), inputs_t, out=out_t[start:start + step])
-    if bias is not None:
-        out_t += bias.float().unsqueeze(1)
-    return out_t.t().to(torch.bfloat16).reshape(*x.shape[:-1], weight.shape[0])
-
-
-def _rows(x: torch.Tensor) -> int:
-    return x.numel() // x.shape[-1] if x.shape[-1] else 0
 
 
 @dataclass(frozen=True)
