@@ -53,6 +53,7 @@ SERVER_FIXTURES = frozenset({
 REAL_MODEL_FIXTURES = frozenset({
     "real_engine",        # tests.engine.conftest: the default model in bf16
     "real_engine_fp32",   # the default model in float32
+    "real_engine_q8",     # the default model in q8
 })
 
 

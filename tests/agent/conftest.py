@@ -1,1 +1,1 @@
-from tests.engine.conftest import real_engine  # noqa: F401  (fixture: the default model, loaded once)
+from tests.engine.conftest import real_engine_q8  # noqa: F401  (fixture: the default model in q8, per module)

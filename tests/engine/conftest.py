@@ -27,6 +27,18 @@ def real_engine():
 
 
 @pytest.fixture(scope="module")
+def real_engine_q8():
+    """The default model as a CPU worker serves it by default (``auto``: q8), per module. For
+    tests of what runs on the model rather than of its rounding: on CPUs without bf16 GEMM
+    kernels (AVX2) a bf16 ``none`` prompt multiplies one row at a time, several times slower."""
+    from engine.engine import Engine
+
+    engine = Engine(load_settings(model="default", device="cpu", dtype="bfloat16", quant="q8")).load()
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
 def real_engine_fp32():
     """The default model in float32, per module (closed after it: 2 GB). Rounding differences
     between a whole-sequence pass, a cached step and a batch are ~1e-6 there, so every method
