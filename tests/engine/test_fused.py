@@ -162,7 +162,8 @@ def test_paged_steps_with_several_tokens_per_sequence_match_the_torch_path(count
 
 def test_attention_runs_in_c_only_where_it_rounds_like_torchs_kernels(monkeypatch):
     """Measured: on torch's AVX-512 kernels the C attention keeps q8's agreement with bf16; on
-    its AVX2 ones it did not (results/avx2/fused_agreement.json), so there it stays torch's."""
+    its AVX2 ones it does not (engine.ops.choose.ATTENTION_LIKE_TORCH has the figures), so there it
+    stays torch's."""
     for capability, expected in (("AVX512", True), ("AVX2", False), ("DEFAULT", False)):
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
         assert choose.attention_like_torch() is expected
