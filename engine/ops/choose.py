@@ -38,11 +38,11 @@ logger = logging.getLogger("miniserve.engine.ops")
 # not, so there the attention stays torch's SDPA and the other small operations run in C.
 # Measured again on a 2-core AVX2 EPYC with the C attention forced on (`python -m
 # bench.quantization --modes none,q8 --no-memory --repeats 2 --speed-prompts 2`): q8 decoded
-# 51.4 tok/s at batch 1 (one-call step; 35.5 -> 44.7 paired in one process against this
-# setting) but agreed with bf16 0.896 free-running, 0.991 teacher-forced, below llama.cpp's
+# 51.4 tok/s at batch 1 (the one-call step; paired in one process, 44.7 against 35.5 with
+# torch's attention) but agreed with bf16 0.896 free-running, 0.991 teacher-forced, below llama.cpp's
 # 0.995 on the same file, so the benchmark's agreement check failed. The C attention is not
-# less accurate (on random inputs its mean error against a float64 softmax equals SDPA's); it rounds elsewhere,
-# and the bf16 model's tokens follow SDPA's rounding.
+# less accurate (on random inputs its mean error against a float64 softmax equals SDPA's): it
+# rounds elsewhere, and the bf16 model's tokens follow SDPA's rounding.
 ATTENTION_LIKE_TORCH = ("AVX512",)
 
 
