@@ -1,4 +1,5 @@
-"""The real default model under a grammar (slow, bounded: two short answers)."""
+"""The real default model under a grammar, as CPU workers serve it by default (q8; slow, bounded:
+two short answers)."""
 from __future__ import annotations
 
 import json
@@ -32,25 +33,25 @@ def ask(engine, text: str, constraint, tools: list[ToolSpec] | None = None) -> s
 
 
 @pytest.mark.slow
-def test_real_model_json_schema_and_required_tool_call(real_engine):
-    answer = json.loads(ask(real_engine, "Weather report for Paris in celsius, as JSON.", grammar.json_schema(WEATHER)))
+def test_real_model_json_schema_and_required_tool_call(real_engine_q8):
+    answer = json.loads(ask(real_engine_q8, "Weather report for Paris in celsius, as JSON.", grammar.json_schema(WEATHER)))
     jsonschema.validate(answer, WEATHER)
     tools = [ToolSpec("get_weather", WEATHER), ToolSpec("calculator", CALC)]
-    text = ask(real_engine, "What is the weather in Paris?", grammar.tool_calls(tools, parallel=False), tools)
+    text = ask(real_engine_q8, "What is the weather in Paris?", grammar.tool_calls(tools, parallel=False), tools)
     calls = parse_tool_calls(text, known_tools=["get_weather", "calculator"]).calls
     assert len(calls) == 1 and calls[0].name == "get_weather"
     jsonschema.validate(calls[0].arguments, WEATHER)
 
 
 @pytest.mark.slow
-def test_real_model_auto_call_is_a_valid_call_of_a_declared_function(real_engine):
+def test_real_model_auto_call_is_a_valid_call_of_a_declared_function(real_engine_q8):
     """The lazy grammar: the model starts its call as it likes; the rest is held valid."""
     tools = [ToolSpec("get_weather", WEATHER), ToolSpec("calculator", CALC)]
     request = GenerationRequest(
         messages=[{"role": "user", "content": "What is the weather in Paris?"}], method="paged",
         tools=openai_tools(tools),
         constraint=grammar.tool_calls(tools, parallel=False, lazy=True), sampling=SamplingParams(max_new_tokens=48))
-    text = real_engine.generate(request).text
+    text = real_engine_q8.generate(request).text
     calls = parse_tool_calls(text, known_tools=["get_weather", "calculator"]).calls
     assert calls, text
     for call in calls:
