@@ -43,6 +43,13 @@ DEQUANT_MIN_ROWS_K, DEQUANT_MIN_ROWS_32 = 128, 64
 # Q5_0 1.8x, Q8_0 2.3x): which way it goes is measured once per process and format
 # (:func:`_x16_gemm_wins`), on a gate-sized matrix of Qwen2.5-1.5B's width.
 X16_PROBE_OUT, X16_PROBE_IN = 4864, 1536
+# Without bf16 GEMM kernels (AVX2 CPUs) the 32-input formats' integer kernels are compute-bound
+# at prefill sizes, and from this many rows a float32 GEMM over slabs dequantized to float32
+# beats them (2-core AMD EPYC with AVX2, 2 threads, 8960x1536 and 1536x8960: Q5_0 1.12-1.25x at
+# 128 rows and 1.5x at 512, Q8_0 even at 128 and 1.16-1.49x at 512). The K formats' kernels stay
+# ahead there or even (the GEMM took 0.99-2.4x their time at 128-512 rows), and interleaved weights
+# (VNNI CPUs) keep their own kernels.
+F32_MIN_ROWS_32 = 256
 # The fp16 scale fields of a block that random blocks (probes, benchmarks, tests) set to sane
 # values: the rest of a block's bytes may be anything.
 SCALE_FIELDS = {GGMLQuantizationType.Q4_0: (0,), GGMLQuantizationType.Q4_1: (0, 2), GGMLQuantizationType.Q5_0: (0,),
@@ -191,11 +198,15 @@ def block_matmul(x2d: torch.Tensor, weight: BlockWeight) -> torch.Tensor:
     Decode sizes: the C block kernels (activations quantized per block to int8,
     :mod:`engine.quant.gguf_native`). Prefill sizes (:func:`dequant_min_rows` and more) on a CPU
     with bf16 GEMM: :func:`slab_matmul` in bf16, faster there (``python -m bench.gguf_kernels``),
-    unless the weight is interleaved and its kernel measured faster (:func:`_prefill_gemm`)."""
+    unless the weight is interleaved and its kernel measured faster (:func:`_prefill_gemm`).
+    Without bf16 GEMM, the 32-input formats from :data:`F32_MIN_ROWS_32` rows: :func:`slab_matmul`
+    in float32 (:func:`_float32_prefill`)."""
     if x2d.dim() != 2 or x2d.shape[1] != weight.in_features:
         raise ValueError(f"x is {tuple(x2d.shape)}, expected [m, {weight.in_features}]")
     if x2d.shape[0] >= dequant_min_rows(weight.ggml_type) and _prefill_gemm(weight):
         return slab_matmul(x2d, weight, torch.bfloat16)
+    if x2d.shape[0] >= F32_MIN_ROWS_32 and _float32_prefill(weight):
+        return slab_matmul(x2d, weight, torch.float32)
     return gguf_native.matmul(x2d, weight.ggml_type, weight.data, weight.in_features, interleaved=weight.interleaved)
 
 
@@ -207,6 +218,12 @@ def _prefill_gemm(weight: BlockWeight) -> bool:
     if weight.interleaved:
         return _x16_gemm_wins(weight.ggml_type)
     return True
+
+
+def _float32_prefill(weight: BlockWeight) -> bool:
+    """Whether a prefill-sized call (:data:`F32_MIN_ROWS_32` rows and more) dequantizes to float32
+    and runs torch's float32 GEMM: a 32-input format, not interleaved, on a CPU without bf16 GEMM."""
+    return not weight.interleaved and weight.ggml_type not in gguf_native.K_FORMATS and not _fast_bf16_gemm()
 
 
 def dequant_min_rows(ggml_type: GGMLQuantizationType) -> int:

@@ -160,3 +160,25 @@ def test_block_matmul_runs_the_native_paths(ggml_type: T, m: int) -> None:
     reference = reference_matmul(x, weight).numpy()
     assert got.shape == (m, 33) and got.dtype == np.float32
     assert np.all(np.abs(got - reference) <= bound * 1.001 + KERNEL_RTOL * magnitude + 1e-6)
+
+
+@pytest.mark.parametrize("ggml_type, rows, float32_gemm", [
+    (T.Q5_0, 256, True), (T.Q8_0, 300, True), (T.Q5_0, 255, False), (T.Q4_K, 256, False), (T.Q6_K, 512, False)])
+def test_without_bf16_gemm_long_prefills_of_32_input_formats_run_a_float32_gemm(ggml_type, rows, float32_gemm,
+                                                                                monkeypatch):
+    """Where torch has no bf16 GEMM (AVX2 CPUs), a 32-input format's prefill from F32_MIN_ROWS_32
+    rows multiplies slabs dequantized to float32, which beat its integer kernel there; the K
+    formats and shorter calls keep the kernels. The float32 path is the float32 reference."""
+    from engine.quant import gguf_blocks
+
+    monkeypatch.setattr(gguf_blocks, "_fast_bf16_gemm", lambda: False)
+    kernel_calls = []
+    real_kernel = gguf_native.matmul
+    monkeypatch.setattr(gguf_native, "matmul", lambda *a, **k: kernel_calls.append(1) or real_kernel(*a, **k))
+    blocks = 2 if ggml_type in gguf_native.K_FORMATS else 8
+    weight = random_weight(ggml_type, 24, blocks, seed=rows)
+    x = torch.from_numpy(np.random.default_rng(rows).standard_normal((rows, weight.in_features), dtype=np.float32))
+    got = block_matmul(x, weight)
+    assert bool(kernel_calls) is not float32_gemm
+    if float32_gemm:
+        torch.testing.assert_close(got, reference_matmul(x, weight), rtol=1e-5, atol=1e-5)
