@@ -34,8 +34,8 @@ _SLAB_ROWS = 1024  # rows dequantized at a time (reference and prefill): bounds 
 # Calls of at least this many rows (prefill), on a CPU with bf16 GEMM kernels, dequantize slabs to
 # bf16 and run torch's GEMM: compute-bound there, it beat the integer kernels (one thread, AMD EPYC
 # with AVX512-BF16, 1536x1536: Q4_K 4.5 ms against 5.5 at 128 rows and 13.8 against 23.7 at 512,
-# equal at 64; Q8_0 ahead from 64 rows). A float32 GEMM was at best even with the integer kernels
-# up to 512 rows, so CPUs without bf16 GEMM keep the integer kernels. ``python -m
+# equal at 64; Q8_0 ahead from 64 rows). A float32 GEMM was at best even with those (VNNI) integer
+# kernels up to 512 rows; CPUs without bf16 GEMM see F32_MIN_ROWS_32 below. ``python -m
 # bench.gguf_kernels`` measures the crossing per format (results/gguf_kernels.json).
 DEQUANT_MIN_ROWS_K, DEQUANT_MIN_ROWS_32 = 128, 64
 # Except the formats interleaved by 16 rows, whose kernels beat the GEMM at every prefill size
