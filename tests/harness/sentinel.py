@@ -19,6 +19,11 @@ from tests.harness.stack import Process, free_port, spawn, start_redis, wait_unt
 MASTER_NAME = "mymaster"
 DOWN_AFTER_MS = 1000
 FAILOVER_TIMEOUT_MS = 4000
+# A sentinel whose timer stalls for 2 s (a busy test machine) enters "tilt" and does nothing
+# for 30 s; a master killed meanwhile is marked down only then, and the replica, disconnected
+# longer than 10 x DOWN_AFTER_MS by that time, is never judged good enough to promote. These
+# (Redis 7's SENTINEL DEBUG) keep a stall from tilting the sentinels and make a tilt short.
+SENTINEL_DEBUG = {"tilt-trigger": 30000, "tilt-period": 1000}
 
 
 def _binary() -> str:
@@ -53,6 +58,7 @@ class SentinelCluster:
         wait_until(lambda: self._replica_linked(), 15, what="replica in sync")
         for _ in range(3):
             self.sentinels.append(self._start_sentinel())
+        wait_until(self._sentinels_tuned, 15, what="sentinels to answer")
         wait_until(self._sentinels_agree, 30, what="sentinels to see the replica and each other")
         return self
 
@@ -66,6 +72,21 @@ class SentinelCluster:
             f"sentinel failover-timeout {MASTER_NAME} {FAILOVER_TIMEOUT_MS}",
             f"sentinel parallel-syncs {MASTER_NAME} 1", ""]))
         return spawn(f"sentinel-{port}", [_binary(), str(conf), "--sentinel"], {}, self.log_dir), port
+
+    def _sentinels_tuned(self) -> bool:
+        """Apply SENTINEL_DEBUG to every sentinel (True once all answered; an older Redis without
+        SENTINEL DEBUG keeps its defaults)."""
+        try:
+            for _, port in self.sentinels:
+                client = redis.Redis(port=port, socket_timeout=1)
+                for name, value in SENTINEL_DEBUG.items():
+                    try:
+                        client.execute_command("SENTINEL", "DEBUG", name, value)
+                    except redis.ResponseError:
+                        return True
+        except redis.RedisError:
+            return False
+        return True
 
     def _replica_linked(self) -> bool:
         try:
