@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     _clock = CLOCKS[args.clock]
     torch.set_num_threads(args.threads)
     formats = [f for f in args.formats.split(",")
-               if not f.endswith("_X16") or gguf_native.interleaves(ggml_type_of(f), 16)]   # VNNI only
+               if not f.endswith("_X16") or gguf_native.interleaves(ggml_type_of(f), 16)]   # the layouts this CPU reads
     bandwidth = cpu_read_bandwidth_gbs() if args.clock == "cpu" else read_bandwidth_gbs()
     print(f"read bandwidth ({args.threads} threads): {bandwidth:.1f} GB/s; gguf path {gguf_native.vector_path()}")
     rng = np.random.default_rng(0)

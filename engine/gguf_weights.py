@@ -16,12 +16,14 @@ same bytes (about 15% of a Llama file), never a full-precision matrix.
 The fused projections of the forward (q/k/v, gate/up) are one :class:`BlockLinear` each whose
 parts are the separate tensors, whatever their types.
 
-A second exception, on AVX512-VNNI CPUs: a projection in Q4_K whose rows come in groups of 16 is
-interleaved by 16 rows once here (:meth:`BlockWeight.interleave`, the same bytes in new places,
-a heap copy made tensor by tensor), and its pages of the mapping are dropped from the process
-(:meth:`GGUFIndex.release`), so the load's peak stays about one copy of those bytes. llama.cpp
-does the same for Q4_K (its ``CPU_REPACK`` buffer). The decode kernel then reads 16 rows per
-instruction: at batch 1 it needed about half the instructions per byte.
+A second exception: a matrix in a format this CPU's kernels read interleaved
+(:data:`engine.quant.gguf_native.INTERLEAVED_BY_PATH`: Q4_K, Q6_K, Q5_0 and Q8_0 on AVX512-VNNI,
+Q5_0 on AVX2) whose rows come in groups of 16 is interleaved by 16 rows once here
+(:meth:`BlockWeight.interleave`, the same bytes in new places, a heap copy made slab by slab),
+and its pages of the mapping are dropped from the process (:meth:`GGUFIndex.release`), so the
+load's peak stays about one copy of those bytes. llama.cpp does the same for Q4_K (its
+``CPU_REPACK`` buffer). The decode kernel then reads 8 or 16 rows per instruction: at batch 1
+Q4_K's needed about half the instructions per byte on AVX-512.
 """
 from __future__ import annotations
 

@@ -3,11 +3,12 @@
 The weights are read as the file stores them: :class:`~engine.quant.gguf_blocks.BlockWeight`
 rows of ggml blocks (Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q8_0), any uint8 tensor whose rows are
 contiguous (a view of the mapped file; the row stride is passed through). One exception, on
-AVX512-VNNI CPUs: Q4_K, Q6_K, Q5_0 and Q8_0 matrices whose rows come in whole groups of 16 are
+AVX512-VNNI CPUs, Q4_K, Q6_K, Q5_0 and Q8_0 matrices whose rows come in whole groups of 16 are
 *interleaved* once at load (:func:`repack_x16`, the same bytes in new places: a 64-byte load then
 holds 4 codes of each of 16 rows, so the kernel works on 16 rows per instruction instead of
 unpacking each row's scales or reducing each row's lanes; Q4_K's needed about half the
-instructions per byte, ``gguf.c``'s ``dot_*_x16``).
+instructions per byte, ``gguf.c``'s ``dot_*_x16``); on AVX2 CPUs, Q5_0 matrices (read as two
+8-row halves; the other formats' row kernels were as fast there, :data:`INTERLEAVED_BY_PATH`).
 
 Activations are quantized once per call, per block, to int8 (the numbers the tests reproduce):
 per block of 256 inputs (K formats) or 32 inputs (the others), ``d = amax / 127`` and
@@ -37,6 +38,11 @@ K_FORMATS = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGM
 X16_KERNEL_TYPES = {t: int(t) + 100 for t in (GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q8_0,
                                               GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K)}
 X16_ROWS = 16
+# Which interleaved layouts each vector path has kernels for (gguf.c's dot_*_x16): on AVX2 only
+# Q5_0's gained (its row kernel spends most of its instructions once per 32-input block; one
+# row 1.6x, 4 rows 2.3x); interleaved Q4_K and Q6_K were built there and lost.
+INTERLEAVED_BY_PATH = {"avx512-vnni": frozenset(X16_KERNEL_TYPES), "avx2": frozenset({GGMLQuantizationType.Q5_0}),
+                       "portable": frozenset()}
 
 
 @functools.lru_cache(maxsize=1)
@@ -61,7 +67,7 @@ def vector_path() -> str:
 
 def interleaves(ggml_type: GGMLQuantizationType, rows: int) -> bool:
     """Whether a matrix of ``rows`` rows of ``ggml_type`` runs interleaved on this CPU."""
-    return ggml_type in X16_KERNEL_TYPES and rows % X16_ROWS == 0 and vector_path() == "avx512-vnni"
+    return ggml_type in INTERLEAVED_BY_PATH[vector_path()] and rows % X16_ROWS == 0
 
 
 def repack_x16(data: torch.Tensor, ggml_type: GGMLQuantizationType, in_features: int, threads: int = 0,

@@ -1,5 +1,6 @@
 """Q4_K, Q6_K, Q5_0 and Q8_0 interleaved by 16 rows (gguf_native.repack_x16, gguf.c's dot_*_x16)
-on AVX512-VNNI.
+on AVX512-VNNI; Q5_0 on AVX2 (gguf_native.INTERLEAVED_BY_PATH). A format this CPU does not
+interleave is skipped.
 
 The repack only moves bytes, so it is checked for identity against an independent numpy
 inverse (``uninterleave_x16``); the kernel over the moved bytes is checked against its float64
@@ -16,11 +17,13 @@ from engine.quant import gguf_blocks, gguf_native, prefill_choice
 from engine.quant.gguf_blocks import BlockWeight, block_matmul, dequantize_rows, reference_matmul, uninterleave_x16
 from tests.quant.test_gguf_kernels import KERNEL_RTOL, expected, random_weight
 
-pytestmark = pytest.mark.skipif(gguf_native.vector_path() != "avx512-vnni",
-                                reason="rows are interleaved only where the AVX512-VNNI kernels read them")
-
-
-INTERLEAVED = [T.Q4_K, T.Q6_K, T.Q5_0, T.Q8_0]
+HERE = gguf_native.INTERLEAVED_BY_PATH[gguf_native.vector_path()]
+INTERLEAVED = [pytest.param(kind, marks=pytest.mark.skipif(
+    kind not in HERE, reason=f"{kind.name} rows are not interleaved on this CPU's vector path"))
+    for kind in (T.Q4_K, T.Q6_K, T.Q5_0, T.Q8_0)]
+# A format interleaved here, for the tests of what does not depend on the format
+ANY_HERE = next((kind for kind in (T.Q4_K, T.Q5_0) if kind in HERE), None)
+needs_one = pytest.mark.skipif(ANY_HERE is None, reason="this CPU's vector path interleaves no format")
 
 
 @pytest.mark.parametrize("kind", INTERLEAVED)
@@ -58,16 +61,20 @@ def test_interleaved_rows_dequantize_to_the_same_values(kind: T) -> None:
     assert torch.equal(dequantize_rows(interleaved, 16, 32), dequantize_rows(weight, 16, 32))
 
 
+@needs_one
 def test_what_cannot_be_interleaved_stays_as_stored() -> None:
     for weight in (random_weight(T.Q4_K, 40, blocks=1, seed=4), random_weight(T.Q6_K, 40, blocks=1, seed=4),
                    random_weight(T.Q8_0, 40, blocks=1, seed=4), random_weight(T.Q5_K, 32, blocks=1, seed=4),
                    random_weight(T.Q4_0, 32, blocks=1, seed=4)):
         assert weight.interleave() is weight
-    interleaved = random_weight(T.Q4_K, 32, blocks=1, seed=5).interleave()
+    for kind in {T.Q4_K, T.Q6_K, T.Q5_0, T.Q8_0} - HERE:   # formats this path has no interleaved kernel for
+        assert random_weight(kind, 32, blocks=1, seed=4).interleave().interleaved is False
+    interleaved = random_weight(ANY_HERE, 32, blocks=1, seed=5).interleave()
     with pytest.raises(ValueError, match="split a group"):
         interleaved.rows(8, 24)
     with pytest.raises(ValueError, match="whole groups"):
-        gguf_native.matmul(torch.zeros(1, 256), T.Q4_K, interleaved.data[:8], 256, interleaved=True)
+        gguf_native.matmul(torch.zeros(1, interleaved.in_features), ANY_HERE, interleaved.data[:8],
+                           interleaved.in_features, interleaved=True)
 
 
 @pytest.mark.parametrize("kind", INTERLEAVED)
@@ -91,7 +98,9 @@ def test_interleaved_prefill_takes_the_path_measured_faster(monkeypatch, kind: T
     assert asked == [kind]
 
 
+@needs_one
 def test_the_interleaved_prefill_path_is_measured_once_and_logged(monkeypatch) -> None:
+    kinds = sorted(HERE)[:2]
     calls = []
     monkeypatch.setattr(prefill_choice, "measure",
                         lambda kernel, gemm: calls.append((kernel(), gemm())) or {"kernel_ms": 2.0, "gemm_ms": 3.0})
@@ -99,18 +108,19 @@ def test_the_interleaved_prefill_path_is_measured_once_and_logged(monkeypatch) -
     monkeypatch.setattr(prefill_choice, "log_event", lambda logger, event, **fields: events.append((event, fields)))
     gguf_blocks._x16_gemm_wins.cache_clear()
     try:
-        assert not gguf_blocks._x16_gemm_wins(T.Q4_K) and not gguf_blocks._x16_gemm_wins(T.Q4_K)
-        assert not gguf_blocks._x16_gemm_wins(T.Q8_0)
+        assert not gguf_blocks._x16_gemm_wins(kinds[0]) and not gguf_blocks._x16_gemm_wins(kinds[0])
+        assert not any(gguf_blocks._x16_gemm_wins(kind) for kind in kinds[1:])
     finally:
         gguf_blocks._x16_gemm_wins.cache_clear()
-    assert len(calls) == 2
+    assert len(calls) == len(kinds)
     for kernel_out, gemm_out in calls:
         assert kernel_out.shape == gemm_out.shape == (prefill_choice.PROBE_ROWS, gguf_blocks.X16_PROBE_OUT)
     assert events == [("gguf_prefill_path", {"path": "integer_kernel", "kernel_ms": 2.0, "gemm_ms": 3.0,
-                                             "rows": prefill_choice.PROBE_ROWS, "format": name})
-                      for name in ("Q4_K", "Q8_0")]
+                                             "rows": prefill_choice.PROBE_ROWS, "format": kind.name})
+                      for kind in kinds]
 
 
+@needs_one
 def test_a_tensor_is_interleaved_slab_by_slab_with_its_pages_released(tmp_path, monkeypatch) -> None:
     """The load moves a large tensor a slab at a time and drops each slab's mapped pages as it
     goes; the bytes are those of moving it whole."""
@@ -118,13 +128,14 @@ def test_a_tensor_is_interleaved_slab_by_slab_with_its_pages_released(tmp_path, 
     from engine.gguf_index import read_index
     from tests.tiny_gguf import make_tiny_gguf
 
-    path = make_tiny_gguf(tmp_path / "k.gguf", seed=3, architecture="qwen2", types={"*": "Q6_K"},
+    kind = T.Q6_K if T.Q6_K in HERE else ANY_HERE
+    path = make_tiny_gguf(tmp_path / "k.gguf", seed=3, architecture="qwen2", types={"*": kind.name},
                           hidden_size=256, intermediate_size=512)
     index = read_index(path)
     name, info = next((n, t) for n, t in index.tensors.items()
-                      if t.ggml_type == T.Q6_K and len(t.shape) == 2 and t.shape[0] % 32 == 0)
+                      if t.ggml_type == kind and len(t.shape) == 2 and t.shape[0] % 32 == 0)
     rows, cols = info.shape
-    whole = BlockWeight(T.Q6_K, rows, cols, torch.from_numpy(index.data(name).copy())).interleave()
+    whole = BlockWeight(kind, rows, cols, torch.from_numpy(index.data(name).copy())).interleave()
     released = []
     monkeypatch.setattr(gguf_weights, "INTERLEAVE_SLAB_ROWS", 16)
     monkeypatch.setattr(index, "release", lambda tensor, start=0, stop=None: released.append((tensor, start, stop)))

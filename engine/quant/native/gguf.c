@@ -798,6 +798,22 @@ INLINE void dot_q6_k(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, co
  * The one-row kernel (dot_q45_k_512) instead spent most of its instructions per block
  * unpacking that row's scales and summing lanes; llama.cpp's repack (q4_K_8x8) is the same
  * idea. Rows are grouped by 16, so a tile (TILE == 16 rows) is one group. */
+#if G_SIMD
+#define ROWS_X16(NAME, DOT)                                                                       \
+static void NAME(const uint8_t *w, int64_t w_stride, int64_t n0, int64_t n1, const acts *a, int64_t M, \
+                 float *y, int64_t y_stride) {                                                    \
+    (void)n1;                                                                                     \
+    const uint8_t *g = w + n0 * w_stride;                                                         \
+    int64_t i = 0;                                                                                \
+    for (; i + 4 <= M; i += 4) DOT(g, a->nb, a, i, 4, y + n0, y_stride);                          \
+    switch (M - i) {                                                                              \
+    case 1: DOT(g, a->nb, a, i, 1, y + n0, y_stride); break;                                      \
+    case 2: DOT(g, a->nb, a, i, 2, y + n0, y_stride); break;                                      \
+    case 3: DOT(g, a->nb, a, i, 3, y + n0, y_stride); break;                                      \
+    default: break;                                                                               \
+    }                                                                                             \
+}
+#endif
 #if G_VNNI
 #define X16_BLOCK (X16 * 144)
 INLINE __m512i bcast4(const int8_t *p) {
@@ -866,20 +882,6 @@ INLINE void dot_q4_k_x16(const uint8_t *g, int64_t nb, const acts *a, int64_t i0
 }
 
 /* The tile n0..n0 + 16 (one group) for every activation row, 4 rows a pass. */
-#define ROWS_X16(NAME, DOT)                                                                       \
-static void NAME(const uint8_t *w, int64_t w_stride, int64_t n0, int64_t n1, const acts *a, int64_t M, \
-                 float *y, int64_t y_stride) {                                                    \
-    (void)n1;                                                                                     \
-    const uint8_t *g = w + n0 * w_stride;                                                         \
-    int64_t i = 0;                                                                                \
-    for (; i + 4 <= M; i += 4) DOT(g, a->nb, a, i, 4, y + n0, y_stride);                          \
-    switch (M - i) {                                                                              \
-    case 1: DOT(g, a->nb, a, i, 1, y + n0, y_stride); break;                                      \
-    case 2: DOT(g, a->nb, a, i, 2, y + n0, y_stride); break;                                      \
-    case 3: DOT(g, a->nb, a, i, 3, y + n0, y_stride); break;                                      \
-    default: break;                                                                               \
-    }                                                                                             \
-}
 ROWS_X16(rows_q4_k_x16, dot_q4_k_x16)
 
 /* Q6_K, 16 rows interleaved (T_Q6_K_X16): per super-block one 3,360-byte group block: d[16]
@@ -1043,6 +1045,82 @@ INLINE void dot_q5_0_x16(const uint8_t *g, int64_t nb, const acts *a, int64_t i0
 ROWS_X16(rows_q5_0_x16, dot_q5_0_x16)
 #endif
 
+/* Q5_0 interleaved (T_Q5_0_X16, the layout above) on AVX2, read as two 8-row halves: each
+ * 64-byte run of [row 16][4 bytes] is rows 0-7 then rows 8-15, a 32-bit lane per row. The
+ * one-row kernel (dot_q5_0) spends about 28 instructions per block of 32 inputs, most of them
+ * once per block (its scale, its fifth bits, its float step); here one 32-byte load is 4 codes
+ * of each of 8 rows, the fifth bits are picked per byte as on AVX-512 (vpshufb, then a compare
+ * in place of the mask), and the float step is one vector for 8 rows. Pair sums of a code
+ * (below 32) and an activation code (|x| <= 127) are at most 7,874, so four of them add up in
+ * 16 bits before one vpmaddwd widens them. Q4_K, Q6_K and Q8_0 stay row by row on AVX2: their
+ * row kernels already spend few instructions per byte (Q4_K and Q6_K interleaved lost there). */
+#if G_SIMD && !G_VNNI
+#define X16_Q5_BLOCK (X16 * 22)
+INLINE __m256i spread_byte8(const int byte) {  /* each 32-bit lane's byte `byte`, four times */
+    const int at = byte * 0x01010101;
+    return _mm256_broadcastsi128_si256(_mm_set_epi32(at + 0x0c0c0c0c, at + 0x08080808, at + 0x04040404, at));
+}
+
+/* Codes with their fifth bits: bit 4 set where the (spread) qh byte has the byte's bit. */
+INLINE __m256i with_fifth8(__m256i codes, __m256i spread_qh, __m256i bits) {
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread_qh, bits), bits);
+    return _mm256_or_si256(codes, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+}
+
+INLINE __m256i bcast4_8(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* Rows 8 * half .. + 7 of a Q5_0 group against NR activation rows. */
+INLINE void dot_q5_0_x8(const uint8_t *g, int64_t nb, const acts *a, int64_t i0, const int NR, float *y,
+                        int64_t y_stride, const int half) {
+    __m256 acc[4];
+    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i bits[2] = {_mm256_set1_epi32(0x08040201), _mm256_set1_epi32((int)0x80402010)};
+    const __m256i lo_bytes[2] = {spread_byte8(0), spread_byte8(1)}, hi_bytes[2] = {spread_byte8(2), spread_byte8(3)};
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = g + b * X16_Q5_BLOCK, *codes = blk + 96 + 32 * half;
+        prefetch_ahead(blk, X16_Q5_BLOCK);
+        const __m256i qh = load32(blk + 32 + 32 * half);
+        __m256i sum[4];
+        for (int r = 0; r < NR; r++) sum[r] = _mm256_setzero_si256();
+        for (int k2 = 0; k2 < 4; k2 += 2) {
+            __m256i pairs[4];
+            for (int k = k2; k < k2 + 2; k++) {
+                const __m256i raw = load32(codes + 64 * k);
+                const __m256i lo = with_fifth8(_mm256_and_si256(raw, low4), _mm256_shuffle_epi8(qh, lo_bytes[k >> 1]), bits[k & 1]);
+                const __m256i hi = with_fifth8(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low4),
+                                               _mm256_shuffle_epi8(qh, hi_bytes[k >> 1]), bits[k & 1]);
+                for (int r = 0; r < NR; r++) {
+                    const int8_t *xq = ROW_Q(a, i0 + r) + b * QK + 4 * k;
+                    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4_8(xq)),
+                                                       _mm256_maddubs_epi16(hi, bcast4_8(xq + 16)));
+                    pairs[r] = k == k2 ? p : _mm256_add_epi16(pairs[r], p);
+                }
+            }
+            for (int r = 0; r < NR; r++) sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(pairs[r], ones));
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * half)));
+        for (int r = 0; r < NR; r++) {
+            const __m256i total = _mm256_sub_epi32(sum[r], _mm256_set1_epi32(16 * ROW_S32(a, i0 + r)[b]));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_set1_ps(ROW_D(a, i0 + r)[b])), acc[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) _mm256_storeu_ps(y + (i0 + r) * y_stride + 8 * half, acc[r]);
+}
+
+INLINE void dot_q5_0_x16(const uint8_t *g, int64_t nb, const acts *a, int64_t i0, const int NR, float *y,
+                         int64_t y_stride) {
+    dot_q5_0_x8(g, nb, a, i0, NR, y, y_stride, 0);
+    dot_q5_0_x8(g, nb, a, i0, NR, y, y_stride, 1);
+}
+
+ROWS_X16(rows_q5_0_x16, dot_q5_0_x16)
+#endif
+
 /* ---------------------------------------------------------------- rows of output */
 
 typedef void (*rows_fn)(const uint8_t *w, int64_t w_stride, int64_t n0, int64_t n1, const acts *a, int64_t M,
@@ -1109,8 +1187,10 @@ static rows_fn rows_for(int type) {
     case T_Q4_K: return rows_q4_k;
     case T_Q5_K: return rows_q5_k;
     case T_Q6_K: return rows_q6_k;
-#if G_VNNI
+#if G_SIMD
     case T_Q5_0_X16: return rows_q5_0_x16;
+#endif
+#if G_VNNI
     case T_Q8_0_X16: return rows_q8_0_x16;
     case T_Q4_K_X16: return rows_q4_k_x16;
     case T_Q6_K_X16: return rows_q6_k_x16;
