@@ -88,13 +88,20 @@ def wait_for_worker(store: JobStore, count: int = 1, timeout_s: float = 90, load
 
 
 def _started_worker(stack: Stack, store: JobStore, **kwargs):
-    proc = stack.start_worker(**kwargs)
+    return _started_workers(stack, store, kwargs)[0]
+
+
+def _started_workers(stack: Stack, store: JobStore, *specs: dict) -> list:
+    """Start a worker per spec (start_worker's keywords), then wait until all are loaded: their
+    loads overlap instead of each waiting for the one before."""
+    procs = [stack.start_worker(**spec) for spec in specs]
     try:
-        wait_for_worker(store)
+        wait_for_worker(store, count=len(procs))
     except TimeoutError:
-        proc.kill()
-        raise AssertionError("worker did not come up:\n" + proc.log()[-4000:])
-    return proc
+        for proc in procs:
+            proc.kill()
+        raise AssertionError("worker(s) did not come up:\n" + "\n".join(proc.log()[-4000:] for proc in procs))
+    return procs
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from core.events import SUCCEEDED
 from core.routing import ALIVE_S
 from tests.harness.stack import wait_until
 from tests.integration.conftest import (
-    _started_worker, gen_request, started_web, wait_for_worker, wait_terminal,
+    _started_workers, gen_request, started_web, wait_for_worker, wait_terminal,
 )
 from tests.tiny_model import make_tiny_model_dir
 
@@ -40,12 +40,10 @@ def ask(base: str, store, model: str | None, i: int):
 
 def test_two_models_each_request_reaches_its_model(stack, store, tiny_model, second_model, celery_client):
     first, second = tiny_model.name, second_model.name
-    wa = _started_worker(stack, store, name="wa")
     # wb also consumes the shared queues (the harness's default -Q): jobs for the first model
     # it takes are forwarded, never answered with its own model (worker/model_guard.py).
-    wb = _started_worker(stack, store, name="wb", MINISERVE_MODEL=str(second_model),
-                         MINISERVE_MODEL_ALIASES="beta-chat,beta:1b")
-    wait_for_worker(store, count=2)
+    wa, wb = _started_workers(stack, store, {"name": "wa"}, {
+        "name": "wb", "MINISERVE_MODEL": str(second_model), "MINISERVE_MODEL_ALIASES": "beta-chat,beta:1b"})
     web_proc, base = started_web(stack)
     try:
         listed = requests.get(f"{base}/v1/models", timeout=10).json()["data"]
