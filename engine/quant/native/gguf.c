@@ -789,15 +789,8 @@ INLINE void dot_q6_k(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, co
 #endif
 
 
-/* Q4_K, 16 rows interleaved (T_Q4_K_X16), for decode on AVX-512. The same bytes as 16 rows of
- * Q4_K, rearranged per super-block b into one 2,304-byte group block: d[16] and dmin[16]
- * (fp16), the three 32-bit words of each row's packed scales (u0[16], u1[16], u2[16]), then the
- * codes as qs[c 4][k 8][row 16][4 bytes] (row r's Q4_K bytes 32c + 4k .. + 3). So one 64-byte
- * load holds 4 codes of each of the 16 rows: a 32-bit lane per row, one vpdpbusd against 4
- * broadcast activation bytes, and the rows' scales, minimums and d come as vectors of lanes.
- * The one-row kernel (dot_q45_k_512) instead spent most of its instructions per block
- * unpacking that row's scales and summing lanes; llama.cpp's repack (q4_K_8x8) is the same
- * idea. Rows are grouped by 16, so a tile (TILE == 16 rows) is one group. */
+/* The tile n0..n0 + 16 (one interleaved group) for every activation row, 4 rows a pass; DOT
+ * writes a group's 16 outputs per activation row (the AVX-512 and AVX2 dot_*_x16). */
 #if G_SIMD
 #define ROWS_X16(NAME, DOT)                                                                       \
 static void NAME(const uint8_t *w, int64_t w_stride, int64_t n0, int64_t n1, const acts *a, int64_t M, \
@@ -814,6 +807,16 @@ static void NAME(const uint8_t *w, int64_t w_stride, int64_t n0, int64_t n1, con
     }                                                                                             \
 }
 #endif
+
+/* Q4_K, 16 rows interleaved (T_Q4_K_X16), for decode on AVX-512. The same bytes as 16 rows of
+ * Q4_K, rearranged per super-block b into one 2,304-byte group block: d[16] and dmin[16]
+ * (fp16), the three 32-bit words of each row's packed scales (u0[16], u1[16], u2[16]), then the
+ * codes as qs[c 4][k 8][row 16][4 bytes] (row r's Q4_K bytes 32c + 4k .. + 3). So one 64-byte
+ * load holds 4 codes of each of the 16 rows: a 32-bit lane per row, one vpdpbusd against 4
+ * broadcast activation bytes, and the rows' scales, minimums and d come as vectors of lanes.
+ * The one-row kernel (dot_q45_k_512) instead spent most of its instructions per block
+ * unpacking that row's scales and summing lanes; llama.cpp's repack (q4_K_8x8) is the same
+ * idea. Rows are grouped by 16, so a tile (TILE == 16 rows) is one group. */
 #if G_VNNI
 #define X16_BLOCK (X16 * 144)
 INLINE __m512i bcast4(const int8_t *p) {
@@ -881,7 +884,6 @@ INLINE void dot_q4_k_x16(const uint8_t *g, int64_t nb, const acts *a, int64_t i0
     for (int r = 0; r < NR; r++) _mm512_storeu_ps(y + (i0 + r) * y_stride, acc[r]);
 }
 
-/* The tile n0..n0 + 16 (one group) for every activation row, 4 rows a pass. */
 ROWS_X16(rows_q4_k_x16, dot_q4_k_x16)
 
 /* Q6_K, 16 rows interleaved (T_Q6_K_X16): per super-block one 3,360-byte group block: d[16]
