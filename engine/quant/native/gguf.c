@@ -1171,12 +1171,159 @@ ROWS_FN(rows_q4_0, DOT_Q4_0, ROWS)
 ROWS_FN(rows_q4_1, DOT_Q4_1, ROWS)
 ROWS_FN(rows_q5_0, DOT_Q5_0, ROWS)
 ROWS_FN(rows_q8_0, DOT_Q8_0, ROWS)
+/* Q4_K against many activation rows on AVX2 (prefill, and batches from Q4K_TILE_ROWS rows).
+ * The row kernel spends two multiplies per 32 inputs per row (vpmaddubsw, then vpmaddwd by the
+ * sub-block's scale), and AVX2 has too few registers for more than 4 activation rows a pass.
+ * Here a tile's 8 weight rows are first unpacked once into codes [sub-block 8][k 8][row 8][4
+ * bytes] (llama.cpp's repack idea, done per call in a scratch instead of kept in memory), so one
+ * 32-byte load is 4 codes of each of 8 rows against 4 broadcast activation bytes: the 8 pair
+ * sums of a sub-block (each at most 15 * 127 * 2) add up in 16 bits, and one vpmaddwd by the
+ * 8 rows' scales widens them. The integers are the row kernel's; only the float sums' order
+ * differs. */
+#if G_SIMD && !G_VNNI
+/* From this many activation rows: below, unpacking cost about what it saved (at 8 rows the row
+ * kernel was faster, at 12-16 even; from 24 rows it took 1.2-1.75x this path's time, 2 threads,
+ * 8960x1536 and 1536x8960). Q4K_PASS rows a pass: 2 ran 512 rows in 0.85x the time of 4
+ * (spills), and 1 reloaded each code vector per row (1.2x the time at 64 rows). */
+#ifndef Q4K_TILE_ROWS
+#define Q4K_TILE_ROWS 16
+#endif
+#define Q4K_PASS 2
+/* One super-block of 8 rows unpacked: codes, each sub-block's scales as (sc, sc) 16-bit pairs
+ * per row lane, the minimums as (m 2i, m 2i + 1) pairs, then d and dmin per row as floats. */
+typedef struct {
+    __m256i codes[8][8];
+    __m256i scales[8];
+    __m256i mins[4];
+    __m256 d, dmin;
+} q4k_x8;
+
+/* v[0..7] (a 32-bit lane per (vector, lane)) transposed: v[k] lane r = old v[r] lane k. */
+INLINE void transpose8_epi32(__m256i v[8]) {
+    __m256i t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_epi32(v[i], v[i + 1]);
+        t[i + 1] = _mm256_unpackhi_epi32(v[i], v[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4)
+        for (int j = 0; j < 2; j++) {
+            u[i + j] = _mm256_unpacklo_epi64(t[i + j], t[i + j + 2]);
+            u[i + j + 2] = _mm256_unpackhi_epi64(t[i + j], t[i + j + 2]);
+        }
+    /* u[0..3] hold rows 0-3 of lanes (0,4), (2,6), (1,5), (3,7); u[4..7] the same of rows 4-7 */
+    const int order[4] = {0, 2, 1, 3};
+    for (int k = 0; k < 4; k++) {
+        v[k] = _mm256_permute2x128_si256(u[order[k]], u[order[k] + 4], 0x20);
+        v[k + 4] = _mm256_permute2x128_si256(u[order[k]], u[order[k] + 4], 0x31);
+    }
+}
+
+static void q4k_unpack8(const uint8_t *w, int64_t w_stride, int64_t b, q4k_x8 *out) {
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    uint32_t packed[8][4];  /* per row: sc0..7, m0..7 as bytes */
+    float d[8], dmin[8];
+    for (int r = 0; r < 8; r++) {
+        const uint8_t *blk = w + r * w_stride + b * 144;
+        d[r] = h2f(blk);
+        dmin[r] = h2f(blk + 2);
+        k_scales(blk + 4, packed[r]);
+    }
+    const uint8_t(*sm)[16] = (const uint8_t(*)[16])packed;
+    for (int c = 0; c < 4; c++) {
+        __m256i lo[8], hi[8];
+        for (int r = 0; r < 8; r++) {
+            const __m256i raw = load32(w + r * w_stride + b * 144 + 16 + 32 * c);
+            lo[r] = _mm256_and_si256(raw, low4);
+            hi[r] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+        }
+        transpose8_epi32(lo);
+        transpose8_epi32(hi);
+        for (int k = 0; k < 8; k++) {
+            out->codes[2 * c][k] = lo[k];
+            out->codes[2 * c + 1][k] = hi[k];
+        }
+    }
+    for (int j = 0; j < 8; j++) {
+        int32_t lanes[8];
+        for (int r = 0; r < 8; r++) lanes[r] = sm[r][j] * 0x10001;
+        out->scales[j] = _mm256_loadu_si256((const __m256i *)lanes);
+    }
+    for (int i = 0; i < 4; i++) {
+        int32_t lanes[8];
+        for (int r = 0; r < 8; r++) lanes[r] = sm[r][8 + 2 * i] | sm[r][8 + 2 * i + 1] << 16;
+        out->mins[i] = _mm256_loadu_si256((const __m256i *)lanes);
+    }
+    out->d = _mm256_loadu_ps(d);
+    out->dmin = _mm256_loadu_ps(dmin);
+}
+
+/* The 8 unpacked rows (nb super-blocks at t) against NR activation rows from i0: 8 outputs a row. */
+INLINE void q4k_x8_dots(const q4k_x8 *t, int64_t nb, const acts *a, int64_t i0, const int NR, float *y,
+                        int64_t y_stride) {
+    __m256 acc[4];
+    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const q4k_x8 *s = t + b;
+        __m256i isum[4], msum[4];
+        for (int r = 0; r < NR; r++) isum[r] = msum[r] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            __m256i pairs[4];
+            for (int k = 0; k < 8; k++) {
+                const __m256i codes = s->codes[j][k];
+                for (int r = 0; r < NR; r++) {
+                    const __m256i p = _mm256_maddubs_epi16(codes, bcast4_8(ROW_Q(a, i0 + r) + b * QKK + 32 * j + 4 * k));
+                    pairs[r] = k == 0 ? p : _mm256_add_epi16(pairs[r], p);
+                }
+            }
+            for (int r = 0; r < NR; r++) isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(pairs[r], s->scales[j]));
+        }
+        for (int i = 0; i < 4; i++)
+            for (int r = 0; r < NR; r++) {
+                int32_t bs;
+                memcpy(&bs, ROW_S32(a, i0 + r) + b * 8 + 2 * i, 4);
+                msum[r] = _mm256_add_epi32(msum[r], _mm256_madd_epi16(s->mins[i], _mm256_set1_epi32(bs)));
+            }
+        for (int r = 0; r < NR; r++) {
+            const __m256 dx = _mm256_set1_ps(ROW_D(a, i0 + r)[b]);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(s->d, dx), acc[r]);
+            acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum[r]), _mm256_mul_ps(s->dmin, dx), acc[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) _mm256_storeu_ps(y + (i0 + r) * y_stride, acc[r]);
+}
+
+static void rows_q4_k_rowwise(const uint8_t *w, int64_t w_stride, int64_t n0, int64_t n1, const acts *a, int64_t M,
+                              float *y, int64_t y_stride);
+
+static void rows_q4_k(const uint8_t *w, int64_t w_stride, int64_t n0, int64_t n1, const acts *a, int64_t M,
+                      float *y, int64_t y_stride) {
+    q4k_x8 *t = M >= Q4K_TILE_ROWS ? aligned_alloc(32, sizeof(q4k_x8) * (size_t)a->nb) : NULL;
+    int64_t n = n0;
+    for (; t && n + 8 <= n1; n += 8) {
+        for (int64_t b = 0; b < a->nb; b++) q4k_unpack8(w + n * w_stride, w_stride, b, t + b);
+        int64_t i = 0;
+        for (; i + Q4K_PASS <= M; i += Q4K_PASS) q4k_x8_dots(t, a->nb, a, i, Q4K_PASS, y + n, y_stride);
+        switch (M - i) {
+        case 1: q4k_x8_dots(t, a->nb, a, i, 1, y + n, y_stride); break;
+        case 2: q4k_x8_dots(t, a->nb, a, i, 2, y + n, y_stride); break;
+        case 3: q4k_x8_dots(t, a->nb, a, i, 3, y + n, y_stride); break;
+        default: break;
+        }
+    }
+    free(t);
+    if (n < n1) rows_q4_k_rowwise(w, w_stride, n, n1, a, M, y, y_stride);
+}
+#define ROWS_Q4_K rows_q4_k_rowwise
+#else
+#define ROWS_Q4_K rows_q4_k
+#endif
+
 #ifndef DOT_Q4_K
 #define DOT_Q4_K dot_q4_k
 #define DOT_Q5_K dot_q5_k
 #define DOT_Q6_K dot_q6_k
 #endif
-ROWS_FN(rows_q4_k, DOT_Q4_K, K_PASS)
+ROWS_FN(ROWS_Q4_K, DOT_Q4_K, K_PASS)
 ROWS_FN(rows_q5_k, DOT_Q5_K, K_PASS)
 ROWS_FN(rows_q6_k, DOT_Q6_K, K_PASS)
 
