@@ -98,12 +98,14 @@ def test_row_slices_and_strided_rows(ggml_type: T) -> None:
     assert np.all(np.abs(sliced.numpy() - want) <= KERNEL_RTOL * magnitude + 1e-6)
 
 
+@pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("m", [16, 21, 64])
-def test_many_rows_on_strided_rows_equal_their_float64_arithmetic(m: int) -> None:
-    """From 16 activation rows a call runs Q4_K on AVX2 from 8-row groups unpacked once per call;
-    45 strided rows end in a group of 8 and 5 rows left to the row kernel, and odd m leaves one
-    activation row after the passes of two. Every path must stay the kernel's arithmetic."""
-    weight = random_weight(T.Q4_K, 45, blocks=3, seed=m, pad=3)
+def test_many_rows_on_strided_rows_equal_their_float64_arithmetic(ggml_type: T, m: int) -> None:
+    """From 16 activation rows a call runs Q4_K and Q6_K on AVX2 from 8-row groups unpacked once
+    per call; 45 strided rows end in a group of 8 and 5 rows left to the row kernel, and odd m
+    leaves one activation row after the passes of two. Every path must stay the kernel's
+    arithmetic."""
+    weight = random_weight(ggml_type, 45, blocks=3, seed=m, pad=3)
     x = torch.randn(m, weight.in_features, generator=torch.Generator().manual_seed(m))
     got = gguf_native.matmul(x, weight.ggml_type, weight.data, weight.in_features).numpy()
     want, magnitude, _ = expected(x, weight)

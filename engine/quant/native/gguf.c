@@ -1171,7 +1171,7 @@ ROWS_FN(rows_q4_0, DOT_Q4_0, ROWS)
 ROWS_FN(rows_q4_1, DOT_Q4_1, ROWS)
 ROWS_FN(rows_q5_0, DOT_Q5_0, ROWS)
 ROWS_FN(rows_q8_0, DOT_Q8_0, ROWS)
-/* Q4_K against many activation rows on AVX2 (prefill, and batches from Q4K_TILE_ROWS rows).
+/* Q4_K against many activation rows on AVX2 (prefill, and batches from X8_MIN_ROWS rows).
  * The row kernel spends two multiplies per 32 inputs per row (vpmaddubsw, then vpmaddwd by the
  * sub-block's scale), and AVX2 has too few registers for more than 4 activation rows a pass.
  * Here a tile's 8 weight rows are first unpacked once into codes [sub-block 8][k 8][row 8][4
@@ -1181,14 +1181,14 @@ ROWS_FN(rows_q8_0, DOT_Q8_0, ROWS)
  * 8 rows' scales widens them. The integers are the row kernel's; only the float sums' order
  * differs. */
 #if G_SIMD && !G_VNNI
-/* From this many activation rows: below, unpacking cost about what it saved (at 8 rows the row
- * kernel was faster, at 12-16 even; from 24 rows it took 1.2-1.75x this path's time, 2 threads,
- * 8960x1536 and 1536x8960). Q4K_PASS rows a pass: 2 ran 512 rows in 0.85x the time of 4
+/* From this many activation rows: below, unpacking cost about what it saved (2 threads, 8960x1536
+ * and 1536x8960: at 8 rows the row kernels were as fast (Q4_K) or faster (Q6_K), at 16 Q4_K ran
+ * in 0.8x the time and Q6_K even; at 512 rows both in 0.55-0.65x). X8_PASS rows a pass: 2 ran 512 rows in 0.85x the time of 4
  * (spills), and 1 reloaded each code vector per row (1.2x the time at 64 rows). */
-#ifndef Q4K_TILE_ROWS
-#define Q4K_TILE_ROWS 16
+#ifndef X8_MIN_ROWS
+#define X8_MIN_ROWS 16
 #endif
-#define Q4K_PASS 2
+#define X8_PASS 2
 /* One super-block of 8 rows unpacked: codes, each sub-block's scales as (sc, sc) 16-bit pairs
  * per row lane, the minimums as (m 2i, m 2i + 1) pairs, then d and dmin per row as floats. */
 typedef struct {
@@ -1218,17 +1218,26 @@ INLINE void transpose8_epi32(__m256i v[8]) {
     }
 }
 
+/* Each 32-bit lane's low (or high) 16-bit word, twice: a (sc, sc) pair from (sc 2i, sc 2i + 1). */
+INLINE __m256i dup_low_words(__m256i v) { return _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(v, 0xa0), 0xa0); }
+INLINE __m256i dup_high_words(__m256i v) { return _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(v, 0xf5), 0xf5); }
+
 static void q4k_unpack8(const uint8_t *w, int64_t w_stride, int64_t b, q4k_x8 *out) {
     const __m256i low4 = _mm256_set1_epi8(0x0f);
-    uint32_t packed[8][4];  /* per row: sc0..7, m0..7 as bytes */
+    __m256i pairs[8];  /* per row: (sc 2i, sc 2i + 1) in lanes 0-3, (m 2i, m 2i + 1) in 4-7 */
     float d[8], dmin[8];
     for (int r = 0; r < 8; r++) {
         const uint8_t *blk = w + r * w_stride + b * 144;
         d[r] = h2f(blk);
         dmin[r] = h2f(blk + 2);
-        k_scales(blk + 4, packed[r]);
+        pairs[r] = _mm256_cvtepu8_epi16(k_scales_vec(blk + 4));
     }
-    const uint8_t(*sm)[16] = (const uint8_t(*)[16])packed;
+    transpose8_epi32(pairs);
+    for (int i = 0; i < 4; i++) {
+        out->scales[2 * i] = dup_low_words(pairs[i]);
+        out->scales[2 * i + 1] = dup_high_words(pairs[i]);
+        out->mins[i] = pairs[4 + i];
+    }
     for (int c = 0; c < 4; c++) {
         __m256i lo[8], hi[8];
         for (int r = 0; r < 8; r++) {
@@ -1242,16 +1251,6 @@ static void q4k_unpack8(const uint8_t *w, int64_t w_stride, int64_t b, q4k_x8 *o
             out->codes[2 * c][k] = lo[k];
             out->codes[2 * c + 1][k] = hi[k];
         }
-    }
-    for (int j = 0; j < 8; j++) {
-        int32_t lanes[8];
-        for (int r = 0; r < 8; r++) lanes[r] = sm[r][j] * 0x10001;
-        out->scales[j] = _mm256_loadu_si256((const __m256i *)lanes);
-    }
-    for (int i = 0; i < 4; i++) {
-        int32_t lanes[8];
-        for (int r = 0; r < 8; r++) lanes[r] = sm[r][8 + 2 * i] | sm[r][8 + 2 * i + 1] << 16;
-        out->mins[i] = _mm256_loadu_si256((const __m256i *)lanes);
     }
     out->d = _mm256_loadu_ps(d);
     out->dmin = _mm256_loadu_ps(dmin);
@@ -1292,30 +1291,111 @@ INLINE void q4k_x8_dots(const q4k_x8 *t, int64_t nb, const acts *a, int64_t i0, 
     for (int r = 0; r < NR; r++) _mm256_storeu_ps(y + (i0 + r) * y_stride, acc[r]);
 }
 
-static void rows_q4_k_rowwise(const uint8_t *w, int64_t w_stride, int64_t n0, int64_t n1, const acts *a, int64_t M,
-                              float *y, int64_t y_stride);
+/* Q6_K the same way: codes [sub-block of 16 inputs 16][k 4][row 8][4 bytes] with their offset
+ * 32, the int8 scales as (sc, sc) lanes and, for the offset, as (sc 2i, sc 2i + 1) pairs, d per
+ * row. Codes below 64 leave room for only two pair sums in 16 bits (each at most 63 * 127 * 2),
+ * so a 16-input sub-block takes two vpmaddwd per row: 6 multiplies per 8 rows' 16 inputs where
+ * the row kernel took 8, and fewer of every other instruction. */
+typedef struct {
+    __m256i codes[16][4];
+    __m256i scales[16];
+    __m256i pairs[8];
+    __m256 d;
+} q6k_x8;
 
-static void rows_q4_k(const uint8_t *w, int64_t w_stride, int64_t n0, int64_t n1, const acts *a, int64_t M,
-                      float *y, int64_t y_stride) {
-    q4k_x8 *t = M >= Q4K_TILE_ROWS ? aligned_alloc(32, sizeof(q4k_x8) * (size_t)a->nb) : NULL;
-    int64_t n = n0;
-    for (; t && n + 8 <= n1; n += 8) {
-        for (int64_t b = 0; b < a->nb; b++) q4k_unpack8(w + n * w_stride, w_stride, b, t + b);
-        int64_t i = 0;
-        for (; i + Q4K_PASS <= M; i += Q4K_PASS) q4k_x8_dots(t, a->nb, a, i, Q4K_PASS, y + n, y_stride);
-        switch (M - i) {
-        case 1: q4k_x8_dots(t, a->nb, a, i, 1, y + n, y_stride); break;
-        case 2: q4k_x8_dots(t, a->nb, a, i, 2, y + n, y_stride); break;
-        case 3: q4k_x8_dots(t, a->nb, a, i, 3, y + n, y_stride); break;
-        default: break;
+static void q6k_unpack8(const uint8_t *w, int64_t w_stride, int64_t b, q6k_x8 *out) {
+    const __m256i low4 = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3);
+    for (int h = 0; h < 2; h++) {
+        __m256i u[4][8];
+        for (int r = 0; r < 8; r++) {
+            const uint8_t *blk = w + r * w_stride + b * 210;
+            const __m256i ql0 = load32(blk + 64 * h), ql1 = load32(blk + 64 * h + 32), qh = load32(blk + 128 + 32 * h);
+            u[0][r] = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, three), 4));
+            u[1][r] = _mm256_or_si256(_mm256_and_si256(ql1, low4),
+                                      _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), three), 4));
+            u[2][r] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                                      _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), three), 4));
+            u[3][r] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                                      _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4));
+        }
+        for (int t = 0; t < 4; t++) {  /* inputs 128h + 32t ..: sub-blocks 8h + 2t and the next */
+            transpose8_epi32(u[t]);
+            for (int k = 0; k < 8; k++) out->codes[8 * h + 2 * t + k / 4][k % 4] = u[t][k];
         }
     }
-    free(t);
-    if (n < n1) rows_q4_k_rowwise(w, w_stride, n, n1, a, M, y, y_stride);
+    __m256i pairs[8];  /* per row: the 16 int8 scales as 16-bit (sc 2i, sc 2i + 1) pairs */
+    float d[8];
+    for (int r = 0; r < 8; r++) {
+        const uint8_t *blk = w + r * w_stride + b * 210;
+        pairs[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+        d[r] = h2f(blk + 208);
+    }
+    transpose8_epi32(pairs);
+    for (int i = 0; i < 8; i++) {
+        out->scales[2 * i] = dup_low_words(pairs[i]);
+        out->scales[2 * i + 1] = dup_high_words(pairs[i]);
+        out->pairs[i] = pairs[i];
+    }
+    out->d = _mm256_loadu_ps(d);
 }
+
+INLINE void q6k_x8_dots(const q6k_x8 *t, int64_t nb, const acts *a, int64_t i0, const int NR, float *y,
+                        int64_t y_stride) {
+    __m256 acc[2];
+    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const q6k_x8 *s = t + b;
+        __m256i isum[2], offset[2];
+        for (int r = 0; r < NR; r++) isum[r] = offset[r] = _mm256_setzero_si256();
+        for (int j = 0; j < 16; j++)
+            for (int half = 0; half < 2; half++)
+                for (int r = 0; r < NR; r++) {
+                    const int8_t *xq = ROW_Q(a, i0 + r) + b * QKK + 16 * j + 8 * half;
+                    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(s->codes[j][2 * half], bcast4_8(xq)),
+                                                       _mm256_maddubs_epi16(s->codes[j][2 * half + 1], bcast4_8(xq + 4)));
+                    isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, s->scales[j]));
+                }
+        for (int i = 0; i < 8; i++)
+            for (int r = 0; r < NR; r++) {
+                int32_t sums;
+                memcpy(&sums, ROW_S16(a, i0 + r) + b * 16 + 2 * i, 4);
+                offset[r] = _mm256_add_epi32(offset[r], _mm256_madd_epi16(s->pairs[i], _mm256_set1_epi32(sums)));
+            }
+        for (int r = 0; r < NR; r++) {
+            const __m256i total = _mm256_sub_epi32(isum[r], _mm256_slli_epi32(offset[r], 5));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(s->d, _mm256_set1_ps(ROW_D(a, i0 + r)[b])),
+                                     acc[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) _mm256_storeu_ps(y + (i0 + r) * y_stride, acc[r]);
+}
+
+/* NAME: ROWWISE (the row kernel) below X8_MIN_ROWS activation rows and for a tile's rows after
+ * its last whole group of 8; from X8_MIN_ROWS rows each group of 8 is unpacked (GROUP, one per
+ * super-block) into a scratch of this call's, then runs X8_PASS activation rows a pass. */
+#define ROWS_UNPACKED(NAME, ROWWISE, GROUP, UNPACK, DOTS)                                          \
+static void ROWWISE(const uint8_t *w, int64_t w_stride, int64_t n0, int64_t n1, const acts *a, int64_t M, \
+                    float *y, int64_t y_stride);                                                  \
+static void NAME(const uint8_t *w, int64_t w_stride, int64_t n0, int64_t n1, const acts *a, int64_t M, \
+                 float *y, int64_t y_stride) {                                                    \
+    GROUP *t = M >= X8_MIN_ROWS ? aligned_alloc(32, sizeof(GROUP) * (size_t)a->nb) : NULL;        \
+    int64_t n = n0;                                                                               \
+    for (; t && n + 8 <= n1; n += 8) {                                                            \
+        for (int64_t b = 0; b < a->nb; b++) UNPACK(w + n * w_stride, w_stride, b, t + b);         \
+        int64_t i = 0;                                                                            \
+        for (; i + X8_PASS <= M; i += X8_PASS) DOTS(t, a->nb, a, i, X8_PASS, y + n, y_stride);    \
+        if (i < M) DOTS(t, a->nb, a, i, 1, y + n, y_stride);                                      \
+    }                                                                                             \
+    free(t);                                                                                      \
+    if (n < n1) ROWWISE(w, w_stride, n, n1, a, M, y, y_stride);                                   \
+}
+ROWS_UNPACKED(rows_q4_k, rows_q4_k_rowwise, q4k_x8, q4k_unpack8, q4k_x8_dots)
+ROWS_UNPACKED(rows_q6_k, rows_q6_k_rowwise, q6k_x8, q6k_unpack8, q6k_x8_dots)
 #define ROWS_Q4_K rows_q4_k_rowwise
+#define ROWS_Q6_K rows_q6_k_rowwise
 #else
 #define ROWS_Q4_K rows_q4_k
+#define ROWS_Q6_K rows_q6_k
 #endif
 
 #ifndef DOT_Q4_K
@@ -1325,7 +1405,7 @@ static void rows_q4_k(const uint8_t *w, int64_t w_stride, int64_t n0, int64_t n1
 #endif
 ROWS_FN(ROWS_Q4_K, DOT_Q4_K, K_PASS)
 ROWS_FN(rows_q5_k, DOT_Q5_K, K_PASS)
-ROWS_FN(rows_q6_k, DOT_Q6_K, K_PASS)
+ROWS_FN(ROWS_Q6_K, DOT_Q6_K, K_PASS)
 
 static rows_fn rows_for(int type) {
     switch (type) {
