@@ -1,5 +1,5 @@
 """Q4_K, Q6_K, Q5_0 and Q8_0 interleaved by 16 rows (gguf_native.repack_x16, gguf.c's dot_*_x16)
-on AVX512-VNNI; Q5_0 on AVX2 (gguf_native.INTERLEAVED_BY_PATH). A format this CPU does not
+on AVX512-VNNI; Q5_0 and Q4_K on AVX2 (gguf_native.INTERLEAVED_BY_PATH). A format this CPU does not
 interleave is skipped.
 
 The repack only moves bytes, so it is checked for identity against an independent numpy
@@ -36,9 +36,10 @@ def test_interleaving_moves_the_bytes_and_nothing_else(kind: T) -> None:
 
 
 @pytest.mark.parametrize("kind", INTERLEAVED)
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9, 16, 21])
 def test_interleaved_kernel_equals_its_float64_arithmetic(kind: T, m: int) -> None:
-    """Every row count the kernel unrolls (4 activation rows a pass, then 1-3)."""
+    """Every row count the kernel unrolls (4 activation rows a pass, then 1-3), and from 16 rows
+    AVX2's Q4_K groups unpacked once per call (passes of 2, then 1)."""
     weight = random_weight(kind, 32, blocks=3, seed=10 + m)
     interleaved = weight.interleave()
     x = torch.randn(m, weight.in_features, generator=torch.Generator().manual_seed(m))

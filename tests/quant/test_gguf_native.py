@@ -11,6 +11,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from gguf import GGMLQuantizationType as T
 
 from core.settings import load_settings
 from engine import gguf_weights
@@ -143,8 +144,8 @@ def test_no_full_precision_copy_of_a_projection_exists(files, cache_dir):
             continue
         address = part.data.data_ptr()
         assert any(lo <= address < hi for lo, hi in mapped), "a Qwen2 file's blocks are views of its mapping"
-    interleaved = any(p.interleaved for linear in linears for p in linear.parts)
-    assert interleaved == (gguf_native.vector_path() == "avx512-vnni")
+    interleaved = {p.ggml_type for linear in linears for p in linear.parts if p.interleaved}
+    assert interleaved == {T.Q4_K, T.Q6_K} & gguf_native.INTERLEAVED_BY_PATH[gguf_native.vector_path()]
     assert isinstance(weights.embed, BlockEmbedding)
     # The transformers model, built for official only, holds nothing but the norms (shared
     # with the forward's) and rotary tables.
@@ -167,7 +168,7 @@ def test_the_load_decides_each_interleaved_formats_prefill_path(files, cache_dir
     parts = [p for layer in weights.layers for name in PROJECTIONS for p in getattr(layer, name).parts]
     interleaved = {p.ggml_type for p in parts + list(weights.lm_head.parts) if p.interleaved}
     assert sorted(asked) == sorted(interleaved)
-    assert len(interleaved) == (2 if gguf_native.vector_path() == "avx512-vnni" else 0)   # Q4_K and Q6_K
+    assert interleaved == {T.Q4_K, T.Q6_K} & gguf_native.INTERLEAVED_BY_PATH[gguf_native.vector_path()]
 
 
 def _mapped_ranges(path) -> list[tuple[int, int]]:
