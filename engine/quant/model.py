@@ -136,7 +136,7 @@ def quantize_model(model: Any, mode: QuantPlan | str, free_full: bool = True, so
     # pack in 5 bits (fewer bytes per decode step). With the step's small operations rounding as
     # the bf16 path does (engine.ops) they agree with bf16 above llama.cpp's 0.932 (bench.quantization,
     # docs/quantization.md); before those, the bf16 weights' q8 had agreed better (0.946 vs 0.896).
-    quantized, summary = _quantized_or_cached(weights, plan, source, cache_dir)
+    quantized, summary = quantized_or_cached(weights, plan, source, cache_dir)
     if table_dir is not None and isinstance(quantized.embed, QuantizedEmbedding):
         quantized = dataclasses.replace(quantized, embed=quantized.embed.mapped(table_dir))
     model.__dict__[ATTR] = quantized  # plain attribute: not a submodule, invisible to transformers
@@ -161,8 +161,10 @@ def decide_prefill_paths(weights: Qwen2Weights) -> None:
                                      for part in linear.parts if isinstance(part, gguf_blocks.BlockWeight))
 
 
-def _quantized_or_cached(weights: Qwen2Weights, plan: QuantPlan, source: str | None,
-                         cache_dir: Path | None) -> tuple[Qwen2Weights, QuantSummary]:
+def quantized_or_cached(weights: Qwen2Weights, plan: QuantPlan, source: str | None,
+                        cache_dir: Path | None) -> tuple[Qwen2Weights, QuantSummary]:
+    """:func:`quantize_weights`, or its result as an earlier start wrote it to ``cache_dir``
+    (:mod:`engine.quant.weight_cache`; written there on a miss): what a worker's start runs."""
     path = weight_cache.cache_path(cache_dir, plan, source, weights.dtype)
     if path is not None:
         check_kernels(plan.name, weights.device.type)

@@ -1,14 +1,18 @@
 """Quantization on the real default model (slow: ~1 minute; run under the heavy-run lock)."""
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import pytest
+import torch
 
 from bench.quantization_quality import teacher_forced
 from core.settings import load_settings
 from engine.engine import Engine
 from engine.forward import Qwen2Forward
 from engine.quant import q8
-from engine.quant.model import quantize_weights
+from engine.quant.model import as_plan, quantized_or_cached
 from engine.types import GenerationRequest, SamplingParams
 from engine.weights import fuse_projections
 from tests.agreement import common_prefix
@@ -35,25 +39,38 @@ def real():
     engine.close()  # the loop thread would keep the model alive for the rest of the suite
 
 
+def parameter_digests(model) -> list[tuple[str, int, str]]:
+    """Each parameter's name, address and a digest of its bytes (no copy of the model)."""
+    return [(name, p.data_ptr(), hashlib.blake2b(p.detach().contiguous().view(torch.uint8).numpy()).hexdigest())
+            for name, p in model.named_parameters()]
+
+
 @pytest.fixture(scope="module")
 def q8_weights(real):
-    """The default model's q8 weights, quantized once for the tests that read them."""
+    """The default model's q8 weights as a worker's start gets them (quantized from the folder's
+    stored values, or read back from the weight cache an earlier q8 start of this suite wrote:
+    quantizing takes ~30 s on a 2-core AVX2 host), and the official model's parameter digests
+    from before."""
     engine, weights, _, _ = real
-    return quantize_weights(weights, "q8", source=engine.loaded.path)
+    before = parameter_digests(engine.loaded.model)
+    cache = Path(load_settings(model="default").cache_dir) / "quantized"
+    quantized, summary = quantized_or_cached(weights, as_plan("q8"), engine.loaded.path, cache)
+    return quantized, summary, before
 
 
 @pytest.mark.slow
 def test_q8_default_model_agrees_with_bf16(real, q8_weights):
     engine, weights, requests, reference = real
-    quantized, summary = q8_weights
+    quantized, summary, official_before = q8_weights
     assert summary.layers == 24 * 4 + 1
     limit = MAX_BYTES if q8.packs_five_bits() else MAX_BYTES_Q8_WITHOUT_FIVE_BITS
     assert summary.quantized_bytes < limit * summary.reference_bytes
     prompts = [engine.prompt(r).ids for r in requests]
     agreement = teacher_forced(Qwen2Forward(quantized), prompts, reference)
     assert agreement >= MIN_AGREEMENT, agreement
-    # official is untouched by quantization
-    assert [engine.generate(r).token_ids for r in requests] == reference
+    # official's model is untouched by quantization: the same tensors at the same addresses
+    # (cheaper than generating its references again, and what that would have shown)
+    assert parameter_digests(engine.loaded.model) == official_before
 
 
 @pytest.mark.slow
@@ -64,7 +81,7 @@ def test_q8_holds_the_ggufs_q5_0_tensors_exactly_in_five_bits(real, q8_weights):
     from engine.quant.source import StoredWeights
 
     engine, _, _, _ = real
-    quantized, _ = q8_weights
+    quantized, _, _ = q8_weights
     modes = {p: {getattr(layer, p).mode for layer in quantized.layers} for p in ("qkv", "o", "gate_up", "down")}
     five = "q5" if q8.packs_five_bits() else "q8"   # 5-bit storage only where it reads faster
     assert modes == {"qkv": {five, "q8"}, "o": {five}, "gate_up": {five}, "down": {"q8"}}
