@@ -529,10 +529,21 @@ INLINE void dot_q5_k(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, co
 /* Q6_K: per 128 inputs, ql's low nibbles hold inputs 0-63, its high nibbles 64-127, qh two bits
  * each; codes 0..63 with offset 32 (seeded through the 16-input activation sums); one int8
  * scale per 16 inputs (each 32-input vector takes two: its halves' pair sums). */
+/* The codes of inputs 128h + 32t .. + 31 of a Q6_K block as u[t], t < 4. */
+INLINE void q6_k_codes(const uint8_t *blk, const int h, __m256i u[4]) {
+    const __m256i low4 = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3);
+    const __m256i ql0 = load32(blk + 64 * h), ql1 = load32(blk + 64 * h + 32), qh = load32(blk + 128 + 32 * h);
+    u[0] = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, three), 4));
+    u[1] = _mm256_or_si256(_mm256_and_si256(ql1, low4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), three), 4));
+    u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), three), 4));
+    u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4));
+}
+
 INLINE void dot_q6_k(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, const int NR, float *out) {
     __m256 acc[ROWS];
     for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
-    const __m256i low4 = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * 210;
         prefetch_ahead(blk, 210);
@@ -546,15 +557,8 @@ INLINE void dot_q6_k(const uint8_t *w, int64_t nb, const acts *a, int64_t i0, co
             odd[r] = _mm256_setzero_si256();
         }
         for (int h = 0; h < 2; h++) {
-            const __m256i ql0 = load32(blk + 64 * h), ql1 = load32(blk + 64 * h + 32), qh = load32(blk + 128 + 32 * h);
             __m256i u[4];
-            u[0] = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, three), 4));
-            u[1] = _mm256_or_si256(_mm256_and_si256(ql1, low4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), three), 4));
-            u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), three), 4));
-            u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4));
+            q6_k_codes(blk, h, u);
             for (int t = 0; t < 4; t++) {
                 const __m256i sc = pick16(halves[h], 2 * t, 2 * t + 1);
                 for (int r = 0; r < NR; r++) {
@@ -1183,8 +1187,9 @@ ROWS_FN(rows_q8_0, DOT_Q8_0, ROWS)
 #if G_SIMD && !G_VNNI
 /* From this many activation rows: below, unpacking cost about what it saved (2 threads, 8960x1536
  * and 1536x8960: at 8 rows the row kernels were as fast (Q4_K) or faster (Q6_K), at 16 Q4_K ran
- * in 0.8x the time and Q6_K even; at 512 rows both in 0.55-0.65x). X8_PASS rows a pass: 2 ran 512 rows in 0.85x the time of 4
- * (spills), and 1 reloaded each code vector per row (1.2x the time at 64 rows). */
+ * in 0.8x the time and Q6_K even; at 512 rows both in 0.55-0.65x). X8_PASS rows a pass: 2 ran
+ * 512 rows in 0.85x the time of 4 (spills), and 1 reloaded each code vector per row (1.2x the
+ * time at 64 rows). */
 #ifndef X8_MIN_ROWS
 #define X8_MIN_ROWS 16
 #endif
@@ -1393,23 +1398,13 @@ typedef struct {
 } q6k_x8;
 
 static void q6k_unpack8(const uint8_t *w, int64_t w_stride, int64_t b, q6k_x8 *out) {
-    const __m256i low4 = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3);
     for (int h = 0; h < 2; h++) {
-        __m256i u[4][8];
-        for (int r = 0; r < 8; r++) {
-            const uint8_t *blk = w + r * w_stride + b * 210;
-            const __m256i ql0 = load32(blk + 64 * h), ql1 = load32(blk + 64 * h + 32), qh = load32(blk + 128 + 32 * h);
-            u[0][r] = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, three), 4));
-            u[1][r] = _mm256_or_si256(_mm256_and_si256(ql1, low4),
-                                      _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), three), 4));
-            u[2][r] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
-                                      _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), three), 4));
-            u[3][r] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
-                                      _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4));
-        }
+        __m256i by_row[8][4], u[8];
+        for (int r = 0; r < 8; r++) q6_k_codes(w + r * w_stride + b * 210, h, by_row[r]);
         for (int t = 0; t < 4; t++) {  /* inputs 128h + 32t ..: sub-blocks 8h + 2t and the next */
-            transpose8_epi32(u[t]);
-            for (int k = 0; k < 8; k++) out->codes[8 * h + 2 * t + k / 4][k % 4] = u[t][k];
+            for (int r = 0; r < 8; r++) u[r] = by_row[r][t];
+            transpose8_epi32(u);
+            for (int k = 0; k < 8; k++) out->codes[8 * h + 2 * t + k / 4][k % 4] = u[k];
         }
     }
     __m256i pairs[8];  /* per row: the 16 int8 scales as 16-bit (sc 2i, sc 2i + 1) pairs */
