@@ -18,7 +18,7 @@ parts are the separate tensors, whatever their types.
 
 A second exception: a matrix in a format this CPU's kernels read interleaved
 (:data:`engine.quant.gguf_native.INTERLEAVED_BY_PATH`: Q4_K, Q6_K, Q5_0 and Q8_0 on AVX512-VNNI,
-Q5_0 on AVX2) whose rows come in groups of 16 is interleaved by 16 rows once here
+Q5_0 and Q4_K on AVX2) whose rows come in groups of 16 is interleaved by 16 rows once here
 (:meth:`BlockWeight.interleave`, the same bytes in new places, a heap copy made slab by slab),
 and its pages of the mapping are dropped from the process (:meth:`GGUFIndex.release`), so the
 load's peak stays about one copy of those bytes. llama.cpp does the same for Q4_K (its

@@ -1194,6 +1194,13 @@ ROWS_FN(rows_q8_0, DOT_Q8_0, ROWS)
 #define X8_MIN_ROWS 16
 #endif
 #define X8_PASS 2
+/* Activation rows 0..M against unpacked groups t (DOTS: q4k_x8_dots or q6k_x8_dots), X8_PASS a pass. */
+#define X8_PASSES(DOTS, t, a, M, y, y_stride)                                                     \
+    do {                                                                                          \
+        int64_t i_ = 0;                                                                           \
+        for (; i_ + X8_PASS <= (M); i_ += X8_PASS) DOTS(t, (a)->nb, a, i_, X8_PASS, y, y_stride); \
+        if (i_ < (M)) DOTS(t, (a)->nb, a, i_, 1, y, y_stride);                                    \
+    } while (0)
 /* One super-block of 8 rows unpacked: codes, each sub-block's scales as (sc, sc) 16-bit pairs
  * per row lane, the minimums as (m 2i, m 2i + 1) pairs, then d and dmin per row as floats. */
 typedef struct {
@@ -1264,14 +1271,14 @@ static void q4k_unpack8(const uint8_t *w, int64_t w_stride, int64_t b, q4k_x8 *o
 /* The 8 unpacked rows (nb super-blocks at t) against NR activation rows from i0: 8 outputs a row. */
 INLINE void q4k_x8_dots(const q4k_x8 *t, int64_t nb, const acts *a, int64_t i0, const int NR, float *y,
                         int64_t y_stride) {
-    __m256 acc[4];
+    __m256 acc[X8_PASS];
     for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const q4k_x8 *s = t + b;
-        __m256i isum[4], msum[4];
+        __m256i isum[X8_PASS], msum[X8_PASS];
         for (int r = 0; r < NR; r++) isum[r] = msum[r] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
-            __m256i pairs[4];
+            __m256i pairs[X8_PASS];
             for (int k = 0; k < 8; k++) {
                 const __m256i codes = s->codes[j][k];
                 for (int r = 0; r < NR; r++) {
@@ -1425,11 +1432,11 @@ static void q6k_unpack8(const uint8_t *w, int64_t w_stride, int64_t b, q6k_x8 *o
 
 INLINE void q6k_x8_dots(const q6k_x8 *t, int64_t nb, const acts *a, int64_t i0, const int NR, float *y,
                         int64_t y_stride) {
-    __m256 acc[2];
+    __m256 acc[X8_PASS];
     for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const q6k_x8 *s = t + b;
-        __m256i isum[2], offset[2];
+        __m256i isum[X8_PASS], offset[X8_PASS];
         for (int r = 0; r < NR; r++) isum[r] = offset[r] = _mm256_setzero_si256();
         for (int j = 0; j < 16; j++)
             for (int half = 0; half < 2; half++)
@@ -1466,9 +1473,7 @@ static void NAME(const uint8_t *w, int64_t w_stride, int64_t n0, int64_t n1, con
     int64_t n = n0;                                                                               \
     for (; t && n + 8 <= n1; n += 8) {                                                            \
         for (int64_t b = 0; b < a->nb; b++) UNPACK(w + n * w_stride, w_stride, b, t + b);         \
-        int64_t i = 0;                                                                            \
-        for (; i + X8_PASS <= M; i += X8_PASS) DOTS(t, a->nb, a, i, X8_PASS, y + n, y_stride);    \
-        if (i < M) DOTS(t, a->nb, a, i, 1, y + n, y_stride);                                      \
+        X8_PASSES(DOTS, t, a, M, y + n, y_stride);                                                \
     }                                                                                             \
     free(t);                                                                                      \
     if (n < n1) ROWWISE(w, w_stride, n, n1, a, M, y, y_stride);                                   \
@@ -1495,27 +1500,34 @@ static void q4k_x16_unpack8(const uint8_t *g, int64_t b, const int half, q4k_x8 
     out->dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * half)));
 }
 
-/* One group (n0..n0 + 16) of interleaved Q4_K: below X8_MIN_ROWS activation rows dot_q4_k_x8 on
- * the stored layout, 4 rows a pass (batch 8 ran in 0.9x the time of passes of 2, though 4 rows'
- * sums spill); from X8_MIN_ROWS the halves unpacked once, as above. */
+/* Interleaved Q4_K's group g unpacked half by half into q4k_x8 groups, for M activation rows
+ * (y: the group's first output column); 0 where the scratch could not be had. */
+static int q4k_x16_unpacked(const uint8_t *g, const acts *a, int64_t M, float *y, int64_t y_stride) {
+    q4k_x8 *t = aligned_alloc(32, sizeof(q4k_x8) * (size_t)a->nb);
+    if (!t) return 0;
+    for (int half = 0; half < 2; half++) {
+        for (int64_t b = 0; b < a->nb; b++) q4k_x16_unpack8(g, b, half, t + b);
+        X8_PASSES(q4k_x8_dots, t, a, M, y + 8 * half, y_stride);
+    }
+    free(t);
+    return 1;
+}
+
+/* One group (n0..n0 + 16) of interleaved Q4_K: at one activation row both halves in one pass;
+ * from X8_MIN_ROWS rows the halves unpacked once, as above; between, dot_q4_k_x8 on the stored
+ * layout a half at a time, 4 rows a pass (batch 8 ran in 0.9x the time of passes of 2, though
+ * 4 rows' sums spill). */
 static void rows_q4_k_x16(const uint8_t *w, int64_t w_stride, int64_t n0, int64_t n1, const acts *a, int64_t M,
                           float *y, int64_t y_stride) {
     (void)n1;
     const uint8_t *g = w + n0 * w_stride;
-    q4k_x8 *t = M >= X8_MIN_ROWS ? aligned_alloc(32, sizeof(q4k_x8) * (size_t)a->nb) : NULL;
+    if (M == 1) {
+        dot_q4_k_x8(g, a->nb, a, 0, 1, y + n0, y_stride, 0, 2);
+        return;
+    }
+    if (M >= X8_MIN_ROWS && q4k_x16_unpacked(g, a, M, y + n0, y_stride)) return;
     for (int half = 0; half < 2; half++) {
-        float *yh = y + n0 + 8 * half;
         int64_t i = 0;
-        if (t) {
-            for (int64_t b = 0; b < a->nb; b++) q4k_x16_unpack8(g, b, half, t + b);
-            for (; i + X8_PASS <= M; i += X8_PASS) q4k_x8_dots(t, a->nb, a, i, X8_PASS, yh, y_stride);
-            if (i < M) q4k_x8_dots(t, a->nb, a, i, 1, yh, y_stride);
-            continue;
-        }
-        if (M == 1) {
-            dot_q4_k_x8(g, a->nb, a, 0, 1, y + n0, y_stride, 0, 2);
-            break;
-        }
         for (; i + 4 <= M; i += 4) dot_q4_k_x8(g, a->nb, a, i, 4, y + n0, y_stride, half, 1);
         switch (M - i) {
         case 1: dot_q4_k_x8(g, a->nb, a, i, 1, y + n0, y_stride, half, 1); break;
@@ -1524,7 +1536,6 @@ static void rows_q4_k_x16(const uint8_t *w, int64_t w_stride, int64_t n0, int64_
         default: break;
         }
     }
-    free(t);
 }
 #define ROWS_Q4_K rows_q4_k_rowwise
 #define ROWS_Q6_K rows_q6_k_rowwise
