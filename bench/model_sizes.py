@@ -291,5 +291,6 @@ def write(out: Path, args: argparse.Namespace, files: list[dict[str, Any]], run:
     argv = [a for a in sys.argv[1:] if a not in ("--note", args.note)]
     write_json(out / "model_sizes.json", {"machine": machine, "command": " ".join(["python -m bench.models", *argv]),
                                           "args": vars(args), "llama_cpp": run["llama_cpp"], "note": run["note"],
-                                          "clients": CLIENTS, "files": files})
+                                          "clients": CLIENTS, "files": files,
+                                          "ours_ready_after_first_token": True})
     write_csv(out / "model_sizes.csv", flat_rows(files))

@@ -18,10 +18,11 @@ parts are the separate tensors, whatever their types.
 
 A second exception: a matrix in a format this CPU's kernels read interleaved
 (:data:`engine.quant.gguf_native.INTERLEAVED_BY_PATH`: Q4_K, Q6_K, Q5_0 and Q8_0 on AVX512-VNNI,
-Q5_0 and Q4_K on AVX2) whose rows come in groups of 16 is interleaved by 16 rows once here
-(:meth:`BlockWeight.interleave`, the same bytes in new places, a heap copy made slab by slab),
-and its pages of the mapping are dropped from the process (:meth:`GGUFIndex.release`), so the
-load's peak stays about one copy of those bytes. llama.cpp does the same for Q4_K (its
+Q5_0 and Q4_K on AVX2) whose rows come in groups of 16 is interleaved by 16 rows (the same
+bytes in new places, moved slab by slab) into a cache file that this and every later start
+maps (:mod:`engine.quant.interleaved_cache`; into huge-page memory where that file cannot be
+written), and its pages of the GGUF's mapping are dropped from the process
+(:meth:`GGUFIndex.release`), so the load's peak stays about one copy of those bytes. llama.cpp does the same for Q4_K (its
 ``CPU_REPACK`` buffer). The decode kernel then reads 8 or 16 rows per instruction: at batch 1
 Q4_K's needed about half the instructions per byte on AVX-512.
 """
@@ -43,6 +44,7 @@ from engine.quant.gguf_blocks import BLOCK_TYPES, BlockWeight
 from engine.quant import gguf_native
 from engine.quant.gguf_native import K_FORMATS
 from engine.quant.gguf_linear import BlockEmbedding, BlockLinear, Part
+from engine.quant.interleaved_cache import InterleavedCache
 from engine.weights import ForwardConfig, LayerWeights, Qwen2Weights
 
 FLOAT_TYPES = frozenset({GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16})
@@ -118,10 +120,13 @@ def head_permutation(rows: int, n_head: int) -> np.ndarray:
 class GGUFTensors:
     """Tensors of one mapped GGUF by name, as parts for :class:`BlockLinear` or small float copies."""
 
-    def __init__(self, index: GGUFIndex) -> None:
+    def __init__(self, index: GGUFIndex, cache_dir: Path | None = None) -> None:
         self.index = index
         self.permuted = index.architecture in PERMUTED_ARCHITECTURES
-        self.arena = HugePageArena()    # the interleaved copies (engine.huge_pages: why)
+        self.cache_dir = cache_dir
+        self._cache: InterleavedCache | None = None   # opened at the first interleaved matrix
+        self._slab: torch.Tensor | None = None        # reused while writing the cache
+        self.arena = HugePageArena()    # interleaved copies without a cache (engine.huge_pages: why)
 
     def has(self, name: str) -> bool:
         return name in self.index.tensors
@@ -132,14 +137,17 @@ class GGUFTensors:
             raise GGUFWeightsError(f"the GGUF has no tensor {name!r}")
         return tensor
 
+    def _shaped(self, name: str, rows: int, cols: int) -> TensorInfo:
+        tensor = self._tensor(name)
+        if tensor.shape != (rows, cols):
+            raise GGUFWeightsError(f"{name} is {list(tensor.shape)}, the config expects [{rows}, {cols}]")
+        return tensor
+
     def part(self, name: str, rows: int, cols: int, heads: int | None = None) -> Part:
         """Matrix ``name`` (``[rows, cols]`` as transformers names it) as the file stores it: a
         :class:`BlockWeight` over the mapped bytes, or a float view. ``heads``: undo llama.cpp's
         q/k row permutation (a heap copy of the same bytes)."""
-        tensor = self._tensor(name)
-        kind = tensor.ggml_type
-        if tensor.shape != (rows, cols):
-            raise GGUFWeightsError(f"{name} is {list(tensor.shape)}, the config expects [{rows}, {cols}]")
+        kind = self._shaped(name, rows, cols).ggml_type
         data = self.index.data(name)
         if heads is not None and self.permuted:
             data = data[head_permutation(rows, heads)]       # fancy indexing: a copy, rows whole
@@ -155,18 +163,50 @@ class GGUFTensors:
         """:meth:`part` for a matrix the forward multiplies (a projection, the head, a tied
         table): interleaved where this CPU's kernel reads that layout. An untied embedding is
         not: it is only looked up, a few rows at a time."""
-        part = self.part(name, rows, cols, heads)
-        if not isinstance(part, BlockWeight) or not gguf_native.interleaves(part.ggml_type, rows):
-            return part
-        # Slab by slab, each slab's mapped pages dropped once moved: the load holds two copies of
-        # one slab at most, not of a whole tensor (a tied table is 200 MB at 1B).
-        moved = self.arena.empty(tuple(part.data.shape))
+        tensor = self._shaped(name, rows, cols)
+        kind = tensor.ggml_type
+        if kind not in BLOCK_TYPES or not gguf_native.interleaves(kind, rows):
+            return self.part(name, rows, cols, heads)
+        row_bytes = tensor.nbytes // rows
+        cache = self._open_cache()
+        moved = cache.lookup(name, int(kind), rows, row_bytes) if cache else None
+        if moved is None:
+            moved = self._interleave(name, self.part(name, rows, cols, heads))
+        return BlockWeight(kind, rows, cols, moved, interleaved=True)
+
+    def _interleave(self, name: str, part: BlockWeight) -> torch.Tensor:
+        """``part``'s rows interleaved into the cache file being written, else into memory. Slab
+        by slab, each slab's mapped pages dropped once moved: the load holds two copies of one
+        slab at most, not of a whole tensor (a tied table is 200 MB at 1B)."""
+        rows, cols = part.out_features, part.in_features
+        to_file = self._cache is not None and self._cache.reserve(name, int(part.ggml_type), rows, part.row_bytes)
+        moved = None if to_file else self.arena.empty(tuple(part.data.shape))
         for start in range(0, rows, INTERLEAVE_SLAB_ROWS):
             stop = min(start + INTERLEAVE_SLAB_ROWS, rows)
-            gguf_native.repack_x16(part.data[start:stop], part.ggml_type, cols, out=moved[start:stop])
+            out = self._slab_of(stop - start, part.row_bytes) if to_file else moved[start:stop]
+            gguf_native.repack_x16(part.data[start:stop], part.ggml_type, cols, out=out)
+            if to_file:
+                self._cache.append(out)
             self.index.release(name, start * part.row_bytes, stop * part.row_bytes)
         self.index.release(name)   # the pages that straddle two slabs
-        return BlockWeight(part.ggml_type, rows, cols, moved, interleaved=True)
+        return self._cache.mapped() if to_file else moved
+
+    def _slab_of(self, rows: int, row_bytes: int) -> torch.Tensor:
+        size = rows * row_bytes
+        if self._slab is None or self._slab.numel() < size:
+            self._slab = torch.empty(INTERLEAVE_SLAB_ROWS * row_bytes, dtype=torch.uint8)
+        return self._slab[:size].view(rows, row_bytes)
+
+    def _open_cache(self) -> InterleavedCache | None:
+        if self._cache is None and self.cache_dir is not None:
+            self._cache = InterleavedCache.open(self.cache_dir, self.index.path)
+            self.cache_dir = None   # opened once, or given up once
+        return self._cache
+
+    def finish(self, failed: bool = False) -> None:
+        """The cache file put in place (or, for a failed load, given up)."""
+        if self._cache is not None:
+            self._cache.abandon() if failed else self._cache.finish()
 
     def vector(self, name: str, dtype: torch.dtype, size: int, heads: int | None = None) -> torch.Tensor:
         """A small 1-D tensor (norm or bias) copied to ``dtype``."""
@@ -184,13 +224,25 @@ class GGUFTensors:
         return self.vector(name, dtype, size, heads) if self.has(name) else None
 
 
-def read_gguf_weights(path: Path | str, config: Any, dtype: torch.dtype) -> Qwen2Weights:
+def read_gguf_weights(path: Path | str, config: Any, dtype: torch.dtype, cache_dir: Path | None = None) -> Qwen2Weights:
     """The forward's weights over the mapped file ``path``; ``config``: the transformers config
-    the prepared folder holds (shapes and the architecture description)."""
-    tensors = GGUFTensors(read_index(path))
+    the prepared folder holds (shapes and the architecture description). ``cache_dir``: where
+    the interleaved matrices are kept between starts (:mod:`engine.quant.interleaved_cache`;
+    None: interleaved in memory at every start)."""
+    tensors = GGUFTensors(read_index(path), cache_dir)
     refusal = native_refusal(tensors.index)
     if refusal is not None:
         raise GGUFWeightsError(f"GGUF file {path} cannot run on its own bits: {refusal}")
+    try:
+        weights = _weights(tensors, config, dtype)
+    except BaseException:
+        tensors.finish(failed=True)
+        raise
+    tensors.finish()
+    return weights
+
+
+def _weights(tensors: GGUFTensors, config: Any, dtype: torch.dtype) -> Qwen2Weights:
     cfg = ForwardConfig.from_hf(config)
     layers = [_layer(tensors, cfg, i, dtype) for i in range(cfg.num_layers)]
     if not cfg.tied and not tensors.has("output.weight"):

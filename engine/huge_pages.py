@@ -13,7 +13,10 @@ The price is at load: ``madvise`` also makes the kernel compact memory to find f
 blocks when a page is first written, so a start takes longer on a host whose memory is
 fragmented (a Qwen2.5-1.5B file's second start: 3.0 s to ready without huge pages, 4.5-9.0 s
 with them on this machine, as it varied). Writing the weights to 4 KB pages and collapsing
-them afterwards (``MADV_COLLAPSE``) was no faster (5.9-9.7 s).
+them afterwards (``MADV_COLLAPSE``) was no faster (5.9-9.7 s). So the interleaved weights now
+live in a mapped cache file, in 2 MB page-cache folios mapped as 2 MB pages
+(:mod:`engine.quant.interleaved_cache`); this arena holds them only where that file cannot
+be written.
 """
 from __future__ import annotations
 

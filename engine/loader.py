@@ -260,7 +260,7 @@ def load_gguf_native(settings: Settings, device: Any, dtype: Any, started: float
     spec = read_spec(str(folder))
     tokenizer = drop_init_tables(AutoTokenizer.from_pretrained(folder))
     config = AutoConfig.from_pretrained(folder)
-    weights = read_gguf_weights(gguf, config, dtype)
+    weights = read_gguf_weights(gguf, config, dtype, Path(settings.cache_dir) / "interleaved")
     decide_prefill_paths(weights)
     model = GGUFModel(folder, config, weights, dtype)
     quant = "gguf (auto)" if settings.quant == "auto" else "gguf"

@@ -33,6 +33,7 @@ LAYER_OF = {
     "engine.quant.prefill_choice": 0,
     "engine.quant.kernels": 0,
     "engine.quant.mapped": 0,
+    "engine.quant.interleaved_cache": 0,   # a GGUF's interleaved matrices in a mapped file
     "engine.quant.gguf_blocks": 0,     # GGUF block formats: the weight and its matmul
     "engine.quant.gguf_native": 0,     # their C kernels (native/gguf.c)
     "engine.quant.gguf_linear": 0,     # linears and the embedding over a GGUF's blocks
