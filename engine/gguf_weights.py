@@ -41,7 +41,7 @@ from engine.errors import ModelLoadError
 from engine.gguf_index import GGUFIndex, TensorInfo, read_index
 from engine.huge_pages import HugePageArena
 from engine.quant.gguf_blocks import BLOCK_TYPES, BlockWeight
-from engine.quant import gguf_native
+from engine.quant import gguf_native, interleaved_cache
 from engine.quant.gguf_native import K_FORMATS
 from engine.quant.gguf_linear import BlockEmbedding, BlockLinear, Part
 from engine.quant.interleaved_cache import InterleavedCache
@@ -179,8 +179,10 @@ class GGUFTensors:
         by slab, each slab's mapped pages dropped once moved: the load holds two copies of one
         slab at most, not of a whole tensor (a tied table is 200 MB at 1B)."""
         rows, cols = part.out_features, part.in_features
-        to_file = self._cache is not None and self._cache.reserve(name, int(part.ggml_type), rows, part.row_bytes)
-        moved = None if to_file else self.arena.empty(tuple(part.data.shape))
+        moved = self._cache.add(name, int(part.ggml_type), rows, part.row_bytes) if self._cache else None
+        to_file = moved is not None
+        if not to_file:
+            moved = self.arena.empty(tuple(part.data.shape))
         for start in range(0, rows, INTERLEAVE_SLAB_ROWS):
             stop = min(start + INTERLEAVE_SLAB_ROWS, rows)
             out = self._slab_of(stop - start, part.row_bytes) if to_file else moved[start:stop]
@@ -189,7 +191,7 @@ class GGUFTensors:
                 self._cache.append(out)
             self.index.release(name, start * part.row_bytes, stop * part.row_bytes)
         self.index.release(name)   # the pages that straddle two slabs
-        return self._cache.mapped() if to_file else moved
+        return moved
 
     def _slab_of(self, rows: int, row_bytes: int) -> torch.Tensor:
         size = rows * row_bytes
@@ -199,12 +201,16 @@ class GGUFTensors:
 
     def _open_cache(self) -> InterleavedCache | None:
         if self._cache is None and self.cache_dir is not None:
-            self._cache = InterleavedCache.open(self.cache_dir, self.index.path)
+            candidates = [t for t in self.index.tensors.values() if len(t.dims) == 2 and t.ggml_type in BLOCK_TYPES
+                          and gguf_native.interleaves(t.ggml_type, t.shape[0])]
+            capacity = sum(t.nbytes + interleaved_cache.ALIGN for t in candidates)
+            self._cache = InterleavedCache.open(self.cache_dir, self.index.path, capacity)
             self.cache_dir = None   # opened once, or given up once
         return self._cache
 
     def finish(self, failed: bool = False) -> None:
-        """The cache file put in place (or, for a failed load, given up)."""
+        """The cache file put in place (or, for a failed load, given up). The interleaved
+        weights written to it are readable from here on."""
         if self._cache is not None:
             self._cache.abandon() if failed else self._cache.finish()
 

@@ -94,66 +94,81 @@ def test_a_changed_file_gets_a_new_cache_and_the_old_one_goes(gguf_file, tmp_pat
 
 # The cache on its own, with made-up bytes: what it does does not depend on the CPU.
 
+CAPACITY = 1 << 20
+
+
 def _matrix(seed: int, rows: int = 32, row_bytes: int = 144) -> torch.Tensor:
     return torch.randint(0, 256, (rows, row_bytes), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
 
 
 def _write(cache: InterleavedCache, name: str, matrix: torch.Tensor) -> torch.Tensor:
-    assert cache.reserve(name, int(T.Q4_K), *matrix.shape)
+    view = cache.add(name, int(T.Q4_K), *matrix.shape)
     for start in range(0, matrix.shape[0], 16):   # slab by slab, as the load writes
         cache.append(matrix[start:start + 16])
-    return cache.mapped()
+    return view
 
 
-def test_written_matrices_read_back_equal_and_a_mismatch_is_not_read(tmp_path):
-    gguf = tmp_path / "model.gguf"
-    gguf.write_bytes(b"GGUF stand-in")
-    a, b = _matrix(1), _matrix(2, rows=48, row_bytes=210)
-    cache = InterleavedCache.open(tmp_path / "c", gguf)
-    assert cache.writing and cache.lookup("a", int(T.Q4_K), 32, 144) is None
-    assert torch.equal(_write(cache, "a", a), a) and torch.equal(_write(cache, "b", b), b)
-    cache.finish()
+@pytest.fixture
+def gguf(tmp_path) -> Path:
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGUF stand-in")
+    return path
 
-    again = InterleavedCache.open(tmp_path / "c", gguf)
-    assert not again.writing and not again.reserve("c", int(T.Q4_K), 16, 144)
-    assert torch.equal(again.lookup("a", int(T.Q4_K), 32, 144), a)
+
+def test_written_matrices_read_back_equal_and_a_mismatch_is_not_read(gguf, tmp_path):
+    a, b = _matrix(1, row_bytes=210), _matrix(2, rows=48, row_bytes=210)
+    cache = InterleavedCache.open(tmp_path / "c", gguf, CAPACITY)
+    assert cache.writing and cache.lookup("a", int(T.Q4_K), 32, 210) is None
+    written = [_write(cache, "a", a), _write(cache, "b", b)]
+    cache.finish()   # the views read the file from here on
+    assert torch.equal(written[0], a) and torch.equal(written[1], b)
+    assert written[1].data_ptr() - written[0].data_ptr() == -(-32 * 210 // 64) * 64   # packed, cache-line aligned
+
+    again = InterleavedCache.open(tmp_path / "c", gguf, CAPACITY)
+    assert not again.writing and again.add("c", int(T.Q4_K), 16, 144) is None
+    assert torch.equal(again.lookup("a", int(T.Q4_K), 32, 210), a)
     assert torch.equal(again.lookup("b", int(T.Q4_K), 48, 210), b)
-    assert again.lookup("a", int(T.Q6_K), 32, 144) is None and again.lookup("a", int(T.Q4_K), 16, 144) is None
-    assert again.lookup("missing", int(T.Q4_K), 32, 144) is None and again.hits == 2
+    assert again.lookup("a", int(T.Q6_K), 32, 210) is None and again.lookup("a", int(T.Q4_K), 16, 210) is None
+    assert again.lookup("missing", int(T.Q4_K), 32, 210) is None and again.hits == 2
 
 
-def test_an_incomplete_file_is_written_again(tmp_path):
-    gguf = tmp_path / "model.gguf"
-    gguf.write_bytes(b"GGUF stand-in")
-    cache = InterleavedCache.open(tmp_path / "c", gguf)
+def test_what_does_not_fit_the_reserve_is_left_to_memory(gguf, tmp_path):
+    cache = InterleavedCache.open(tmp_path / "c", gguf, 32 * 144)
+    assert _write(cache, "a", _matrix(1)) is not None
+    assert cache.add("b", int(T.Q4_K), 16, 144) is None
+    cache.finish()
+    assert set(InterleavedCache.open(tmp_path / "c", gguf, CAPACITY).entries) == {"a"}
+
+
+def test_an_incomplete_file_is_written_again(gguf, tmp_path):
+    cache = InterleavedCache.open(tmp_path / "c", gguf, CAPACITY)
     _write(cache, "a", _matrix(1))
     cache.finish()
     with open(cache.data_path, "r+b") as data:
         data.truncate(100)
-    assert InterleavedCache.open(tmp_path / "c", gguf).writing
+    assert InterleavedCache.open(tmp_path / "c", gguf, CAPACITY).writing
 
 
-def test_a_given_up_cache_leaves_no_file_and_keeps_what_it_mapped(tmp_path):
-    gguf = tmp_path / "model.gguf"
-    gguf.write_bytes(b"GGUF stand-in")
-    cache = InterleavedCache.open(tmp_path / "c", gguf)
-    matrix = _matrix(3)
-    mapped = _write(cache, "a", matrix)
+def test_a_failed_load_leaves_no_file(gguf, tmp_path):
+    cache = InterleavedCache.open(tmp_path / "c", gguf, CAPACITY)
+    _write(cache, "a", _matrix(3))
     cache.abandon()
-    assert not cache.reserve("b", int(T.Q4_K), 16, 144)   # the rest of the load interleaves in memory
-    cache.finish()
+    assert cache.add("b", int(T.Q4_K), 16, 144) is None
     assert sorted(p.suffix for p in (tmp_path / "c").iterdir()) == [".lock"]
-    assert torch.equal(mapped, matrix)
+    assert InterleavedCache.open(tmp_path / "c", gguf, CAPACITY).writing
 
 
-def test_workers_starting_together_write_the_file_once(tmp_path):
+def test_a_folder_without_room_is_given_up(gguf, tmp_path):
+    assert InterleavedCache.open(tmp_path / "c", gguf, 1 << 62) is None   # more than any disk
+    assert sorted(p.suffix for p in (tmp_path / "c").iterdir()) == [".lock"]
+
+
+def test_workers_starting_together_write_the_file_once(gguf, tmp_path):
     """The second opener waits on the first's lock, then reads its finished file."""
-    gguf = tmp_path / "model.gguf"
-    gguf.write_bytes(b"GGUF stand-in")
-    first = InterleavedCache.open(tmp_path / "c", gguf)
+    first = InterleavedCache.open(tmp_path / "c", gguf, CAPACITY)
     opened: list[InterleavedCache] = []
     events: list[str] = []
-    second = threading.Thread(target=lambda: (opened.append(InterleavedCache.open(tmp_path / "c", gguf)),
+    second = threading.Thread(target=lambda: (opened.append(InterleavedCache.open(tmp_path / "c", gguf, CAPACITY)),
                                               events.append("second opened")))
     second.start()
     _write(first, "a", _matrix(4))
