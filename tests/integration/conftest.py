@@ -146,6 +146,11 @@ def gen_request(prompt: str = "Hello, how are you?", max_new_tokens: int = 24, *
             "sampling": {"max_new_tokens": max_new_tokens, "temperature": 0.0, **sampling}}
 
 
+def events_text(store: JobStore, job_id: str) -> str:
+    """The text of a job's token events, in order (what a client following it read)."""
+    return "".join(e.data["text"] for e in store.events(job_id) if e.type == "token")
+
+
 def count_tokens_emitted(store: JobStore, job_id: str) -> int:
     return sum(1 for e in store.events(job_id) if e.type == "token")
 
