@@ -37,7 +37,7 @@ def lines() -> list[str]:
 
 
 def test_two_hundred_lines_on_two_workers_survive_a_sigkill(stack, store):
-    workers = _started_workers(stack, store, *({"name": name, "pool": "threads", "concurrency": 4}
+    workers = _started_workers(stack, store, *({"name": name, "pool": "threads", "concurrency": 8}
                                                 for name in ("b1", "b2")))
     web, base = started_web(stack)
     try:

@@ -44,7 +44,9 @@ def test_two_models_each_request_reaches_its_model(stack, store, tiny_model, sec
     # it takes are forwarded, never answered with its own model (worker/model_guard.py).
     wa, wb = _started_workers(stack, store, {"name": "wa"}, {
         "name": "wb", "MINISERVE_MODEL": str(second_model), "MINISERVE_MODEL_ALIASES": "beta-chat,beta:1b"})
-    web_proc, base = started_web(stack)
+    # A heartbeat counts for 10 s here (two beats) instead of 30: once wb stops, the 503 comes
+    # within that, not ALIVE_S, when wb's pool child leaves its last beat behind.
+    web_proc, base = started_web(stack, MINISERVE_WORKER_MAX_AGE_S="10")
     try:
         listed = requests.get(f"{base}/v1/models", timeout=10).json()["data"]
         assert sorted(m["id"] for m in listed) == sorted([first, second])
