@@ -17,7 +17,7 @@ import requests
 from core.events import SUCCEEDED
 from core.routing import ALIVE_S
 from tests.harness.stack import wait_until
-from tests.integration.conftest import _started_worker, started_web, wait_for_worker, wait_terminal
+from tests.integration.conftest import _started_workers, started_web, wait_terminal
 
 pytestmark = pytest.mark.integration
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -36,10 +36,9 @@ def run(base: str, store, i: int):
 
 def test_routing_hits_then_survives_the_holder_dying(stack, store):
     last_cpu = max(os.sched_getaffinity(0))  # worker wa also shows MINISERVE_WORKER_CPUS at work
-    workers = [_started_worker(stack, store, name=name, pool="threads", concurrency=2,
-                               **({"MINISERVE_WORKER_CPUS": str(last_cpu)} if name == "wa" else {}))
-               for name in ("wa", "wb")]
-    wait_for_worker(store, count=2)
+    workers = _started_workers(stack, store, *({"name": name, "pool": "threads", "concurrency": 2,
+                                                 **({"MINISERVE_WORKER_CPUS": str(last_cpu)} if name == "wa" else {})}
+                                                for name in ("wa", "wb")))  # both load at once
     web_proc, base = started_web(stack, MINISERVE_ROUTE_MIN_PREFIX_TOKENS="32")
     try:
         first = run(base, store, 0)
