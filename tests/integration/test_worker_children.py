@@ -68,7 +68,7 @@ def test_the_threads_pool_has_no_child_process_to_lose(stack, store, celery_clie
             wait_terminal(store, job.id, 60)
         assert_next_job_runs_within_a_lease(store, celery_client)
     finally:
-        worker.stop()
+        worker.kill()  # teardown: no graceful stop is under test here
 
 
 def test_a_killed_prefork_child_is_replaced_and_the_next_job_runs(stack, store, celery_client):
@@ -93,7 +93,7 @@ def test_a_killed_prefork_child_is_replaced_and_the_next_job_runs(stack, store, 
         assert_next_job_runs_within_a_lease(store, celery_client)
         assert worker.popen.poll() is None and len(descendants(worker.popen.pid)) == 1
     finally:
-        worker.stop()
+        worker.kill()  # teardown: no graceful stop is under test here
 
 
 def test_a_killed_kernel_compiler_is_run_again(stack, store, celery_client, tmp_path):
@@ -114,7 +114,7 @@ def test_a_killed_kernel_compiler_is_run_again(stack, store, celery_client, tmp_
         assert record.state == SUCCEEDED and terminal_events(store, job.id) == 1
         assert_next_job_runs_within_a_lease(store, celery_client)
     finally:
-        worker.stop()
+        worker.kill()  # teardown: no graceful stop is under test here
 
 
 def kill_first_compiler(pid: int, timeout_s: float) -> list[str]:
