@@ -94,7 +94,28 @@ def _started_worker(stack: Stack, store: JobStore, **kwargs):
 def _started_workers(stack: Stack, store: JobStore, *specs: dict) -> list:
     """Start a worker per spec (start_worker's keywords), then wait until all are loaded: their
     loads overlap instead of each waiting for the one before."""
+    return _loaded(store, [stack.start_worker(**spec) for spec in specs])
+
+
+def started_workers_and_web(stack: Stack, store: JobStore, *specs: dict, **web_env: str):
+    """Workers per spec and a web (``started_web``'s environment), the web booting while the
+    workers load; returns (workers, web process, base url) once all are up."""
     procs = [stack.start_worker(**spec) for spec in specs]
+    try:
+        web_proc, base = started_web(stack, **web_env)
+    except AssertionError:
+        for proc in procs:
+            proc.kill()
+        raise
+    try:
+        return _loaded(store, procs), web_proc, base
+    except AssertionError:
+        web_proc.kill()
+        raise
+
+
+def _loaded(store: JobStore, procs: list) -> list:
+    """``procs`` once their workers have loaded (killed, with their logs in the error, if not)."""
     try:
         wait_for_worker(store, count=len(procs))
     except TimeoutError:
@@ -144,6 +165,11 @@ def wait_state(store: JobStore, job_id: str, state: str, timeout_s: float = 60) 
 def gen_request(prompt: str = "Hello, how are you?", max_new_tokens: int = 24, **sampling) -> dict:
     return {"messages": [{"role": "user", "content": prompt}], "method": "official",
             "sampling": {"max_new_tokens": max_new_tokens, "temperature": 0.0, **sampling}}
+
+
+def events_text(store: JobStore, job_id: str) -> str:
+    """The text of a job's token events, in order (what a client following it read)."""
+    return "".join(e.data["text"] for e in store.events(job_id) if e.type == "token")
 
 
 def count_tokens_emitted(store: JobStore, job_id: str) -> int:

@@ -9,7 +9,7 @@ import requests
 
 from core.batches import BatchStore
 from tests.harness.stack import wait_until
-from tests.integration.conftest import _started_workers, started_web
+from tests.integration.conftest import started_workers_and_web
 
 PROMPTS = ["Name a fruit.", "Name a colour.", "Name a city.", "Name a tool.", "Name a river."]
 # Long enough answers that the batch still runs when the kill comes: with 4 tokens a fast CPU
@@ -37,9 +37,8 @@ def lines() -> list[str]:
 
 
 def test_two_hundred_lines_on_two_workers_survive_a_sigkill(stack, store):
-    workers = _started_workers(stack, store, *({"name": name, "pool": "threads", "concurrency": 4}
-                                                for name in ("b1", "b2")))
-    web, base = started_web(stack)
+    workers, web, base = started_workers_and_web(stack, store, *({"name": name, "pool": "threads", "concurrency": 8}
+                                                                  for name in ("b1", "b2")))
     try:
         file_id = requests.post(f"{base}/v1/files", data={"purpose": "batch"},
                                 files={"file": ("in.jsonl", "\n".join(lines()).encode())}, timeout=30).json()["id"]
@@ -69,7 +68,7 @@ def test_two_hundred_lines_on_two_workers_survive_a_sigkill(stack, store):
         errors = [json.loads(x) for x in requests.get(f"{base}/v1/files/{done['error_file_id']}/content",
                                                       timeout=30).text.splitlines()]
     finally:
-        web.stop()
+        web.kill()  # teardown: no graceful stop is under test here
         for proc in workers:
             proc.kill()
     wanted = [f"r{i}" for i in range(200) if i not in MALFORMED]

@@ -12,7 +12,7 @@ from core.events import SUCCEEDED
 from core.routing import ALIVE_S
 from tests.harness.stack import wait_until
 from tests.integration.conftest import (
-    _started_workers, gen_request, started_web, wait_for_worker, wait_terminal,
+    gen_request, started_workers_and_web, wait_for_worker, wait_terminal,
 )
 from tests.tiny_model import make_tiny_model_dir
 
@@ -42,9 +42,11 @@ def test_two_models_each_request_reaches_its_model(stack, store, tiny_model, sec
     first, second = tiny_model.name, second_model.name
     # wb also consumes the shared queues (the harness's default -Q): jobs for the first model
     # it takes are forwarded, never answered with its own model (worker/model_guard.py).
-    wa, wb = _started_workers(stack, store, {"name": "wa"}, {
-        "name": "wb", "MINISERVE_MODEL": str(second_model), "MINISERVE_MODEL_ALIASES": "beta-chat,beta:1b"})
-    web_proc, base = started_web(stack)
+    # A heartbeat counts for 10 s here (two beats) instead of 30: once wb stops, the 503 comes
+    # within that, not ALIVE_S, when wb's pool child leaves its last beat behind.
+    (wa, wb), web_proc, base = started_workers_and_web(stack, store, {"name": "wa"}, {
+        "name": "wb", "MINISERVE_MODEL": str(second_model), "MINISERVE_MODEL_ALIASES": "beta-chat,beta:1b"},
+        MINISERVE_WORKER_MAX_AGE_S="10")
     try:
         listed = requests.get(f"{base}/v1/models", timeout=10).json()["data"]
         assert sorted(m["id"] for m in listed) == sorted([first, second])
@@ -82,10 +84,9 @@ def test_two_models_each_request_reaches_its_model(stack, store, tiny_model, sec
         assert int(gone.headers["Retry-After"]) > 0
         assert [m["id"] for m in requests.get(f"{base}/v1/models", timeout=10).json()["data"]] == [first]
         assert ask(base, store, first, 99).result["model"] == first
-    finally:
-        web_proc.stop()
-        wa.stop()
-        wb.stop()
+    finally:  # teardown: no graceful stop is under test here
+        for proc in (web_proc, wa, wb):
+            proc.kill()
 
 
 def check_a_misdelivered_job_is_forwarded(store, celery_client, first: str, wb) -> None:

@@ -35,9 +35,9 @@ def test_greedy_generation_through_queue_equals_direct_engine_call(redis_proc):
                                              "generation_method": "official",
                                              "return_token_ids": True}, timeout_s=120)
         queued = store.get(trace.job_id).result
-    finally:
-        web.stop()
-        worker.stop()
+    finally:  # teardown: no graceful stop is under test here
+        web.kill()
+        worker.kill()
     engine = Engine(load_settings(model="default", threads=1, quant="none"))
     try:
         direct = engine.generate(GenerationRequest(messages=[{"role": "user", "content": PROMPT}], method="official",

@@ -10,7 +10,7 @@ import requests
 
 from core.events import SUCCEEDED
 from tests.harness.client import iter_sse
-from tests.integration.conftest import _started_worker, started_web, wait_terminal
+from tests.integration.conftest import started_workers_and_web, wait_terminal
 
 pytestmark = pytest.mark.integration
 SECRET = "zebra-quokka-8812"
@@ -36,8 +36,7 @@ def json_events(log: str, name: str) -> list[dict]:
 
 
 def test_logs_are_json_events_without_prompt_or_answer_text(stack, store):
-    worker = _started_worker(stack, store)
-    web_proc, base = started_web(stack, MINISERVE_WEB_WORKERS="1")
+    (worker,), web_proc, base = started_workers_and_web(stack, store, {}, MINISERVE_WEB_WORKERS="1")
     try:
         job_id = requests.post(f"{base}/jobs", json={"prompt": PROMPT, "max_new_tokens": 24}, timeout=10).json()["id"]
         record = wait_terminal(store, job_id, 60)

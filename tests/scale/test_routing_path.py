@@ -17,7 +17,7 @@ import requests
 from core.events import SUCCEEDED
 from core.routing import ALIVE_S
 from tests.harness.stack import wait_until
-from tests.integration.conftest import _started_worker, started_web, wait_for_worker, wait_terminal
+from tests.integration.conftest import started_workers_and_web, wait_terminal
 
 pytestmark = pytest.mark.integration
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -36,11 +36,10 @@ def run(base: str, store, i: int):
 
 def test_routing_hits_then_survives_the_holder_dying(stack, store):
     last_cpu = max(os.sched_getaffinity(0))  # worker wa also shows MINISERVE_WORKER_CPUS at work
-    workers = [_started_worker(stack, store, name=name, pool="threads", concurrency=2,
-                               **({"MINISERVE_WORKER_CPUS": str(last_cpu)} if name == "wa" else {}))
-               for name in ("wa", "wb")]
-    wait_for_worker(store, count=2)
-    web_proc, base = started_web(stack, MINISERVE_ROUTE_MIN_PREFIX_TOKENS="32")
+    specs = [{"name": "wa", "pool": "threads", "concurrency": 2, "MINISERVE_WORKER_CPUS": str(last_cpu)},
+             {"name": "wb", "pool": "threads", "concurrency": 2}]
+    # both workers load at once, the web boots meanwhile
+    workers, web_proc, base = started_workers_and_web(stack, store, *specs, MINISERVE_ROUTE_MIN_PREFIX_TOKENS="32")
     try:
         first = run(base, store, 0)
         assert first.request["routing"]["decision"] == "not_cached" and first.request["routing"]["prefix_key"]
@@ -75,10 +74,9 @@ def test_routing_hits_then_survives_the_holder_dying(stack, store):
         after = run(base, store, 9)  # the dead holder is no longer chosen
         assert after.request["routing"]["decision"] in ("routed", "not_cached", "holder_busy")
         assert after.worker != first.worker
-    finally:
-        web_proc.stop()
-        for proc in workers:
-            proc.stop()
+    finally:  # teardown: no graceful stop is under test here
+        for proc in (web_proc, *workers):
+            proc.kill()
 
 
 def thread_cpus(pid: int) -> set[tuple[int, ...]]:

@@ -19,7 +19,7 @@ import requests
 from core.events import RUNNING, SUCCEEDED, TERMINAL_EVENTS
 from tests.harness.sentinel import MASTER_NAME, SentinelCluster
 from tests.harness.stack import Stack, job_store, wait_until
-from tests.integration.conftest import WORKER_ENV, _started_worker, started_web, wait_terminal
+from tests.integration.conftest import WORKER_ENV, started_workers_and_web, wait_terminal
 
 pytestmark = pytest.mark.integration
 LONG = 1500  # tokens: the running jobs last several seconds on the tiny model, through the failover
@@ -49,8 +49,8 @@ def test_failover_keeps_jobs_and_needs_no_manual_step(cluster, tiny_model):
         # one event per token, so the long jobs are still streaming when the master dies
         "MINISERVE_TOKEN_EVENT_INTERVAL_MS": "0"})
     store = job_store(cluster.url, MASTER_NAME)
-    worker = _started_worker(stack, store, pool="threads", concurrency=2)
-    web_proc, base = started_web(stack, MINISERVE_MAX_NEW_TOKENS_CAP=str(LONG))
+    (worker,), web_proc, base = started_workers_and_web(stack, store, {"pool": "threads", "concurrency": 2},
+                                                        MINISERVE_MAX_NEW_TOKENS_CAP=str(LONG))
     try:
         running = [post(base, {"prompt": f"long job {i}", "max_new_tokens": LONG, "generation_method": "paged"})
                    for i in range(2)]
@@ -77,6 +77,6 @@ def test_failover_keeps_jobs_and_needs_no_manual_step(cluster, tiny_model):
             assert store.get(job_id).last_seq > before[job_id]
         print("failover:", json.dumps(report))
         assert worker.popen.poll() is None and web_proc.popen.poll() is None  # nobody restarted
-    finally:
-        web_proc.stop()
-        worker.stop()
+    finally:  # teardown: no graceful stop is under test here
+        web_proc.kill()
+        worker.kill()

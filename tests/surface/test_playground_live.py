@@ -118,7 +118,10 @@ def test_the_model_picker_appears_with_a_second_model(browser, base_url, surface
                                                       served_model, second_model):
     context, page = open_page(browser, base_url)
     assert page.locator("#model-box").is_hidden()  # one model: no picker, no `model` sent
-    worker = _started_worker(surface_stack, surface_store, name="wb", MINISERVE_MODEL=str(second_model))
+    # a threads-pool worker: its stop removes its heartbeat at once (a prefork pool child's last
+    # beat stays up to ALIVE_S), so the teardown's wait for one model served is short
+    worker = _started_worker(surface_stack, surface_store, name="wb", pool="threads",
+                             MINISERVE_MODEL=str(second_model))
     try:
         wait_for_worker(surface_store, count=2)
         page.reload()
