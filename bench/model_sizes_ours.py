@@ -2,9 +2,9 @@
 
 The child loads the engine as a worker does (``Engine(settings).load()`` with
 ``MINISERVE_MODEL`` the file, quantization ``auto``), so its memory is the worker's alone:
-``VmHWM`` after the load and a one-token warm-up (llama-server decodes one before it
-reports healthy) is the peak while loading, ``VmRSS`` the resident memory after it, and the
-wall time until then is the time to ready. ``--load-only`` stops there
+``VmHWM`` after the load is the peak while loading; ``VmRSS`` after a one-token warm-up
+(llama-server decodes one before it reports healthy: mapped weights are resident once read)
+is the resident memory after load, and the wall time until then is the time to ready. ``--load-only`` stops there
 (the first start, on an empty cache folder, is measured that way); ``--batch1-only`` times batch
 1 alone (a round of the batch-1 comparison). Otherwise it then times:
 
@@ -50,13 +50,13 @@ def load(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
                              kv_num_blocks=max(1, args.context // 16), kv_block_size=16)
     engine = Engine(settings)
     engine.load()
+    peak = status_mb()["VmHWM"]
     # A first token, as llama-server's warm-up decode before /health answers: weights mapped
     # from a file (ours and its) are resident once a step has read them, not before.
     engine.generate(request(PROMPTS[0], 1))
     ready_s = time.perf_counter() - started
-    memory = status_mb()
-    return engine, {"ready_s": round(ready_s, 2), "rss_after_load_mb": memory["VmRSS"],
-                    "peak_load_mb": memory["VmHWM"], "setting": engine.loaded.quant}
+    return engine, {"ready_s": round(ready_s, 2), "rss_after_load_mb": status_mb()["VmRSS"],
+                    "peak_load_mb": peak, "setting": engine.loaded.quant}
 
 
 def request(prompt: str, tokens: int) -> Any:

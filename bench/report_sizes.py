@@ -87,13 +87,14 @@ def _add_notes(figures: Figures, data: dict[str, Any]) -> None:
     bandwidth = data["machine"].get("read_bandwidth_gbs", [])
     warmed = (" and a first token, as llama-server decodes one before it reports healthy"
               if data.get("ours_ready_after_first_token") else "")
+    peak_of = " of the load alone" if warmed else ""
     figures.notes.append(
         "Sizes: the floor is the read bandwidth over the bytes a batch-1 token reads: every tensor as stored, "
         "the embedding table's one row unless it is also the output matrix (tied), KV cache left out. The bandwidth "
         "drifts on a shared host, so it is sampled right before and after each side's measurement: a side's % of "
         "the floor uses the better of its own two samples, the floor column the median of the run's "
         f"({', '.join(num(b, 1) for b in bandwidth)} GB/s). MiniServe's memory is its worker "
-        f"process's own (`VmRSS` after the load{warmed}, `VmHWM` for the peak) with a paged pool of llama-server's "
+        f"process's own (`VmRSS` after the load{warmed}, `VmHWM` for the peak{peak_of}) with a paged pool of llama-server's "
         f"context ({clients} x 1,024 tokens); its ready time is a second start{warmed}, the first start (the file's one-time "
         "preparation included, on an empty cache folder) in brackets. llama-server's ready time runs to `/health` "
         f"answering. {data.get('llama_cpp', '')}.")
