@@ -7,6 +7,7 @@ over those weights is what the native path must equal within float tolerance.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 import pytest
@@ -274,3 +275,52 @@ def test_an_embedding_lookup_reads_the_reference_values_of_its_rows(files, cache
     expected = torch.stack([dequantize_rows(table, i, i + 1)[0] for i in ids.reshape(-1).tolist()])
     assert torch.equal(got, expected)
     assert weights.embed.lookup(ids).shape == (2, 2, table.in_features)
+
+
+def _interleaved_parts(cache_dir, path):
+    """(the forward's weights, its interleaved parts in order) of a load with ``cache_dir``."""
+    weights = forward_weights(load_model(_settings(path, cache_dir)).model)
+    parts = [p for layer in weights.layers for name in PROJECTIONS for p in getattr(layer, name).parts]
+    return weights, [p for p in parts + list(weights.lm_head.parts) if p.interleaved]
+
+
+def _inside(part, ranges) -> bool:
+    return any(lo <= part.data.data_ptr() < hi for lo, hi in ranges)
+
+
+@pytest.mark.skipif(not gguf_native.INTERLEAVED_BY_PATH[gguf_native.vector_path()] & {T.Q4_K, T.Q6_K},
+                    reason="this CPU's vector path interleaves none of the file's formats")
+def test_a_second_load_maps_the_interleaved_cache_the_first_wrote(files, tmp_path, monkeypatch):
+    """engine.quant.interleaved_cache: the first load writes the moved bytes to a file and maps
+    it; the second maps it and moves nothing; both equal a load that interleaves in memory."""
+    path = files["qwen2-k"]
+    first, written = _interleaved_parts(tmp_path, path)
+    (toc,) = (tmp_path / "interleaved").glob("*.json")
+    in_file = _mapped_ranges(toc.with_suffix(".bin"))
+    assert written and all(_inside(p, in_file) for p in written)
+
+    monkeypatch.setattr(gguf_native, "repack_x16", lambda *a, **k: pytest.fail("interleaved again"))
+    second, read = _interleaved_parts(tmp_path, path)
+    monkeypatch.undo()
+    in_file = _mapped_ranges(toc.with_suffix(".bin"))
+    assert [p.ggml_type for p in read] == [p.ggml_type for p in written] and all(_inside(p, in_file) for p in read)
+
+    (tmp_path / "memory").mkdir()
+    (tmp_path / "memory" / "interleaved").write_text("a file where the cache folder would be")
+    in_memory, moved = _interleaved_parts(tmp_path / "memory", path)   # no cache: as before
+    assert not any(_inside(p, in_file) for p in moved)
+    assert all(torch.equal(a.data, b.data) and torch.equal(a.data, c.data) for a, b, c in zip(written, read, moved))
+    assert torch.equal(_logits(first), _logits(second)) and torch.equal(_logits(first), _logits(in_memory))
+
+
+@pytest.mark.skipif(not gguf_native.INTERLEAVED_BY_PATH[gguf_native.vector_path()] & {T.Q4_K, T.Q6_K},
+                    reason="this CPU's vector path interleaves none of the file's formats")
+def test_a_changed_file_gets_a_new_interleaved_cache_and_the_old_one_goes(files, tmp_path):
+    path = tmp_path / "copy.gguf"
+    path.write_bytes(files["qwen2-k"].read_bytes())
+    _interleaved_parts(tmp_path, path)
+    (old,) = (tmp_path / "interleaved").glob("*.json")
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    _interleaved_parts(tmp_path, path)
+    (new,) = (tmp_path / "interleaved").glob("*.json")
+    assert new != old and not old.with_suffix(".bin").exists() and new.with_suffix(".bin").exists()

@@ -1,11 +1,8 @@
-"""The interleaved matrices of a GGUF kept in a file between starts (engine.quant.interleaved_cache).
-
-A first load writes them there and maps each as it is written; a second maps the finished file
-and interleaves nothing. The bytes are those interleaved in memory, whichever way they came.
-"""
+"""The interleaved matrices of a GGUF kept in a file between starts (engine.quant.interleaved_cache),
+with made-up bytes: what the cache does does not depend on the CPU. Loads of a real file through
+it: tests/quant/test_gguf_native.py."""
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 
@@ -13,86 +10,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 
-from core.settings import load_settings
-from engine.forward import Qwen2Forward
-from engine.kv_cache import NoCache
-from engine.loader import load_model
-from engine.quant import gguf_native
 from engine.quant.interleaved_cache import InterleavedCache
-from engine.quant.model import forward_weights
-from engine.quant.plan import PROJECTIONS
-from tests.tiny_gguf import make_tiny_gguf
-
-TYPES = {"*": "Q4_K", "attn_v": "Q6_K", "ffn_down": "Q6_K", "ffn_up": "Q5_0", "token_embd": "Q6_K", "output": "Q6_K"}
-HERE = gguf_native.INTERLEAVED_BY_PATH[gguf_native.vector_path()]
-needs_one = pytest.mark.skipif(not HERE & {T.Q4_K, T.Q6_K, T.Q5_0},
-                               reason="this CPU's vector path interleaves none of the file's formats")
-
-
-@pytest.fixture(scope="module")
-def gguf_file(tmp_path_factory):
-    return make_tiny_gguf(tmp_path_factory.mktemp("cached") / "k.gguf", types=TYPES, hidden_size=256,
-                          intermediate_size=512)
-
-
-def _load(cache_dir: Path, path: Path):
-    """(the forward's weights, its interleaved parts in order) of a load with ``cache_dir``."""
-    settings = load_settings(model=str(path), cache_dir=str(cache_dir), dtype="float32", device="cpu", quant="gguf")
-    weights = forward_weights(load_model(settings).model)
-    parts = [p for layer in weights.layers for name in PROJECTIONS for p in getattr(layer, name).parts]
-    return weights, [p for p in parts + list(weights.lm_head.parts) if p.interleaved]
-
-
-def _mapped_file_of(tensor: torch.Tensor) -> str | None:
-    """The file whose mapping holds ``tensor``'s first byte (None: anonymous memory)."""
-    address = tensor.data_ptr()
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            fields = line.split(maxsplit=5)
-            lo, hi = (int(x, 16) for x in fields[0].split("-"))
-            if lo <= address < hi:
-                return fields[5].strip() if len(fields) == 6 and fields[5].startswith("/") else None
-    return None
-
-
-def _logits(weights) -> torch.Tensor:
-    return Qwen2Forward(weights)(torch.tensor([1, 5, 9, 20, 33]), NoCache(), last_only=False)
-
-
-@needs_one
-def test_a_second_load_maps_what_the_first_wrote(gguf_file, tmp_path, monkeypatch):
-    first, written = _load(tmp_path, gguf_file)
-    (toc,) = (tmp_path / "interleaved").glob("*.json")
-    data_file = str(toc.with_suffix(".bin"))
-    assert written and all(_mapped_file_of(p.data) == data_file for p in written)
-
-    monkeypatch.setattr(gguf_native, "repack_x16", lambda *a, **k: pytest.fail("interleaved again"))
-    second, read = _load(tmp_path, gguf_file)
-    monkeypatch.undo()
-    assert [p.ggml_type for p in read] == [p.ggml_type for p in written]
-    assert all(_mapped_file_of(p.data) == data_file for p in read)
-
-    (tmp_path / "memory").mkdir()
-    (tmp_path / "memory" / "interleaved").write_text("a file where the cache folder would be")
-    in_memory, moved = _load(tmp_path / "memory", gguf_file)   # the cache cannot be opened: as before
-    assert all(_mapped_file_of(p.data) is None for p in moved)
-    assert all(torch.equal(a.data, b.data) and torch.equal(a.data, c.data) for a, b, c in zip(written, read, moved))
-    assert torch.equal(_logits(first), _logits(second)) and torch.equal(_logits(first), _logits(in_memory))
-
-
-@needs_one
-def test_a_changed_file_gets_a_new_cache_and_the_old_one_goes(gguf_file, tmp_path):
-    path = tmp_path / "copy.gguf"
-    path.write_bytes(gguf_file.read_bytes())
-    _load(tmp_path, path)
-    (old,) = (tmp_path / "interleaved").glob("*.json")
-    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
-    _load(tmp_path, path)
-    (new,) = (tmp_path / "interleaved").glob("*.json")
-    assert new != old and not old.with_suffix(".bin").exists() and new.with_suffix(".bin").exists()
-
-
-# The cache on its own, with made-up bytes: what it does does not depend on the CPU.
 
 CAPACITY = 1 << 20
 
