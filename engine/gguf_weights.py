@@ -41,10 +41,10 @@ from engine.errors import ModelLoadError
 from engine.gguf_index import GGUFIndex, TensorInfo, read_index
 from engine.huge_pages import HugePageArena
 from engine.quant.gguf_blocks import BLOCK_TYPES, BlockWeight
-from engine.quant import gguf_native, interleaved_cache
+from engine.quant import gguf_native
 from engine.quant.gguf_native import K_FORMATS
 from engine.quant.gguf_linear import BlockEmbedding, BlockLinear, Part
-from engine.quant.interleaved_cache import InterleavedCache
+from engine.quant.interleaved_cache import ALIGN, InterleavedCache
 from engine.weights import ForwardConfig, LayerWeights, Qwen2Weights
 
 FLOAT_TYPES = frozenset({GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16})
@@ -203,7 +203,7 @@ class GGUFTensors:
         if self._cache is None and self.cache_dir is not None:
             candidates = [t for t in self.index.tensors.values() if len(t.dims) == 2 and t.ggml_type in BLOCK_TYPES
                           and gguf_native.interleaves(t.ggml_type, t.shape[0])]
-            capacity = sum(t.nbytes + interleaved_cache.ALIGN for t in candidates)
+            capacity = sum(t.nbytes + ALIGN for t in candidates)
             self._cache = InterleavedCache.open(self.cache_dir, self.index.path, capacity)
             self.cache_dir = None   # opened once, or given up once
         return self._cache
@@ -211,8 +211,12 @@ class GGUFTensors:
     def finish(self, failed: bool = False) -> None:
         """The cache file put in place (or, for a failed load, given up). The interleaved
         weights written to it are readable from here on."""
-        if self._cache is not None:
-            self._cache.abandon() if failed else self._cache.finish()
+        if self._cache is None:
+            return
+        if failed:
+            self._cache.abandon()
+        else:
+            self._cache.finish()
 
     def vector(self, name: str, dtype: torch.dtype, size: int, heads: int | None = None) -> torch.Tensor:
         """A small 1-D tensor (norm or bias) copied to ``dtype``."""
