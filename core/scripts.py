@@ -193,7 +193,7 @@ return seq
 """
 
 # KEYS: job, events, channel, leases, undispatched. ARGV: job_id, attempt, ts, ttl, reason
-#   ('lease_expired' | 'worker_dead').
+#   ('lease_expired' | 'worker_dead' | 'process_lost').
 # Puts a running job whose lease expired (or whose worker stopped beating) back to queued and bumps its dispatch number, so
 # the dead attempt's message, if the broker ever re-delivers it, is recognised as stale.
 # Returns the new dispatch number (the caller re-sends the task with it), or 0. Until the

@@ -24,10 +24,12 @@ from engine.paged.pool import KVPoolExhausted
 from worker.choice_stream import ChoiceStreams
 from worker.runtime import ModelUnavailable, WorkerRuntime
 from worker.app import app
+from worker.reaper import requeue_if_holder_gone
 from worker.webhook_tasks import kick
 
 logger = logging.getLogger("miniserve.worker")
 EXPIRED_CODE = -2  # start_attempt's answer for a job whose deadline passed: ended ``expired``, unrun
+ALREADY_RUNNING = -1  # start_attempt's seq (attempt 0) for a job another attempt holds
 
 
 class BadJobRequest(ValueError):
@@ -216,6 +218,8 @@ def run_job(rt: WorkerRuntime, job_id: str, dispatch: int, body: JobBody) -> End
                   job_id=job_id, dispatch=dispatch, code=started.attempt)
         if started.attempt in (EXPIRED_CODE, -1):  # this start ended the job: its webhook is due
             kick(rt, job_id)
+        elif started.seq == ALREADY_RUNNING:  # a re-delivery: was its holder a pool process that died?
+            requeue_if_holder_gone(rt.store, app, job_id, rt.node)
         return None
     record = started.record or rt.store.get(job_id)  # the script hands the stored request over
     log_event(logger, "job_started", job_id=job_id, job_type=record.type, attempt=started.attempt,

@@ -32,6 +32,7 @@ the client may have received its 202 (or will get this job back through its
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -143,6 +144,36 @@ def reap_once(store: JobStore, celery_app: Celery, job_ids: list[str] | None = N
                   reason=reason, worker=record.worker)
         requeued.append(job_id)
     return requeued
+
+
+def requeue_if_holder_gone(store: JobStore, celery_app: Celery, job_id: str, node: str) -> bool:
+    """A message re-delivered to this node found its job running: re-queue the job now when the
+    attempt holding it ran in a process of this node that no longer exists.
+
+    Why: Celery re-delivers a killed pool child's message (the out-of-memory killer, a SIGKILL)
+    to its replacement as soon as that has loaded the model, but the job stays ``running`` under
+    the dead child's lease, so that start is skipped, and the job waited for the reaper to miss
+    the child's heartbeats (``MINISERVE_WORKER_DEAD_S``, 15 s). The holder is ``node:pid`` (the
+    worker field); a pid that still exists, or one of another node, is left to the reaper (a
+    reused pid only makes it wait as before)."""
+    try:
+        record = store.get(job_id)
+    except JobNotFound:
+        return False
+    holder_node, _, pid = record.worker.rpartition(":")
+    if record.state != "running" or holder_node != node or not pid.isdigit() or _process_exists(int(pid)):
+        return False
+    return bool(reap_once(store, celery_app, [job_id], reason="process_lost"))
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process now has that pid
+    return True
 
 
 def sweep_once(store: JobStore, celery_app: Celery, older_than_s: float, max_redispatches: int) -> list[str]:

@@ -72,7 +72,11 @@ def test_the_threads_pool_has_no_child_process_to_lose(stack, store, celery_clie
 
 
 def test_a_killed_prefork_child_is_replaced_and_the_next_job_runs(stack, store, celery_client):
-    worker = stack.start_worker(name="prefork", pool="prefork", concurrency=1)
+    # The lease and the dead-worker window far past the safety nets: the job waits for neither.
+    # The message Celery re-delivers to the new child finds the job held by a process that is
+    # gone and re-queues it at once (worker.reaper.requeue_if_holder_gone).
+    worker = stack.start_worker(name="prefork", pool="prefork", concurrency=1, MINISERVE_LEASE_S="3600",
+                                MINISERVE_WORKER_DEAD_S="3600")
     try:
         wait_for_worker(store)
         # long enough (seconds on the tiny model) that the first attempt is still running when
@@ -90,6 +94,8 @@ def test_a_killed_prefork_child_is_replaced_and_the_next_job_runs(stack, store, 
         record = wait_terminal(store, job.id, 120)
         assert (record.state, record.attempt) == (SUCCEEDED, 2)  # re-delivered to the new child
         assert terminal_events(store, job.id) == 1
+        reasons = [e.data.get("reason") for e in store.events(job.id) if e.type == "state" and e.data.get("reason")]
+        assert reasons == ["process_lost"]
         assert_next_job_runs_within_a_lease(store, celery_client)
         assert worker.popen.poll() is None and len(descendants(worker.popen.pid)) == 1
     finally:
