@@ -25,7 +25,7 @@ from core.redis_conn import redis_client
 from core.routing import register_queue
 from core.settings import Settings, get_settings
 from core import model_text as model_texts
-from core.workers import write_heartbeat
+from core.workers import remove_worker, write_heartbeat
 from worker.cancel_watch import CancelWatch
 from worker.model_text import model_text, pool_tokens
 
@@ -56,6 +56,8 @@ class WorkerRuntime:
     _text_published: bool = False
     _cancels_lock: threading.Lock = field(default_factory=threading.Lock)
     _pid: int = field(default_factory=os.getpid)
+    _beat_lock: threading.Lock = field(default_factory=threading.Lock)
+    _left: bool = False
 
     @property
     def engine(self):
@@ -141,20 +143,32 @@ class WorkerRuntime:
         thread.start()
 
     def _heartbeat_loop(self) -> None:
-        while True:
+        while not self._left:
             self.beat()
             time.sleep(HEARTBEAT_S)
 
     def beat(self) -> None:
-        """One heartbeat; any failure is logged and the next beat tries again."""
-        try:
-            write_heartbeat(self.store.client, self.name, self.describe(), ttl_s=int(HEARTBEAT_S * 3))
-            if self._text_published:
-                model_texts.refresh(self.store.client, self.model_id)
-            else:
-                self.publish_text()
-        except Exception as exc:  # noqa: BLE001 - the heartbeat thread must never die
-            log_event(logger, "heartbeat_failed", level=logging.WARNING, error=type(exc).__name__)
+        """One heartbeat; any failure is logged and the next beat tries again. None after
+        :meth:`leave`."""
+        with self._beat_lock:
+            if self._left:
+                return
+            try:
+                write_heartbeat(self.store.client, self.name, self.describe(), ttl_s=int(HEARTBEAT_S * 3))
+                if self._text_published:
+                    model_texts.refresh(self.store.client, self.model_id)
+                else:
+                    self.publish_text()
+            except Exception as exc:  # noqa: BLE001 - the heartbeat thread must never die
+                log_event(logger, "heartbeat_failed", level=logging.WARNING, error=type(exc).__name__)
+
+    def leave(self) -> None:
+        """Forget this worker at once (a graceful stop) and beat no more. Why the lock: a beat
+        under way when the stop came used to write its heartbeat after the removal, leaving a
+        stopped worker listed until the heartbeat's TTL ran out."""
+        with self._beat_lock:
+            self._left = True
+            remove_worker(self.store.client, self.name)
 
     def publish_text(self) -> None:
         """Once the model has loaded, its tokenizer, template and limits for the web

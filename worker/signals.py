@@ -10,7 +10,6 @@ from celery.utils.log import LoggingProxy, get_logger
 
 from core.logs import configure_logging
 from core.settings import get_settings
-from core.workers import remove_worker
 from worker import broker_patch
 from worker.affinity import pin_process
 from worker import runtime as rt_module
@@ -71,6 +70,6 @@ def _leave(**_: object) -> None:
     rt = rt_module._runtime
     if rt is not None:
         try:
-            remove_worker(rt.store.client, rt.name)
+            rt.leave()
         except Exception:  # noqa: BLE001 - shutting down anyway
             pass

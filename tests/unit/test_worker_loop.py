@@ -145,3 +145,32 @@ def test_an_exhausted_pool_is_a_context_error_naming_the_pool_not_an_internal_er
 
     state, error = _outcome(_context(store, 30), body)
     assert state == "failed" and error["code"] == "context_exceeded" and "the pool has 16" in error["message"]
+
+
+def test_a_beat_under_way_when_the_worker_leaves_is_not_left_behind(store):
+    """A graceful stop (worker_process_shutdown) comes while the heartbeat thread is inside a
+    beat: the worker is still unlisted afterwards, and no later beat lists it again."""
+    inside, go_on = threading.Event(), threading.Event()
+
+    class SlowEngine:
+        def info(self):
+            inside.set()
+            go_on.wait(30)
+            return {"model": "tiny"}
+
+        def stats(self):
+            return {}
+
+    rt = WorkerRuntime(settings=load_settings(), store=store, name="w-leaving")
+    rt._engine = SlowEngine()
+    beat = threading.Thread(target=rt.beat)
+    beat.start()
+    assert inside.wait(30)
+    leave = threading.Thread(target=rt.leave)
+    leave.start()
+    go_on.set()
+    beat.join(30)
+    leave.join(30)
+    assert list_workers(store.client, max_age_s=60) == []
+    rt.beat()
+    assert list_workers(store.client, max_age_s=60) == []
