@@ -13,6 +13,8 @@ import os
 
 import pytest
 
+from tests.harness.served import served_model_dir, served_shared, served_surface  # noqa: F401  (once per process)
+
 
 GREW_MB = 64  # a module whose run grew the process by less than this leaves nothing worth a full collection
 
@@ -49,6 +51,8 @@ def _release_memory_after_module():
 SERVER_FIXTURES = frozenset({
     "redis_proc",         # tests.integration.conftest: a redis-server (under every stack fixture)
     "restartable_redis",  # tests.reliability.conftest: a redis-server that is stopped and restarted
+    "served_surface",     # tests.harness.served: stacks kept for the test process (a redis-server each)
+    "served_shared",
 })
 REAL_MODEL_FIXTURES = frozenset({
     "real_engine",        # tests.engine.conftest: the default model in bf16

@@ -9,13 +9,34 @@ import pytest
 import requests
 
 from core.events import TERMINAL_STATES
+from tests.harness.served import serve
 from tests.harness.stack import REPO_ROOT, wait_until
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 SCREENSHOT = REPO_ROOT / "results" / "tmp" / "monitor-test.png"  # ignored by git; README shows a real-model one
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed")]
+
+
+@pytest.fixture(scope="module")
+def monitor_stack(tmp_path_factory, served_model_dir):
+    """A stack of this module's own, not the surface stack the other modules share: the first
+    test reads the worker's prefix-cache counters after its own two jobs (hits 1 / misses 1),
+    which the prefix_cache jobs of test_openai_client and test_playground_page would have
+    moved had they run first on the same worker."""
+    yield from serve(tmp_path_factory, served_model_dir, MINISERVE_MAX_NEW_TOKENS_CAP="4000")
+
+
+@pytest.fixture(scope="module")
+def base_url(monitor_stack) -> str:
+    return monitor_stack.base_url
+
+
+@pytest.fixture(scope="module")
+def surface_store(monitor_stack):
+    return monitor_stack.store
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def client(shared_stack):
-    app = Celery("agent-eval-test", broker=shared_stack.redis_url, backend=shared_stack.redis_url)
+def client(served_shared):
+    app = Celery("agent-eval-test", broker=served_shared.stack.redis_url, backend=served_shared.stack.redis_url)
     yield app
     app.close()
 

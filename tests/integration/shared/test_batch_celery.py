@@ -1,7 +1,8 @@
 """The Batch API from the celery CLI's side: ``miniserve.batch`` by name with a JSONL path
 and with a list of bodies; ``miniserve.batch_summary`` returns the ended batch. The task is
 an HTTP client of the web's /v1/files and /v1/batches (``MINISERVE_WEB_URL``), so a web runs
-beside the worker."""
+beside the worker: the shared stack's worker is started knowing its web's address
+(tests/harness/served.py)."""
 from __future__ import annotations
 
 import json
@@ -12,25 +13,14 @@ from celery import Celery
 from celery.exceptions import CeleryError
 
 from core.batches import BatchStore
-from tests.integration.conftest import _started_worker, started_web
 from worker.batch_tasks import BATCH_START
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def worker(shared_stack, shared_store):
-    """A web first, then a worker that knows where it is."""
-    web, base_url = started_web(shared_stack)
-    proc = _started_worker(shared_stack, shared_store, MINISERVE_WEB_URL=base_url)
-    yield proc
-    proc.kill()  # teardown: no graceful stop is under test here
-    web.kill()
-
-
 @pytest.fixture
-def client(shared_stack):
-    app = Celery("batch-test", broker=shared_stack.redis_url, backend=shared_stack.redis_url)
+def client(served_shared):
+    app = Celery("batch-test", broker=served_shared.stack.redis_url, backend=served_shared.stack.redis_url)
     yield app
     app.close()
 
