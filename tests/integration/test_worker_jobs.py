@@ -1,7 +1,8 @@
 """Jobs on one worker of the full path (redis-server + Celery worker + tiny model): a job's
 stream and result, a running and a queued job cancelled. None of these harms its worker, so
-the module shares one (a worker's start is seconds); tests that kill, stop or configure theirs
-are in test_worker_path.py."""
+they run on the test process's shared stack (tests/harness/served.py, with
+tests/integration/shared: a worker's start is seconds); tests that kill, stop or configure
+theirs are in test_worker_path.py."""
 from __future__ import annotations
 
 import pytest
@@ -14,19 +15,19 @@ LONG = 4000  # tokens: long enough to act on a running job (it is cancelled, nev
 
 
 @pytest.fixture(scope="module")
-def shared_client(shared_stack):
+def shared_client(served_shared):
     """A Celery client on the shared stack (``celery_client`` would flush a stack of its own)."""
     from celery import Celery
 
-    app = Celery("miniserve-test-client", broker=shared_stack.redis_url)
+    app = Celery("miniserve-test-client", broker=served_shared.stack.redis_url)
     yield app
     app.close()
 
 
 @pytest.fixture
-def store(shared_store, shared_worker):
+def store(served_shared):
     """The shared store, with the shared (prefork, one process: one job at a time) worker up."""
-    return shared_store
+    return served_shared.store
 
 
 def test_job_succeeds_and_stream_equals_result(store, shared_client):
