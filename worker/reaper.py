@@ -42,6 +42,7 @@ from celery import Celery
 
 from core import tasks as names
 from core.deliveries import stranded_jobs
+from core.events import RUNNING
 from core.fair_gate import FairGate, release_queues
 from core.jobs import JobNotFound, JobStore
 from core.logs import log_event
@@ -161,7 +162,7 @@ def requeue_if_holder_gone(store: JobStore, celery_app: Celery, job_id: str, nod
     except JobNotFound:
         return False
     holder_node, _, pid = record.worker.rpartition(":")
-    if record.state != "running" or holder_node != node or not pid.isdigit() or _process_exists(int(pid)):
+    if record.state != RUNNING or holder_node != node or not pid.isdigit() or _process_exists(int(pid)):
         return False
     return bool(reap_once(store, celery_app, [job_id], reason="process_lost"))
 
