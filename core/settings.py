@@ -163,9 +163,11 @@ class Settings(BaseSettings):
     worker_redis_retry_s: PositiveInt = 60
     max_attempts: PositiveInt = 3
     # Tests only: a worker's engine loop waits, before its first turn, until this many
-    # requests are queued for it (at most 60 s), so a test sees them start in one step
-    # however busy the machine is. 0 (the default): no hold.
+    # requests are queued for it (at most test_loop_hold_s), so a test sees them start in one
+    # step however busy the machine is; more than the worker's concurrency holds its jobs
+    # running for that long (a test that kills a worker mid-job). 0 (the default): no hold.
     test_loop_hold: Annotated[int, Field(ge=0)] = 0
+    test_loop_hold_s: PositiveInt = 60
     job_ttl_s: PositiveInt = 7 * 24 * 3600
 
     # Cache-aware routing (docs/deployment.md): a job whose system prompt a worker recently
