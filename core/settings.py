@@ -168,6 +168,9 @@ class Settings(BaseSettings):
     # running for that long (a test that kills a worker mid-job). 0 (the default): no hold.
     test_loop_hold: Annotated[int, Field(ge=0)] = 0
     test_loop_hold_s: PositiveInt = 60
+    # Tests only: a Redis key; while it exists, the worker's engine loop runs one step per item
+    # pushed onto "<key>:steps" (worker/step_gate.py). Empty (the default): no gate.
+    test_step_gate: str = ""
     job_ttl_s: PositiveInt = 7 * 24 * 3600
 
     # Cache-aware routing (docs/deployment.md): a job whose system prompt a worker recently

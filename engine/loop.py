@@ -242,6 +242,9 @@ class EngineLoop:
         self.submitted = 0
         self.snapshot: dict[str, Any] = {"loop": {"solo_waiting": 0}}
         self._was_busy = False
+        # A test's gate (worker/step_gate.py): called before a turn's steps, False skips them
+        # (the turn still takes its inbox: cancels, new requests). None: no gate.
+        self.step_gate: Callable[[], bool] | None = None
 
     # -- public ------------------------------------------------------------------------------
     def submit(self, request: GenerationRequest, timeout_s: float | None = None,
@@ -317,6 +320,12 @@ class EngineLoop:
         to read or reset engine state without racing the loop)."""
         return self.post(fn).result(timeout)
 
+    def gate_steps(self, gate: Callable[[], bool]) -> "Future[Any]":
+        """A test's gate on the loop's steps (worker/step_gate.py), installed on the loop's thread."""
+        def install() -> None:
+            self.step_gate = gate
+        return self.post(install)
+
     def hold_until_queued(self, count: int, limit_s: float = 60.0) -> "Future[Any]":
         """Hold the loop (a test's gate) until ``count`` more items are queued behind the hold,
         or ``limit_s`` passes: requests that arrive while it holds all start in the next turn."""
@@ -375,9 +384,11 @@ class EngineLoop:
                     time.sleep(0.01)
             self._abandon()
 
+    def _busy(self) -> bool:
+        return bool(self._solo or self._running or self._held) or (self._paged is not None and self._paged.has_work)
+
     def _turn(self) -> None:
-        scheduler = self._paged
-        busy = bool(self._solo or self._running or self._held) or (scheduler is not None and scheduler.has_work)
+        busy = self._busy()
         if not busy:
             release_thread_team()  # idle: leave the CPUs' spinning OpenMP workers to a busy loop
             if self._was_busy:
@@ -385,6 +396,9 @@ class EngineLoop:
         self._was_busy = busy
         self._drain(block=not busy)
         if self._closing.is_set():
+            return
+        if self.step_gate is not None and self._busy() and not self.step_gate():
+            self._publish()
             return
         if self._solo and len(self._running) < self.engine.settings.max_batch:
             self._start_solo(self._solo.popleft())

@@ -28,6 +28,7 @@ from core import model_text as model_texts
 from core.workers import remove_worker, write_heartbeat
 from worker.cancel_watch import CancelWatch
 from worker.model_text import model_text, pool_tokens
+from worker.step_gate import RedisStepGate
 
 logger = logging.getLogger("miniserve.worker")
 HEARTBEAT_S = 5.0
@@ -86,6 +87,8 @@ class WorkerRuntime:
                               load_ms=round((time.perf_counter() - started) * 1000, 1))
                     if self.settings.test_loop_hold and self.model_kind != EMBEDDING:
                         engine.loop.hold_until_queued(self.settings.test_loop_hold, self.settings.test_loop_hold_s)
+                    if self.settings.test_step_gate and self.model_kind != EMBEDDING:
+                        engine.loop.gate_steps(RedisStepGate.from_settings(self.settings))
                     self._engine = engine
                     self.beat()  # loaded and routable now, not up to a heartbeat later (publishes the text too)
         return self._engine

@@ -1,6 +1,7 @@
 """The engine loop: one owner thread for all engine state; job threads only submit and consume."""
 from __future__ import annotations
 
+import queue
 import threading
 
 import pytest
@@ -322,3 +323,30 @@ def test_the_loop_counts_requests_on_their_way_in_by_class(engine):
     for handle in handles:
         assert handle.result(timeout=60).token_ids
     assert loop._arrivals.best() is None
+
+
+@pytest.mark.parametrize("method", ["paged", "custom_cache"])
+def test_a_step_gate_holds_a_running_request_between_permits(engine, method, monkeypatch):
+    """What the full-path tests hold a job running with (worker/step_gate.py): the loop runs a
+    turn's steps only when its gate says so, and no token comes without that; a gate opened
+    lets the request finish."""
+    accepted = record_accepted(monkeypatch)
+    decisions: queue.Queue[bool] = queue.Queue()
+    tokens_at_gate: queue.Queue[int] = queue.Queue()
+
+    def gate() -> bool:  # the test decides each turn
+        tokens_at_gate.put(len(accepted))
+        return decisions.get(timeout=30)
+
+    engine.loop.gate_steps(gate).result(30)
+    handle = engine.loop.submit(_req(method, max_new_tokens=40, temperature=0.0, ignore_eos=True))
+    seen = [tokens_at_gate.get(timeout=30)]
+    for allow in (True, True, True, False, False):
+        decisions.put(allow)
+        seen.append(tokens_at_gate.get(timeout=30))
+    assert seen[0] == 0 and seen[1] <= seen[2] < seen[3]  # permitted turns make tokens (the first: the prompt)
+    assert seen[3] == seen[4] == seen[5]  # refused turns make none
+    assert not handle.future.done()
+    engine.loop.gate_steps(lambda: True)  # taken in the turn after the next permitted one
+    decisions.put(True)
+    assert handle.result(timeout=60).usage.completion_tokens == 40

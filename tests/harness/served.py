@@ -64,9 +64,8 @@ def serve(tmp_path_factory, model_dir: Path, **env: str):
 
 @pytest.fixture(scope="session")
 def served_surface(tmp_path_factory, served_model_dir):
-    """tests/surface's stack: the pool view's job must outlast the page's sight of a heartbeat
-    (up to 2 s): 2,048 tokens, the default cap, took less than that on a fast CPU."""
-    yield from serve(tmp_path_factory, served_model_dir, MINISERVE_MAX_NEW_TOKENS_CAP="4000")
+    """tests/surface's stack."""
+    yield from serve(tmp_path_factory, served_model_dir)
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ from core.jobs import JobRecord, JobStore
 from core.tasks import QUEUE_FOR_JOB_TYPE, TASK_FOR_JOB_TYPE
 from core.workers import list_workers
 from tests.harness.stack import Stack, start_redis, wait_until
+from tests.harness.step_gate import KEY as STEP_GATE_KEY
 from tests.tiny_model import make_tiny_model_dir
 
 WORKER_ENV = {
@@ -26,6 +27,7 @@ WORKER_ENV = {
     "MINISERVE_MAX_ATTEMPTS": "3",
     "MINISERVE_JSON_LOGS": "true",
     "MINISERVE_LOG_LEVEL": "INFO",
+    "MINISERVE_TEST_STEP_GATE": STEP_GATE_KEY,  # open until a test closes it (tests/harness/step_gate.py)
 }
 
 

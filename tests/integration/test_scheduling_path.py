@@ -97,23 +97,25 @@ def test_a_running_job_that_reaches_its_deadline_ends_timeout_with_its_partial_r
 
 @pytest.fixture(scope="module")
 def line_web(shared_stack, shared_worker):
-    """The web server, with a token cap that lets the gate job run until it is cancelled."""
+    """The web server in front of the module's worker."""
     from tests.integration.conftest import started_web
 
-    proc, base_url = started_web(shared_stack, MINISERVE_MAX_NEW_TOKENS_CAP="100000")
+    proc, base_url = started_web(shared_stack)
     yield base_url
     proc.kill()  # teardown: no graceful stop is under test here
 
 
 def test_queued_jobs_see_their_place_in_line_count_down(shared_store, line_web):
-    """One worker, one job at a time: a long job holds it (the gate), three short ones wait.
-    Their positions follow the order of submission; the last one's stream shows its place
-    going down, never up, then its own start. The long job is cancelled to open the gate."""
+    """One worker, one job at a time: a job held running by the step gate holds it, three short
+    ones wait. Their positions follow the order of submission; the last one's stream shows its
+    place going down, never up, then its own start. The held job is cancelled and the gate
+    opened to let them run."""
     import threading
 
     import requests
 
     from tests.harness.client import iter_sse
+    from tests.harness.step_gate import StepGate
 
     web = line_web
 
@@ -123,24 +125,25 @@ def test_queued_jobs_see_their_place_in_line_count_down(shared_store, line_web):
         assert reply.status_code == 202, reply.text
         return reply.json()["id"]
 
-    gate = post(4000)  # as LONG in test_worker_path: it runs until the test cancels it
-    wait_until(lambda: shared_store.get(gate).state == "running", 60, what="the gate job running")
-    waiting = [post(4) for _ in range(3)]
-    views = [requests.get(f"{web}/jobs/{job_id}", timeout=30).json() for job_id in waiting]
-    assert [v["queue_position"] for v in views] == [0, 1, 2]
-    seen: list[tuple[str, object]] = []
+    with StepGate.on(shared_store).closed(steps=1):  # the first job holds the worker, running
+        held = post(64)
+        wait_until(lambda: shared_store.get(held).state == "running", 60, what="the held job running")
+        waiting = [post(4) for _ in range(3)]
+        views = [requests.get(f"{web}/jobs/{job_id}", timeout=30).json() for job_id in waiting]
+        assert [v["queue_position"] for v in views] == [0, 1, 2]
+        seen: list[tuple[str, object]] = []
 
-    def follow() -> None:
-        with requests.get(f"{web}/jobs/{waiting[2]}/events", stream=True, timeout=120) as reply:
-            for event in iter_sse(reply, place_frames=True):
-                seen.append((event.type, event.data["data"].get("queue_position", event.data["data"].get("state"))))
-                if event.type == "done":
-                    return
+        def follow() -> None:
+            with requests.get(f"{web}/jobs/{waiting[2]}/events", stream=True, timeout=120) as reply:
+                for event in iter_sse(reply, place_frames=True):
+                    seen.append((event.type, event.data["data"].get("queue_position", event.data["data"].get("state"))))
+                    if event.type == "done":
+                        return
 
-    reader = threading.Thread(target=follow, daemon=True)
-    reader.start()
-    wait_until(lambda: ("queued", 2) in seen, 30, what="the first place-in-line frame")
-    requests.post(f"{web}/jobs/{gate}/cancel", timeout=30)
+        reader = threading.Thread(target=follow, daemon=True)
+        reader.start()
+        wait_until(lambda: ("queued", 2) in seen, 30, what="the first place-in-line frame")
+        requests.post(f"{web}/jobs/{held}/cancel", timeout=30)
     reader.join(120)
     assert not reader.is_alive() and all(shared_store.get(j).state == "succeeded" for j in waiting)
     positions = [value for kind, value in seen if kind == "queued"]

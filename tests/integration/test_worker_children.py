@@ -22,6 +22,7 @@ import pytest
 
 from core.events import RUNNING, SUCCEEDED, TERMINAL_EVENTS
 from tests.harness.stack import wait_until
+from tests.harness.step_gate import StepGate
 from tests.tiny_model import make_tiny_model_dir
 from tests.integration.conftest import (
     gen_request, sleep_until_tokens, submit, wait_for_worker, wait_terminal,
@@ -60,11 +61,12 @@ def test_the_threads_pool_has_no_child_process_to_lose(stack, store, celery_clie
     try:
         wait_for_worker(store)
         for method in ("paged", "official", "no_cache", "custom_cache", "prefix_cache"):
-            job = submit(store, celery_client, request_for(method, 4000))
-            sleep_until_tokens(store, job.id, 3)
-            assert store.get(job.id).state == RUNNING
-            assert descendants(worker.popen.pid) == [], f"{method}: {descendants(worker.popen.pid)}"
-            store.request_cancel(job.id)
+            with StepGate(store.client).closed(steps=3):  # running while the test looks
+                job = submit(store, celery_client, request_for(method, 64))
+                sleep_until_tokens(store, job.id, 1)  # the first chunk goes out at once
+                assert store.get(job.id).state == RUNNING
+                assert descendants(worker.popen.pid) == [], f"{method}: {descendants(worker.popen.pid)}"
+                store.request_cancel(job.id)
             wait_terminal(store, job.id, 60)
         assert_next_job_runs_within_a_lease(store, celery_client)
     finally:
@@ -79,18 +81,15 @@ def test_a_killed_prefork_child_is_replaced_and_the_next_job_runs(stack, store, 
                                 MINISERVE_WORKER_DEAD_S="3600")
     try:
         wait_for_worker(store)
-        # long enough (seconds on the tiny model) that the first attempt is still running when
-        # its process is killed: at 300 tokens a fast machine had ended it before the kill. The
-        # kill comes three token events (~0.2 s, coalesced every 100 ms) in, ~130 tokens on a
-        # 2-core host; attempt 2 then runs to the end, so no more than that margin needs.
-        job = submit(store, celery_client, request_for("paged", 2000))
-        sleep_until_tokens(store, job.id, 3)
-        children = descendants(worker.popen.pid)
-        running_in = int(store.get(job.id).worker.rsplit(":", 1)[1])
-        assert [c.pid for c in children] == [running_in]  # the one pool process, running the job
-        assert store.get(job.id).state == RUNNING
-        for child in children:
-            os.kill(child.pid, signal.SIGKILL)
+        with StepGate(store.client).closed(steps=3):  # attempt 1 is running when its process is killed
+            job = submit(store, celery_client, request_for("paged", 64))
+            sleep_until_tokens(store, job.id, 1)  # the first chunk goes out at once
+            children = descendants(worker.popen.pid)
+            running_in = int(store.get(job.id).worker.rsplit(":", 1)[1])
+            assert [c.pid for c in children] == [running_in]  # the one pool process, running the job
+            assert store.get(job.id).state == RUNNING
+            for child in children:
+                os.kill(child.pid, signal.SIGKILL)
         record = wait_terminal(store, job.id, 120)
         assert (record.state, record.attempt) == (SUCCEEDED, 2)  # re-delivered to the new child
         assert terminal_events(store, job.id) == 1

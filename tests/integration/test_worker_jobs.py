@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 
 from core.events import CANCELLED, RUNNING, SUCCEEDED
+from tests.harness.step_gate import StepGate
 from tests.integration.conftest import events_text, gen_request, sleep_until_tokens, submit, wait_terminal
 
 pytestmark = pytest.mark.integration
-LONG = 4000  # tokens: long enough to act on a running job (it is cancelled, never run to the end)
+LONG = 4000  # tokens: never reached, the job is cancelled while the step gate holds it
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +31,11 @@ def store(served_shared):
     return served_shared.store
 
 
+@pytest.fixture
+def gate(store):
+    return StepGate.on(store)
+
+
 def test_job_succeeds_and_stream_equals_result(store, shared_client):
     job = submit(store, shared_client, {**gen_request(max_new_tokens=24), "return_token_ids": True})
     record = wait_terminal(store, job.id)
@@ -43,11 +49,13 @@ def test_job_succeeds_and_stream_equals_result(store, shared_client):
     assert record.result["finish_reason"] in ("stop", "length")
 
 
-def test_cancel_running_job_stops_within_a_few_tokens(store, shared_client):
-    job = submit(store, shared_client, gen_request(max_new_tokens=LONG))
-    sleep_until_tokens(store, job.id, 3)
-    store.request_cancel(job.id)
-    emitted_at_cancel = sum(1 for e in store.events(job.id) if e.type == "token")
+def test_cancel_running_job_stops_within_a_few_tokens(store, shared_client, gate):
+    with gate.closed(steps=3):  # the job takes 3 steps, then holds, running, until the gate opens
+        job = submit(store, shared_client, gen_request(max_new_tokens=LONG))
+        sleep_until_tokens(store, job.id, 1)  # the first chunk goes out at once
+        assert store.get(job.id).state == RUNNING
+        store.request_cancel(job.id)
+        emitted_at_cancel = sum(1 for e in store.events(job.id) if e.type == "token")
     record = wait_terminal(store, job.id, 30)
     assert record.state == CANCELLED
     emitted = sum(1 for e in store.events(job.id) if e.type == "token")
@@ -55,13 +63,14 @@ def test_cancel_running_job_stops_within_a_few_tokens(store, shared_client):
     assert store.events(job.id)[-1].type == "cancelled"
 
 
-def test_cancel_queued_job_never_runs(store, shared_client):
-    blocker = submit(store, shared_client, gen_request(max_new_tokens=LONG))
-    sleep_until_tokens(store, blocker.id, 1)
-    queued = submit(store, shared_client, gen_request(max_new_tokens=8))
-    assert store.request_cancel(queued.id).state == CANCELLED
-    follower = submit(store, shared_client, gen_request(max_new_tokens=4))  # sent after it
-    store.request_cancel(blocker.id)
+def test_cancel_queued_job_never_runs(store, shared_client, gate):
+    with gate.closed(steps=3):  # the blocker runs until the test has sent and cancelled the others
+        blocker = submit(store, shared_client, gen_request(max_new_tokens=LONG))
+        sleep_until_tokens(store, blocker.id, 1)
+        queued = submit(store, shared_client, gen_request(max_new_tokens=8))
+        assert store.request_cancel(queued.id).state == CANCELLED
+        follower = submit(store, shared_client, gen_request(max_new_tokens=4))  # sent after it
+        store.request_cancel(blocker.id)
     wait_terminal(store, blocker.id)
     # One job at a time, in order: once the follower ends, the cancelled job's message was taken.
     assert wait_terminal(store, follower.id).state == SUCCEEDED

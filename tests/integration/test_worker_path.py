@@ -10,16 +10,16 @@ import signal
 import pytest
 
 from core.events import FAILED, RUNNING, SUCCEEDED, TIMEOUT
+from tests.harness.step_gate import StepGate
 from tests.integration.conftest import (
     _started_workers, events_text, gen_request, sleep_until_tokens, submit, wait_for_worker, wait_terminal,
 )
 
 pytestmark = pytest.mark.integration
-LONG = 4000  # tokens: long enough to act on a running job
-# The dead-worker test runs its job to the end twice, so it asks for fewer: its worker is
-# frozen three token events (~0.2 s, events are coalesced every 100 ms) into the run, at
-# ~130 of these 2000 tokens on a 2-core host.
-RESUMED_LONG = 2000
+LONG = 4000  # tokens: never reached, the step gate holds the job until its process is killed
+# The dead-worker test runs its job to the end twice (the second time uninterrupted): the step
+# gate holds the first attempt after three steps, so the length only has to outlast those.
+RESUMED_LONG = 96
 
 
 def _pool_child_pid(store, job_id) -> int:
@@ -28,9 +28,11 @@ def _pool_child_pid(store, job_id) -> int:
 
 
 def test_sigkill_of_pool_child_reruns_job(store, celery_client, stack, worker):
-    job = submit(store, celery_client, gen_request(max_new_tokens=400))
-    sleep_until_tokens(store, job.id, 3)
-    os.kill(_pool_child_pid(store, job.id), signal.SIGKILL)
+    with StepGate(store.client).closed(steps=3):  # running when its process is killed
+        job = submit(store, celery_client, gen_request(max_new_tokens=64))
+        sleep_until_tokens(store, job.id, 1)  # the first chunk goes out at once
+        assert store.get(job.id).state == RUNNING
+        os.kill(_pool_child_pid(store, job.id), signal.SIGKILL)
     record = wait_terminal(store, job.id, 90)
     assert record.state == SUCCEEDED and record.attempt == 2
     restarts = [e for e in store.events(job.id) if e.type == "state" and e.data.get("restart")]
@@ -55,13 +57,14 @@ def test_a_dead_workers_stream_goes_on_where_it_stopped(stack, store, celery_cli
                "sampling": {"max_new_tokens": RESUMED_LONG, "temperature": 0.8, "seed": 11, "ignore_eos": True}}
     workers = _started_workers(stack, store, *({"name": name, "pool": "threads", "concurrency": 2, **env}
                                                 for name in ("w1", "w2")))
-    job = submit(store, celery_client, request)
-    sleep_until_tokens(store, job.id, 3)
-    holder = store.get(job.id).worker
-    first, second = workers if holder.startswith("w1@") else workers[::-1]
-    os.kill(first.popen.pid, signal.SIGSTOP)
-    assert store.get(job.id).state == RUNNING, "the job ended before the test could stop its worker"
-    streamed = [e for e in store.events(job.id) if e.type == "token"]
+    with StepGate(store.client).closed(steps=3):  # the first attempt holds after three steps
+        job = submit(store, celery_client, request)
+        sleep_until_tokens(store, job.id, 1)  # the first chunk goes out at once
+        holder = store.get(job.id).worker
+        first, second = workers if holder.startswith("w1@") else workers[::-1]
+        os.kill(first.popen.pid, signal.SIGSTOP)
+        assert store.get(job.id).state == RUNNING
+        streamed = [e for e in store.events(job.id) if e.type == "token"]
     first.kill()
     try:
         record = wait_terminal(store, job.id, 120)
@@ -101,12 +104,15 @@ def test_soft_time_limit_ends_job_timeout(stack, store, celery_client):
 
 
 def test_job_that_keeps_killing_its_worker_is_not_retried_forever(store, celery_client, worker):
-    job = submit(store, celery_client, gen_request(max_new_tokens=LONG))
-    for attempt in (1, 2, 3):  # the "poison" job: every attempt dies with its process
-        wait_until_attempt(store, job.id, attempt)
-        sleep_until_tokens(store, job.id, 1 + sum(1 for e in store.events(job.id) if e.type == "token"))
-        os.kill(_pool_child_pid(store, job.id), signal.SIGKILL)
-    record = wait_terminal(store, job.id, 90)
+    gate = StepGate(store.client)
+    with gate.closed():  # each attempt takes the steps allowed it, then holds until its process is killed
+        job = submit(store, celery_client, gen_request(max_new_tokens=LONG))
+        for attempt in (1, 2, 3):  # the "poison" job: every attempt dies with its process
+            wait_until_attempt(store, job.id, attempt)
+            gate.allow(3)
+            sleep_until_tokens(store, job.id, 1 + sum(1 for e in store.events(job.id) if e.type == "token"))
+            os.kill(_pool_child_pid(store, job.id), signal.SIGKILL)
+        record = wait_terminal(store, job.id, 90)
     assert record.state == FAILED and record.error["code"] == "worker_lost"
     assert [e.type for e in store.events(job.id)].count("error") == 1
 

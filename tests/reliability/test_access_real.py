@@ -12,6 +12,7 @@ import requests
 from core import keys
 from core.events import CANCELLED, RUNNING, SUCCEEDED
 from tests.harness.stack import wait_until
+from tests.harness.step_gate import StepGate
 from tests.integration.conftest import _started_worker, started_web, wait_terminal
 
 pytestmark = pytest.mark.integration
@@ -20,7 +21,7 @@ A, B, C = ({"Authorization": f"Bearer {key}"} for key in KEYS)
 RATE_LIMIT = 40  # per key per minute: A and B stay below it, C is used to hit it
 QUEUE_LIMIT = 3
 SHORT = {"prompt": "Hello", "max_new_tokens": 8}
-LONG = 3500
+LONG = 3500  # tokens: never reached, the step gate holds the blocker until it is cancelled
 
 
 @pytest.fixture(scope="module")
@@ -94,16 +95,17 @@ def test_idempotency_key_returns_the_same_job(secured):
 
 def test_queue_depth_back_pressure(secured):
     base, store = secured
-    blocker = post_job(base, B, {"prompt": "busy", "max_new_tokens": LONG, "generation_method": "no_cache"}).json()["id"]
-    wait_until(lambda: store.get(blocker).state == RUNNING, 30, what="blocker running")
-    queued = [post_job(base, B).json()["id"] for _ in range(QUEUE_LIMIT)]
-    before = store.client.zcard(keys.JOBS_INDEX)
-    full = post_job(base, B)
-    assert full.status_code == 503 and full.json()["error"]["code"] == "queue_full"
-    assert int(full.headers["Retry-After"]) > 0
-    assert store.client.zcard(keys.JOBS_INDEX) == before  # the rejected request left no job
-    assert store.queue_depths()["generation"] == QUEUE_LIMIT  # messages, and jobs held at the fair gate
-    requests.post(f"{base}/jobs/{blocker}/cancel", headers=B, timeout=10)
+    with StepGate.on(store).closed(steps=3):  # the blocker holds the worker, running, until cancelled
+        blocker = post_job(base, B, {"prompt": "busy", "max_new_tokens": LONG, "generation_method": "no_cache"}).json()["id"]
+        wait_until(lambda: store.get(blocker).state == RUNNING, 30, what="blocker running")
+        queued = [post_job(base, B).json()["id"] for _ in range(QUEUE_LIMIT)]
+        before = store.client.zcard(keys.JOBS_INDEX)
+        full = post_job(base, B)
+        assert full.status_code == 503 and full.json()["error"]["code"] == "queue_full"
+        assert int(full.headers["Retry-After"]) > 0
+        assert store.client.zcard(keys.JOBS_INDEX) == before  # the rejected request left no job
+        assert store.queue_depths()["generation"] == QUEUE_LIMIT  # messages, and jobs held at the fair gate
+        requests.post(f"{base}/jobs/{blocker}/cancel", headers=B, timeout=10)
     assert wait_terminal(store, blocker, 30).state == CANCELLED
     for job_id in queued:
         assert wait_terminal(store, job_id, 60).state == SUCCEEDED

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -17,9 +16,8 @@ import requests
 
 from core import keys
 from core.settings import GENERATION_METHODS
-from core.workers import list_workers
 from tests.harness.stack import REPO_ROOT, wait_until
-from worker.runtime import HEARTBEAT_S
+from tests.harness.step_gate import StepGate
 from tests.surface.test_monitor_page import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = [pytest.mark.integration,
@@ -206,29 +204,19 @@ def test_an_agent_run_shows_its_steps(page, surface_store):
     page.screenshot(path=str(SCREENSHOT.with_name("playground-agent-test.png")), full_page=True)
 
 
-def _until_just_before_the_next_heartbeat(store) -> None:
-    """The page's pool view comes with the worker's heartbeat: a job submitted a second
-    before the next beat is mid-run when it is taken, however fast the CPU finishes it."""
-    last_seen = max(worker["last_seen"] for worker in list_workers(store.client, max_age_s=30))
-    wait_s = last_seen + HEARTBEAT_S - 1.0 - time.time()
-    time.sleep(wait_s % HEARTBEAT_S)
-
-
 def test_the_kv_pool_fills_while_a_job_runs_and_empties_after(page, base_url, surface_store):
-    _until_just_before_the_next_heartbeat(surface_store)
-    # near the tiny model's context (4,096; the surface stack raises the cap): the page sees the
-    # beat up to 2 s after the submit (1 s to the beat, then its 1 s poll); a fast CPU had ended 2,000 tokens by then
-    response = requests.post(f"{base_url}/jobs", json={"prompt": "Tell me everything", "max_new_tokens": 4000,
-                                                       "stop": ["<never>"], "repetition_penalty": 1.0,
-                                                       "generation_method": "paged"}, timeout=10)
-    job_id = response.json()["id"]
-    page.click("#tab-worker")
-    page.locator("#pool-grid .cell").first.wait_for()
-    # the next heartbeat carries the loop's snapshot taken mid-job
-    page.wait_for_function("/in use [1-9]/.test(document.getElementById('pool-summary').textContent)")
-    assert page.locator("#pool-grid .cell.used").count() > 0
-    assert surface_store.get(job_id).state == "running"
-    requests.post(f"{base_url}/jobs/{job_id}/cancel", timeout=10)
+    with StepGate.on(surface_store).closed(steps=2):  # the job holds its blocks, running, until the gate opens
+        response = requests.post(f"{base_url}/jobs", json={"prompt": "Tell me everything", "max_new_tokens": 64,
+                                                           "stop": ["<never>"], "repetition_penalty": 1.0,
+                                                           "generation_method": "paged"}, timeout=10)
+        job_id = response.json()["id"]
+        page.click("#tab-worker")
+        page.locator("#pool-grid .cell").first.wait_for()
+        # a heartbeat carries the loop's snapshot, taken while the gate holds the job
+        page.wait_for_function("/in use [1-9]/.test(document.getElementById('pool-summary').textContent)")
+        assert page.locator("#pool-grid .cell.used").count() > 0
+        assert surface_store.get(job_id).state == "running"
+        requests.post(f"{base_url}/jobs/{job_id}/cancel", timeout=10)
     page.wait_for_function("/in use 0 · shared 0/.test(document.getElementById('pool-summary').textContent)")
     assert page.locator("#pool-grid .cell.used, #pool-grid .cell.shared").count() == 0
     assert surface_store.get(job_id).state == "cancelled"
