@@ -57,15 +57,23 @@ def ratio_rows(data: dict[str, Any]) -> list[Row]:
 def add_sizes(figures: Figures, root: Path) -> None:
     """The sizes' tables and notes, appended to ``figures`` when the results file exists; then
     the second host's tables, when its file exists."""
+    main: dict[str, Any] = {}
     if (root / SIZES).is_file():
-        data = load_json(root, SIZES)
-        _add_tables(figures, data, "")
-        _add_notes(figures, data)
+        main = load_json(root, SIZES)
+        _add_tables(figures, main, "")
+        _add_notes(figures, main)
     if (root / SIZES_AVX2).is_file():
         second = load_json(root, SIZES_AVX2)
         _add_tables(figures, second, "On a host without AVX-512: ")
+        host = "Sizes on the host without AVX-512"
+        if second.get("ours_ready_after_first_token") and not main.get("ours_ready_after_first_token"):
+            figures.notes.append(
+                f"{host}: MiniServe's RSS after load is `VmRSS` after the load and a first token (mapped weights are "
+                "resident once read, as llama-server's are after the token it decodes before it reports healthy), "
+                "its peak while loading `VmHWM` of the load alone, before that token: so the peak can be the smaller.")
+        _add_file_notes(figures, second, f"{host}: ")
         if second.get("note"):
-            figures.notes.append(f"Sizes on the host without AVX-512, run note: {second['note']}")
+            figures.notes.append(f"{host}, run note: {second['note']}")
 
 
 def _add_tables(figures: Figures, data: dict[str, Any], host: str) -> None:
@@ -108,20 +116,7 @@ def _add_notes(figures: Figures, data: dict[str, Any]) -> None:
             "median of each round's share at that round's own bandwidth samples.")
     if any(f[side].get(f"b{clients}_rounds") for f in data["files"] for side in _sides(f)):
         figures.notes.append(f"Sizes: {clients} clients is each side's median of 3 rounds after a warm one.")
-    for f in data["files"]:
-        if f.get("b1_rounds_error"):
-            figures.notes.append(f"Sizes: the batch-1 rounds on {f['model']} {f['quant']} stopped "
-                                 f"({f['b1_rounds_error'].strip().splitlines()[-1][:200]}); its batch 1 is the main pass's.")
-        if f.get("carried"):
-            figures.notes.append(f"Sizes: the {' and '.join(f['carried'])} figures of {f['model']} {f['quant']} "
-                                 "were measured in a separate run.")
-        via = f.get(LLAMA, {}).get("batch_via", "llama-server")
-        if via != "llama-server":
-            figures.notes.append(f"Sizes: llama.cpp's {clients} sequences on {f['model']} {f['quant']} ran through {via}.")
-        for side in _sides(f):
-            if f[side].get("error"):
-                figures.notes.append(f"Sizes: {side} failed on {f['model']} {f['quant']}: "
-                                     f"{f[side]['error'].strip().splitlines()[-1][:200]}")
+    _add_file_notes(figures, data, "Sizes: ")
     load = data["machine"].get("load_average_1min")
     if data.get("note") or load:
         figures.notes.append(f"Sizes run note: {data.get('note', '')}"
@@ -138,6 +133,25 @@ def _add_notes(figures: Figures, data: dict[str, Any]) -> None:
             f"{_share(ours['b1_tps'], llama['b1_tps'])} llama-bench; {clients} clients "
             f"{_share(ours.get(f'b{clients}_tps'), llama.get(f'b{clients}_tps'))} "
             f"{llama.get('batch_via', 'llama-server').split(' ')[0]}", data["machine"])
+
+
+def _add_file_notes(figures: Figures, data: dict[str, Any], lead: str) -> None:
+    """What a file's rows do not say: stopped rounds, figures carried from another run, failures."""
+    clients = data.get("clients", 8)
+    for f in data["files"]:
+        if f.get("b1_rounds_error"):
+            figures.notes.append(f"{lead}the batch-1 rounds on {f['model']} {f['quant']} stopped "
+                                 f"({f['b1_rounds_error'].strip().splitlines()[-1][:200]}); its batch 1 is the main pass's.")
+        if f.get("carried"):
+            figures.notes.append(f"{lead}the {' and '.join(f['carried'])} figures of {f['model']} {f['quant']} "
+                                 "were measured in a separate run.")
+        via = f.get(LLAMA, {}).get("batch_via", "llama-server")
+        if via != "llama-server":
+            figures.notes.append(f"{lead}llama.cpp's {clients} sequences on {f['model']} {f['quant']} ran through {via}.")
+        for side in _sides(f):
+            if f[side].get("error"):
+                figures.notes.append(f"{lead}{side} failed on {f['model']} {f['quant']}: "
+                                     f"{f[side]['error'].strip().splitlines()[-1][:200]}")
 
 
 def _floor_share(pct: float | None) -> str:
