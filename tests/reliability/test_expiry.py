@@ -12,11 +12,12 @@ import requests
 from core import keys
 from core.events import CANCELLED, RUNNING, SUCCEEDED
 from tests.harness.stack import wait_until
+from tests.harness.step_gate import StepGate
 from tests.integration.conftest import _started_worker, started_web, wait_terminal
 
 pytestmark = pytest.mark.integration
 TTL_S = 3
-LONG = 3500  # tokens: runs well past the TTL before it is cancelled
+LONG = 3500  # tokens: never reached, the step gate holds the job past the TTL until it is cancelled
 
 
 @pytest.fixture(scope="module")
@@ -59,15 +60,15 @@ def test_finished_job_expires_then_404(ttl_stack):
 
 def test_running_job_outlives_the_ttl_and_expires_after_its_end(ttl_stack):
     base, store = ttl_stack
-    job_id = requests.post(f"{base}/jobs", json={"prompt": "a long one", "max_new_tokens": LONG,
-                                                  "generation_method": "no_cache"},  # slow on purpose
-                           timeout=10).json()["id"]
-    wait_until(lambda: store.get(job_id).state == RUNNING, 30, what="job running")
-    time.sleep(TTL_S + 1.5)  # past the TTL: the lease renewals keep the record alive
-    assert store.get(job_id).state == RUNNING, "the job ended before the TTL passed: make it longer"
-    assert requests.get(f"{base}/jobs/{job_id}", timeout=10).json()["state"] == RUNNING
-    assert 0 < ttl(store, keys.job_key(job_id)) <= TTL_S
-    requests.post(f"{base}/jobs/{job_id}/cancel", timeout=10)
+    with StepGate.on(store).closed(steps=3):  # the job stays running past the TTL until cancelled
+        job_id = requests.post(f"{base}/jobs", json={"prompt": "a long one", "max_new_tokens": LONG},
+                               timeout=10).json()["id"]
+        wait_until(lambda: store.get(job_id).state == RUNNING, 30, what="job running")
+        time.sleep(TTL_S + 1.5)  # past the TTL: the lease renewals keep the record alive
+        assert store.get(job_id).state == RUNNING
+        assert requests.get(f"{base}/jobs/{job_id}", timeout=10).json()["state"] == RUNNING
+        assert 0 < ttl(store, keys.job_key(job_id)) <= TTL_S
+        requests.post(f"{base}/jobs/{job_id}/cancel", timeout=10)
     assert wait_terminal(store, job_id, 30).state == CANCELLED
     assert_gone(base, store, job_id)
 
