@@ -10,6 +10,7 @@ import signal
 import pytest
 
 from core.events import FAILED, RUNNING, SUCCEEDED, TIMEOUT
+from tests.harness.stack import wait_until
 from tests.harness.step_gate import StepGate
 from tests.integration.conftest import (
     _started_workers, events_text, gen_request, sleep_until_tokens, submit, wait_for_worker, wait_terminal,
@@ -83,9 +84,13 @@ def test_a_dead_workers_stream_goes_on_where_it_stopped(stack, store, celery_cli
 
 
 def test_graceful_stop_finishes_running_job(store, celery_client, worker):
-    job = submit(store, celery_client, gen_request(max_new_tokens=300))
-    sleep_until_tokens(store, job.id, 3)
-    worker.stop(timeout_s=60)  # SIGTERM: warm shutdown waits for the running task
+    with StepGate(store.client).closed(steps=3):  # running when the stop comes, until the stop is under way
+        job = submit(store, celery_client, gen_request(max_new_tokens=64))
+        sleep_until_tokens(store, job.id, 1)  # the first chunk goes out at once
+        worker.popen.send_signal(signal.SIGTERM)  # warm shutdown: waits for the running task
+        wait_until(lambda: "Warm shutdown" in worker.log(), 30, what="the warm shutdown begun")
+        assert store.get(job.id).state == RUNNING
+    worker.popen.wait(60)
     record = store.get(job.id)
     assert record.state == SUCCEEDED and record.attempt == 1
 
@@ -118,8 +123,6 @@ def test_job_that_keeps_killing_its_worker_is_not_retried_forever(store, celery_
 
 
 def wait_until_attempt(store, job_id, attempt):
-    from tests.harness.stack import wait_until
-
     wait_until(lambda: store.get(job_id).attempt == attempt and store.get(job_id).state == RUNNING, 90,
                what=f"attempt {attempt}")
     wait_for_worker(store)
