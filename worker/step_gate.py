@@ -6,11 +6,15 @@ it first. With this gate the test decides: while the key exists, the worker's lo
 turn of steps per item the test pushes onto ``<key>:steps`` and none without one; deleting the
 key opens the gate (tests/harness/step_gate.py). Off unless the setting names a key.
 
-The gate has its own client, without retries and with a short timeout, and any Redis error
-opens it: a test that stops Redis must not stall the loop thread on the gate.
+The gate has its own client, without retries and with a short timeout, so a Redis outage
+never stalls the loop thread on it; through an outage the gate stays as it was last read. An
+open gate stays open (generation goes on while Redis is down, as without a gate); a closed one
+holds, so a test that restarts Redis keeps its job running across the outage (the key comes
+back with the append-only file; without it the gate is open again).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +38,7 @@ class RedisStepGate:
 
     client: Any  # a redis.Redis
     key: str
+    closed: bool = False  # as last read
 
     @classmethod
     def from_settings(cls, settings: Any) -> "RedisStepGate":
@@ -43,8 +48,11 @@ class RedisStepGate:
 
     def __call__(self) -> bool:
         try:
-            if not self.client.exists(self.key):
+            self.closed = bool(self.client.exists(self.key))
+            if not self.closed:
                 return True
             return self.client.blpop([steps_key(self.key)], timeout=WAIT_S) is not None
         except redis.RedisError:
-            return True
+            if self.closed:
+                time.sleep(WAIT_S)  # a refused connection answers at once: no faster turns than with Redis up
+            return not self.closed

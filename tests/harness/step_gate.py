@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from core.events import QUEUED, RUNNING
 from tests.harness.stack import wait_until
@@ -39,6 +39,17 @@ class StepGate:
     def allow(self, steps: int) -> None:
         if steps:
             self.client.rpush(steps_key(self.key), *["step"] * steps)
+
+    def allow_until(self, done: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
+        """One step at a time, each once the last was taken, until ``done()``: for a job whose
+        worker shares the gate with others that may take some of the steps."""
+        def granted() -> bool:
+            if done():
+                return True
+            if not self.client.llen(steps_key(self.key)):
+                self.allow(1)
+            return False
+        wait_until(granted, timeout_s, interval_s=0.02, what=what)
 
     def open(self) -> None:
         self.client.delete(self.key, steps_key(self.key))

@@ -13,8 +13,8 @@ Both workers start (and load) together; A is sent to the doomed worker's own que
 web routes a job to a worker that holds its prefix), its record naming the shared queue,
 where the reaper re-queues it.
 
-Both jobs use ``no_cache`` (full recompute per token) so they outlast the outage: with the
-engine loop the tiny model writes 3,800 tokens in seconds otherwise.
+The step gate holds both jobs running across the outage (its key comes back with the
+append-only file), however fast the CPU; they end when the test cancels them.
 """
 from __future__ import annotations
 
@@ -27,12 +27,13 @@ from core import keys
 from core.events import CANCELLED, RUNNING
 from core.tasks import QUEUE_FOR_JOB_TYPE, TASK_FOR_JOB_TYPE
 from tests.harness.stack import wait_until
-from tests.integration.conftest import gen_request, sleep_until_tokens, submit, wait_for_worker, wait_terminal
+from tests.harness.step_gate import StepGate
+from tests.integration.conftest import gen_request, submit, wait_for_worker, wait_terminal
 
 pytestmark = pytest.mark.integration
 LEASE_S = 2
 OUTAGE_S = 3
-LONG = 3800
+LONG = 3800  # tokens: never reached, the step gate holds both jobs until they are cancelled
 
 
 @pytest.fixture
@@ -41,8 +42,12 @@ def lease_stack(own_stack):
     return own_stack
 
 
-def slow_request(prompt: str) -> dict:
-    return {**gen_request(prompt=prompt, max_new_tokens=LONG), "method": "no_cache"}
+def held_request(prompt: str) -> dict:
+    return gen_request(prompt=prompt, max_new_tokens=LONG)
+
+
+def tokens(store, job_id: str) -> int:
+    return sum(1 for e in store.events(job_id) if e.type == "token")
 
 
 def submit_to_own_queue(store, client, request: dict, node: str):
@@ -71,27 +76,28 @@ def test_outage_longer_than_the_lease_requeues_only_the_dead_attempt(restartable
     live = lease_stack.start_worker(name="live", pool="threads", concurrency=4)
     try:
         nodes = {w["info"]["node"] for w in wait_for_worker(own_store, 2)}
-        job_a = submit_to_own_queue(own_store, client, slow_request("a long one"),
-                                    next(n for n in nodes if n.startswith("doomed@")))
-        sleep_until_tokens(own_store, job_a.id, 5)
-        assert own_store.get(job_a.id).worker.startswith("doomed@")
-        job_b = submit(own_store, client, slow_request("another long one"))
-        sleep_until_tokens(own_store, job_b.id, 5)
-        assert own_store.get(job_a.id).worker != own_store.get(job_b.id).worker
+        with StepGate.on(own_store).closed() as gate:  # both jobs run only the steps given them
+            job_a = submit_to_own_queue(own_store, client, held_request("a long one"),
+                                        next(n for n in nodes if n.startswith("doomed@")))
+            gate.allow_until(lambda: tokens(own_store, job_a.id) >= 1, "A's first tokens")
+            assert own_store.get(job_a.id).worker.startswith("doomed@")
+            job_b = submit(own_store, client, held_request("another long one"))
+            gate.allow_until(lambda: tokens(own_store, job_b.id) >= 1, "B's first tokens")
+            assert own_store.get(job_a.id).worker != own_store.get(job_b.id).worker
 
-        restartable_redis.stop()
-        doomed.kill()  # A's attempt dies with its worker while nobody can see it
-        time.sleep(OUTAGE_S)
-        restartable_redis.start()
+            restartable_redis.stop()
+            doomed.kill()  # A's attempt dies with its worker while nobody can see it
+            time.sleep(OUTAGE_S)
+            restartable_redis.start()
 
-        # Both leases expired in the outage, so the reaper pass that re-queued A looked at B's
-        # lease too: B still on attempt 1 after it means B's worker renewed within the grace
-        # period (no window waited out here: the order of A's re-queue and B's state decides).
-        wait_until(lambda: own_store.get(job_a.id).attempt >= 2, 30, what="A re-queued and restarted")
-        record_b = own_store.get(job_b.id)
-        assert record_b.state == RUNNING and record_b.attempt == 1, "B should still run (make it slower)"
-        own_store.request_cancel(job_b.id)
-        own_store.request_cancel(job_a.id)
+            # Both leases expired in the outage, so the reaper pass that re-queued A looked at B's
+            # lease too: B still on attempt 1 after it means B's worker renewed within the grace
+            # period (no window waited out here: the order of A's re-queue and B's state decides).
+            wait_until(lambda: own_store.get(job_a.id).attempt >= 2, 30, what="A re-queued and restarted")
+            record_b = own_store.get(job_b.id)
+            assert record_b.state == RUNNING and record_b.attempt == 1
+            own_store.request_cancel(job_b.id)
+            own_store.request_cancel(job_a.id)
 
         ended_a, ended_b = wait_terminal(own_store, job_a.id, 60), wait_terminal(own_store, job_b.id, 60)
         assert ended_a.state == CANCELLED and ended_a.attempt == 2, ended_a.error

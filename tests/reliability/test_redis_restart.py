@@ -17,10 +17,11 @@ from core.events import CANCELLED, RUNNING, SUCCEEDED
 from tests.harness.bounded import returns
 from tests.harness.client import iter_sse, submit_and_follow
 from tests.harness.stack import wait_until
+from tests.harness.step_gate import StepGate
 from tests.integration.conftest import _started_worker, started_web, wait_terminal
 
 pytestmark = pytest.mark.integration
-LONG = 3500  # tokens: the blocker runs for many seconds (the tiny model's context is 4096)
+LONG = 3500  # tokens: never reached, the step gate holds the blocker across the restart until it is cancelled
 SHORT = {"prompt": "Hello after the restart", "max_new_tokens": 8}
 
 
@@ -93,18 +94,20 @@ def follow_with_resume(base: str, job_id: str, timeout_s: float = 90) -> list:
 
 def test_queued_jobs_survive_a_restart_with_appendonly(restartable_redis, running, own_store):
     base, worker, _ = running
-    blocker = requests.post(f"{base}/jobs", json={"prompt": "keep the worker busy", "max_new_tokens": LONG},
-                            timeout=10).json()["id"]
-    wait_until(lambda: own_store.get(blocker).state == RUNNING, 30, what="blocker running")
-    queued = [requests.post(f"{base}/jobs", json={**SHORT, "prompt": f"queued {i}"}, timeout=10).json()["id"]
-              for i in range(3)]
-    assert [own_store.get(j).state for j in queued] == ["queued"] * 3
-    assert own_store.queue_depths()["generation"] == 3  # messages, and jobs held at the fair gate
-    with ThreadPoolExecutor(1) as pool:  # a client follows a queued job's stream across the restart
-        followed = pool.submit(follow_with_resume, base, queued[0])
-        time.sleep(0.5)
-        restart_and_check(restartable_redis, running, own_store, blocker, queued)
-        events = followed.result(timeout=120)
+    gate = StepGate.on(own_store)
+    with gate.closed(steps=3):  # the blocker holds the worker, running, across the restart (the key is in the AOF)
+        blocker = requests.post(f"{base}/jobs", json={"prompt": "keep the worker busy", "max_new_tokens": LONG},
+                                timeout=10).json()["id"]
+        wait_until(lambda: own_store.get(blocker).state == RUNNING, 30, what="blocker running")
+        queued = [requests.post(f"{base}/jobs", json={**SHORT, "prompt": f"queued {i}"}, timeout=10).json()["id"]
+                  for i in range(3)]
+        assert [own_store.get(j).state for j in queued] == ["queued"] * 3
+        assert own_store.queue_depths()["generation"] == 3  # messages, and jobs held at the fair gate
+        with ThreadPoolExecutor(1) as pool:  # a client follows a queued job's stream across the restart
+            followed = pool.submit(follow_with_resume, base, queued[0])
+            time.sleep(0.5)
+            restart_and_check(restartable_redis, running, own_store, blocker, queued, gate)
+            events = followed.result(timeout=120)
     seqs = [e.id for e in events]
     assert seqs == list(range(1, len(seqs) + 1)) and events[-1].type == "done"  # nothing lost or repeated
     streamed = "".join(e.data["data"]["text"] for e in events if e.type == "token")
@@ -113,7 +116,7 @@ def test_queued_jobs_survive_a_restart_with_appendonly(restartable_redis, runnin
     assert '"sse_redis_lost"' in web_log and "Error handling request" not in web_log  # ended cleanly
 
 
-def restart_and_check(restartable_redis, running, own_store, blocker, queued) -> None:
+def restart_and_check(restartable_redis, running, own_store, blocker, queued, gate: StepGate) -> None:
     base, worker, _ = running
     restartable_redis.stop()
     time.sleep(1.0)
@@ -123,7 +126,9 @@ def restart_and_check(restartable_redis, running, own_store, blocker, queued) ->
     assert own_store.queue_depths()["generation"] == 3
     assert [own_store.get(j).state for j in queued] == ["queued"] * 3
     wait_healthy(base)
+    assert own_store.get(blocker).state == RUNNING  # held through the outage
     assert requests.post(f"{base}/jobs/{blocker}/cancel", timeout=10).status_code in (200, 202)
+    gate.open()
     ended = wait_terminal(own_store, blocker, 60)
     # The worker's Redis client retried through the outage: the running job kept its attempt.
     assert ended.state == CANCELLED and ended.attempt == 1, ended.error

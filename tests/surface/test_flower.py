@@ -8,6 +8,7 @@ import pytest
 import requests
 
 from tests.harness.stack import free_port, spawn, wait_until
+from tests.harness.step_gate import StepGate
 
 
 @pytest.fixture(scope="module")
@@ -52,15 +53,16 @@ def test_flower_lists_the_worker_and_a_finished_task(flower, base_url):
     assert requests.get(f"{base_url}/jobs/{job_id}", timeout=5).json()["state"] == "succeeded"
 
 
-def test_flower_shows_a_cancelled_job_revoked(flower, base_url):
+def test_flower_shows_a_cancelled_job_revoked(flower, base_url, surface_store):
     """The job runner sends ``task-revoked`` for a job cancelled while it ran (the task
     itself returns without a result: Celery alone would show it STARTED forever)."""
-    response = requests.post(f"{base_url}/jobs", json={"prompt": "Count slowly", "max_new_tokens": 2048},
-                             timeout=10)
-    job_id = response.json()["id"]
-    wait_until(lambda: requests.get(f"{base_url}/jobs/{job_id}", timeout=5).json()["state"] == "running",
-               60, interval_s=0.2, what="the job to start")
-    requests.post(f"{base_url}/jobs/{job_id}/cancel", timeout=10)
+    with StepGate.on(surface_store).closed(steps=3):  # running when the cancel comes
+        response = requests.post(f"{base_url}/jobs", json={"prompt": "Count slowly", "max_new_tokens": 2048},
+                                 timeout=10)
+        job_id = response.json()["id"]
+        wait_until(lambda: requests.get(f"{base_url}/jobs/{job_id}", timeout=5).json()["state"] == "running",
+                   60, interval_s=0.2, what="the job to start")
+        requests.post(f"{base_url}/jobs/{job_id}/cancel", timeout=10)
 
     def task_revoked() -> bool:
         return requests.get(f"{flower}/api/tasks", timeout=5).json().get(job_id, {}).get("state") == "REVOKED"

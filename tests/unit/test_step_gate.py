@@ -29,12 +29,25 @@ def test_closing_again_forgets_the_steps_left_over():
     assert [loop(), loop()] == [True, False]
 
 
-def test_a_redis_error_opens_the_gate_rather_than_stalling_the_loop():
+def test_through_a_redis_outage_the_gate_stays_as_it_was_last_read():
+    client = fakeredis.FakeRedis(decode_responses=True)
+    test, loop = StepGate(client), RedisStepGate(client, StepGate.key)
+
     class Down:
         def exists(self, *keys):
             raise redis.ConnectionError("stopped by the test")
 
-    assert RedisStepGate(Down(), StepGate.key)() is True
+    assert loop() is True
+    loop.client = Down()
+    assert loop() is True  # open stays open: generation goes on while Redis is down
+    loop.client = client
+    test.close(steps=1)
+    assert loop() is True
+    loop.client = Down()
+    assert loop() is False  # closed stays closed: the held job is still held after the outage
+    loop.client = client
+    test.open()
+    assert loop() is True
 
 
 def test_the_gate_opens_after_a_test_block_that_raises():

@@ -7,6 +7,7 @@ import requests
 from core import keys
 from core.events import CANCELLED, SUCCEEDED
 from tests.harness.client import iter_sse, submit_and_follow
+from tests.harness.step_gate import StepGate
 from tests.integration.conftest import sleep_until_tokens, wait_state, wait_terminal
 
 pytestmark = pytest.mark.integration
@@ -63,9 +64,10 @@ def test_live_follow_while_running(web, worker, store):
 
 
 def test_cancel_running_job_over_http(web, worker, store):
-    job_id = requests.post(f"{web}/jobs", json={"prompt": "Go on forever", "max_new_tokens": 2000}).json()["id"]
-    sleep_until_tokens(store, job_id, 3)
-    assert requests.post(f"{web}/jobs/{job_id}/cancel").status_code in (200, 202)
+    with StepGate.on(store).closed(steps=3):  # running when the cancel comes
+        job_id = requests.post(f"{web}/jobs", json={"prompt": "Go on forever", "max_new_tokens": 2000}).json()["id"]
+        sleep_until_tokens(store, job_id, 1)  # the first chunk goes out at once
+        assert requests.post(f"{web}/jobs/{job_id}/cancel").status_code in (200, 202)
     assert wait_terminal(store, job_id, 30).state == CANCELLED
 
 
