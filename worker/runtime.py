@@ -85,10 +85,11 @@ class WorkerRuntime:
                         raise ModelUnavailable(self.load_error) from exc
                     log_event(logger, "engine_loaded", worker=self.name,
                               load_ms=round((time.perf_counter() - started) * 1000, 1))
-                    if self.settings.test_loop_hold and self.model_kind != EMBEDDING:
-                        engine.loop.hold_until_queued(self.settings.test_loop_hold, self.settings.test_loop_hold_s)
+                    # the gate's install first: the hold counts what is queued behind it
                     if self.settings.test_step_gate and self.model_kind != EMBEDDING:
                         engine.loop.gate_steps(RedisStepGate.from_settings(self.settings))
+                    if self.settings.test_loop_hold and self.model_kind != EMBEDDING:
+                        engine.loop.hold_until_queued(self.settings.test_loop_hold, self.settings.test_loop_hold_s)
                     self._engine = engine
                     self.beat()  # loaded and routable now, not up to a heartbeat later (publishes the text too)
         return self._engine
