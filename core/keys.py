@@ -236,3 +236,11 @@ def line_starts_key(queue: str) -> str:
 def token_rate_key(owner: str, minute: int) -> str:
     """Tokens an API key was charged in one minute (core/token_rate.py; expires after two)."""
     return f"tpm:{owner}:{minute}"
+
+
+TEST_STEP_GATE = "test:step-gate"  # string: while it exists a gated worker's loop runs only given steps (tests)
+
+
+def step_gate_steps(gate_key: str) -> str:
+    """List: one item per engine-loop turn a test allows (worker/step_gate.py)."""
+    return f"{gate_key}:steps"

@@ -22,14 +22,11 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from core.keys import step_gate_steps
 from core.redis_conn import redis_client
 
 WAIT_S = 0.05  # one turn's wait for a step; then the loop takes its inbox (cancels) again
 SOCKET_TIMEOUT_S = 1.0
-
-
-def steps_key(key: str) -> str:
-    return f"{key}:steps"
 
 
 @dataclass
@@ -51,7 +48,7 @@ class RedisStepGate:
             self.closed = bool(self.client.exists(self.key))
             if not self.closed:
                 return True
-            return self.client.blpop([steps_key(self.key)], timeout=WAIT_S) is not None
+            return self.client.blpop([step_gate_steps(self.key)], timeout=WAIT_S) is not None
         except redis.RedisError:
             if self.closed:
                 time.sleep(WAIT_S)  # a refused connection answers at once: no faster turns than with Redis up

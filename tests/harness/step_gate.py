@@ -9,10 +9,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from core.events import QUEUED, RUNNING
+from core.keys import TEST_STEP_GATE as KEY
+from core.keys import step_gate_steps as steps_key
 from tests.harness.stack import wait_until
-from worker.step_gate import steps_key
-
-KEY = "miniserve:test:step-gate"
 
 
 @dataclass

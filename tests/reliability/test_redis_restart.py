@@ -6,6 +6,7 @@ append-only file on, jobs that were queued during the restart survive it and com
 """
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -73,15 +74,18 @@ def test_idle_restart_503_while_down_then_everything_reconnects(restartable_redi
     assert worker.popen.poll() is None and web_proc.popen.poll() is None  # same processes, no restart
 
 
-def follow_with_resume(base: str, job_id: str, timeout_s: float = 90) -> list:
+def follow_with_resume(base: str, job_id: str, timeout_s: float = 90, connected: threading.Event | None = None) -> list:
     """Follow a job's SSE like a browser's EventSource: on a broken stream or an error answer,
-    wait and reconnect with ``Last-Event-ID``; returns every event received."""
+    wait and reconnect with ``Last-Event-ID``; returns every event received. ``connected`` is set
+    once a stream is open."""
     events, deadline = [], time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         headers = {"Last-Event-ID": str(events[-1].id)} if events else {}
         try:
             with requests.get(f"{base}/jobs/{job_id}/events", stream=True, timeout=30, headers=headers) as reply:
                 if reply.status_code == 200:
+                    if connected is not None:
+                        connected.set()
                     for event in iter_sse(reply):
                         events.append(event)
                         if event.type in ("done", "error", "cancelled", "timeout"):
@@ -104,8 +108,9 @@ def test_queued_jobs_survive_a_restart_with_appendonly(restartable_redis, runnin
         assert [own_store.get(j).state for j in queued] == ["queued"] * 3
         assert own_store.queue_depths()["generation"] == 3  # messages, and jobs held at the fair gate
         with ThreadPoolExecutor(1) as pool:  # a client follows a queued job's stream across the restart
-            followed = pool.submit(follow_with_resume, base, queued[0])
-            time.sleep(0.5)
+            connected = threading.Event()
+            followed = pool.submit(follow_with_resume, base, queued[0], connected=connected)
+            assert connected.wait(30)  # its stream is open before the restart
             restart_and_check(restartable_redis, running, own_store, blocker, queued, gate)
             events = followed.result(timeout=120)
     seqs = [e.id for e in events]
