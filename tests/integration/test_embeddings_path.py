@@ -74,14 +74,16 @@ def test_openai_client_embeddings(served, engine):
     assert [d.index for d in many.data] == [0, 1, 2]
     vectors = np.array([d.embedding for d in many.data])
     assert close(vectors, reference(engine, TEXTS)) < 1e-6
-    assert np.array_equal(vectors[0], np.array(one.data[0].embedding))
+    # a batch of one and a batch of three can take different matmul kernels (oneDNN picks by
+    # shape on some CPUs): the same vector, not always the same rounding
+    assert close(vectors[0], np.array(one.data[0].embedding)) < 1e-6
     assert many.usage.prompt_tokens == sum(len(ids) for ids in engine.encode(TEXTS, truncate=False))
     raw = client.embeddings.create(model=EMBEDDING_MODEL, input=TEXTS, encoding_format="base64")
     decoded = np.stack([np.frombuffer(base64.b64decode(d.embedding), dtype="<f4") for d in raw.data])
     assert np.array_equal(decoded, vectors.astype(np.float32))
     ids = engine.encode(TEXTS[:2], truncate=False)
     tokens = client.embeddings.create(model=EMBEDDING_MODEL, input=ids, encoding_format="float")
-    assert np.array_equal(np.array([d.embedding for d in tokens.data]), vectors[:2])
+    assert close(np.array([d.embedding for d in tokens.data]), vectors[:2]) < 1e-6
     with pytest.raises(BadRequestError) as refused:
         client.embeddings.create(model=EMBEDDING_MODEL, input="word " * 300)
     assert refused.value.body["param"] == "input" and refused.value.body["code"] == "input_too_long"

@@ -13,7 +13,8 @@ from core.events import FAILED, RUNNING, SUCCEEDED, TIMEOUT
 from tests.harness.stack import wait_until
 from tests.harness.step_gate import StepGate
 from tests.integration.conftest import (
-    _started_workers, events_text, gen_request, sleep_until_tokens, submit, wait_for_worker, wait_terminal,
+    _started_workers, count_tokens_emitted, events_text, gen_request, sleep_until_tokens, submit, wait_for_worker,
+    wait_terminal,
 )
 
 pytestmark = pytest.mark.integration
@@ -114,8 +115,9 @@ def test_job_that_keeps_killing_its_worker_is_not_retried_forever(store, celery_
         job = submit(store, celery_client, gen_request(max_new_tokens=LONG))
         for attempt in (1, 2, 3):  # the "poison" job: every attempt dies with its process
             wait_until_attempt(store, job.id, attempt)
+            emitted = count_tokens_emitted(store, job.id)  # counted before the steps: they may all run at once
             gate.allow(3)
-            sleep_until_tokens(store, job.id, 1 + sum(1 for e in store.events(job.id) if e.type == "token"))
+            sleep_until_tokens(store, job.id, emitted + 1)
             os.kill(_pool_child_pid(store, job.id), signal.SIGKILL)
         record = wait_terminal(store, job.id, 90)
     assert record.state == FAILED and record.error["code"] == "worker_lost"

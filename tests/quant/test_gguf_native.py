@@ -22,7 +22,7 @@ from engine.forward import Qwen2Forward
 from engine.gguf_index import read_index
 from engine.kv_cache import NoCache
 from engine.loader import ModelLoadError, load_model
-from engine.quant import gguf_native
+from engine.quant import gguf_native, interleaved_cache
 from engine.quant.gguf_blocks import BlockWeight, dequantize_rows, uninterleave_x16
 from engine.quant.gguf_linear import BlockEmbedding, BlockLinear
 from engine.quant.model import forward_weights
@@ -112,6 +112,9 @@ def test_a_llama_file_gets_its_q_k_rows_put_back(files, cache_dir, monkeypatch, 
     expected = torch.cat([reference.q_proj.weight, reference.k_proj.weight, reference.v_proj.weight])
     assert torch.equal(forward_weights(load_model(_settings(path, cache_dir)).model).layers[1].qkv.dequantize(), expected)
     monkeypatch.setattr(gguf_weights, "PERMUTED_ARCHITECTURES", ())
+    # a new placement is a new cache format: where this CPU interleaves the rows, the first load's
+    # file (rows put back) would otherwise be mapped again
+    monkeypatch.setattr(interleaved_cache, "FORMAT", interleaved_cache.FORMAT + 1)
     unpermuted = forward_weights(load_model(_settings(path, cache_dir)).model).layers[1].qkv.dequantize()
     assert not torch.equal(unpermuted, expected)
     assert torch.equal(unpermuted[-expected.shape[0] // 4:], expected[-expected.shape[0] // 4:])  # v: as stored
