@@ -11,7 +11,8 @@ whose pages are already in the page cache, and moves nothing.
 
 The name hashes a format version, the kernel library's build key (its sources, flags and CPU:
 a changed layout is a new file, never a stale one), and the GGUF's path, size and modification
-time. ``<key>.bin`` is complete once ``<key>.json``, its table of contents, exists: both are
+time. The Python side's choices are not hashed: a change to the rows' order at load (a llama
+file's q and k rows put back, :mod:`engine.gguf_weights`) bumps the format. ``<key>.bin`` is complete once ``<key>.json``, its table of contents, exists: both are
 renamed into place at the end of a load. Writers of one key take turns under a file lock, so
 workers that start together write it once. A finished file replaces the older files of the
 same GGUF. The file's space is reserved before anything is written; where that fails (a full
@@ -40,7 +41,7 @@ from core.logs import log_event
 from engine.quant import native
 
 logger = logging.getLogger("miniserve.engine.quant.interleaved_cache")
-FORMAT = 1          # bump when the table of contents or the placement below changes
+FORMAT = 1          # bump when the table of contents, the placement below or the rows' order changes
 ALIGN = 64          # each matrix starts on a cache line, right after the one before
 # The file is written in whole 2 MB runs from its start: the page cache then holds it in 2 MB
 # folios, which the mapping maps with 2 MB pages (``FilePmdMapped`` in smaps), as the huge
