@@ -10,8 +10,9 @@
 # `python -m bench.models --sizes` runs; the converter needs sentencepiece (requirements-dev.txt).
 # The CPU features are named instead of detected (-DGGML_NATIVE=OFF): on a virtual machine
 # whose CPU hides part of what the compiler detects, a native build dies with an illegal
-# instruction. So they are read from /proc/cpuinfo's flags, the ones the virtual CPU admits to,
-# AMX included where the host has it, as a native build there would use it.
+# instruction. So they are read from /proc/cpuinfo's flags, the ones the virtual CPU admits to.
+# AMX is left off: on an Intel Xeon VM that lists amx_tile and amx_int8, llama.cpp's AMX matmul
+# (ggml_backend_amx_mul_mat) died with an illegal instruction at its tilezero.
 # Two phases, each installed when done: the small tools first (the GGUF files can be built and
 # llama-bench run while the rest compiles), then llama-server (its multimodal library and web
 # UI are most of the build). It is long on 2 cores, so it runs niced; JOBS sets the parallelism,
@@ -38,9 +39,7 @@ has() { grep -qw "$1" /proc/cpuinfo && echo ON || echo OFF; }
 cmake -S "$LLAMA" -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF \
     -DGGML_AVX512="$(has avx512f)" -DGGML_AVX512_VNNI="$(has avx512_vnni)" \
     -DGGML_AVX512_BF16="$(has avx512_bf16)" -DGGML_AVX_VNNI="$(has avx_vnni)" \
-    -DGGML_AVX2="$(has avx2)" -DGGML_FMA="$(has fma)" -DGGML_F16C="$(has f16c)" \
-    -DGGML_AMX_TILE="$(has amx_tile)" -DGGML_AMX_INT8="$(has amx_int8)" -DGGML_AMX_BF16="$(has amx_bf16)" \
-    -DLLAMA_CURL=OFF \
+    -DGGML_AVX2="$(has avx2)" -DGGML_FMA="$(has fma)" -DGGML_F16C="$(has f16c)" -DLLAMA_CURL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=ON \
     -DCMAKE_INSTALL_RPATH='$ORIGIN' -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON
 
