@@ -65,7 +65,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("models", "Bundled models",
             "How fast does each bundled model decode at batch 1 and 8, full precision and `q8`, beside llama.cpp on the same GGUF file, "
             "and how do MiniServe and llama.cpp compare on GGUF files from 0.5B to 8B?",
-            "python -m bench.models", ("results/models.json", "results/model_sizes.json", "results/avx2/model_sizes.json"),
+            "python -m bench.models", ("results/models.json", "results/model_sizes.json", "results/avx2/model_sizes.json",
+                                      "results/xeon/model_sizes.json"),
             read_models),
     Section("quantization", "Weight quantization",
             "How fast are `q8` weights against bf16 and llama.cpp, how much memory do they take, and how often do they pick the same tokens?",

@@ -8,8 +8,12 @@ from typing import Any
 from bench.report_figures import Figures, Row, load_json, machine_line, num, ratio
 
 SIZES = "results/model_sizes.json"
-# the same benchmark on a host without AVX-512 (`--out results/avx2`): its tables follow the main ones
-SIZES_AVX2 = "results/avx2/model_sizes.json"
+# the same benchmark on other hosts (`--out results/avx2`, `--out results/xeon`): each host's tables
+# follow the main ones, under the name that tells its CPU apart
+# (its tables' lead, its notes' lead)
+OTHER_HOSTS = (("results/avx2/model_sizes.json", "On a host without AVX-512: ", "Sizes on the host without AVX-512"),
+               ("results/xeon/model_sizes.json", "On an Intel Xeon host: ",
+                "Sizes on the Intel Xeon host"))
 OURS, LLAMA = "MiniServe", "llama.cpp"
 
 
@@ -56,24 +60,29 @@ def ratio_rows(data: dict[str, Any]) -> list[Row]:
 
 def add_sizes(figures: Figures, root: Path) -> None:
     """The sizes' tables and notes, appended to ``figures`` when the results file exists; then
-    the second host's tables, when its file exists."""
+    each other host's tables, where its file exists."""
     main: dict[str, Any] = {}
     if (root / SIZES).is_file():
         main = load_json(root, SIZES)
         _add_tables(figures, main, "")
         _add_notes(figures, main)
-    if (root / SIZES_AVX2).is_file():
-        second = load_json(root, SIZES_AVX2)
-        _add_tables(figures, second, "On a host without AVX-512: ")
-        host = "Sizes on the host without AVX-512"
-        if second.get("ours_ready_after_first_token") and not main.get("ours_ready_after_first_token"):
-            figures.notes.append(
-                f"{host}: MiniServe's RSS after load is `VmRSS` after the load and a first token (mapped weights are "
-                "resident once read, as llama-server's are after the token it decodes before it reports healthy), "
-                "its peak while loading `VmHWM` of the load alone, before that token: so the peak can be the smaller.")
-        _add_file_notes(figures, second, f"{host}: ")
-        if second.get("note"):
-            figures.notes.append(f"{host}, run note: {second['note']}")
+    for path, table_lead, host in OTHER_HOSTS:
+        if (root / path).is_file():
+            _add_other_host(figures, load_json(root, path), table_lead, host, main)
+
+
+def _add_other_host(figures: Figures, second: dict[str, Any], table_lead: str, host: str,
+                    main: dict[str, Any]) -> None:
+    """Another host's tables, and the notes that differ from the main run's."""
+    _add_tables(figures, second, table_lead)
+    if second.get("ours_ready_after_first_token") and not main.get("ours_ready_after_first_token"):
+        figures.notes.append(
+            f"{host}: MiniServe's RSS after load is `VmRSS` after the load and a first token (mapped weights are "
+            "resident once read, as llama-server's are after the token it decodes before it reports healthy), "
+            "its peak while loading `VmHWM` of the load alone, before that token: so the peak can be the smaller.")
+    _add_file_notes(figures, second, f"{host}: ")
+    if second.get("note"):
+        figures.notes.append(f"{host}, run note: {second['note']}")
 
 
 def _add_tables(figures: Figures, data: dict[str, Any], host: str) -> None:

@@ -127,19 +127,23 @@ def test_the_report_shows_both_sides_and_their_ratios(tmp_path: Path):
     assert "0.50x llama-bench" in figures.headline[0] and "1.50x llama-server" in figures.headline[0]
 
 
-def test_a_second_hosts_results_follow_as_their_own_tables_without_a_headline(tmp_path: Path):
-    (tmp_path / "results/avx2").mkdir(parents=True)
+def test_other_hosts_results_follow_as_their_own_tables_without_a_headline(tmp_path: Path):
+    (tmp_path / "results/model_sizes.json").parent.mkdir(parents=True)
     (tmp_path / "results/model_sizes.json").write_text(json.dumps(_results()))
-    second = _results()
-    second["files"][0]["MiniServe"]["b1_tps"] = 30.0
-    second["note"] = "an AVX2 host"
-    (tmp_path / "results/avx2/model_sizes.json").write_text(json.dumps(second))
+    for folder, b1, note in (("xeon", 45.0, "a Xeon host"), ("avx2", 30.0, "an AVX2 host")):
+        other = _results()
+        other["files"][0]["MiniServe"]["b1_tps"] = b1
+        other["note"] = note
+        (tmp_path / f"results/{folder}").mkdir()
+        (tmp_path / f"results/{folder}/model_sizes.json").write_text(json.dumps(other))
     figures = Figures(["x"], [])
     add_sizes(figures, tmp_path)
-    assert len(figures.tables) == 4 and len(figures.headline) == 1
-    (title, _, sides), (_, _, ratios) = figures.tables[2:]
-    assert title.startswith("On a host without AVX-512: ") and sides[0][4] == "30.0" and ratios[0][5] == "1.00x"
+    assert len(figures.tables) == 6 and len(figures.headline) == 1
+    (avx2, _, avx2_sides), (_, _, avx2_ratios), (xeon, _, xeon_sides), (_, _, xeon_ratios) = figures.tables[2:]
+    assert avx2.startswith("On a host without AVX-512: ") and avx2_sides[0][4] == "30.0" and avx2_ratios[0][5] == "1.00x"
+    assert xeon.startswith("On an Intel Xeon host") and xeon_sides[0][4] == "45.0" and xeon_ratios[0][5] == "1.50x"
     assert any("without AVX-512, run note: an AVX2 host" in note for note in figures.notes)
+    assert any("Intel Xeon host, run note: a Xeon host" in note for note in figures.notes)
 
 
 def test_the_headline_says_when_drift_put_a_side_above_its_floor(tmp_path: Path):
