@@ -33,3 +33,17 @@ def test_a_compiler_that_always_fails_is_an_error_naming_the_sources(tmp_path, m
     with pytest.raises(native.NativeBuildError, match=r"q8\.c.*3 tries.*error: no"):
         native.build(tmp_path / "kernels")
     assert not list((tmp_path / "kernels").glob("*.so"))
+
+
+def test_a_vendors_defines_reach_the_compiler_and_the_build_key(tmp_path, monkeypatch):
+    """Intel builds leave out the AVX2 interleaved Q4_K prefetch; other vendors keep it; each is
+    its own library, never the other's reused."""
+    seen = tmp_path / "argv"
+    monkeypatch.setenv("CC", _wrapper(tmp_path, f'echo "$@" >> {seen}\nexec cc "$@" -O0'))
+    built = {}
+    for vendor in ("GenuineIntel", "AuthenticAMD"):
+        monkeypatch.setattr(native, "_cpu_vendor", lambda vendor=vendor: vendor)
+        built[vendor] = native.build(tmp_path / "kernels")
+    intel, amd = seen.read_text().splitlines()
+    assert "-DG_X16_Q4K_PREFETCH=0" in intel.split() and "-DG_X16_Q4K_PREFETCH=0" not in amd.split()
+    assert built["GenuineIntel"] != built["AuthenticAMD"]
