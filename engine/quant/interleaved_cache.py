@@ -12,8 +12,9 @@ whose pages are already in the page cache, and moves nothing.
 The name hashes a format version, the kernel library's build key (its sources, flags and CPU:
 a changed layout is a new file, never a stale one), and the GGUF's path, size and modification
 time. The Python side's choices are not hashed: a change to the rows' order at load (a llama
-file's q and k rows put back, :mod:`engine.gguf_weights`) bumps the format. ``<key>.bin`` is complete once ``<key>.json``, its table of contents, exists: both are
-renamed into place at the end of a load. Writers of one key take turns under a file lock, so
+file's q and k rows put back, :mod:`engine.gguf_weights`) bumps the format. ``<key>.bin`` is
+complete once ``<key>.json``, its table of contents, exists: both are renamed into place at
+the end of a load. Writers of one key take turns under a file lock, so
 workers that start together write it once. A finished file replaces the older files of the
 same GGUF. The file's space is reserved before anything is written; where that fails (a full
 disk) or the folder cannot be written, the load interleaves in memory as before, logged.

@@ -47,24 +47,23 @@ class NativeBuildError(RuntimeError):
     """The C kernels could not be compiled or loaded on this machine."""
 
 
-def _cpu_features() -> str:
+def _cpuinfo_line(*prefixes: str) -> str:
+    """The first /proc/cpuinfo line starting with one of ``prefixes`` ("" where there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
+            if line.startswith(prefixes):
                 return line
     except OSError:
         pass
     return ""
 
 
+def _cpu_features() -> str:
+    return _cpuinfo_line("flags", "Features")
+
+
 def _cpu_vendor() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("vendor_id"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return ""
+    return _cpuinfo_line("vendor_id").partition(":")[2].strip()
 
 
 def flags() -> tuple[str, ...]:
