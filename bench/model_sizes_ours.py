@@ -2,7 +2,8 @@
 
 The child loads the engine as a worker does (``Engine(settings).load()`` with
 ``MINISERVE_MODEL`` the file, quantization ``auto``), so its memory is the worker's alone:
-``VmHWM`` after the load is the peak while loading; ``VmRSS`` after a one-token warm-up
+``VmHWM`` after the load is the peak while loading; ``VmRSS`` before the model (the imports
+alone) is the runtime every worker holds; ``VmRSS`` after a one-token warm-up
 (llama-server decodes one before it reports healthy: mapped weights are resident once read)
 is the resident memory after load, and the wall time until then is the time to ready. ``--load-only`` stops there
 (the first start, on an empty cache folder, is measured that way); ``--batch1-only`` times batch
@@ -42,6 +43,7 @@ def status_mb(pid: int | str = "self") -> dict[str, float]:
 
 
 def load(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    runtime = imported_runtime_mb()
     from core.settings import load_settings
     from engine.engine import Engine
 
@@ -56,7 +58,19 @@ def load(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     engine.generate(request(PROMPTS[0], 1))
     ready_s = time.perf_counter() - started
     return engine, {"ready_s": round(ready_s, 2), "rss_after_load_mb": status_mb()["VmRSS"],
-                    "peak_load_mb": peak, "setting": engine.loaded.quant}
+                    "rss_runtime_mb": runtime, "peak_load_mb": peak, "setting": engine.loaded.quant}
+
+
+def imported_runtime_mb() -> float:
+    """VmRSS once what a worker imports before any model is in (Python, torch, transformers'
+    tokenizer and config classes, the engine): every worker holds it whatever its model, so on
+    a small file it is much of the RSS after load (llama-server's runtime is its binary)."""
+    from transformers import AutoConfig, AutoTokenizer  # noqa: F401  (the GGUF load's own imports)
+
+    from core.settings import load_settings  # noqa: F401
+    from engine.engine import Engine  # noqa: F401
+
+    return status_mb()["VmRSS"]
 
 
 def request(prompt: str, tokens: int) -> Any:

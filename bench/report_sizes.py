@@ -35,9 +35,10 @@ def side_rows(data: dict[str, Any]) -> list[Row]:
             first = (f" (first start {num(s['first_ready_s'], 1)} s)" if "first_ready_s" in s
                      else " (a first start)" if s.get("start") == "first" else "")
             first_peak = (f" (first start {num(s['first_peak_load_mb'], 0)})" if "first_peak_load_mb" in s else "")
+            runtime = f" ({num(s['rss_runtime_mb'], 0)} before the model)" if "rss_runtime_mb" in s else ""
             rows.append([f["model"], f["quant"], num(f["file_mb"], 0), side, num(s.get("b1_tps"), 1),
                          num(s.get("b1_pct_of_floor"), 0), num(s.get(f"b{clients}_tps"), 1), num(s.get("pp512_tps"), 1),
-                         num(s.get("rss_after_load_mb"), 0), num(s.get("peak_load_mb"), 0) + first_peak,
+                         num(s.get("rss_after_load_mb"), 0) + runtime, num(s.get("peak_load_mb"), 0) + first_peak,
                          num(s.get("ready_s"), 1) + first])
     return rows
 
@@ -80,6 +81,7 @@ def _add_other_host(figures: Figures, second: dict[str, Any], table_lead: str, h
             f"{host}: MiniServe's RSS after load is `VmRSS` after the load and a first token (mapped weights are "
             "resident once read, as llama-server's are after the token it decodes before it reports healthy), "
             "its peak while loading `VmHWM` of the load alone, before that token: so the peak can be the smaller.")
+    _add_runtime_note(figures, second, f"{host}: ")
     _add_file_notes(figures, second, f"{host}: ")
     if second.get("note"):
         figures.notes.append(f"{host}, run note: {second['note']}")
@@ -125,6 +127,7 @@ def _add_notes(figures: Figures, data: dict[str, Any]) -> None:
             "median of each round's share at that round's own bandwidth samples.")
     if any(f[side].get(f"b{clients}_rounds") for f in data["files"] for side in _sides(f)):
         figures.notes.append(f"Sizes: {clients} clients is each side's median of 3 rounds after a warm one.")
+    _add_runtime_note(figures, data, "Sizes: ")
     _add_file_notes(figures, data, "Sizes: ")
     load = data["machine"].get("load_average_1min")
     if data.get("note") or load:
@@ -142,6 +145,15 @@ def _add_notes(figures: Figures, data: dict[str, Any]) -> None:
             f"{_share(ours['b1_tps'], llama['b1_tps'])} llama-bench; {clients} clients "
             f"{_share(ours.get(f'b{clients}_tps'), llama.get(f'b{clients}_tps'))} "
             f"{llama.get('batch_via', 'llama-server').split(' ')[0]}", data["machine"])
+
+
+def _add_runtime_note(figures: Figures, data: dict[str, Any], lead: str) -> None:
+    """What the bracketed RSS is, where the run measured it."""
+    if any("rss_runtime_mb" in f[side] for f in data["files"] for side in _sides(f)):
+        figures.notes.append(
+            f"{lead}in brackets beside MiniServe's RSS after load, its RSS before it opens the model: Python, "
+            "torch, transformers' tokenizer and config classes and the engine, imported. Every worker holds "
+            "that whatever its model, so it weighs most on the smallest file; llama-server's runtime is its binary.")
 
 
 def _add_file_notes(figures: Figures, data: dict[str, Any], lead: str) -> None:

@@ -86,7 +86,7 @@ def test_floor_is_bandwidth_over_bytes_per_token():
 
 
 def _results() -> dict:
-    ours = {"b1_tps": 15.0, "b8_tps": 60.0, "pp512_tps": 100.0, "rss_after_load_mb": 2500.0,
+    ours = {"b1_tps": 15.0, "b8_tps": 60.0, "pp512_tps": 100.0, "rss_after_load_mb": 2500.0, "rss_runtime_mb": 270.0,
             "peak_load_mb": 3000.0, "ready_s": 12.0, "first_ready_s": 120.0, "first_peak_load_mb": 9000.0}
     llama = {"b1_tps": 30.0, "b8_tps": 40.0, "pp512_tps": 200.0, "rss_after_load_mb": 2000.0,
              "peak_load_mb": 2100.0, "ready_s": 3.0}
@@ -122,6 +122,8 @@ def test_the_report_shows_both_sides_and_their_ratios(tmp_path: Path):
     assert [r[3] for r in sides] == ["MiniServe", "llama.cpp"]
     ours = sides[0]
     assert ours[4:8] == ["15.0", "30", "60.0", "100.0"] and "first start 9000" in ours[9] and "120.0" in ours[10]
+    assert ours[8] == "2500 (270 before the model)" and sides[1][8] == "2000"
+    assert any("RSS before it opens the model" in note for note in figures.notes)
     assert ratios == [["qwen2.5-1.5b", "Q4_K_M", "MiniServe", "800", "50.0", "0.50x", "1.50x", "0.50x", "1.25x", "3.00x"]]
     assert any("a busy machine" in note for note in figures.notes)
     assert "0.50x llama-bench" in figures.headline[0] and "1.50x llama-server" in figures.headline[0]
