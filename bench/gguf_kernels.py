@@ -8,7 +8,7 @@ prefill alternative (slabs dequantized natively to bf16, torch's GEMM; float32 b
 the alternative starts to win (what ``gguf_blocks.dequant_min_rows`` holds).
 
 Weights are random blocks (speed does not depend on values; scales are sane fp16). Each shape
-is held in enough copies that one timed pass reads more than the last-level cache holds, so the
+is held in enough copies that one timed pass reads twice what the last-level cache holds, so the
 weights stream from memory as in a decode step. Writes ``results/gguf_kernels.json``.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
-from bench.stats import machine_info, percentile, print_table, read_bandwidth_gbs, write_json
+from bench.stats import beyond_cache_mb, last_level_cache_bytes, machine_info, percentile, print_table, read_bandwidth_gbs, write_json
 from engine.quant import gguf_native, q8
 from engine.quant.gguf_blocks import random_blocks, slab_matmul
 
@@ -30,7 +30,9 @@ from engine.quant.gguf_blocks import random_blocks, slab_matmul
 FORMATS = ("Q4_K_X16", "Q4_K", "Q6_K_X16", "Q6_K", "Q5_0_X16", "Q5_0", "Q8_0_X16", "Q8_0", "Q5_K", "Q4_0", "Q4_1")
 SHAPES = {"attn 1536x1536": (1536, 1536), "up 8960x1536": (8960, 1536), "down 1536x8960": (1536, 8960)}
 HEAD_ROWS = 151936
-STREAM_BYTES = 64 * 2**20        # a timed pass reads at least this much (L3 here: 32 MB)
+# a timed pass reads at least this much: twice the last-level cache the CPU reports (an EPYC's
+# 32 MB; a Xeon VM reports 480 MB, where 64 MB passes read 45-50 GB/s against 22 from memory)
+STREAM_BYTES = max(64 * 2**20, 2 * last_level_cache_bytes())
 PREFILL_SHAPE = (1536, 1536)
 PREFILL_ROWS = (8, 16, 32, 64, 128, 512)
 
@@ -71,9 +73,9 @@ def p50_pass(fns: list, x: torch.Tensor, repeats: int) -> float:
     return percentile(times, 50)
 
 
-def cpu_read_bandwidth_gbs(mb: int = 512, repeats: int = 7) -> float:
+def cpu_read_bandwidth_gbs(mb: int | None = None, repeats: int = 7) -> float:
     """One thread's read bandwidth by its own CPU time (a ``sum`` over ``mb`` MB of float32)."""
-    data = torch.ones(mb * 2**20 // 4)
+    data = torch.ones((mb or beyond_cache_mb()) * 2**20 // 4)
     return data.numel() * 4 / p50_pass([lambda x: data.sum()], data, repeats) / 1e9
 
 

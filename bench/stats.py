@@ -33,6 +33,25 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
             "p50": percentile(values, 50), "p90": percentile(values, 90), "p99": percentile(values, 99)}
 
 
+def last_level_cache_bytes(cache_dir: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
+    """The largest cache the CPU reports (sysfs ``index*/size``: ``32K``, ``480M``), 0 if none.
+
+    A kernel timed over less than this reads from cache, not memory: a cloud VM may report
+    hundreds of MB of L3 (a 2-core Xeon here: 480 MB)."""
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    sizes = []
+    for index in cache_dir.glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        if text[:-1].isdigit() and text[-1:] in units:
+            sizes.append(int(text[:-1]) * units[text[-1]])
+        elif text.isdigit():
+            sizes.append(int(text))
+    return max(sizes, default=0)
+
+
 def cpu_model() -> str:
     """The CPU's model name (figures differ 2x between machines; ratios hold)."""
     try:
@@ -48,7 +67,8 @@ def machine_info() -> dict[str, Any]:
     import importlib.util
 
     info: dict[str, Any] = {"cpus": os.cpu_count(), "platform": platform.platform(),
-                            "python": platform.python_version(), **_cpu()}
+                            "python": platform.python_version(), **_cpu(),
+                            "last_level_cache_mb": last_level_cache_bytes() // 2**20}
     if importlib.util.find_spec("torch"):
         import torch
 
@@ -104,9 +124,14 @@ def print_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None
         print("  ".join(cell(row.get(c, "")).ljust(w) for c, w in zip(columns, widths)))
 
 
-def read_bandwidth_gbs(mb: int = 512, repeats: int = 7) -> float:
+def beyond_cache_mb() -> int:
+    """MB a read must cover to come from memory: 512, or twice the largest cache reported."""
+    return max(512, 2 * last_level_cache_bytes() // 2**20)
+
+
+def read_bandwidth_gbs(mb: int | None = None, repeats: int = 7) -> float:
     """The machine's read bandwidth as torch sees it: GB/s of a plain ``sum`` over a
-    ``mb``-MB float32 tensor (far larger than the caches), median of ``repeats``, with the
+    ``mb``-MB float32 tensor (by default :func:`beyond_cache_mb`), median of ``repeats``, with the
     current torch thread count. The floor of a decode step is its bytes read / this.
 
     The sums run on the calling thread, which is not the engine loop's: its OpenMP team is
@@ -118,7 +143,7 @@ def read_bandwidth_gbs(mb: int = 512, repeats: int = 7) -> float:
 
     from engine.openmp import release_thread_team
 
-    data = torch.ones(mb * 2**20 // 4)
+    data = torch.ones((mb or beyond_cache_mb()) * 2**20 // 4)
     data.sum()
     times = []
     for _ in range(repeats):

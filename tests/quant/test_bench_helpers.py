@@ -77,3 +77,20 @@ def test_the_bandwidth_probe_releases_its_threads_openmp_team(monkeypatch):
     monkeypatch.setattr("engine.openmp.release_thread_team", lambda: released.append(True) or True)
     assert read_bandwidth_gbs(mb=4, repeats=1) > 0
     assert released == [True]
+
+
+def test_the_largest_reported_cache_sizes_what_reads_from_memory(tmp_path, monkeypatch):
+    """A Xeon VM here reports a 480 MB L3: a 64 MB kernel pass or a 512 MB bandwidth probe
+    read partly from it, so both grow to twice the largest cache."""
+    import bench.stats as stats
+
+    for index, (level, size) in enumerate([("1", "48K"), ("2", "2048K"), ("3", "480M"), ("3", "garbage")]):
+        (tmp_path / f"index{index}").mkdir()
+        (tmp_path / f"index{index}" / "level").write_text(level)
+        (tmp_path / f"index{index}" / "size").write_text(size + "\n")
+    assert stats.last_level_cache_bytes(tmp_path) == 480 * 2**20
+    assert stats.last_level_cache_bytes(tmp_path / "missing") == 0
+    monkeypatch.setattr(stats, "last_level_cache_bytes", lambda: 480 * 2**20)
+    assert stats.beyond_cache_mb() == 960
+    monkeypatch.setattr(stats, "last_level_cache_bytes", lambda: 32 * 2**20)
+    assert stats.beyond_cache_mb() == 512
