@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
-from bench.stats import beyond_cache_mb, last_level_cache_bytes, machine_info, percentile, print_table, read_bandwidth_gbs, write_json
+from bench.stats import (beyond_cache_mb, last_level_cache_bytes, machine_info, percentile, print_table,
+                         read_bandwidth_gbs, write_json)
 from engine.quant import gguf_native, q8
 from engine.quant.gguf_blocks import random_blocks, slab_matmul
 
