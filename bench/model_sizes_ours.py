@@ -43,10 +43,14 @@ def status_mb(pid: int | str = "self") -> dict[str, float]:
 
 
 def load(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
-    runtime = imported_runtime_mb()
+    from transformers import AutoConfig, AutoTokenizer  # noqa: F401  (the GGUF load's own imports)
+
     from core.settings import load_settings
     from engine.engine import Engine
 
+    # what a worker holds before any model (Python, torch, transformers' tokenizer and config
+    # classes, the engine), whatever its model: on a small file much of the RSS after load
+    runtime = status_mb()["VmRSS"]
     started = time.perf_counter()
     settings = load_settings(model=str(args.gguf), threads=args.threads, cache_dir=args.cache_dir,
                              kv_num_blocks=max(1, args.context // 16), kv_block_size=16)
@@ -59,18 +63,6 @@ def load(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     ready_s = time.perf_counter() - started
     return engine, {"ready_s": round(ready_s, 2), "rss_after_load_mb": status_mb()["VmRSS"],
                     "rss_runtime_mb": runtime, "peak_load_mb": peak, "setting": engine.loaded.quant}
-
-
-def imported_runtime_mb() -> float:
-    """VmRSS once what a worker imports before any model is in (Python, torch, transformers'
-    tokenizer and config classes, the engine): every worker holds it whatever its model, so on
-    a small file it is much of the RSS after load (llama-server's runtime is its binary)."""
-    from transformers import AutoConfig, AutoTokenizer  # noqa: F401  (the GGUF load's own imports)
-
-    from core.settings import load_settings  # noqa: F401
-    from engine.engine import Engine  # noqa: F401
-
-    return status_mb()["VmRSS"]
 
 
 def request(prompt: str, tokens: int) -> Any:

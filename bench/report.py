@@ -22,6 +22,7 @@ from bench.report_engine import (read_batching, read_compare_generation, read_co
                                  read_models, read_paged_generation, read_prefix_cache,
                                  read_quantization, read_speculative)
 from bench.report_figures import Figures, clean_command, machine_kind, machine_line, table
+from bench.report_sizes import OTHER_HOSTS, SIZES
 from bench.report_service import (BATCH_API, CONNECTIONS, SERVED, TOOL_CHOICE, read_agent, read_embeddings,
                                   read_load, read_queue_overhead, read_scale, read_soak)
 
@@ -65,8 +66,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("models", "Bundled models",
             "How fast does each bundled model decode at batch 1 and 8, full precision and `q8`, beside llama.cpp on the same GGUF file, "
             "and how do MiniServe and llama.cpp compare on GGUF files from 0.5B to 8B?",
-            "python -m bench.models", ("results/models.json", "results/model_sizes.json", "results/avx2/model_sizes.json",
-                                      "results/xeon/model_sizes.json"),
+            "python -m bench.models", ("results/models.json", SIZES, *(path for path, _, _ in OTHER_HOSTS)),
             read_models),
     Section("quantization", "Weight quantization",
             "How fast are `q8` weights against bf16 and llama.cpp, how much memory do they take, and how often do they pick the same tokens?",
